@@ -1,0 +1,79 @@
+"""`protoclip <stage>`: the one entry point every Snakemake rule and DVC stage calls.
+
+    protoclip prepare  --config config/config.yaml
+    protoclip teacher  --config config/config.yaml
+    protoclip train    --config config/config.yaml --run protoclip_tiny [--resume]
+    protoclip evaluate --config config/config.yaml --run protoclip_tiny [--task knn] [--dataset digits]
+    protoclip report   --config config/config.yaml
+    protoclip runs     --config config/config.yaml      # list the configured runs (used by the Snakefile)
+
+Stages are pure functions of (config, inputs) -> outputs; this module only parses the command line,
+loads and validates the config, and turns a ConfigError into a one-line message and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from protoclip.config import ConfigError, load_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="protoclip", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="stage", required=True)
+
+    def stage(name: str, help: str) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, help=help)
+        s.add_argument("--config", default="config/config.yaml", help="project config (YAML)")
+        return s
+
+    stage("prepare", "download pinned packages, build the offline default data and eval sets")
+    stage("teacher", "cache PCA-reduced external-teacher caption features")
+    s = stage("train", "train one configured run (CLIP or ProtoCLIP)")
+    s.add_argument("--run", required=True, help="run name from the experiment files")
+    s.add_argument("--resume", action="store_true", help="continue from the last complete episode")
+    s = stage("evaluate", "evaluate a trained run")
+    s.add_argument("--run", required=True)
+    s.add_argument("--task", action="append", help="task(s) to run (default: every configured task)")
+    s.add_argument("--dataset", action="append", help="data set(s) to run (default: every configured set)")
+    stage("report", "regenerate tables and figures from metrics files")
+    stage("runs", "print the configured run names, one per line")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        cfg = load_config(args.config)
+        if args.stage == "prepare":
+            from protoclip.data.prepare import run_prepare
+
+            run_prepare(cfg)
+        elif args.stage == "teacher":
+            from protoclip.teacher.cache import run_teacher
+
+            run_teacher(cfg)
+        elif args.stage == "train":
+            from protoclip.train.stage import run_train
+
+            run_train(cfg, args.run, resume=args.resume)
+        elif args.stage == "evaluate":
+            from protoclip.evaluate.stage import run_evaluate
+
+            run_evaluate(cfg, args.run, tasks=args.task, datasets=args.dataset)
+        elif args.stage == "report":
+            from protoclip.report.tables import run_report
+
+            run_report(cfg)
+        elif args.stage == "runs":
+            print("\n".join(cfg.run_names()))
+    except ConfigError as err:
+        print(f"protoclip {args.stage}: config error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Typed, validated configuration: YAML -> dataclasses, checked up front.
+
+Every stage reads one YAML file (default ``config/config.yaml``) into :class:`ProjectConfig`.
+Each section is a dataclass owned by the package that uses it (``protoclip.data.config``,
+``protoclip.teacher.config``, ...); this module only composes them and validates strictly:
+
+* an unknown key stops with ``<file>: unknown key 'train.lrr' (known: ...)``;
+* a wrong type stops with ``<file>: 'train.lr' must be float, got str ('abc')``;
+* a configured input path that does not exist stops with a message naming the path
+  (see :func:`require_path`).
+
+Runs (``runs:`` in the experiment files listed under ``experiments:``) are overrides merged
+onto the ``train:`` defaults, so every run's resolved config is a complete ``TrainConfig``.
+
+    from protoclip.config import load_config
+    cfg = load_config("config/config.yaml")
+    cfg.run("protoclip_tiny")   # -> TrainConfig with the run's overrides applied
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the file and the key."""
+
+
+# --------------------------------------------------------------------------- strict builder
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if origin is not None:
+        return f"{getattr(origin, '__name__', origin)}[{', '.join(_type_name(a) for a in get_args(tp))}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
+    """Check ``value`` against annotation ``tp`` and build nested dataclasses."""
+    origin = get_origin(tp)
+    bad = ConfigError(f"{where}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({value!r})")
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key, where)
+            except ConfigError as err:
+                errors.append(err)
+        raise bad
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise bad
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return build(tp, value, where, prefix=f"{key}.")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        (item_tp, *_) = get_args(tp) or (Any,)
+        items = [_coerce(item_tp, v, f"{key}[{i}]", where) for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        key_tp, val_tp = get_args(tp) or (Any, Any)
+        return {k: _coerce(val_tp, v, f"{key}.{k}", where) for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if tp is Path:
+        if not isinstance(value, (str, Path)):
+            raise bad
+        return Path(value)
+    raise ConfigError(f"{where}: '{key}' has an unsupported annotation {_type_name(tp)}")
+
+
+def build(cls: type, data: dict | None, where: str = "<config>", prefix: str = ""):
+    """Build dataclass ``cls`` from ``data`` strictly: unknown keys and wrong types are errors."""
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: '{prefix.rstrip('.') or '<top>'}' must be a mapping, got {type(data).__name__}")
+    hints = get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key '{prefix}{unknown[0]}' (known keys of '{prefix.rstrip('.') or '<top>'}': "
+            f"{', '.join(names)})"
+        )
+    kwargs = {name: _coerce(hints[name], data[name], prefix + name, where) for name in names if name in data}
+    try:
+        obj = cls(**kwargs)
+    except TypeError as err:  # a required field is missing
+        raise ConfigError(f"{where}: {prefix or ''}{err}") from None
+    check = getattr(obj, "validate", None)
+    if callable(check):
+        try:
+            check()
+        except ValueError as err:
+            raise ConfigError(f"{where}: {prefix}{err}") from None
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass tree -> plain YAML-able dict (Paths become strings)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Recursive dict merge; ``override`` wins. Inputs are not modified."""
+    out = copy.deepcopy(base)
+    for k, v in (override or {}).items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def require_path(path: str | Path, what: str) -> Path:
+    """Return ``path`` if it exists, else stop with a message naming it."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{what}: input path not found: {p}")
+    return p
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = require_path(path, "config")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{p}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    return data
+
+
+# --------------------------------------------------------------------------- project config
+from protoclip.data.config import PrepareConfig  # noqa: E402  (sections live with their packages)
+from protoclip.evaluate.config import EvaluateConfig  # noqa: E402
+from protoclip.teacher.config import TeacherConfig  # noqa: E402
+from protoclip.train.config import TrainConfig  # noqa: E402
+
+
+@dataclass
+class PathsConfig:
+    data_dir: Path = Path("data")  # raw Debian packages, prepared data, teacher cache
+    results_dir: Path = Path("results")  # runs, metrics, tables, figures
+    # MLflow tracking store; a local SQLite file by default (open with `mlflow ui --backend-store-uri <this>`)
+    mlflow_uri: str = "sqlite:///results/mlflow.db"
+    mlflow_experiment: str = "protoclip-repro"
+
+
+@dataclass
+class ProjectConfig:
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)  # defaults every run starts from
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    experiments: list[str] = field(default_factory=list)  # experiment files (relative to this config)
+    runs: dict[str, dict] = field(default_factory=dict)  # extra runs defined inline: name -> overrides
+    source: str = "<config>"  # set by load_config; the file this came from
+
+    # resolved {run name -> (overrides, file it came from)}, filled by load_config
+    _runs: dict = field(default_factory=dict, repr=False)
+
+    def run_names(self) -> list[str]:
+        return list(self._runs)
+
+    def run(self, name: str) -> TrainConfig:
+        """The complete training config of run ``name`` (train defaults + its overrides)."""
+        if name not in self._runs:
+            raise ConfigError(f"{self.source}: unknown run '{name}' (defined: {', '.join(self._runs) or 'none'})")
+        overrides, where = self._runs[name]
+        merged = deep_merge(to_dict(self.train), overrides)
+        merged["name"] = name
+        return build(TrainConfig, merged, f"{where} (run '{name}')", prefix="")
+
+    def run_dir(self, name: str) -> Path:
+        return self.paths.results_dir / "runs" / name
+
+
+def load_config(path: str | Path = "config/config.yaml", overrides: dict | None = None) -> ProjectConfig:
+    """Read, merge experiment files and validate everything (every run too) up front."""
+    path = Path(path)
+    data = deep_merge(read_yaml(path), overrides or {})
+    cfg = build(ProjectConfig, data, str(path))
+    cfg.source = str(path)
+    runs: dict[str, tuple[dict, str]] = {}
+    for exp in cfg.experiments:
+        exp_path = (path.parent / exp) if not Path(exp).is_absolute() else Path(exp)
+        exp_data = read_yaml(exp_path)
+        unknown = sorted(set(exp_data) - {"description", "runs"})
+        if unknown:
+            raise ConfigError(f"{exp_path}: unknown key '{unknown[0]}' (known keys: description, runs)")
+        for name, ov in (exp_data.get("runs") or {}).items():
+            if name in runs:
+                raise ConfigError(f"{exp_path}: run '{name}' is already defined in {runs[name][1]}")
+            if not isinstance(ov, dict):
+                raise ConfigError(f"{exp_path}: run '{name}' must be a mapping of overrides")
+            runs[name] = (ov, str(exp_path))
+    for name, ov in cfg.runs.items():
+        if name in runs:
+            raise ConfigError(f"{path}: run '{name}' is already defined in {runs[name][1]}")
+        runs[name] = (ov, str(path))
+    cfg._runs = runs
+    for name in runs:  # validate every run now, not when it starts training
+        cfg.run(name)
+    return cfg
+
+
+__all__ = [
+    "ConfigError", "ProjectConfig", "PathsConfig", "build", "to_dict", "deep_merge", "load_config",
+    "require_path", "read_yaml",
+]

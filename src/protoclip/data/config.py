@@ -1,0 +1,36 @@
+"""Config of the `prepare` stage (owned by protoclip.data)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class UserDataConfig:
+    """Image-text pairs a user already has, in open_clip's formats."""
+    name: str  # becomes the `source` column and the sample-id prefix
+    format: Literal["csv", "tsv", "wds"]  # CSV/TSV (filepath, caption columns) or webdataset tar shards
+    path: str  # CSV/TSV file, or a shard pattern such as /data/cc3m/{00000..00331}.tar
+    img_key: str = "filepath"  # CSV/TSV column of image paths (relative paths resolve against the file's folder)
+    caption_key: str = "caption"  # CSV/TSV column of captions
+    split: Literal["train", "heldout", "auto"] = "auto"  # auto: split with the same seeded rule as the default data
+
+
+@dataclass
+class PrepareConfig:
+    image_size: int = 64  # rendered/resized side in px (64 on CPU; 224 for GPU runs)
+    heldout_fraction: float = 0.1  # share of caption pairs held out for retrieval / coarse-label probes
+    seed: int = 0  # fixed seed of the train / held-out split
+    strict_hashes: bool = False  # a .deb whose sha256 differs from the pinned one: warn (False) or fail (True)
+    offline_sources: list[Literal["tuxpaint", "openclipart", "emoji"]] = field(
+        default_factory=lambda: ["tuxpaint", "openclipart", "emoji"])  # packaged caption corpora to build
+    eval_sets: list[Literal["fashion_mnist", "digits"]] = field(
+        default_factory=lambda: ["fashion_mnist", "digits"])  # offline labelled evaluation sets
+    user_data: list[UserDataConfig] = field(default_factory=list)  # extra pretraining pairs from user paths
+    num_workers: int = 2  # processes for rendering SVGs
+
+    def validate(self) -> None:
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+        if self.image_size < 8:
+            raise ValueError(f"image_size must be >= 8, got {self.image_size}")

