@@ -1,0 +1,76 @@
+"""Episode-end checkpoints: everything an exact resume needs, written atomically.
+
+A checkpoint (``results/runs/<run>/checkpoints/last.pt``) holds the model and optimizer state, the grad
+scaler (when one is used), the python / numpy / torch (CPU and CUDA) RNG states, the index of the next
+episode, the global step and the last episode's prototypes. It is written with
+:func:`protoclip.atomic.atomic_path` so a run killed mid-write keeps the previous complete checkpoint.
+
+    save_checkpoint(path, model=m, optimizer=opt, episode=e + 1, step=s, prototypes=p)
+    state = load_checkpoint(path); restore_rng(state["rng"])
+"""
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from protoclip.atomic import atomic_path
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 1
+
+
+def rng_state() -> dict[str, Any]:
+    """The python, numpy and torch (CPU + every CUDA device) RNG states."""
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Inverse of :func:`rng_state`."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    episode: int, step: int, scaler: Any = None, prototypes: Any = None,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint atomically. ``episode`` is the index of the next episode to run."""
+    state = {
+        "version": CHECKPOINT_VERSION,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "rng": rng_state(),
+        "episode": int(episode),
+        "step": int(step),
+        "prototypes": prototypes,
+        "extra": extra or {},
+    }
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    log.debug("checkpoint: episode %d step %d -> %s", episode, step, path)
+    return Path(path)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint`; a clear error if missing or foreign."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint to resume from: {path}")
+    # weights_only=False: the file also holds RNG states (numpy arrays, python tuples) that we wrote ourselves
+    state = torch.load(path, map_location=map_location, weights_only=False)
+    if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
+        raise ValueError(f"{path}: not a protoclip training checkpoint (version {CHECKPOINT_VERSION})")
+    return state

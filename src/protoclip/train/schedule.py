@@ -1,0 +1,110 @@
+"""Episode and learning-rate schedule of the episodic trainer (pure functions, no torch state).
+
+ProtoCLIP Sec. III-D: n_episode = n_epoch * M / m episodes of m samples each; Table I: batch 512,
+40 warm-up episodes, LR 5e-4 with cosine decay; Sec. IV-A2: the image encoder's LR drops to zero at
+epoch 16 of 32 and locked-image tuning (LiT) continues for the remaining epochs.
+
+    from protoclip.train.schedule import Schedule
+    s = Schedule.from_config(cfg, dataset_size=len(ds), world_size=1)
+    lr = s.lr(step); image_lr = s.image_lr(step)
+
+Conventions (choices where the paper is silent, each tested in tests/test_train_schedule.py):
+
+* ``n_episodes = ceil(epochs * M / m)``: rounding up so that at least ``epochs`` epochs are seen.
+* ``steps_per_episode = ceil(ceil(m / world) / batch)``: every rank takes ``ceil(m / world)`` of the
+  episode's items (``DistributedSampler`` padding) in batches of ``batch_size`` (per process, as in
+  open_clip); a short last batch is kept, so every sampled item is trained on.
+* warm-up + cosine: the formula of open_clip's ``cosine_lr`` (the codebase ProtoCLIP is built on):
+  ``base * (step + 1) / warmup`` during warm-up, then ``0.5 * (1 + cos(pi * e / es)) * base``.
+  The warm-up length is ``warmup_episodes * steps_per_episode`` optimizer steps.
+* epoch of a step (for locked-image tuning) = ``step * batch * world / M``: samples seen so far
+  over the data set size; the image-encoder LR is zero for every step whose epoch is >= lock epoch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def n_episodes(epochs: float, dataset_size: int, episode_size: int) -> int:
+    """Number of episodes, ``ceil(epochs * M / m)`` (Sec. III-D)."""
+    if dataset_size < 1 or episode_size < 1:
+        raise ValueError(f"dataset_size ({dataset_size}) and episode_size ({episode_size}) must be >= 1")
+    if epochs <= 0:
+        raise ValueError(f"epochs must be > 0, got {epochs}")
+    # round() first: 4 * 1000 / 1000 may be 4.000000000000001 in floating point
+    return max(1, math.ceil(round(epochs * dataset_size / episode_size, 9)))
+
+
+def steps_per_episode(episode_size: int, batch_size: int, world_size: int = 1) -> int:
+    """Optimizer steps per episode: ``ceil(ceil(m / world) / batch)``; ``ceil(m / batch)`` on one process."""
+    if episode_size < 1 or batch_size < 1 or world_size < 1:
+        raise ValueError(f"episode_size ({episode_size}), batch_size ({batch_size}) and world_size "
+                         f"({world_size}) must be >= 1")
+    per_rank = math.ceil(episode_size / world_size)
+    return math.ceil(per_rank / batch_size)
+
+
+def warmup_cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int) -> float:
+    """Linear warm-up then cosine decay to zero (open_clip ``cosine_lr`` formula, see module doc)."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    decay_steps = total_steps - warmup_steps
+    if decay_steps <= 0:  # warm-up covers the whole run: stay at the peak
+        return base_lr
+    progress = min(step - warmup_steps, decay_steps) / decay_steps
+    return 0.5 * (1.0 + math.cos(math.pi * progress)) * base_lr
+
+
+def epoch_at_step(step: int, batch_size: int, dataset_size: int, world_size: int = 1) -> float:
+    """Epochs of data seen before optimizer step ``step``: ``step * batch * world / M``."""
+    return step * batch_size * world_size / dataset_size
+
+
+def image_lr_factor(step: int, batch_size: int, dataset_size: int, lock_image_epoch: float | None,
+                    world_size: int = 1) -> float:
+    """1.0 before ``lock_image_epoch``, 0.0 from it on (locked-image tuning, Sec. IV-A2); 1.0 when None."""
+    if lock_image_epoch is None:
+        return 1.0
+    return 0.0 if epoch_at_step(step, batch_size, dataset_size, world_size) >= lock_image_epoch else 1.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The resolved schedule of one run (all counts in optimizer steps)."""
+
+    base_lr: float
+    dataset_size: int  # M
+    episode_size: int  # m (already capped at M)
+    batch_size: int  # per process
+    world_size: int
+    n_episodes: int
+    steps_per_episode: int
+    warmup_steps: int
+    lock_image_epoch: float | None
+
+    @property
+    def total_steps(self) -> int:
+        return self.n_episodes * self.steps_per_episode
+
+    @classmethod
+    def build(cls, *, base_lr: float, epochs: float, dataset_size: int, episode_size: int, batch_size: int,
+              warmup_episodes: int, lock_image_epoch: float | None, world_size: int = 1) -> "Schedule":
+        spe = steps_per_episode(episode_size, batch_size, world_size)
+        return cls(base_lr=base_lr, dataset_size=dataset_size, episode_size=episode_size, batch_size=batch_size,
+                   world_size=world_size, n_episodes=n_episodes(epochs, dataset_size, episode_size),
+                   steps_per_episode=spe, warmup_steps=warmup_episodes * spe, lock_image_epoch=lock_image_epoch)
+
+    def lr(self, step: int) -> float:
+        """LR of every non-image parameter group at ``step``."""
+        return warmup_cosine_lr(step, self.base_lr, self.warmup_steps, self.total_steps)
+
+    def image_lr(self, step: int) -> float:
+        """LR of the image-encoder groups: :meth:`lr` times the locked-image factor."""
+        return self.lr(step) * image_lr_factor(step, self.batch_size, self.dataset_size, self.lock_image_epoch,
+                                               self.world_size)
+
+    def epoch(self, step: int) -> float:
+        return epoch_at_step(step, self.batch_size, self.dataset_size, self.world_size)
