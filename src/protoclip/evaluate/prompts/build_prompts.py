@@ -1,0 +1,152 @@
+"""Build ``zeroshot_prompts.json``: class names and prompt templates of every zero-shot evaluation set.
+
+The JSON is package data and is committed; this script only documents (and re-does) how it was made:
+
+    python -m protoclip.evaluate.prompts.build_prompts \
+        --reference /work/shared/reference/clip-prompts.md \
+        --out src/protoclip/evaluate/prompts/zeroshot_prompts.json
+
+Sources (ProtoCLIP Sec. IV-C1: "class names and prompt templates are consistent with CLIP [...] minor
+explanations to some classes, e.g. 'kite' -> 'kite (bird of prey)', are added following CLOOB"):
+
+* ImageNet: ``open_clip.zero_shot_metadata`` (``IMAGENET_CLASSNAMES``, ``OPENAI_IMAGENET_TEMPLATES``, the
+  80 templates of CLIP's ImageNet notebook). open_clip's class names are the CLIP notebook names with the
+  CLOOB-era disambiguations already in (``kite (bird of prey)``, ``crane bird`` / ``construction crane``,
+  ...), which is what the ProtoCLIP code (megvii-research/protoclip, ``zero_shot.py``) uses too. The
+  disambiguations the paper names are listed in :data:`FIXES` and asserted / applied here, so the JSON
+  carries them even if open_clip's list changes.
+* The other 13 of the paper's 14 sets: CLIP's ``Prompts for Image Classification`` (clip-prompts.md),
+  parsed verbatim (python list literals inside each ``## <Dataset>`` section).
+* Offline sets (not in the paper): ``fashion_mnist`` (Fashion-MNIST class names in prompt-friendly form,
+  CLIP-style generic photo templates) and ``digits`` (sklearn's 8x8 digits: CLIP's MNIST entry, class
+  names '0'..'9' with the template ``a photo of the number: "{}".``).
+
+Templates are strings with one ``{}`` for the class name.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+from pathlib import Path
+
+# our key -> section title in clip-prompts.md; expected number of classes (ProtoCLIP Table II)
+CLIP_SECTIONS: dict[str, tuple[str, int]] = {
+    "dtd": ("DescribableTextures", 47),
+    "food101": ("Food101", 101),
+    "oxford_pets": ("OxfordPets", 37),
+    "rendered_sst2": ("SST2", 2),
+    "birdsnap": ("Birdsnap", 500),
+    "country211": ("Country211", 211),
+    "flowers102": ("Flowers102", 102),
+    "gtsrb": ("GTSRB", 43),
+    "ucf101": ("UCF101", 101),
+    "stanford_cars": ("StanfordCars", 196),
+    "cifar10": ("CIFAR10", 10),
+    "cifar100": ("CIFAR100", 100),
+    "stl10": ("STL10", 10),
+}
+
+# CLOOB-style disambiguations (ProtoCLIP Sec. IV-C1): dataset -> [(class index, CLIP notebook name, fixed name)].
+# open_clip's IMAGENET_CLASSNAMES already carries them; build() applies them when the source still has the
+# ambiguous name and fails if the index holds something else (a reordered source list).
+FIXES: dict[str, list[tuple[int, str, str]]] = {
+    "imagenet": [
+        (21, "kite", "kite (bird of prey)"),  # the bird (n01608432), not the toy; the paper's example
+    ],
+}
+
+FASHION_MNIST_CLASSES = ["T-shirt/top", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker",
+                         "bag", "ankle boot"]  # label order 0..9 of the idx files
+# A subset of CLIP's generic photo templates (those of its CIFAR entry) that suits small grey product shots.
+FASHION_MNIST_TEMPLATES = [
+    "a photo of a {}.",
+    "a black and white photo of a {}.",
+    "a low resolution photo of a {}.",
+    "a blurry photo of a {}.",
+    "a photo of the {}.",
+    "a photo of a {}, a type of clothing.",
+]
+DIGITS_CLASSES = [str(i) for i in range(10)]  # CLIP's MNIST entry
+DIGITS_TEMPLATES = ['a photo of the number: "{}".']
+
+
+def parse_clip_prompts(text: str) -> dict[str, dict[str, list[str]]]:
+    """``## Title`` sections of clip-prompts.md -> {title: {"classnames": [...], "templates": [...]}}."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for block in re.split(r"^## ", text, flags=re.M)[1:]:
+        title, _, body = block.partition("\n")
+        lists = dict(re.findall(r"^(classes|templates) = (\[.*?^\])", body, flags=re.M | re.S))
+        if "classes" not in lists or "templates" not in lists:
+            continue
+        classes = ast.literal_eval(lists["classes"])
+        # FER2013 lists several names per class; keep the first (it is not one of the paper's 14 sets)
+        classes = [c[0] if isinstance(c, list) else c for c in classes]
+        out[title.strip()] = {"classnames": classes, "templates": ast.literal_eval(lists["templates"])}
+    return out
+
+
+def imagenet_entry() -> dict[str, list[str]]:
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
+
+    templates = [t("{}") for t in OPENAI_IMAGENET_TEMPLATES]  # the lambdas, rendered with a placeholder
+    return {"classnames": list(IMAGENET_CLASSNAMES), "templates": templates}
+
+
+def apply_fixes(name: str, classnames: list[str]) -> tuple[list[str], list[dict]]:
+    """Apply :data:`FIXES` for ``name``; returns the names and a record of each fix."""
+    classnames = list(classnames)
+    record = []
+    for index, before, after in FIXES.get(name, []):
+        if classnames[index] == before:
+            classnames[index] = after
+            record.append({"index": index, "from": before, "to": after, "status": "applied"})
+        elif classnames[index] == after:
+            record.append({"index": index, "from": before, "to": after, "status": "already in source"})
+        else:
+            raise ValueError(f"{name}[{index}] is {classnames[index]!r}, expected {before!r} or {after!r}")
+    return classnames, record
+
+
+def build(reference: Path) -> dict:
+    parsed = parse_clip_prompts(reference.read_text())
+    entries: dict[str, dict] = {}
+    raw = {"imagenet": imagenet_entry()}
+    for key, (title, _) in CLIP_SECTIONS.items():
+        if title not in parsed:
+            raise ValueError(f"{reference}: no '## {title}' section with classes and templates")
+        raw[key] = parsed[title]
+    expected = {"imagenet": 1000, **{k: n for k, (_, n) in CLIP_SECTIONS.items()}}
+    for key, entry in raw.items():
+        names, fixes = apply_fixes(key, entry["classnames"])
+        if len(names) != expected[key]:
+            raise ValueError(f"{key}: {len(names)} classes, expected {expected[key]} (ProtoCLIP Table II)")
+        entries[key] = {"classnames": names, "templates": list(entry["templates"]), "fixes": fixes,
+                        "source": "open_clip.zero_shot_metadata" if key == "imagenet" else
+                        f"CLIP clip-prompts.md '## {CLIP_SECTIONS[key][0]}'"}
+    entries["fashion_mnist"] = {"classnames": FASHION_MNIST_CLASSES, "templates": FASHION_MNIST_TEMPLATES,
+                                "fixes": [], "source": "Fashion-MNIST labels; CLIP-style templates"}
+    entries["digits"] = {"classnames": DIGITS_CLASSES, "templates": DIGITS_TEMPLATES, "fixes": [],
+                         "source": "CLIP clip-prompts.md '## MNIST'"}
+    for key, entry in entries.items():
+        bad = [t for t in entry["templates"] if t.count("{}") != 1]
+        if bad:
+            raise ValueError(f"{key}: templates without exactly one '{{}}': {bad}")
+    return entries
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reference", type=Path, default=Path("/work/shared/reference/clip-prompts.md"))
+    p.add_argument("--out", type=Path, default=Path(__file__).with_name("zeroshot_prompts.json"))
+    args = p.parse_args(argv)
+    from protoclip.atomic import write_text
+
+    entries = build(args.reference)
+    write_text(args.out, json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {args.out}: " + ", ".join(f"{k} ({len(v['classnames'])})" for k, v in entries.items()))
+
+
+if __name__ == "__main__":
+    main()
