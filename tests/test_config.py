@@ -1,0 +1,98 @@
+"""Strict config loading: unknown keys, wrong types and missing paths stop with key and file named."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from protoclip.config import ConfigError, load_config
+from protoclip.train.config import TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, data: dict, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_shipped_config_is_valid_and_defines_runs():
+    cfg = load_config(REPO / "config" / "config.yaml")
+    assert {"clip_tiny", "protoclip_tiny"} <= set(cfg.run_names())
+    clip, proto = cfg.run("clip_tiny"), cfg.run("protoclip_tiny")
+    assert clip.method == "clip" and proto.method == "protoclip"
+    assert clip.name == "clip_tiny"
+    # overrides win, untouched defaults come from the paper's Table I
+    assert proto.episode_size == 1024 and proto.weight_decay == 0.5 and proto.loss.tau_y == 0.01
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    path = write(tmp_path, {"prepare": {"image_sise": 64}})
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "image_sise" in str(err.value) and str(path) in str(err.value)
+    assert "prepare.image_sise" in str(err.value)
+
+
+def test_wrong_type_names_key_and_file(tmp_path):
+    path = write(tmp_path, {"teacher": {"pca_dim": "sixty-four"}})
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert "teacher.pca_dim" in msg and "int" in msg and str(path) in msg
+
+
+def test_bool_is_not_an_int_and_int_is_a_float(tmp_path):
+    with pytest.raises(ConfigError, match="train.batch_size"):
+        load_config(write(tmp_path, {"train": {"batch_size": True}}))
+    cfg = load_config(write(tmp_path, {"train": {"lr": 1}}, "ok.yaml"))
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+
+
+def test_literal_choice_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match="augmentation"):
+        load_config(write(tmp_path, {"train": {"augmentation": "heavy"}}))
+
+
+def test_run_overrides_are_validated_with_their_file(tmp_path):
+    exp = write(tmp_path, {"runs": {"bad": {"loss": {"tau_why": 0.1}}}}, "exp.yaml")
+    path = write(tmp_path, {"experiments": [exp.name]})
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "loss.tau_why" in str(err.value) and "exp.yaml" in str(err.value) and "bad" in str(err.value)
+
+
+def test_duplicate_run_names_are_an_error(tmp_path):
+    a = write(tmp_path, {"runs": {"r": {"method": "clip"}}}, "a.yaml")
+    b = write(tmp_path, {"runs": {"r": {"method": "clip"}}}, "b.yaml")
+    with pytest.raises(ConfigError, match="already defined"):
+        load_config(write(tmp_path, {"experiments": [a.name, b.name]}))
+
+
+def test_missing_config_or_experiment_file_names_the_path(tmp_path):
+    with pytest.raises(ConfigError, match="input path not found.*nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="missing_exp.yaml"):
+        load_config(write(tmp_path, {"experiments": ["missing_exp.yaml"]}))
+
+
+def test_nested_dataclass_and_validate_hook(tmp_path):
+    cfg = load_config(write(tmp_path, {"runs": {"r": {"kmeans": {"iters": 5}, "method": "clip"}}}))
+    rc = cfg.run("r")
+    assert isinstance(rc, TrainConfig) and rc.kmeans.iters == 5 and rc.kmeans.images_per_prototype == 10
+    with pytest.raises(ConfigError, match="heldout_fraction"):
+        load_config(write(tmp_path, {"prepare": {"heldout_fraction": 1.5}}, "bad.yaml"))
+
+
+def test_unknown_run_is_an_error():
+    cfg = load_config(REPO / "config" / "config.yaml")
+    with pytest.raises(ConfigError, match="unknown run 'nope'"):
+        cfg.run("nope")
+
+
+def test_cli_reports_config_errors_with_exit_code_2(tmp_path, capsys):
+    from protoclip.cli import main
+
+    path = write(tmp_path, {"paths": {"data_dirr": "x"}})
+    assert main(["runs", "--config", str(path)]) == 2
+    assert "paths.data_dirr" in capsys.readouterr().err
