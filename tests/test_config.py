@@ -96,3 +96,18 @@ def test_cli_reports_config_errors_with_exit_code_2(tmp_path, capsys):
     path = write(tmp_path, {"paths": {"data_dirr": "x"}})
     assert main(["runs", "--config", str(path)]) == 2
     assert "paths.data_dirr" in capsys.readouterr().err
+
+
+def test_paper_configs_validate():
+    cfg = load_config(REPO / "config" / "paper.yaml")
+    t3 = cfg.run("t3_no_roberta_no_pbt")
+    assert t3.model == "RN50" and t3.teacher is None and t3.loss.pbt is False and t3.epochs == 8
+    assert cfg.run("t3_no_roberta_no_kmeans").kmeans.init == "random"
+    assert cfg.run("f6b_tau_y_0.02").loss.tau_y == 0.02 and cfg.run("f6b_tau_y_0.02").loss.clip_weight == 0.0
+    assert cfg.run("t4_clip_32ep").lock_image_epoch == 16 and cfg.run("t4_clip_32ep").method == "clip"
+
+
+def test_run_data_must_name_a_source(tmp_path):
+    path = write(tmp_path, {"runs": {"r": {"method": "clip", "data": ["cc3m"]}}})
+    with pytest.raises(ConfigError, match="'cc3m'.*user_data"):
+        load_config(path)

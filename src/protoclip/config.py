@@ -249,8 +249,12 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
             raise ConfigError(f"{path}: run '{name}' is already defined in {runs[name][1]}")
         runs[name] = (ov, str(path))
     cfg._runs = runs
+    sources = {"offline"} | {u.name for u in cfg.prepare.user_data}
     for name in runs:  # validate every run now, not when it starts training
-        cfg.run(name)
+        unknown = [d for d in cfg.run(name).data if d not in sources]
+        if unknown:
+            raise ConfigError(f"{runs[name][1]}: run '{name}' trains on '{unknown[0]}', which is neither 'offline' "
+                              f"nor a prepare.user_data name of {path} ({', '.join(sorted(sources))})")
     return cfg
 
 
