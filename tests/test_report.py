@@ -1,0 +1,52 @@
+"""`protoclip report` turns metrics files into tables and figures, showing skipped sets as such."""
+import json
+
+import pandas as pd
+import yaml
+
+from protoclip.config import load_config
+from protoclip.layout import Layout
+from protoclip.report.tables import collect_metrics, run_report, task_table
+
+
+def make_project(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"runs": {"a": {"method": "clip"}, "b": {"method": "clip"}}}))
+    conf = tmp_path / "config.yaml"
+    conf.write_text(yaml.safe_dump({"paths": {"data_dir": str(tmp_path / "data"),
+                                              "results_dir": str(tmp_path / "results")},
+                                    "experiments": [exp.name]}))
+    cfg = load_config(conf)
+    lay = Layout.from_config(cfg)
+    values = {"a": 12.5, "b": 20.0}
+    for run, top1 in values.items():
+        for task, metrics in {"zeroshot": {"top1": top1, "top5": 2 * top1}, "clustering": {"ari": 0.1, "ami": 0.2}}.items():
+            path = lay.metrics(run, task, "digits")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"metrics": metrics, "run": run}))
+        skip = lay.metrics(run, "zeroshot", "cifar10")
+        skip.write_text(json.dumps({"skipped": "skipped: cifar10 not found at /nope"}))
+        log = lay.train_log(run)
+        log.write_text("\n".join(json.dumps({"kind": "step", "step": s, "loss": 5.0 - s}) for s in range(3))
+                       + "\n" + json.dumps({"kind": "episode", "episode": 0}) + "\n")
+    return cfg, lay
+
+
+def test_tables_hold_the_metrics_files_values(tmp_path):
+    cfg, lay = make_project(tmp_path)
+    long = collect_metrics(lay, ["a", "b"])
+    table = task_table(long, "zeroshot")
+    assert table.loc["a", "digits top1"] == "12.5" and table.loc["b", "digits top5"] == "40"
+    assert table.loc["a", "cifar10 top1"] == "skipped: cifar10 not found at /nope"
+
+
+def test_run_report_writes_every_format_and_the_loss_plot(tmp_path):
+    cfg, lay = make_project(tmp_path)
+    index = run_report(cfg)
+    assert index.exists() and "skipped: cifar10 not found at /nope" in index.read_text()
+    for ext in ("csv", "md", "tex"):
+        assert (lay.tables / f"zeroshot.{ext}").stat().st_size > 0
+        assert (lay.tables / f"clustering.{ext}").stat().st_size > 0
+    losses = pd.read_csv(lay.tables / "train_loss.csv")
+    assert list(losses.columns) == ["run", "step", "loss"] and len(losses) == 6  # episode lines excluded
+    assert (lay.figures / "train_curves.png").read_bytes()[:4] == b"\x89PNG"
