@@ -1,0 +1,331 @@
+"""Prototype-level losses of ProtoCLIP [paper Sec. III, Eqs. 3-5, 7, 8].
+
+Per episode (m samples, Sec. III-D) the trainer extracts projected features h^I, h^T [m, d_h] and calls
+:meth:`EpisodePrototypes.build` once: k-means image prototypes C^I and text prototypes C^T [Eq. 2], optional
+external-teacher prototypes C^ext, the assignments of every episode sample, and the prototype classifiers
+(PBT centroids [Eq. 7] or the raw cross-modal prototypes). Everything in it is detached. Then, for every batch,
+:class:`ProtoLoss` evaluates
+
+    p_i^I = softmax(C_cls^{T->I} h_i^I / tau_Proto)                                   [Eq. 3]
+    y_i^T = softmax(C^T c^T_{a_i^T} / tau_y)   (or one-hot of a_i^T when hard)       [Eq. 5]
+    L_Proto = ( CE(y^T, p^I) + CE(y^I, p^T) ) / 2                                     [Eq. 4]
+    L_Proto^ext = ( CE(onehot(a^ext), p^{I,ext}) + CE(onehot(a^ext), p^{T,ext}) ) / 2  [Eq. 8]
+
+and returns ``{"proto": L_Proto, "proto_external": L_Proto^ext}``; the total [Eq. 9] is the trainer's
+weighted sum with L_CLIP.
+
+Choices where the paper is silent, taken from the authors' code (cited "[ref-code <file>]" =
+github.com/megvii-research/protoclip, src/training/...):
+
+* h is L2-normalised (the model returns normalised projections [ref-code open_clip/model.py
+  ``forward_projection``]); we normalise again here (idempotent). Prototypes, PBT centroids and the
+  classifier are *not* re-normalised: k-means centroids of unit vectors, used as raw linear classifiers
+  [ref-code loss.py ``student_features @ student_centroids.T``].
+* Soft targets are indexed per sample through its teacher assignment: y_i = softmax(C c_{a_i} / tau_y)
+  [ref-code loss.py ``teacher_centroids[labels] @ teacher_centroids.T / T``]; computed per batch rows, never
+  as a K x K table (1.6 GB at K = 20k).
+* tau_Proto is a learnable log-scale like tau_CLIP: the caller passes ``model.proto_logit_scale.exp()`` and
+  clamps the parameter with :func:`protoclip.losses.clamp_logit_scale_` [ref-code train.py].
+* Reduction: mean over the batch samples (Eq. 4 writes a sum over the M samples; a constant factor that the
+  authors' ``nn.CrossEntropyLoss`` also replaces by the mean).
+* External term: hard one-hot targets on the external assignments [paper: "'ground truth' of prototype
+  assignment"; ref-code train.py passes ``teacher_temperature=-1``], always through PBT centroids (the teacher
+  space has another dimension, so its raw prototypes cannot classify h) [paper Sec. III-C2]. Eq. 8's
+  printed parentheses are unbalanced; the term is the mean of both directions as in the ref code.
+  Teacher features are clustered as given (no normalisation) [ref-code main.py].
+* Empty clusters under PBT (a teacher prototype with no assigned sample has no student centroid): the ref
+  code leaves a zero row in the classifier. We instead *drop* those prototypes from the classifier and from
+  the target distribution (renormalised over the remaining prototypes) and count them in
+  :meth:`EpisodePrototypes.stats`. No sample's hard label can point at one (its own sample would make it
+  non-empty).
+
+    ep = EpisodePrototypes.build(h_img, h_txt, teacher_feats, n_clusters=K, pbt=True, soft=True, tau_y=0.01)
+    loss_fn = ProtoLoss(ep)
+    terms = loss_fn(out["h_image"], out["h_text"], positions, model.proto_logit_scale.exp())
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from protoclip.prototypes.kmeans import KMeansResult, kmeans
+
+logger = logging.getLogger(__name__)
+
+KMeansFn = Callable[..., KMeansResult]
+
+
+# --------------------------------------------------------------------------- pure functions
+def soft_target_rows(
+    prototypes: torch.Tensor,
+    labels: torch.Tensor,
+    tau_y: float,
+    hard: bool = False,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Targets of samples assigned to ``labels`` [B]: softmax(C c_{label} / tau_y) [Eq. 5] -> [B, K].
+
+    ``hard`` gives one-hot rows. ``valid`` [K] bool drops prototypes (exact zeros, rows renormalised).
+    """
+    if prototypes.ndim != 2:
+        raise ValueError(f"soft_targets: prototypes must be [K, d], got {tuple(prototypes.shape)}")
+    k = prototypes.shape[0]
+    labels = labels.to(prototypes.device).long()
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= k):
+        raise ValueError(f"soft_targets: labels must lie in [0, {k}), got range [{int(labels.min())}, {int(labels.max())}]")
+    if valid is not None and labels.numel() and not bool(valid.to(labels.device)[labels].all()):
+        raise ValueError("soft_targets: a label points at a prototype marked invalid (empty)")
+    if hard:
+        return F.one_hot(labels, k).to(prototypes.dtype if prototypes.is_floating_point() else torch.float32)
+    if tau_y <= 0:
+        raise ValueError(f"soft_targets: tau_y must be > 0 for soft targets, got {tau_y} (use hard=True)")
+    c = prototypes.float()
+    scores = (c[labels] @ c.T) / float(tau_y)
+    if valid is not None:
+        scores = scores.masked_fill(~valid.to(scores.device)[None, :], float("-inf"))
+    return scores.softmax(dim=1)
+
+
+def soft_targets(prototypes: torch.Tensor, tau_y: float, hard: bool = False) -> torch.Tensor:
+    """Target table of every prototype [Eq. 5]: row k = softmax(C c_k / tau_y) -> [K, K] (hard: identity)."""
+    k = prototypes.shape[0]
+    return soft_target_rows(prototypes, torch.arange(k, device=prototypes.device), tau_y, hard=hard)
+
+
+def pbt_centroids(student_h: torch.Tensor, assignments: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prototype Back Translation [Eq. 7]: mean student feature of the samples assigned to each teacher prototype.
+
+    -> (centroids [K, d], empty_mask [K]); empty prototypes get a zero row and ``True`` in the mask.
+    """
+    if student_h.ndim != 2 or assignments.ndim != 1 or student_h.shape[0] != assignments.shape[0]:
+        raise ValueError(f"pbt_centroids: need student_h [M, d] and assignments [M], got {tuple(student_h.shape)}, {tuple(assignments.shape)}")
+    assignments = assignments.to(student_h.device).long()
+    if assignments.numel() and (int(assignments.min()) < 0 or int(assignments.max()) >= k):
+        raise ValueError(f"pbt_centroids: assignments must lie in [0, {k})")
+    h = student_h.detach().float()
+    sums = torch.zeros(k, h.shape[1], device=h.device).index_add_(0, assignments, h)
+    counts = torch.bincount(assignments, minlength=k)
+    empty = counts == 0
+    centroids = sums / counts.clamp_min(1)[:, None].float()
+    return centroids, empty
+
+
+def proto_ce(
+    h: torch.Tensor,
+    classifier: torch.Tensor,
+    targets: torch.Tensor,
+    logit_scale: torch.Tensor | float,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Cross-entropy of prototype-classifier probabilities against targets [Eqs. 3-4], mean over the B samples.
+
+    h [B, d] (used as given), classifier [K, d], targets [B, K] (rows sum to 1), logit_scale = 1/tau_Proto
+    (exponentiated). ``valid`` [K] bool keeps only those prototypes (columns) in the softmax.
+    """
+    if h.ndim != 2 or classifier.ndim != 2 or h.shape[1] != classifier.shape[1]:
+        raise ValueError(f"proto_ce: need h [B, d] and classifier [K, d], got {tuple(h.shape)}, {tuple(classifier.shape)}")
+    if targets.shape != (h.shape[0], classifier.shape[0]):
+        raise ValueError(f"proto_ce: targets must be {(h.shape[0], classifier.shape[0])}, got {tuple(targets.shape)}")
+    classifier = classifier.to(h.device)
+    targets = targets.to(h.device)
+    if valid is not None:
+        valid = valid.to(h.device)
+        classifier, targets = classifier[valid], targets[:, valid]
+    # fp32 logits even under autocast: K can be 20k and soft targets need the full precision softmax.
+    with torch.autocast(device_type=h.device.type, enabled=False):
+        logits = logit_scale * (h.float() @ classifier.float().T)
+        return -(targets.float() * logits.log_softmax(dim=1)).sum(dim=1).mean()
+
+
+@torch.no_grad()
+def proto_accuracy(h: torch.Tensor, classifier: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor | None = None) -> float:
+    """% of samples whose top prototype is their assigned one (the ref code's ``acc_img2text`` diagnostic)."""
+    scores = h.float() @ classifier.to(h.device).float().T
+    if valid is not None:
+        scores = scores.masked_fill(~valid.to(h.device)[None, :], float("-inf"))
+    return float((scores.argmax(dim=1) == labels.to(h.device)).float().mean() * 100.0)
+
+
+# --------------------------------------------------------------------------- per-episode state
+@dataclass
+class EpisodePrototypes:
+    """Detached per-episode prototype state; build with :meth:`build`.
+
+    ``cls_image`` classifies h^I with text-derived prototypes (targets from ``text``), ``cls_text`` classifies
+    h^T with image-derived ones (targets from ``image``); ``*_ext`` use the external teacher's assignments.
+    ``valid_*`` [K] mark the prototypes kept in each classifier.
+    """
+
+    image: KMeansResult
+    text: KMeansResult
+    external: KMeansResult | None
+    cls_image: torch.Tensor
+    cls_text: torch.Tensor
+    valid_image: torch.Tensor
+    valid_text: torch.Tensor
+    cls_image_ext: torch.Tensor | None
+    cls_text_ext: torch.Tensor | None
+    valid_image_ext: torch.Tensor | None
+    valid_text_ext: torch.Tensor | None
+    pbt: bool
+    soft: bool
+    tau_y: float
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.image.assignments.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.cls_image.device
+
+    @classmethod
+    def build(
+        cls,
+        h_image: torch.Tensor,
+        h_text: torch.Tensor,
+        teacher_feats: torch.Tensor | np.ndarray | None,
+        n_clusters: int,
+        n_clusters_external: int | None = None,
+        pbt: bool = True,
+        soft: bool = True,
+        tau_y: float = 0.01,
+        iters: int = 20,
+        init: str = "kmeans",
+        backend: str = "auto",
+        seed: int = 0,
+        kmeans_fn: KMeansFn = kmeans,
+    ) -> "EpisodePrototypes":
+        """Cluster the episode's features and prepare the classifiers (row i of every input = episode sample i).
+
+        ``init='random'`` is the "w/o K-means" ablation (random samples as prototypes, 0 Lloyd iterations);
+        ``teacher_feats`` None disables the external term. ``seed`` should change per episode (trainer).
+        """
+        if h_image.ndim != 2 or h_image.shape != h_text.shape:
+            raise ValueError(f"EpisodePrototypes: h_image and h_text must both be [m, d], got {tuple(h_image.shape)}, {tuple(h_text.shape)}")
+        m = h_image.shape[0]
+        h_i = F.normalize(h_image.detach().float(), dim=1)
+        h_t = F.normalize(h_text.detach().float(), dim=1)
+        kw = dict(iters=iters, backend=backend, seed=seed, init=init)
+        img = kmeans_fn(h_i, n_clusters, **kw)
+        txt = kmeans_fn(h_t, n_clusters, **kw)
+        k = n_clusters
+        if pbt:  # [Eq. 7] student-space centroids of the teacher's clusters
+            cls_i, empty_i = pbt_centroids(h_i, txt.assignments, k)
+            cls_t, empty_t = pbt_centroids(h_t, img.assignments, k)
+        else:  # raw cross-modal prototypes [Eq. 3]
+            cls_i, empty_i = txt.centroids.to(h_i.device).float(), torch.zeros(k, dtype=torch.bool, device=h_i.device)
+            cls_t, empty_t = img.centroids.to(h_i.device).float(), torch.zeros(k, dtype=torch.bool, device=h_i.device)
+
+        ext = cls_ie = cls_te = val_ie = val_te = None
+        if teacher_feats is not None:
+            tf = torch.as_tensor(teacher_feats).detach().float().to(h_i.device)
+            if tf.ndim != 2 or tf.shape[0] != m:
+                raise ValueError(f"EpisodePrototypes: teacher_feats must be [m={m}, d_t], got {tuple(tf.shape)}")
+            ext = kmeans_fn(tf, n_clusters_external or n_clusters, **kw)
+            ke = ext.centroids.shape[0]
+            cls_ie, empty_ie = pbt_centroids(h_i, ext.assignments, ke)
+            cls_te, empty_te = pbt_centroids(h_t, ext.assignments, ke)
+            val_ie, val_te = ~empty_ie, ~empty_te
+        ep = cls(img, txt, ext, cls_i, cls_t, ~empty_i, ~empty_t, cls_ie, cls_te, val_ie, val_te, pbt, soft, float(tau_y))
+        logger.info("episode prototypes: %s", {k_: round(v, 4) for k_, v in ep.stats().items()})
+        return ep
+
+    @classmethod
+    def build_from_config(
+        cls, h_image: torch.Tensor, h_text: torch.Tensor, teacher_feats, cfg, seed: int | None = None, kmeans_fn: KMeansFn = kmeans
+    ) -> "EpisodePrototypes":
+        """:meth:`build` with a ``TrainConfig`` (``cfg.kmeans``, ``cfg.loss``); K = n_clusters or m // images_per_prototype."""
+        km, loss = cfg.kmeans, cfg.loss
+        k = km.n_clusters or max(1, h_image.shape[0] // km.images_per_prototype)
+        return cls.build(
+            h_image, h_text, teacher_feats, n_clusters=k, pbt=loss.pbt, soft=loss.soft_targets, tau_y=loss.tau_y,
+            iters=km.iters, init=km.init, backend=km.backend, seed=cfg.seed if seed is None else seed, kmeans_fn=kmeans_fn,
+        )
+
+    def stats(self) -> dict[str, float]:
+        """Cluster statistics for the training log (k-means objective / sizes / empties, PBT empties)."""
+        out = {**self.image.stats("kmeans_image_"), **self.text.stats("kmeans_text_")}
+        out["pbt_dropped_i2t"] = float((~self.valid_image).sum())
+        out["pbt_dropped_t2i"] = float((~self.valid_text).sum())
+        if self.external is not None:
+            out.update(self.external.stats("kmeans_external_"))
+            out["pbt_dropped_i2ext"] = float((~self.valid_image_ext).sum())
+            out["pbt_dropped_t2ext"] = float((~self.valid_text_ext).sum())
+        return out
+
+
+# --------------------------------------------------------------------------- per-batch loss
+class ProtoLoss(nn.Module):
+    """L_Proto [Eq. 4] and L_Proto^external [Eq. 8] of a batch against the current episode's prototypes.
+
+    ``forward(h_image, h_text, positions, proto_logit_scale)``: h [B, d_h] of the batch (fresh augmentations),
+    ``positions`` [B] long = each sample's row in the episode, ``proto_logit_scale`` = 1/tau_Proto
+    (``model.proto_logit_scale.exp()``). Returns {"proto", "proto_external"} (the latter 0 without a teacher);
+    detached diagnostics (per-direction losses, prototype accuracies) are left in ``self.last_stats``.
+    """
+
+    def __init__(self, episode: EpisodePrototypes | None = None):
+        super().__init__()
+        self.episode = episode
+        self.last_stats: dict[str, float] = {}
+
+    def set_episode(self, episode: EpisodePrototypes) -> None:
+        self.episode = episode
+
+    def forward(
+        self, h_image: torch.Tensor, h_text: torch.Tensor, positions: torch.Tensor, proto_logit_scale: torch.Tensor | float
+    ) -> dict[str, torch.Tensor]:
+        ep = self.episode
+        if ep is None:
+            raise RuntimeError("ProtoLoss: no episode prototypes set (call set_episode or pass one to the constructor)")
+        if h_image.ndim != 2 or h_image.shape != h_text.shape:
+            raise ValueError(f"ProtoLoss: h_image and h_text must both be [B, d], got {tuple(h_image.shape)}, {tuple(h_text.shape)}")
+        pos = torch.as_tensor(positions, device=ep.device).long()
+        if pos.shape != (h_image.shape[0],):
+            raise ValueError(f"ProtoLoss: positions must be [B={h_image.shape[0]}], got {tuple(pos.shape)}")
+        if int(pos.min()) < 0 or int(pos.max()) >= ep.n_samples:
+            raise ValueError(f"ProtoLoss: positions must lie in [0, {ep.n_samples}) (rows of the episode)")
+        h_i, h_t = F.normalize(h_image, dim=1), F.normalize(h_text, dim=1)
+        hard = not ep.soft
+
+        # image student, text teacher [Eqs. 3-5]; text student, image teacher
+        a_t = ep.text.assignments.to(ep.device)[pos]
+        a_i = ep.image.assignments.to(ep.device)[pos]
+        y_t = soft_target_rows(ep.text.centroids.to(ep.device), a_t, ep.tau_y, hard=hard, valid=ep.valid_image)
+        y_i = soft_target_rows(ep.image.centroids.to(ep.device), a_i, ep.tau_y, hard=hard, valid=ep.valid_text)
+        l_i2t = proto_ce(h_i, ep.cls_image, y_t, proto_logit_scale, ep.valid_image)
+        l_t2i = proto_ce(h_t, ep.cls_text, y_i, proto_logit_scale, ep.valid_text)
+        terms = {"proto": 0.5 * (l_i2t + l_t2i)}
+        stats = {
+            "proto_i2t": float(l_i2t.detach()), "proto_t2i": float(l_t2i.detach()),
+            "acc_i2t": proto_accuracy(h_i.detach(), ep.cls_image, a_t, ep.valid_image),
+            "acc_t2i": proto_accuracy(h_t.detach(), ep.cls_text, a_i, ep.valid_text),
+        }
+
+        if ep.external is not None:  # [Eq. 8], hard targets through PBT centroids
+            a_e = ep.external.assignments.to(ep.device)[pos]
+            y_e = F.one_hot(a_e, ep.cls_image_ext.shape[0]).float()
+            l_i2e = proto_ce(h_i, ep.cls_image_ext, y_e, proto_logit_scale, ep.valid_image_ext)
+            l_t2e = proto_ce(h_t, ep.cls_text_ext, y_e, proto_logit_scale, ep.valid_text_ext)
+            terms["proto_external"] = 0.5 * (l_i2e + l_t2e)
+            stats.update({
+                "proto_i2ext": float(l_i2e.detach()), "proto_t2ext": float(l_t2e.detach()),
+                "acc_i2ext": proto_accuracy(h_i.detach(), ep.cls_image_ext, a_e, ep.valid_image_ext),
+                "acc_t2ext": proto_accuracy(h_t.detach(), ep.cls_text_ext, a_e, ep.valid_text_ext),
+            })
+        else:
+            terms["proto_external"] = torch.zeros((), device=h_image.device)
+        self.last_stats = stats
+        return terms
+
+
+__all__ = [
+    "soft_target_rows", "soft_targets", "pbt_centroids", "proto_ce", "proto_accuracy", "EpisodePrototypes", "ProtoLoss",
+]

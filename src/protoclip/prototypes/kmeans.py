@@ -1,0 +1,320 @@
+"""K-means prototypes for ProtoCLIP episodes [paper Eq. 2, Sec. IV-A3].
+
+One entry point, :func:`kmeans`, with two interchangeable backends:
+
+* ``faiss``: ``faiss.Kmeans`` exactly as the authors call it [ref-code src/training/clustering.py]
+  (Euclidean, not spherical, ``nredo=1``, random-sample initialisation, ``niter`` Lloyd iterations), on GPU
+  when the faiss build has GPUs and the data lives on CUDA (or ``gpu=True``);
+* ``torch``: a plain Lloyd loop written with torch so it runs on CPU *and on any CUDA device without
+  faiss-gpu* (faiss-gpu wheels are not always installable). Squared distances are computed in chunks as
+  ``|x|^2 - 2 x.c + |c|^2`` so memory stays bounded at m = 200k, K = 20k. It mirrors faiss step by step
+  (assign -> mean -> split empty clusters -> optional L2 re-normalisation), so both backends give the same
+  objective from the same ``init_centroids`` (tested in tests/test_prototypes.py).
+
+``backend='auto'`` picks faiss when it is importable and can work where the data lives (CPU data, or CUDA
+data with a GPU faiss build); otherwise the torch backend on the data's device.
+
+``init='random'`` is the paper's "w/o K-means" ablation [paper Table III]: the prototypes are k randomly
+drawn samples (faiss's own initialisation) and *no* Lloyd iteration is run; samples are then assigned to
+the nearest of these random prototypes.
+
+Usage::
+
+    from protoclip.prototypes import kmeans
+    res = kmeans(h, k=20_000, iters=20, backend="auto", seed=0)
+    res.centroids, res.assignments, res.objective, res.sizes, res.n_empty, res.backend
+
+Benchmark: ``python bench/bench_kmeans.py``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
+
+Backend = Literal["auto", "faiss", "torch"]
+Init = Literal["kmeans", "random"]
+
+# faiss perturbs a split centroid by this relative amount (faiss/Clustering.cpp, EPS = 1/1024).
+_SPLIT_EPS = 1.0 / 1024.0
+# Budget for one chunk of the [rows, k] distance matrix in the torch backend (float32 elements).
+_CHUNK_ELEMS = 1 << 24  # 16M floats = 64 MiB
+
+
+@dataclass
+class KMeansResult:
+    """Output of :func:`kmeans`; all tensors live on the input's device (CPU for numpy input).
+
+    centroids   float32 [k, d]  prototypes
+    assignments int64 [N]       index of the nearest centroid for every sample (w.r.t. the returned centroids)
+    objective   float           sum_i ||x_i - c_{a_i}||^2 of the returned centroids and assignments [Eq. 2]
+    sizes       int64 [k]       samples per cluster (bincount of ``assignments``)
+    n_empty     int             clusters with no sample in the final assignment
+    backend     str             'faiss', 'faiss-gpu' or 'torch'
+    """
+
+    centroids: torch.Tensor
+    assignments: torch.Tensor
+    objective: float
+    sizes: torch.Tensor
+    n_empty: int
+    backend: str
+
+    def stats(self, prefix: str = "") -> dict[str, float]:
+        """Scalar cluster statistics for the training log."""
+        sizes = self.sizes.float()
+        return {
+            f"{prefix}objective": float(self.objective),
+            f"{prefix}objective_per_sample": float(self.objective) / max(1, int(self.sizes.sum())),
+            f"{prefix}n_empty": float(self.n_empty),
+            f"{prefix}size_max": float(sizes.max()),
+            f"{prefix}size_mean_nonempty": float(sizes[sizes > 0].mean()) if (sizes > 0).any() else 0.0,
+        }
+
+
+# --------------------------------------------------------------------------- input handling
+def _as_float_tensor(x: torch.Tensor | np.ndarray) -> torch.Tensor:
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(np.ascontiguousarray(x))
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"kmeans: x must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    if x.ndim != 2:
+        raise ValueError(f"kmeans: x must be 2-D [N, d], got shape {tuple(x.shape)}")
+    if not torch.is_floating_point(x):
+        raise TypeError(f"kmeans: x must be floating point, got {x.dtype}")
+    x = x.detach().float().contiguous()
+    if not torch.isfinite(x).all():
+        raise ValueError("kmeans: x contains NaN or Inf")
+    return x
+
+
+def _faiss_available() -> bool:
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _faiss_num_gpus() -> int:
+    import faiss
+
+    get = getattr(faiss, "get_num_gpus", None)
+    return int(get()) if get is not None else 0
+
+
+def resolve_backend(backend: Backend, device: torch.device, gpu: bool | None = None) -> str:
+    """'faiss' | 'faiss-gpu' | 'torch' for ``backend`` and data on ``device``."""
+    if backend not in ("auto", "faiss", "torch"):
+        raise ValueError(f"kmeans: backend must be 'auto', 'faiss' or 'torch', got {backend!r}")
+    if backend == "torch":
+        return "torch"
+    have_faiss = _faiss_available()
+    if backend == "faiss" and not have_faiss:
+        raise ImportError("kmeans: backend='faiss' but faiss is not importable (pip install faiss-cpu)")
+    if not have_faiss:
+        return "torch"
+    n_gpus = _faiss_num_gpus()
+    want_gpu = (device.type == "cuda") if gpu is None else gpu
+    if want_gpu and n_gpus > 0:
+        return "faiss-gpu"
+    if backend == "auto" and device.type == "cuda":
+        # Choice: CUDA data + CPU-only faiss -> keep the data on the GPU with the torch backend rather
+        # than copying it to a (slower) CPU faiss.
+        return "torch"
+    if gpu and n_gpus == 0:
+        logger.warning("kmeans: gpu=True but this faiss build has no GPU support; using faiss on CPU")
+    return "faiss"
+
+
+# --------------------------------------------------------------------------- shared pieces
+def random_init(x: torch.Tensor, k: int, seed: int) -> torch.Tensor:
+    """k distinct samples drawn uniformly with ``seed`` (the initialisation faiss uses) [k, d]."""
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    idx = torch.randperm(x.shape[0], generator=gen)[:k].to(x.device)
+    return x[idx].clone()
+
+
+def assign(x: torch.Tensor, centroids: torch.Tensor, chunk_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nearest centroid of every row of ``x``: (assignments int64 [N], squared distances float32 [N]).
+
+    Written by hand (rather than faiss) so that it runs on any torch device; distances use the expansion
+    |x|^2 - 2 x.c + |c|^2 over row chunks (clamped at 0 against round-off).
+    """
+    n, k = x.shape[0], centroids.shape[0]
+    rows = chunk_rows or max(1, _CHUNK_ELEMS // max(1, k))
+    c2 = (centroids * centroids).sum(1)
+    labels = torch.empty(n, dtype=torch.long, device=x.device)
+    dists = torch.empty(n, dtype=torch.float32, device=x.device)
+    for start in range(0, n, rows):
+        xb = x[start : start + rows]
+        d = (xb * xb).sum(1, keepdim=True) - 2.0 * (xb @ centroids.T) + c2[None, :]
+        val, idx = d.min(dim=1)
+        labels[start : start + rows] = idx
+        dists[start : start + rows] = val.clamp_min_(0.0)
+    return labels, dists
+
+
+def update_centroids(
+    x: torch.Tensor, labels: torch.Tensor, k: int, old: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cluster means; empty clusters keep ``old`` for now (they are split afterwards). -> (centroids, counts)."""
+    sums = torch.zeros(k, x.shape[1], dtype=torch.float32, device=x.device).index_add_(0, labels, x)
+    counts = torch.bincount(labels, minlength=k)
+    cent = old.clone()
+    nz = counts > 0
+    cent[nz] = sums[nz] / counts[nz, None].float()
+    return cent, counts
+
+
+def split_empty_clusters(centroids: torch.Tensor, counts: torch.Tensor) -> int:
+    """Re-seed every empty cluster by splitting the currently largest one (in place); returns #splits.
+
+    Same move as faiss's ``split_clusters`` (copy the big centroid, push the two copies apart by a relative
+    1/1024 with alternating signs per dimension, share its count), except that faiss picks the cluster to
+    split at random with probability ~ size; picking the largest is deterministic and never picks a
+    singleton.
+    """
+    counts = counts.clone()
+    empty = torch.nonzero(counts == 0).flatten().tolist()
+    if not empty:
+        return 0
+    sign = torch.ones(centroids.shape[1], device=centroids.device)
+    sign[1::2] = -1.0
+    n_split = 0
+    for ci in empty:
+        cj = int(torch.argmax(counts))
+        if counts[cj] < 2:
+            break  # nothing left to split (k >= number of distinct points)
+        base = centroids[cj].clone()
+        centroids[ci] = base * (1.0 + sign * _SPLIT_EPS)
+        centroids[cj] = base * (1.0 - sign * _SPLIT_EPS)
+        half = counts[cj] // 2
+        counts[ci] = half
+        counts[cj] -= half
+        n_split += 1
+    return n_split
+
+
+def _normalize(c: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(c, dim=1)
+
+
+# --------------------------------------------------------------------------- backends
+def _lloyd_torch(x: torch.Tensor, init: torch.Tensor, iters: int, spherical: bool) -> tuple[torch.Tensor, int]:
+    """Lloyd iterations in torch, in faiss's order: assign, mean, split empties, (re-normalise)."""
+    k = init.shape[0]
+    cent = init.clone()
+    total_split = 0
+    # tqdm(disable=None): a bar on a terminal, silent in logs/CI.
+    for it in tqdm(range(iters), desc="kmeans[torch]", leave=False, disable=None):
+        labels, d = assign(x, cent)
+        cent, counts = update_centroids(x, labels, k, cent)
+        total_split += split_empty_clusters(cent, counts)
+        if spherical:
+            cent = _normalize(cent)
+        logger.debug("kmeans[torch] iter %d: obj=%.6g", it, float(d.sum()))
+    return cent, total_split
+
+
+def _lloyd_faiss(x: np.ndarray, k: int, init: np.ndarray | None, iters: int, seed: int, spherical: bool, gpu: bool) -> np.ndarray:
+    import faiss
+
+    km = faiss.Kmeans(
+        x.shape[1],
+        k,
+        niter=iters,
+        nredo=1,  # [ref-code params.py: --kmeans-nredo default 1]
+        seed=int(seed),
+        spherical=spherical,
+        gpu=gpu,
+        verbose=False,
+        # Choice: no subsampling of the training set. faiss's default (256 points per centroid) only
+        # subsamples when N > 256 k, which never happens at the paper's 10 samples per prototype; lifting it
+        # keeps the two backends identical for any N.
+        max_points_per_centroid=1 << 30,
+        min_points_per_centroid=1,  # silences the "please provide at least 39 k points" warning
+    )
+    km.train(x, init_centroids=init)
+    return np.ascontiguousarray(km.centroids, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- entry point
+def kmeans(
+    x: torch.Tensor | np.ndarray,
+    k: int,
+    iters: int = 20,
+    backend: Backend = "auto",
+    seed: int = 0,
+    init: Init = "kmeans",
+    init_centroids: torch.Tensor | np.ndarray | None = None,
+    spherical: bool = False,
+    gpu: bool | None = None,
+) -> KMeansResult:
+    """Cluster the rows of ``x`` [N, d] into ``k`` prototypes [paper Eq. 2].
+
+    Args:
+        x: features, float tensor (any device) or ndarray; detached and cast to float32.
+        k: number of clusters, 1 <= k <= N (K = m / images_per_prototype is the caller's choice).
+        iters: Lloyd iterations (paper: 20). Ignored when ``init='random'``.
+        backend: 'auto' | 'faiss' | 'torch' (see module docstring).
+        seed: seed of the random-sample initialisation (each backend uses its own RNG, so the same seed gives
+            different inits across backends; pass ``init_centroids`` to compare them).
+        init: 'kmeans' (random samples + ``iters`` Lloyd iterations) or 'random' (random samples, 0 iterations:
+            the "w/o K-means" ablation).
+        init_centroids: optional [k, d] starting centroids, used instead of the random draw.
+        spherical: L2-normalise centroids after each update. Default False as in the authors' faiss call
+            [ref-code clustering.py: faiss.Kmeans(d, k, niter, nredo, verbose, gpu)]; ProtoCLIP's h are already
+            L2-normalised by the model, the centroids are not.
+        gpu: force (True) / forbid (False) faiss GPU; None = GPU iff the data is on CUDA and faiss has GPUs.
+    """
+    xt = _as_float_tensor(x)
+    n, d = xt.shape
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"kmeans: k must be a positive int, got {k!r}")
+    k = int(k)
+    if k > n:
+        raise ValueError(f"kmeans: k={k} clusters requested but only N={n} samples given (need k <= N)")
+    if iters < 0:
+        raise ValueError(f"kmeans: iters must be >= 0, got {iters}")
+    if init not in ("kmeans", "random"):
+        raise ValueError(f"kmeans: init must be 'kmeans' or 'random', got {init!r}")
+    n_iter = 0 if init == "random" else int(iters)
+
+    init_t: torch.Tensor | None = None
+    if init_centroids is not None:
+        init_t = _as_float_tensor(init_centroids).to(xt.device)
+        if tuple(init_t.shape) != (k, d):
+            raise ValueError(f"kmeans: init_centroids must have shape {(k, d)}, got {tuple(init_t.shape)}")
+
+    chosen = resolve_backend(backend, xt.device, gpu)
+    if chosen == "torch":
+        start = init_t if init_t is not None else random_init(xt, k, seed)
+        if spherical and init_t is None:
+            start = _normalize(start)
+        centroids, n_split = _lloyd_torch(xt, start, n_iter, spherical)
+        if n_split:
+            logger.debug("kmeans[torch]: %d empty-cluster splits", n_split)
+    else:
+        x_np = xt.cpu().numpy()
+        init_np = None if init_t is None else init_t.cpu().numpy()
+        cent_np = _lloyd_faiss(x_np, k, init_np, n_iter, seed, spherical, gpu=(chosen == "faiss-gpu"))
+        centroids = torch.from_numpy(cent_np).to(xt.device)
+
+    # Final assignment with the returned centroids, as the authors do with kmeans.index.search(x, 1)
+    # [ref-code clustering.py]; computed in torch for both backends so the objective is defined identically.
+    labels, dists = assign(xt, centroids)
+    sizes = torch.bincount(labels, minlength=k)
+    n_empty = int((sizes == 0).sum())
+    objective = float(dists.double().sum())
+    logger.info("kmeans[%s]: N=%d d=%d k=%d iters=%d objective=%.6g empty=%d", chosen, n, d, k, n_iter, objective, n_empty)
+    return KMeansResult(centroids, labels, objective, sizes, n_empty, chosen)
+
+
+__all__ = ["KMeansResult", "kmeans", "assign", "update_centroids", "split_empty_clusters", "random_init", "resolve_backend"]
