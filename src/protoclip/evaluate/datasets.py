@@ -1,0 +1,501 @@
+"""Evaluation data sets behind one interface: labelled image sets and image-caption sets.
+
+Every configured set (``evaluate.datasets`` in the config) is opened by :func:`load_eval_set` into
+
+* :class:`LabelledSet`: ``classnames``, ``templates`` (empty = no zero-shot), ``train`` / ``test``
+  splits that yield ``(PIL RGB image, int label)`` and have ``len``; optionally ``captions``;
+* :class:`CaptionSet`: images (yielding ``(PIL image, image index)``) and a list of captions per image,
+  for image-text retrieval;
+* :class:`Skipped`: the set's path is not configured (``null``) or not found. Its ``reason`` is the line
+  tables show (``skipped: cifar10 not found at /x``); a missing set is never an exception and never a 0.
+
+Kinds (``EvalDatasetConfig.kind``):
+
+* ``offline``: ``data/prepared/eval/<name>.npz`` from ``protoclip prepare`` (images uint8 [N,H,W,3],
+  labels, split train/test, classnames); the name ``heldout_pairs`` reads the manifest instead
+  (held-out caption pairs: retrieval + coarse-label probes, see :func:`load_heldout_pairs`).
+* ``torchvision``: torchvision's on-disk layouts, never downloading (CIFAR10/100, STL10, DTD, Food101,
+  OxfordIIITPet, RenderedSST2, Country211, Flowers102, GTSRB, StanfordCars, ImageNet; ImageNet also as
+  an ImageFolder ``train/`` + ``val/`` tree when the devkit is absent).
+* ``folder``: ``root/<split>/<class>/*.jpg`` (Birdsnap, UCF101 middle frames, ...).
+* ``wds``: clip_benchmark webdataset shards ``root/{train,test}/*.tar`` with ``classnames.txt`` and
+  ``zeroshot_classification_templates.txt``; samples hold ``cls`` and ``webp``/``jpg``/``png``.
+* ``coco``: COCO captions (Karpathy 5k test split from ``dataset_coco.json`` when present, else
+  ``annotations/captions_val2017.json`` with ``val2017/``).
+
+    from protoclip.evaluate.datasets import load_eval_set
+    ds = load_eval_set("cifar10", cfg.evaluate.datasets["cifar10"], Layout.from_config(cfg))
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import tarfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from PIL import Image
+
+from protoclip.evaluate.config import EvalDatasetConfig
+from protoclip.evaluate.prompts import canonical, has_prompts, load_prompts
+from protoclip.layout import Layout
+
+log = logging.getLogger(__name__)
+
+HELDOUT = "heldout_pairs"
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".ppm", ".tif", ".tiff")
+# split directory names accepted for the folder kind (UCF101 splits are often trainlist01 / testlist01)
+SPLIT_DIRS = {"train": ("train", "trainlist01", "training"), "test": ("test", "testlist01", "val", "validation")}
+
+
+# --------------------------------------------------------------------------- interface
+class ImageSplit(Protocol):
+    """Iterable of ``(PIL RGB image, int label)`` with a length; labels are class ids (or image ids)."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[tuple[Image.Image, int]]: ...
+
+
+@dataclass
+class CaptionSet:
+    """Images and their captions (``captions[i]`` belong to image ``i``), for retrieval."""
+    name: str
+    images: ImageSplit  # yields (image, image index)
+    captions: list[list[str]]
+    source: str = ""  # what was read (for the feature cache key and the metrics file)
+
+    def __post_init__(self) -> None:
+        if len(self.images) != len(self.captions):
+            raise ValueError(f"{self.name}: {len(self.images)} images but {len(self.captions)} caption lists")
+
+    @property
+    def texts(self) -> list[str]:
+        return [c for caps in self.captions for c in caps]
+
+    @property
+    def text_to_image(self) -> np.ndarray:
+        return np.asarray([i for i, caps in enumerate(self.captions) for _ in caps], dtype=np.int64)
+
+
+@dataclass
+class LabelledSet:
+    """Labelled images: a test split, usually a train split (linear / k-NN probes), names, templates."""
+    name: str
+    classnames: list[str]
+    templates: list[str]  # empty: zero-shot classification does not apply
+    test: ImageSplit
+    train: ImageSplit | None = None
+    captions: CaptionSet | None = None  # heldout_pairs carries its retrieval pairs here
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.test)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    name: str
+    reason: str  # "skipped: <name> not found at <path>" / "skipped: <name> path not configured"
+
+
+EvalSet = LabelledSet | CaptionSet
+
+
+# --------------------------------------------------------------------------- splits
+def to_rgb(img: Any) -> Image.Image:
+    """PIL image (any mode) or HxW / HxWx{1,3,4} uint8 array -> RGB PIL image."""
+    if isinstance(img, np.ndarray):
+        img = Image.fromarray(img[..., 0] if img.ndim == 3 and img.shape[-1] == 1 else img)
+    if not isinstance(img, Image.Image):
+        raise TypeError(f"expected a PIL image or an array, got {type(img).__name__}")
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+@dataclass
+class ArraySplit:
+    """Images held in a uint8 array [N,H,W(,C)]."""
+    images: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __iter__(self) -> Iterator[tuple[Image.Image, int]]:
+        for img, y in zip(self.images, self.labels):
+            yield to_rgb(np.ascontiguousarray(img)), int(y)
+
+
+@dataclass
+class FileSplit:
+    """Images read lazily from paths (``shard.tar::member`` reads a tar member)."""
+    paths: list[str]
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __iter__(self) -> Iterator[tuple[Image.Image, int]]:
+        for path, y in zip(self.paths, self.labels):
+            yield open_image(path), int(y)
+
+
+@dataclass
+class TorchvisionSplit:
+    """A torchvision data set built without transform: yields (PIL, target)."""
+    dataset: Any
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[tuple[Image.Image, int]]:
+        for i in range(len(self.dataset)):
+            img, y = self.dataset[i]
+            yield to_rgb(img), int(y)
+
+
+@dataclass
+class WdsSplit:
+    """clip_benchmark-style webdataset shards: samples with ``cls`` and an image (webp / jpg / png)."""
+    shards: list[str]
+    _len: int | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        if self._len is None:  # one pass over the tar headers, no decoding
+            n = 0
+            for shard in self.shards:
+                with tarfile.open(shard) as tf:
+                    n += sum(1 for m in tf.getmembers() if m.name.endswith(".cls"))
+            self._len = n
+        return self._len
+
+    def __iter__(self) -> Iterator[tuple[Image.Image, int]]:
+        import webdataset as wds
+
+        pipeline = wds.WebDataset(self.shards, shardshuffle=False, empty_check=False).decode("pil").to_tuple(
+            "webp;jpg;jpeg;png", "cls")
+        for img, y in pipeline:
+            yield to_rgb(img), int(y)
+
+
+def open_image(path: str | Path) -> Image.Image:
+    """Open an image file, or ``shard.tar::member`` inside a tar, as RGB."""
+    path = str(path)
+    if "::" in path:
+        shard, member = path.split("::", 1)
+        with tarfile.open(shard) as tf:
+            f = tf.extractfile(member)
+            if f is None:
+                raise FileNotFoundError(f"{member} not in {shard}")
+            data = f.read()
+        with Image.open(io.BytesIO(data)) as img:
+            return to_rgb(img.copy())
+    with Image.open(path) as img:
+        return to_rgb(img.copy())
+
+
+# --------------------------------------------------------------------------- helpers
+def _norm(name: str) -> str:
+    """Folder / class name key for matching: lower case, letters and digits only."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _read_lines(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _templates_from_file(path: Path) -> list[str]:
+    # clip_benchmark writes templates with a "{c}" placeholder; ours use "{}"
+    return [t.replace("{c}", "{}") for t in _read_lines(path)]
+
+
+def _prompt_templates(name: str) -> list[str]:
+    return load_prompts(name).templates if has_prompts(name) else []
+
+
+def _fingerprint(*paths: Path) -> str:
+    parts = []
+    for p in paths:
+        st = p.stat()
+        parts.append(f"{p}:{st.st_size}:{int(st.st_mtime)}")
+    return ";".join(parts)
+
+
+# --------------------------------------------------------------------------- offline
+def load_offline_npz(name: str, path: Path) -> LabelledSet:
+    """``data/prepared/eval/<name>.npz`` -> LabelledSet; templates from the prompts JSON when it has the set."""
+    with np.load(path, allow_pickle=False) as z:
+        missing = {"images", "labels", "split", "classnames"} - set(z.files)
+        if missing:
+            raise ValueError(f"{path}: missing arrays {sorted(missing)} (has {z.files})")
+        images, labels = z["images"], z["labels"].astype(np.int64)
+        split, classnames = z["split"].astype(str), [str(c) for c in z["classnames"]]
+    if images.dtype != np.uint8 or images.ndim not in (3, 4) or not len(images) == len(labels) == len(split):
+        raise ValueError(f"{path}: images must be uint8 [N,H,W(,3)] with one label and split per image, "
+                         f"got {images.dtype} {images.shape}, {labels.shape} labels, {split.shape} splits")
+    templates: list[str] = []
+    if has_prompts(name):
+        prompts = load_prompts(name)
+        templates = prompts.templates
+        if len(prompts.classnames) == len(classnames):
+            classnames = prompts.classnames  # prompt-friendly spellings of the same classes, same order
+        else:
+            log.warning("%s: prompts JSON has %d classes, the npz %d; using the npz names", name,
+                        len(prompts.classnames), len(classnames))
+    train, test = split == "train", split == "test"
+    if not test.any():
+        raise ValueError(f"{path}: no rows with split == 'test'")
+    return LabelledSet(
+        name=name, classnames=classnames, templates=templates,
+        train=ArraySplit(images[train], labels[train]) if train.any() else None,
+        test=ArraySplit(images[test], labels[test]), source=_fingerprint(path))
+
+
+def _resolve_manifest_path(p: str, bases: Sequence[Path]) -> str:
+    if "::" in p or Path(p).is_absolute() or Path(p).exists():
+        return p
+    for base in bases:
+        if (base / p).exists():
+            return str(base / p)
+    return p  # let open_image fail with the path in the message
+
+
+def load_heldout_pairs(layout: Layout, manifest: Path | None = None) -> LabelledSet:
+    """Held-out caption pairs of the manifest as retrieval pairs + coarse-label probe set.
+
+    Retrieval: every ``split == heldout`` row (one caption per image). Coarse-label probes: test = held-out
+    rows with a non-empty ``label``; train = ``split == train`` rows with a label. Choice (no paper
+    protocol exists for these data): the probes are fit on the pretraining images, whose labels the model
+    never saw, and tested on images it never saw; no templates (labels are folder names such as
+    ``animals/mammals``), so zero-shot does not run on this set.
+    """
+    import pandas as pd
+
+    manifest = manifest or layout.manifest
+    df = pd.read_parquet(manifest, columns=["id", "path", "caption", "label", "split"])
+    bases = [Path.cwd(), layout.prepared, layout.data_dir, manifest.parent]
+    df["path"] = [_resolve_manifest_path(p, bases) for p in df["path"].astype(str)]
+    df["label"] = df["label"].fillna("").astype(str)
+    held = df[df["split"] == "heldout"].reset_index(drop=True)
+    if held.empty:
+        raise ValueError(f"{manifest}: no rows with split == 'heldout'")
+    captions = CaptionSet(HELDOUT, FileSplit(list(held["path"]), list(range(len(held)))),
+                          [[str(c)] for c in held["caption"]], source=_fingerprint(manifest))
+    lab_test = held[held["label"] != ""]
+    lab_train = df[(df["split"] == "train") & (df["label"] != "")]
+    classnames = sorted(set(lab_test["label"]) | set(lab_train["label"]))
+    index = {c: i for i, c in enumerate(classnames)}
+
+    def split(rows) -> FileSplit:
+        return FileSplit(list(rows["path"]), [index[c] for c in rows["label"]])
+
+    return LabelledSet(name=HELDOUT, classnames=classnames, templates=[], test=split(lab_test),
+                       train=split(lab_train) if len(lab_train) else None, captions=captions,
+                       source=_fingerprint(manifest))
+
+
+# --------------------------------------------------------------------------- torchvision
+def _no_md5(cls):
+    """A CIFAR subclass that checks file presence only: md5 sums guard downloads, and we never download
+    (the data is the user's; DVC / the caller fingerprints it). Also lets tests build tiny pickle folders."""
+    return type(cls.__name__, (cls,), {
+        "train_list": [[f, None] for f, _ in cls.train_list],
+        "test_list": [[f, None] for f, _ in cls.test_list],
+        "meta": {**cls.meta, "md5": None},
+    })
+
+
+def _torchvision_splits(name: str, root: Path) -> tuple[Any, Any]:
+    """(train, test) torchvision data sets of ``name`` under ``root``, ``download=False``."""
+    from torchvision import datasets as tvd
+
+    def by_split(cls, train: str, test: str, **kw):
+        return cls(str(root), split=train, download=False, **kw), cls(str(root), split=test, download=False, **kw)
+
+    if name in ("cifar10", "cifar100"):
+        cls = _no_md5(tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100)
+        return cls(str(root), train=True, download=False), cls(str(root), train=False, download=False)
+    table: dict[str, Callable[[], tuple[Any, Any]]] = {
+        "stl10": lambda: by_split(tvd.STL10, "train", "test"),
+        "dtd": lambda: by_split(tvd.DTD, "train", "test"),  # partition 1 (torchvision default)
+        "food101": lambda: by_split(tvd.Food101, "train", "test"),
+        "oxford_pets": lambda: by_split(tvd.OxfordIIITPet, "trainval", "test", target_types="category"),
+        "rendered_sst2": lambda: by_split(tvd.RenderedSST2, "train", "test"),
+        "country211": lambda: by_split(tvd.Country211, "train", "test"),
+        "flowers102": lambda: by_split(tvd.Flowers102, "train", "test"),
+        "gtsrb": lambda: by_split(tvd.GTSRB, "train", "test"),
+        "stanford_cars": lambda: by_split(tvd.StanfordCars, "train", "test"),
+        "imagenet": lambda: (tvd.ImageNet(str(root), split="train"), tvd.ImageNet(str(root), split="val")),
+    }
+    if name not in table:
+        raise ValueError(f"no torchvision loader for data set {name!r} (known: cifar10, cifar100, "
+                         f"{', '.join(table)}); use kind folder / wds for other sets")
+    return table[name]()
+
+
+def load_torchvision(name: str, root: Path) -> LabelledSet:
+    key = canonical(name)
+    if key == "imagenet" and not (root / "meta.bin").exists() and (root / "val").is_dir():
+        # torchvision.datasets.ImageNet needs the devkit (meta.bin); a plain train/ + val/ tree is read as folders
+        return load_folder(name, root)
+    train, test = _torchvision_splits(key, root)
+    prompts = load_prompts(key)
+    n = len(getattr(test, "classes", prompts.classnames))
+    if n != len(prompts.classnames):
+        raise ValueError(f"{name}: torchvision has {n} classes, the prompts JSON {len(prompts.classnames)}")
+    return LabelledSet(name=name, classnames=prompts.classnames, templates=prompts.templates,
+                       train=TorchvisionSplit(train), test=TorchvisionSplit(test), source=f"torchvision:{root}")
+
+
+# --------------------------------------------------------------------------- folder tree
+def _split_dir(root: Path, split: str) -> Path | None:
+    for d in SPLIT_DIRS[split]:
+        if (root / d).is_dir():
+            return root / d
+    return None
+
+
+def _folder_classes(name: str, root: Path, folders: list[str]) -> tuple[list[str], dict[str, int]]:
+    """Class names (label order) and folder -> label, from classnames.txt, the prompts JSON, or the folders."""
+    if (root / "classnames.txt").exists():  # label order = sorted folder order (as ImageFolder)
+        names = _read_lines(root / "classnames.txt")
+        if len(names) != len(folders):
+            raise ValueError(f"{root}/classnames.txt has {len(names)} names but there are {len(folders)} "
+                             "class folders")
+        return names, {f: i for i, f in enumerate(folders)}
+    if has_prompts(name):
+        known = load_prompts(name).classnames
+        if len(folders) == len(known) and all(re.fullmatch(r"n\d{8}", f) for f in folders):
+            return known, {f: i for i, f in enumerate(folders)}  # ImageNet wnids: sorted = label order
+        by_key = {_norm(c): i for i, c in enumerate(known)}
+        hits = {f: by_key.get(_norm(f)) for f in folders}
+        if all(v is not None for v in hits.values()):
+            order = sorted(set(hits.values()))  # classes present on disk, in the JSON's order
+            absent = [known[i] for i in range(len(known)) if i not in set(order)]
+            if absent:  # e.g. Birdsnap classes whose images are gone (ProtoCLIP drops them too)
+                log.warning("%s: %d classes of the prompts JSON have no folder and are left out: %s", name,
+                            len(absent), ", ".join(absent[:10]) + (" ..." if len(absent) > 10 else ""))
+            relabel = {j: k for k, j in enumerate(order)}
+            return [known[i] for i in order], {f: relabel[v] for f, v in hits.items()}
+        log.warning("%s: folder names do not all match the prompts JSON (e.g. %s); using folder names",
+                    name, next(f for f, v in hits.items() if v is None))
+    if all(f.isdigit() for f in folders):
+        raise ValueError(f"{root}: class folders are numbered; add a classnames.txt (one name per line, in "
+                         "sorted folder order)")
+    return [f.replace("_", " ") for f in folders], {f: i for i, f in enumerate(folders)}
+
+
+def load_folder(name: str, root: Path) -> LabelledSet:
+    """``root/<split>/<class>/<image>`` (ImageFolder layout) with splits train (optional) and test."""
+    dirs = {s: _split_dir(root, s) for s in SPLIT_DIRS}
+    if dirs["test"] is None:
+        raise FileNotFoundError(f"no test split folder ({' / '.join(SPLIT_DIRS['test'])}) under {root}")
+    folders = sorted({p.name for d in dirs.values() if d for p in d.iterdir() if p.is_dir()})
+    if not folders:
+        raise ValueError(f"{root}: no class folders under {dirs['test']}")
+    classnames, label_of = _folder_classes(name, root, folders)
+    splits: dict[str, FileSplit | None] = {}
+    for s, d in dirs.items():
+        if d is None:
+            splits[s] = None
+            continue
+        paths, labels = [], []
+        for f in sorted(p.name for p in d.iterdir() if p.is_dir()):
+            for img in sorted(q for q in (d / f).rglob("*") if q.suffix.lower() in IMAGE_SUFFIXES):
+                paths.append(str(img))
+                labels.append(label_of[f])
+        splits[s] = FileSplit(paths, labels) if paths else None
+    if splits["test"] is None:
+        raise ValueError(f"{dirs['test']}: no images ({', '.join(IMAGE_SUFFIXES)})")
+    templates = (_templates_from_file(root / "zeroshot_classification_templates.txt")
+                 if (root / "zeroshot_classification_templates.txt").exists() else _prompt_templates(name))
+    return LabelledSet(name=name, classnames=classnames, templates=templates, test=splits["test"],
+                       train=splits["train"], source=f"folder:{root}:{len(splits['test'])}")
+
+
+# --------------------------------------------------------------------------- webdataset shards
+def load_wds(name: str, root: Path) -> LabelledSet:
+    """clip_benchmark webdataset layout: ``root/{train,test}/*.tar`` + ``classnames.txt`` (+ templates)."""
+    shards = {s: sorted(str(p) for p in (root / s).glob("*.tar")) if (root / s).is_dir() else []
+              for s in ("train", "test")}
+    if not shards["test"]:
+        raise FileNotFoundError(f"no test shards at {root / 'test'}/*.tar")
+    if (root / "classnames.txt").exists():
+        classnames = _read_lines(root / "classnames.txt")
+    elif has_prompts(name):
+        classnames = load_prompts(name).classnames
+    else:
+        raise ValueError(f"{root}: no classnames.txt and no prompts for {name!r}")
+    tpl = root / "zeroshot_classification_templates.txt"
+    templates = _templates_from_file(tpl) if tpl.exists() else _prompt_templates(name)
+    return LabelledSet(name=name, classnames=classnames, templates=templates, test=WdsSplit(shards["test"]),
+                       train=WdsSplit(shards["train"]) if shards["train"] else None,
+                       source=f"wds:{root}:{len(shards['train'])}+{len(shards['test'])} shards")
+
+
+# --------------------------------------------------------------------------- COCO captions
+def load_coco(name: str, root: Path) -> CaptionSet:
+    """COCO captions: Karpathy test split (5k images, ~5 captions each) if ``dataset_coco.json`` is under
+    ``root`` (or ``root/annotations``), else every image of ``annotations/captions_val2017.json``."""
+    karpathy = next((p for p in (root / "dataset_coco.json", root / "annotations" / "dataset_coco.json")
+                     if p.exists()), None)
+    paths: list[str] = []
+    captions: list[list[str]] = []
+    if karpathy is not None:
+        data = json.loads(karpathy.read_text())
+        for img in data["images"]:
+            if img.get("split") != "test":
+                continue
+            folder = root / img["filepath"] if "filepath" in img else root
+            paths.append(str(folder / img["filename"]))
+            captions.append([s["raw"].strip() for s in img["sentences"]])
+        source = karpathy
+    else:
+        ann = root / "annotations" / "captions_val2017.json"
+        if not ann.exists():
+            raise FileNotFoundError(f"neither dataset_coco.json nor {ann} under {root}")
+        data = json.loads(ann.read_text())
+        by_image: dict[int, list[str]] = {}
+        for a in data["annotations"]:
+            by_image.setdefault(a["image_id"], []).append(a["caption"].strip())
+        for img in sorted(data["images"], key=lambda im: im["id"]):
+            if img["id"] in by_image:
+                paths.append(str(root / "val2017" / img["file_name"]))
+                captions.append(by_image[img["id"]])
+        source = ann
+    if not paths:
+        raise ValueError(f"{source}: no test images with captions")
+    return CaptionSet(name, FileSplit(paths, list(range(len(paths)))), captions, source=_fingerprint(source))
+
+
+# --------------------------------------------------------------------------- entry point
+LOADERS: dict[str, Callable[[str, Path], EvalSet]] = {
+    "torchvision": load_torchvision, "folder": load_folder, "wds": load_wds, "coco": load_coco,
+}
+
+
+def load_eval_set(name: str, cfg: EvalDatasetConfig, layout: Layout) -> EvalSet | Skipped:
+    """Open data set ``name``; a path that is not configured or not found gives :class:`Skipped`.
+
+    A path that exists but whose files torchvision cannot find (``RuntimeError: Dataset not found``) is
+    also reported as not found; malformed data (wrong class counts, missing arrays) raises ``ValueError``.
+    """
+    if cfg.kind == "offline":
+        path = Path(cfg.path) if cfg.path else (layout.manifest if name == HELDOUT else layout.eval_set(name))
+        if not path.exists():
+            return Skipped(name, f"skipped: {name} not found at {path}")
+        return load_heldout_pairs(layout, path) if name == HELDOUT else load_offline_npz(name, path)
+    if not cfg.path:
+        return Skipped(name, f"skipped: {name} path not configured")
+    root = Path(cfg.path).expanduser()
+    if not root.exists():
+        return Skipped(name, f"skipped: {name} not found at {root}")
+    try:
+        return LOADERS[cfg.kind](name, root)
+    except (FileNotFoundError, RuntimeError) as err:  # torchvision: "Dataset not found or corrupted"
+        return Skipped(name, f"skipped: {name} not found at {root} ({err})")
