@@ -39,13 +39,15 @@ github.com/megvii-research/protoclip, src/training/...):
   :meth:`EpisodePrototypes.stats`. No sample's hard label can point at one (its own sample would make it
   non-empty).
 
-    ep = EpisodePrototypes.build(h_img, h_txt, teacher_feats, n_clusters=K, pbt=True, soft=True, tau_y=0.01)
-    loss_fn = ProtoLoss(ep)
-    terms = loss_fn(out["h_image"], out["h_text"], positions, model.proto_logit_scale.exp())
+    ep = EpisodePrototypes.build(h_img, h_txt, teacher_feats, k=K, pbt=True, soft_targets=True, tau_y=0.01)
+    loss_fn = ProtoLoss()
+    terms = loss_fn(out["h_image"], out["h_text"], positions, ep, model.proto_logit_scale.exp())
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -174,8 +176,10 @@ class EpisodePrototypes:
     valid_image_ext: torch.Tensor | None
     valid_text_ext: torch.Tensor | None
     pbt: bool
-    soft: bool
+    soft_targets: bool
     tau_y: float
+    kmeans_seconds: float = 0.0
+    pbt_seconds: float = 0.0
 
     @property
     def n_samples(self) -> int:
@@ -190,11 +194,11 @@ class EpisodePrototypes:
         cls,
         h_image: torch.Tensor,
         h_text: torch.Tensor,
-        teacher_feats: torch.Tensor | np.ndarray | None,
-        n_clusters: int,
-        n_clusters_external: int | None = None,
+        teacher: torch.Tensor | np.ndarray | None,
+        k: int,
+        k_external: int | None = None,
         pbt: bool = True,
-        soft: bool = True,
+        soft_targets: bool = True,
         tau_y: float = 0.01,
         iters: int = 20,
         init: str = "kmeans",
@@ -204,50 +208,64 @@ class EpisodePrototypes:
     ) -> "EpisodePrototypes":
         """Cluster the episode's features and prepare the classifiers (row i of every input = episode sample i).
 
-        ``init='random'`` is the "w/o K-means" ablation (random samples as prototypes, 0 Lloyd iterations);
-        ``teacher_feats`` None disables the external term. ``seed`` should change per episode (trainer).
+        ``teacher`` [m, d_t]: external-teacher features of the same samples (None: no external term);
+        ``k`` prototypes per modality (``k_external`` for the teacher, default ``k``); ``pbt``, ``soft_targets``,
+        ``tau_y`` as in ``LossConfig``; ``iters``, ``init``, ``backend``, ``seed`` go to ``kmeans_fn``.
+        ``init='random'`` is the "w/o K-means" ablation (random samples as prototypes, 0 Lloyd iterations).
+        ``seed`` should change per episode (trainer).
         """
         if h_image.ndim != 2 or h_image.shape != h_text.shape:
             raise ValueError(f"EpisodePrototypes: h_image and h_text must both be [m, d], got {tuple(h_image.shape)}, {tuple(h_text.shape)}")
         m = h_image.shape[0]
         h_i = F.normalize(h_image.detach().float(), dim=1)
         h_t = F.normalize(h_text.detach().float(), dim=1)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"EpisodePrototypes: k must be a positive int, got {k!r}")
         kw = dict(iters=iters, backend=backend, seed=seed, init=init)
-        img = kmeans_fn(h_i, n_clusters, **kw)
-        txt = kmeans_fn(h_t, n_clusters, **kw)
-        k = n_clusters
+        t0 = time.perf_counter()
+        img = kmeans_fn(h_i, k, **kw)
+        txt = kmeans_fn(h_t, k, **kw)
+        t_km = time.perf_counter() - t0
+        t_pbt = 0.0
+        t0 = time.perf_counter()
         if pbt:  # [Eq. 7] student-space centroids of the teacher's clusters
             cls_i, empty_i = pbt_centroids(h_i, txt.assignments, k)
             cls_t, empty_t = pbt_centroids(h_t, img.assignments, k)
         else:  # raw cross-modal prototypes [Eq. 3]
             cls_i, empty_i = txt.centroids.to(h_i.device).float(), torch.zeros(k, dtype=torch.bool, device=h_i.device)
             cls_t, empty_t = img.centroids.to(h_i.device).float(), torch.zeros(k, dtype=torch.bool, device=h_i.device)
+        t_pbt += time.perf_counter() - t0
 
         ext = cls_ie = cls_te = val_ie = val_te = None
-        if teacher_feats is not None:
-            tf = torch.as_tensor(teacher_feats).detach().float().to(h_i.device)
+        if teacher is not None:
+            tf = torch.as_tensor(teacher).detach().float().to(h_i.device)
             if tf.ndim != 2 or tf.shape[0] != m:
-                raise ValueError(f"EpisodePrototypes: teacher_feats must be [m={m}, d_t], got {tuple(tf.shape)}")
-            ext = kmeans_fn(tf, n_clusters_external or n_clusters, **kw)
+                raise ValueError(f"EpisodePrototypes: teacher features must be [m={m}, d_t], got {tuple(tf.shape)}")
+            t0 = time.perf_counter()
+            ext = kmeans_fn(tf, k_external or k, **kw)
+            t_km += time.perf_counter() - t0
+            t0 = time.perf_counter()
             ke = ext.centroids.shape[0]
             cls_ie, empty_ie = pbt_centroids(h_i, ext.assignments, ke)
             cls_te, empty_te = pbt_centroids(h_t, ext.assignments, ke)
             val_ie, val_te = ~empty_ie, ~empty_te
-        ep = cls(img, txt, ext, cls_i, cls_t, ~empty_i, ~empty_t, cls_ie, cls_te, val_ie, val_te, pbt, soft, float(tau_y))
+            t_pbt += time.perf_counter() - t0
+        ep = cls(img, txt, ext, cls_i, cls_t, ~empty_i, ~empty_t, cls_ie, cls_te, val_ie, val_te, pbt,
+                 bool(soft_targets), float(tau_y), kmeans_seconds=t_km, pbt_seconds=t_pbt)
         logger.info("episode prototypes: %s", {k_: round(v, 4) for k_, v in ep.stats().items()})
         return ep
 
-    @classmethod
-    def build_from_config(
-        cls, h_image: torch.Tensor, h_text: torch.Tensor, teacher_feats, cfg, seed: int | None = None, kmeans_fn: KMeansFn = kmeans
-    ) -> "EpisodePrototypes":
-        """:meth:`build` with a ``TrainConfig`` (``cfg.kmeans``, ``cfg.loss``); K = n_clusters or m // images_per_prototype."""
-        km, loss = cfg.kmeans, cfg.loss
-        k = km.n_clusters or max(1, h_image.shape[0] // km.images_per_prototype)
-        return cls.build(
-            h_image, h_text, teacher_feats, n_clusters=k, pbt=loss.pbt, soft=loss.soft_targets, tau_y=loss.tau_y,
-            iters=km.iters, init=km.init, backend=km.backend, seed=cfg.seed if seed is None else seed, kmeans_fn=kmeans_fn,
-        )
+    def to(self, device: torch.device | str) -> "EpisodePrototypes":
+        """A copy with every tensor on ``device``."""
+        def move(v):
+            if isinstance(v, torch.Tensor):
+                return v.to(device)
+            if isinstance(v, KMeansResult):
+                return dataclasses.replace(v, centroids=v.centroids.to(device), assignments=v.assignments.to(device),
+                                           sizes=v.sizes.to(device))
+            return v
+
+        return dataclasses.replace(self, **{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
     def stats(self) -> dict[str, float]:
         """Cluster statistics for the training log (k-means objective / sizes / empties, PBT empties)."""
@@ -263,12 +281,14 @@ class EpisodePrototypes:
 
 # --------------------------------------------------------------------------- per-batch loss
 class ProtoLoss(nn.Module):
-    """L_Proto [Eq. 4] and L_Proto^external [Eq. 8] of a batch against the current episode's prototypes.
+    """L_Proto [Eq. 4] and L_Proto^external [Eq. 8] of a batch against an episode's prototypes.
 
-    ``forward(h_image, h_text, positions, proto_logit_scale)``: h [B, d_h] of the batch (fresh augmentations),
-    ``positions`` [B] long = each sample's row in the episode, ``proto_logit_scale`` = 1/tau_Proto
-    (``model.proto_logit_scale.exp()``). Returns {"proto", "proto_external"} (the latter 0 without a teacher);
-    detached diagnostics (per-direction losses, prototype accuracies) are left in ``self.last_stats``.
+    ``forward(h_image, h_text, positions, episode, proto_logit_scale)``: h [B, d_h] of the batch (fresh
+    augmentations), ``positions`` [B] long = each sample's row in the episode, ``episode`` an
+    :class:`EpisodePrototypes` (None: the one given to the constructor / :meth:`set_episode`),
+    ``proto_logit_scale`` = 1/tau_Proto (``model.proto_logit_scale.exp()``). Returns {"proto",
+    "proto_external"} (the latter a constant 0 without a teacher); detached diagnostics (per-direction losses,
+    prototype accuracies in %) are left in ``self.last_stats``.
     """
 
     def __init__(self, episode: EpisodePrototypes | None = None):
@@ -280,9 +300,14 @@ class ProtoLoss(nn.Module):
         self.episode = episode
 
     def forward(
-        self, h_image: torch.Tensor, h_text: torch.Tensor, positions: torch.Tensor, proto_logit_scale: torch.Tensor | float
+        self,
+        h_image: torch.Tensor,
+        h_text: torch.Tensor,
+        positions: torch.Tensor,
+        episode: EpisodePrototypes | None,
+        proto_logit_scale: torch.Tensor | float,
     ) -> dict[str, torch.Tensor]:
-        ep = self.episode
+        ep = episode if episode is not None else self.episode
         if ep is None:
             raise RuntimeError("ProtoLoss: no episode prototypes set (call set_episode or pass one to the constructor)")
         if h_image.ndim != 2 or h_image.shape != h_text.shape:
@@ -293,7 +318,7 @@ class ProtoLoss(nn.Module):
         if int(pos.min()) < 0 or int(pos.max()) >= ep.n_samples:
             raise ValueError(f"ProtoLoss: positions must lie in [0, {ep.n_samples}) (rows of the episode)")
         h_i, h_t = F.normalize(h_image, dim=1), F.normalize(h_text, dim=1)
-        hard = not ep.soft
+        hard = not ep.soft_targets
 
         # image student, text teacher [Eqs. 3-5]; text student, image teacher
         a_t = ep.text.assignments.to(ep.device)[pos]

@@ -16,7 +16,8 @@ data with a GPU faiss build); otherwise the torch backend on the data's device.
 
 ``init='random'`` is the paper's "w/o K-means" ablation [paper Table III]: the prototypes are k randomly
 drawn samples (faiss's own initialisation) and *no* Lloyd iteration is run; samples are then assigned to
-the nearest of these random prototypes.
+the nearest of these random prototypes. ``init='kmeans++'`` (not in the paper; for small, well-separated data
+and tests) seeds Lloyd with scikit-learn's ``kmeans_plusplus`` instead of random samples.
 
 Usage::
 
@@ -39,7 +40,7 @@ from tqdm.auto import tqdm
 logger = logging.getLogger(__name__)
 
 Backend = Literal["auto", "faiss", "torch"]
-Init = Literal["kmeans", "random"]
+Init = Literal["kmeans", "random", "kmeans++"]
 
 # faiss perturbs a split centroid by this relative amount (faiss/Clustering.cpp, EPS = 1/1024).
 _SPLIT_EPS = 1.0 / 1024.0
@@ -202,6 +203,14 @@ def split_empty_clusters(centroids: torch.Tensor, counts: torch.Tensor) -> int:
     return n_split
 
 
+def kmeanspp_init(x: torch.Tensor, k: int, seed: int) -> torch.Tensor:
+    """k-means++ seeding through scikit-learn (O(N k d), sequential: meant for small problems) [k, d]."""
+    from sklearn.cluster import kmeans_plusplus
+
+    centers, _ = kmeans_plusplus(x.cpu().numpy(), k, random_state=int(seed))
+    return torch.from_numpy(np.ascontiguousarray(centers, dtype=np.float32)).to(x.device)
+
+
 def _normalize(c: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(c, dim=1)
 
@@ -230,7 +239,7 @@ def _lloyd_faiss(x: np.ndarray, k: int, init: np.ndarray | None, iters: int, see
         x.shape[1],
         k,
         niter=iters,
-        nredo=1,  # [ref-code params.py: --kmeans-nredo default 1]
+        nredo=1,  # redos are looped in kmeans() so that both backends share the same rule
         seed=int(seed),
         spherical=spherical,
         gpu=gpu,
@@ -256,6 +265,7 @@ def kmeans(
     init_centroids: torch.Tensor | np.ndarray | None = None,
     spherical: bool = False,
     gpu: bool | None = None,
+    nredo: int = 1,
 ) -> KMeansResult:
     """Cluster the rows of ``x`` [N, d] into ``k`` prototypes [paper Eq. 2].
 
@@ -266,13 +276,15 @@ def kmeans(
         backend: 'auto' | 'faiss' | 'torch' (see module docstring).
         seed: seed of the random-sample initialisation (each backend uses its own RNG, so the same seed gives
             different inits across backends; pass ``init_centroids`` to compare them).
-        init: 'kmeans' (random samples + ``iters`` Lloyd iterations) or 'random' (random samples, 0 iterations:
-            the "w/o K-means" ablation).
+        init: 'kmeans' (random samples + ``iters`` Lloyd iterations, as faiss), 'random' (random samples,
+            0 iterations: the "w/o K-means" ablation) or 'kmeans++' (sklearn k-means++ seeds + ``iters``).
         init_centroids: optional [k, d] starting centroids, used instead of the random draw.
         spherical: L2-normalise centroids after each update. Default False as in the authors' faiss call
             [ref-code clustering.py: faiss.Kmeans(d, k, niter, nredo, verbose, gpu)]; ProtoCLIP's h are already
             L2-normalised by the model, the centroids are not.
         gpu: force (True) / forbid (False) faiss GPU; None = GPU iff the data is on CUDA and faiss has GPUs.
+        nredo: independent runs (seeds seed, seed+1, ...) keeping the lowest objective; 1 as in the authors'
+            runs [ref-code params.py ``--kmeans-nredo`` default 1]. Ignored with ``init_centroids``.
     """
     xt = _as_float_tensor(x)
     n, d = xt.shape
@@ -283,8 +295,10 @@ def kmeans(
         raise ValueError(f"kmeans: k={k} clusters requested but only N={n} samples given (need k <= N)")
     if iters < 0:
         raise ValueError(f"kmeans: iters must be >= 0, got {iters}")
-    if init not in ("kmeans", "random"):
-        raise ValueError(f"kmeans: init must be 'kmeans' or 'random', got {init!r}")
+    if init not in ("kmeans", "random", "kmeans++"):
+        raise ValueError(f"kmeans: init must be 'kmeans', 'random' or 'kmeans++', got {init!r}")
+    if nredo < 1:
+        raise ValueError(f"kmeans: nredo must be >= 1, got {nredo}")
     n_iter = 0 if init == "random" else int(iters)
 
     init_t: torch.Tensor | None = None
@@ -294,22 +308,30 @@ def kmeans(
             raise ValueError(f"kmeans: init_centroids must have shape {(k, d)}, got {tuple(init_t.shape)}")
 
     chosen = resolve_backend(backend, xt.device, gpu)
-    if chosen == "torch":
-        start = init_t if init_t is not None else random_init(xt, k, seed)
-        if spherical and init_t is None:
-            start = _normalize(start)
-        centroids, n_split = _lloyd_torch(xt, start, n_iter, spherical)
-        if n_split:
-            logger.debug("kmeans[torch]: %d empty-cluster splits", n_split)
-    else:
-        x_np = xt.cpu().numpy()
-        init_np = None if init_t is None else init_t.cpu().numpy()
-        cent_np = _lloyd_faiss(x_np, k, init_np, n_iter, seed, spherical, gpu=(chosen == "faiss-gpu"))
-        centroids = torch.from_numpy(cent_np).to(xt.device)
-
-    # Final assignment with the returned centroids, as the authors do with kmeans.index.search(x, 1)
-    # [ref-code clustering.py]; computed in torch for both backends so the objective is defined identically.
-    labels, dists = assign(xt, centroids)
+    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    for redo in range(1 if init_t is not None else nredo):
+        run_seed = int(seed) + redo
+        start = init_t
+        if start is None and init == "kmeans++":
+            start = kmeanspp_init(xt, k, run_seed)
+        if chosen == "torch":
+            if start is None:
+                start = random_init(xt, k, run_seed)
+                if spherical:
+                    start = _normalize(start)
+            centroids, n_split = _lloyd_torch(xt, start, n_iter, spherical)
+            if n_split:
+                logger.debug("kmeans[torch]: %d empty-cluster splits", n_split)
+        else:
+            init_np = None if start is None else start.cpu().numpy()
+            cent_np = _lloyd_faiss(xt.cpu().numpy(), k, init_np, n_iter, run_seed, spherical, gpu=(chosen == "faiss-gpu"))
+            centroids = torch.from_numpy(cent_np).to(xt.device)
+        # Final assignment with the returned centroids, as the authors do with kmeans.index.search(x, 1)
+        # [ref-code clustering.py]; computed in torch for both backends so the objective is defined identically.
+        labels, dists = assign(xt, centroids)
+        if best is None or float(dists.double().sum()) < float(best[2].double().sum()):
+            best = (centroids, labels, dists)
+    centroids, labels, dists = best
     sizes = torch.bincount(labels, minlength=k)
     n_empty = int((sizes == 0).sum())
     objective = float(dists.double().sum())
@@ -317,4 +339,7 @@ def kmeans(
     return KMeansResult(centroids, labels, objective, sizes, n_empty, chosen)
 
 
-__all__ = ["KMeansResult", "kmeans", "assign", "update_centroids", "split_empty_clusters", "random_init", "resolve_backend"]
+__all__ = [
+    "KMeansResult", "kmeans", "assign", "update_centroids", "split_empty_clusters", "random_init", "kmeanspp_init",
+    "resolve_backend",
+]
