@@ -1,0 +1,131 @@
+"""One episode's data and prototypes (ProtoCLIP Sec. III-D): sample -> extract -> cluster.
+
+1. :func:`sample_episode` draws m items without replacement from a generator seeded by
+   ``(seed, episode)``, so episode e is the same sample whether the run was resumed or not.
+2. :func:`extract_features` runs the current model in eval mode without gradients over the episode's
+   items, with the *train* transform (its own augmentation draw: the "implicit contrast" of Sec. IV-B3,
+   the training step sees a different view of the same image), giving h^I, h^T in episode order.
+3. :func:`build_episode_prototypes` runs k-means per modality (and on the cached teacher features) via
+   ``protoclip.losses.EpisodePrototypes.build`` on rank 0, broadcasts the result, and returns the cluster
+   statistics that the trainer logs (sizes min/mean/max, empty clusters, k-means objective).
+
+Under DDP each rank extracts the items of its :func:`rank_positions` and the features are all-gathered
+(ordered by episode position) before clustering.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from protoclip.train.distributed import DistInfo, all_gather_cat
+
+log = logging.getLogger(__name__)
+
+
+def episode_size_for(requested: int, dataset_size: int) -> int:
+    """m capped at M (an episode cannot hold more distinct items than the data set)."""
+    if dataset_size < 1:
+        raise ValueError("the training data set is empty")
+    if requested > dataset_size:
+        log.warning("episode_size %d > data set size %d: using m = %d", requested, dataset_size, dataset_size)
+    return min(requested, dataset_size)
+
+
+def sample_episode(dataset_size: int, episode_size: int, seed: int, episode: int) -> np.ndarray:
+    """Indices of episode ``episode``: ``episode_size`` distinct items in random (training) order.
+
+    The generator is seeded by ``(seed, episode)`` (numpy SeedSequence), independent of any global RNG
+    state, so that a resumed run draws exactly the episodes an uninterrupted run draws.
+    """
+    if episode_size > dataset_size:
+        raise ValueError(f"episode_size {episode_size} > data set size {dataset_size}")
+    if episode < 0:
+        raise ValueError(f"episode must be >= 0, got {episode}")
+    rng = np.random.default_rng([seed, episode])
+    return rng.choice(dataset_size, size=episode_size, replace=False)
+
+
+def rank_positions(episode_size: int, info: DistInfo) -> np.ndarray:
+    """Episode positions this rank handles: ``DistributedSampler`` split (pad by wrapping, take rank::world)."""
+    per_rank = math.ceil(episode_size / info.world_size)
+    padded = np.arange(per_rank * info.world_size) % episode_size
+    return padded[info.rank:: info.world_size]
+
+
+class EpisodeItems(Dataset):
+    """The episode's items of a base ``ImageTextDataset``: ``(image, tokens, position in episode)``."""
+
+    def __init__(self, base: Dataset, indices: np.ndarray, positions: np.ndarray):
+        self.base, self.indices, self.positions = base, np.asarray(indices), np.asarray(positions)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, i: int):
+        pos = int(self.positions[i])
+        image, tokens, _sample_id = self.base[int(self.indices[pos])]
+        return image, tokens, pos
+
+
+def episode_loader(base: Dataset, indices: np.ndarray, info: DistInfo, batch_size: int, num_workers: int,
+                   device: torch.device) -> DataLoader:
+    """Batches of this rank's share of the episode, in episode order (the episode draw is already random)."""
+    items = EpisodeItems(base, indices, rank_positions(len(indices), info))
+    return DataLoader(items, batch_size=batch_size, shuffle=False, num_workers=num_workers, drop_last=False,
+                      pin_memory=device.type == "cuda", persistent_workers=False)
+
+
+@dataclass
+class EpisodeFeatures:
+    h_image: torch.Tensor  # [m, d_h] float32, CPU, episode order
+    h_text: torch.Tensor  # [m, d_h]
+    teacher: torch.Tensor | None  # [m, d_teacher] cached external-teacher features, or None
+
+
+@torch.no_grad()
+def extract_features(model: torch.nn.Module, loader: DataLoader, episode_size: int, device: torch.device,
+                     info: DistInfo, autocast: Callable[[], ContextManager], desc: str = "extract") -> EpisodeFeatures:
+    """h^I, h^T of every episode item with the current model in eval mode (train mode restored after)."""
+    was_training = model.training
+    model.eval()
+    feats_i, feats_t, poss = [], [], []
+    try:
+        for images, tokens, pos in tqdm(loader, desc=desc, leave=False, disable=not info.is_main):
+            with autocast():
+                out = model(images.to(device, non_blocking=True), tokens.to(device, non_blocking=True))
+            feats_i.append(out["h_image"].float())
+            feats_t.append(out["h_text"].float())
+            poss.append(pos.to(device))
+    finally:
+        model.train(was_training)
+    h_i, h_t, pos = torch.cat(feats_i), torch.cat(feats_t), torch.cat(poss)
+    h_i, h_t, pos = all_gather_cat(h_i, info), all_gather_cat(h_t, info), all_gather_cat(pos, info)
+    out_i = torch.empty((episode_size, h_i.shape[1]), dtype=torch.float32)
+    out_t = torch.empty((episode_size, h_t.shape[1]), dtype=torch.float32)
+    out_i[pos.cpu()] = h_i.cpu()  # padded duplicates write the same row twice
+    out_t[pos.cpu()] = h_t.cpu()
+    return EpisodeFeatures(out_i, out_t, None)
+
+
+def teacher_rows(episode_ids: list[str], teacher_index: dict[str, int], teacher_feats: np.ndarray) -> torch.Tensor:
+    """Cached teacher features of the episode's sample ids (clear error when ids are missing)."""
+    missing = [i for i in episode_ids if i not in teacher_index]
+    if missing:
+        raise KeyError(f"{len(missing)} episode sample ids have no cached teacher feature (e.g. {missing[0]!r}); "
+                       "rebuild the cache with `protoclip teacher`")
+    rows = np.fromiter((teacher_index[i] for i in episode_ids), dtype=np.int64, count=len(episode_ids))
+    return torch.from_numpy(np.ascontiguousarray(teacher_feats[rows], dtype=np.float32))
+
+
+def size_stats(sizes: Any, prefix: str) -> dict[str, float]:
+    """min / mean / max cluster size and the number of empty clusters."""
+    s = np.asarray(torch.as_tensor(sizes).cpu().numpy() if not isinstance(sizes, np.ndarray) else sizes)
+    return {f"{prefix}/size_min": float(s.min()), f"{prefix}/size_mean": float(s.mean()),
+            f"{prefix}/size_max": float(s.max()), f"{prefix}/empty": float((s == 0).sum())}

@@ -1,0 +1,246 @@
+"""The episodic trainer shared by CLIP and ProtoCLIP (Sec. III-D, IV-A, Table I).
+
+Per episode: sample m items (:mod:`protoclip.train.episode`), and for ``method: protoclip`` extract h^I, h^T
+with the current model, run k-means per modality (+ teacher) and PBT, then train on the episode's batches
+with ``clip_weight * L_CLIP + proto_weight * L_Proto + external_weight * L_Proto^external``. Plain CLIP is
+the same loop with extraction and clustering skipped. Optimizer AdamW (decoupled weight decay only on the
+model's ``*_decay`` groups), warm-up + cosine LR, the image groups' LR zeroed from ``lock_image_epoch``,
+grad-norm clipping, logit scales clamped after every step, bf16 autocast on CUDA (fp32 on CPU).
+
+Outputs under ``layout.run_dir(run)``: ``config.yaml`` and ``train_log.jsonl`` from the start, and
+``checkpoints/last.pt`` at every episode end (atomic). ``resume=True`` continues from the checkpoint and
+reaches the same weights as an uninterrupted run. A non-finite loss term stops the run with
+:class:`NonFiniteLossError` naming step and term; the last checkpoint is left as it was.
+
+    from protoclip.train.loop import train
+    model = train(model, dataset, sample_ids, cfg, layout, run, teacher=None, tracker=Tracker())
+
+MLflow is never imported here: metrics go to the ``Tracker`` the stage passes in.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+import numpy as np
+import torch
+import yaml
+from torch.utils.data import Dataset
+from tqdm.auto import tqdm
+
+from protoclip.atomic import write_text
+from protoclip.config import to_dict
+from protoclip.layout import Layout
+from protoclip.provenance import provenance
+from protoclip.tracking import Tracker
+from protoclip.train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
+from protoclip.train.config import TrainConfig
+from protoclip.train.distributed import DistInfo, barrier, init_from_env
+from protoclip.train.episode import (episode_loader, episode_size_for, extract_features, sample_episode,
+                                     teacher_rows)
+from protoclip.train.logbook import TrainLog
+from protoclip.train.objective import Objective, build_episode_prototypes
+from protoclip.train.schedule import Schedule
+
+log = logging.getLogger(__name__)
+
+IMAGE_GROUPS = ("image_decay", "image_no_decay")  # groups whose LR locked-image tuning zeroes
+
+
+class NonFiniteLossError(RuntimeError):
+    """A loss term became NaN/Inf; the message names the step and the term."""
+
+
+@dataclass
+class TeacherFeatures:
+    """Cached external-teacher features keyed by sample id (``load_teacher_features`` output)."""
+
+    ids: list[str]
+    feats: np.ndarray  # float32 [N, d]
+
+    def __post_init__(self) -> None:
+        self.index = {sid: i for i, sid in enumerate(self.ids)}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def autocast_factory(precision: str, device: torch.device) -> Callable[[], ContextManager]:
+    """bf16 autocast on CUDA for ``auto``/``bf16``; fp32 (no autocast) on CPU or for ``fp32``.
+
+    bf16 needs no GradScaler (same exponent range as fp32), so the trainer never builds one.
+    """
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    if use_bf16:
+        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over the model's named groups; weight decay only on ``*_decay`` groups (Table I: 0.5)."""
+    groups = model.param_groups(cfg.weight_decay)
+    for g in groups:
+        if "name" not in g:
+            raise ValueError("model.param_groups() must name every group ('image_decay', ...)")
+        g["initial_lr"] = cfg.lr
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+def set_lrs(optimizer: torch.optim.Optimizer, lr: float, image_lr: float) -> None:
+    for g in optimizer.param_groups:
+        g["lr"] = image_lr if g.get("name") in IMAGE_GROUPS else lr
+
+
+def temperatures(model: torch.nn.Module) -> dict[str, float]:
+    """tau = 1 / exp(logit_scale) of the CLIP and prototype temperatures (those the model has)."""
+    out = {}
+    for attr, key in (("logit_scale", "tau_clip"), ("proto_logit_scale", "tau_proto")):
+        p = getattr(model, attr, None)
+        if p is not None:
+            out[key] = float(torch.exp(-p.detach().float()))
+    return out
+
+
+def check_finite(terms: dict[str, torch.Tensor], step: int, episode: int, info: DistInfo,
+                 checkpoint: Path) -> None:
+    """Stop with a message naming the step and the first non-finite term (agreed across DDP ranks)."""
+    bad = [name for name, v in terms.items() if not torch.isfinite(v.detach()).all()]
+    if info.enabled:
+        flag = torch.tensor([float(len(bad))], device=next(iter(terms.values())).device)
+        torch.distributed.all_reduce(flag)
+        if flag.item() > 0 and not bad:
+            bad = ["(on another rank)"]
+    if bad:
+        values = ", ".join(f"{n}={float(terms[n].detach()) if n in terms else float('nan')}" for n in bad)
+        raise NonFiniteLossError(
+            f"non-finite loss at step {step} (episode {episode}): term {bad[0]!r} ({values}); "
+            f"stopped, last good checkpoint kept at {checkpoint}")
+
+
+def write_config(path: Path, cfg: TrainConfig) -> None:
+    write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def train(model: torch.nn.Module, dataset: Dataset, sample_ids: list[str], cfg: TrainConfig, layout: Layout,
+          run: str, *, teacher: TeacherFeatures | None = None, tracker: Tracker | None = None,
+          resume: bool = False, stop_after_episodes: int | None = None) -> torch.nn.Module:
+    """Train ``model`` on ``dataset`` (items ``(image, tokens, id)``) and return it (unwrapped).
+
+    ``sample_ids[i]`` is the id of ``dataset[i]`` (teacher lookup). ``stop_after_episodes`` ends the call
+    after that many episodes of this call (checkpoint written): used to test resume.
+    """
+    tracker = tracker or Tracker()
+    device = resolve_device(cfg.device)
+    info = init_from_env(device)
+    if len(sample_ids) != len(dataset):
+        raise ValueError(f"{len(sample_ids)} sample ids for a data set of {len(dataset)} items")
+    use_teacher = cfg.method == "protoclip" and teacher is not None and cfg.loss.external_weight > 0
+    M = len(dataset)
+    m = episode_size_for(cfg.episode_size, M)
+    sched = Schedule.build(base_lr=cfg.lr, epochs=cfg.epochs, dataset_size=M, episode_size=m,
+                           batch_size=cfg.batch_size, warmup_episodes=cfg.warmup_episodes,
+                           lock_image_epoch=cfg.lock_image_epoch, world_size=info.world_size)
+    autocast = autocast_factory(cfg.precision, device)
+    run_dir, ckpt_path = layout.run_dir(run), layout.checkpoint(run)
+    tlog = TrainLog(layout.train_log(run), enabled=info.is_main)
+
+    model.to(device)
+    optimizer = build_optimizer(model, cfg)
+    start_episode, step, prototypes = 0, 0, None
+    if resume and ckpt_path.exists():
+        state = load_checkpoint(ckpt_path, map_location=device)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_episode, step, prototypes = state["episode"], state["step"], state["prototypes"]
+        restore_rng(state["rng"])
+        tlog.truncate_to(start_episode, step)
+        log.info("resumed %s at episode %d / %d (step %d)", run, start_episode, sched.n_episodes, step)
+    else:
+        if resume:
+            log.warning("resume requested but no checkpoint at %s: starting from scratch", ckpt_path)
+        tlog.reset()
+    if info.is_main:
+        write_config(run_dir / "config.yaml", cfg)
+    prov = provenance(cfg.seed)
+    tlog.append({"kind": "start", "episode": start_episode, "step": step, "provenance": prov,
+                 "schedule": {"dataset_size": M, "episode_size": m, "n_episodes": sched.n_episodes,
+                              "steps_per_episode": sched.steps_per_episode, "warmup_steps": sched.warmup_steps,
+                              "world_size": info.world_size}})
+    if info.is_main:
+        tracker.log_params({"train": to_dict(cfg), "provenance": prov})
+
+    net: torch.nn.Module = model
+    if info.enabled:
+        # find_unused_parameters: CLIP-only or Proto-only runs leave heads / a logit scale without gradient
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+    objective = Objective(cfg)
+    model.train()
+    done_here = 0
+    for episode in tqdm(range(start_episode, sched.n_episodes), desc=f"train {run}", disable=not info.is_main,
+                        initial=start_episode, total=sched.n_episodes):
+        times = {"extract": 0.0, "kmeans": 0.0, "pbt": 0.0, "train": 0.0}
+        indices = sample_episode(M, m, cfg.seed, episode)
+        loader = episode_loader(dataset, indices, info, cfg.batch_size, cfg.num_workers, device)
+        ep_stats: dict[str, float] = {}
+        if cfg.method == "protoclip":
+            t0 = time.perf_counter()
+            feats = extract_features(model, loader, m, device, info, autocast, desc=f"extract {episode}")
+            if use_teacher:
+                feats.teacher = teacher_rows([sample_ids[i] for i in indices], teacher.index, teacher.feats)
+            times["extract"] = time.perf_counter() - t0
+            prototypes, ep_stats, t_km, t_pbt = build_episode_prototypes(feats, cfg, info, episode, use_teacher)
+            times["kmeans"], times["pbt"] = t_km, t_pbt
+            prototypes = prototypes.to(device) if hasattr(prototypes, "to") else prototypes
+        t0 = time.perf_counter()
+        sums: dict[str, float] = {}
+        n_steps = 0
+        for images, tokens, pos in tqdm(loader, desc=f"episode {episode}", leave=False, disable=not info.is_main):
+            if images.shape[0] < 2:  # BatchNorm (heads, ResNet) cannot train on one sample; the same on every rank
+                log.warning("episode %d: skipping a final batch of 1 item", episode)
+                continue
+            lr, image_lr = sched.lr(step), sched.image_lr(step)
+            set_lrs(optimizer, lr, image_lr)
+            images, tokens = images.to(device, non_blocking=True), tokens.to(device, non_blocking=True)
+            with autocast():
+                out = net(images, tokens)
+            terms = objective.terms(model, out, pos.to(device), prototypes)
+            loss = objective.total(terms)
+            check_finite({**terms, "total": loss}, step, episode, info, ckpt_path)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            objective.clamp(model)
+            rec = {"kind": "step", "step": step, "episode": episode, "epoch": sched.epoch(step), "lr": lr,
+                   "image_lr": image_lr, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
+                   **{k: float(v.detach()) for k, v in terms.items()}, **temperatures(model)}
+            tlog.append(rec)
+            for k, v in rec.items():
+                if k not in ("kind", "step", "episode") and isinstance(v, float):
+                    sums[k] = sums.get(k, 0.0) + v
+            step += 1
+            n_steps += 1
+        times["train"] = time.perf_counter() - t0
+        ep_rec = {"kind": "episode", "episode": episode, "step": step, "n_steps": n_steps,
+                  **{f"mean/{k}": v / max(n_steps, 1) for k, v in sums.items()}, **ep_stats,
+                  **{f"time/{k}": v for k, v in times.items()}}
+        if info.is_main:
+            save_checkpoint(ckpt_path, model=model, optimizer=optimizer, episode=episode + 1, step=step,
+                            prototypes=prototypes.to("cpu") if hasattr(prototypes, "to") else prototypes,
+                            extra={"run": run})
+            tlog.append(ep_rec)
+            tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=episode)
+        barrier(info)
+        done_here += 1
+        if stop_after_episodes is not None and done_here >= stop_after_episodes:
+            break
+    return model

@@ -1,0 +1,101 @@
+"""The training objective of one step and the prototypes of one episode, wired to ``protoclip.losses``.
+
+    L = clip_weight * L_CLIP (Eq. 1) + proto_weight * L_Proto (Eqs. 3-5, PBT Eq. 7) + external_weight * L_ext (Eq. 8)
+
+:class:`Objective` returns every term by name (each already a scalar tensor, unweighted) so the trainer can
+log them and stop on the first non-finite one; :meth:`Objective.total` applies the weights of
+``TrainConfig.loss``. ``method: clip`` only computes the CLIP term. :func:`build_episode_prototypes` runs
+k-means (``protoclip.prototypes.kmeans`` through ``EpisodePrototypes.build``) on rank 0 and broadcasts.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from protoclip.losses.clip import clamp_logit_scale_, clip_loss
+from protoclip.train.config import TrainConfig
+from protoclip.train.distributed import DistInfo, broadcast_object
+from protoclip.train.episode import EpisodeFeatures
+
+log = logging.getLogger(__name__)
+
+
+def n_clusters(cfg: TrainConfig, episode_size: int) -> int:
+    """K: ``kmeans.n_clusters`` or ``m // images_per_prototype`` (Sec. IV-D3: 10 -> K = 20k at m = 200k),
+    at least 1 and at most m."""
+    k = cfg.kmeans.n_clusters if cfg.kmeans.n_clusters is not None else episode_size // cfg.kmeans.images_per_prototype
+    return int(min(max(k, 1), episode_size))
+
+
+class Objective:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.proto = cfg.method == "protoclip"
+        self._proto_loss = None
+        if self.proto:
+            from protoclip.losses.proto import ProtoLoss
+
+            self._proto_loss = ProtoLoss()
+
+    def terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
+              prototypes: Any) -> dict[str, torch.Tensor]:
+        """Unweighted loss terms of one batch. ``positions``: the batch items' indices in the episode."""
+        w = self.cfg.loss
+        terms: dict[str, torch.Tensor] = {}
+        if w.clip_weight > 0 or not self.proto:
+            terms.update(clip_loss(out["z_image"].float(), out["z_text"].float(), model.logit_scale.exp()))
+        if self.proto:
+            if prototypes is None:
+                raise RuntimeError("method 'protoclip' needs the episode's prototypes")
+            terms.update(self._proto_loss(out["h_image"].float(), out["h_text"].float(), positions, prototypes,
+                                          model.proto_logit_scale.exp()))
+        return terms
+
+    def total(self, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+        w = self.cfg.loss
+        weights = {"clip": w.clip_weight, "proto": w.proto_weight, "external": w.external_weight}
+        total = None
+        for name, value in terms.items():
+            if name not in weights:
+                continue  # diagnostics (e.g. directional halves) are logged, not optimised
+            part = weights[name] * value
+            total = part if total is None else total + part
+        if total is None:
+            raise RuntimeError(f"no optimisable loss term among {list(terms)}")
+        return total
+
+    def clamp(self, model: torch.nn.Module) -> None:
+        """1/tau clipped at ``max_logit_scale`` (Table I: 100) after every optimizer step."""
+        clamp_logit_scale_(model.logit_scale, self.cfg.loss.max_logit_scale)
+        if getattr(model, "proto_logit_scale", None) is not None:
+            clamp_logit_scale_(model.proto_logit_scale, self.cfg.loss.max_logit_scale)
+
+
+def build_episode_prototypes(feats: EpisodeFeatures, cfg: TrainConfig, info: DistInfo, episode: int,
+                             use_teacher: bool) -> tuple[Any, dict[str, float], float, float]:
+    """Prototypes of the episode on rank 0, broadcast to all ranks -> (prototypes, stats, t_kmeans, t_pbt)."""
+    from protoclip.losses.proto import EpisodePrototypes
+
+    protos, stats, t_km, t_pbt = None, {}, 0.0, 0.0
+    if info.is_main:
+        m = feats.h_image.shape[0]
+        k = n_clusters(cfg, m)
+        protos, stats, t_km, t_pbt = _build(EpisodePrototypes, feats, cfg, k, episode, use_teacher)
+    protos, stats, t_km, t_pbt = broadcast_object((protos, stats, t_km, t_pbt), info)
+    return protos, stats, t_km, t_pbt
+
+
+def _build(EpisodePrototypes, feats: EpisodeFeatures, cfg: TrainConfig, k: int, episode: int, use_teacher: bool):
+    """Adapter to ``EpisodePrototypes.build`` (seed per episode so resume re-draws the same k-means init)."""
+    t0 = time.perf_counter()
+    protos = EpisodePrototypes.build(
+        feats.h_image, feats.h_text, teacher=feats.teacher if use_teacher else None, k=k,
+        iters=cfg.kmeans.iters, backend=cfg.kmeans.backend, seed=cfg.seed * 100_003 + episode,
+        init=cfg.kmeans.init, pbt=cfg.loss.pbt, soft_targets=cfg.loss.soft_targets, tau_y=cfg.loss.tau_y)
+    elapsed = time.perf_counter() - t0
+    stats = protos.stats() if hasattr(protos, "stats") else {}
+    t_pbt = float(getattr(protos, "pbt_seconds", 0.0))
+    return protos, stats, elapsed - t_pbt, t_pbt

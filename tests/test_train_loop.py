@@ -1,0 +1,138 @@
+"""End-to-end tiny runs of the episodic trainer: CLIP, NaN stop, resume equivalence, optimizer groups."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_fixtures import RandomPairs, one_thread, tiny_config, tiny_model  # noqa: E402
+
+from protoclip.layout import Layout  # noqa: E402
+from protoclip.train import loop as loop_mod  # noqa: E402
+from protoclip.train.checkpoint import load_checkpoint  # noqa: E402
+from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.train.loop import NonFiniteLossError, build_optimizer, train  # noqa: E402
+
+
+_threads = pytest.fixture(autouse=True)(one_thread)
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    return RandomPairs(n=64)
+
+
+def test_optimizer_weight_decay_groups():
+    cfg = tiny_config(weight_decay=0.5)
+    model = tiny_model(cfg)
+    opt = build_optimizer(model, cfg)
+    names = {id(p): n for n, p in model.named_parameters()}
+    seen = set()
+    for g in opt.param_groups:
+        for p in g["params"]:
+            n = names[id(p)]
+            seen.add(n)
+            no_decay = p.ndim < 2 or n.startswith(("image_head.", "text_head."))
+            assert g["weight_decay"] == (0.0 if no_decay else 0.5), n
+            assert g["name"].startswith("image") == n.startswith("clip.visual."), n
+    assert seen == set(names.values())  # every trainable parameter is optimised exactly once
+    for temp in ("clip.logit_scale", "proto_logit_scale"):
+        group = next(g for g in opt.param_groups if any(names[id(p)] == temp for p in g["params"]))
+        assert group["weight_decay"] == 0.0
+    assert opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["eps"] == 1e-8
+
+
+def test_clip_run_logs_every_term(tmp_path, pairs):
+    cfg = tiny_config(method="clip")
+    model = tiny_model(cfg)
+    layout = Layout(tmp_path / "data", tmp_path / "results")
+    train(model, pairs, pairs.ids, cfg, layout, "clip")
+    steps = read_log(layout.train_log("clip"), "step")
+    episodes = read_log(layout.train_log("clip"), "episode")
+    assert len(episodes) == 4 and len(steps) == 8  # 2 epochs * 64 / 32 episodes, 32 / 16 steps each
+    assert [s["step"] for s in steps] == list(range(8))
+    for s in steps:
+        assert {"clip", "loss", "lr", "image_lr", "tau_clip", "grad_norm"} <= set(s)
+        assert "proto" not in s and math.isfinite(s["loss"])
+        assert s["loss"] == pytest.approx(s["clip"])  # clip_weight 1, no other term
+        assert 0.01 <= s["tau_clip"] <= 1.0
+    # warm-up over one episode (2 steps): lr = base * (step + 1) / 2
+    assert steps[0]["lr"] == pytest.approx(cfg.lr / 2) and steps[1]["lr"] == pytest.approx(cfg.lr)
+    assert episodes[0]["time/kmeans"] == 0.0  # CLIP skips extraction and clustering
+    assert (layout.run_dir("clip") / "config.yaml").exists()
+    assert read_log(layout.train_log("clip"), "start")[0]["provenance"]["seed"] == "0"
+    ck = load_checkpoint(layout.checkpoint("clip"))
+    assert ck["episode"] == 4 and ck["step"] == 8
+
+
+def test_clip_loss_decreases_on_fixed_batch(tmp_path, pairs):
+    """Memorising 32 pairs: the mean CLIP loss of the last episode is below the first one's."""
+    cfg = tiny_config(method="clip", epochs=6.0, episode_size=32, lr=2e-3)
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    small = torch.utils.data.Subset(pairs, range(32))
+    train(tiny_model(cfg), small, pairs.ids[:32], cfg, layout, "dec")
+    eps = read_log(layout.train_log("dec"), "episode")
+    assert eps[-1]["mean/clip"] < eps[0]["mean/clip"]
+
+
+def test_locked_image_tuning_freezes_image_encoder(tmp_path, pairs):
+    cfg = tiny_config(method="clip", lock_image_epoch=1.0, weight_decay=0.0)
+    model = tiny_model(cfg)
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    # stop after 2 episodes = 1 epoch, then snapshot, then the remaining episodes must not move f^I
+    train(model, pairs, pairs.ids, cfg, layout, "lit", stop_after_episodes=2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train(model, pairs, pairs.ids, cfg, layout, "lit", resume=True)
+    steps = read_log(layout.train_log("lit"), "step")
+    assert all(s["image_lr"] == 0.0 for s in steps if s["epoch"] >= 1.0)
+    assert all(s["lr"] > 0 for s in steps)
+    for n, p in model.named_parameters():
+        if n.startswith("clip.visual.") and not n.endswith(("running_mean", "running_var")):
+            assert torch.equal(p, before[n]), n
+    assert not torch.equal(model.clip.token_embedding.weight, before["clip.token_embedding.weight"])
+
+
+def test_nan_stops_with_step_and_term_and_keeps_checkpoint(tmp_path, pairs, monkeypatch):
+    cfg = tiny_config(method="clip")
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    real = loop_mod.Objective.terms
+    calls = {"n": 0}
+
+    def poisoned(self, model, out, positions, prototypes):
+        terms = real(self, model, out, positions, prototypes)
+        calls["n"] += 1
+        if calls["n"] == 4:  # step 3 = second step of episode 1 (episode 0 checkpointed)
+            terms["clip"] = terms["clip"] * float("nan")
+        return terms
+
+    monkeypatch.setattr(loop_mod.Objective, "terms", poisoned)
+    with pytest.raises(NonFiniteLossError, match=r"step 3 \(episode 1\).*'clip'"):
+        train(tiny_model(cfg), pairs, pairs.ids, cfg, layout, "nan")
+    ck = load_checkpoint(layout.checkpoint("nan"))
+    assert ck["episode"] == 1 and ck["step"] == 2
+    assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
+
+
+def _assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+@pytest.mark.parametrize("method", ["clip"])
+def test_resume_is_exact(tmp_path, pairs, method):
+    cfg = tiny_config(method=method)
+    full = train(tiny_model(cfg), pairs, pairs.ids, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
+    layout = Layout(tmp_path / "d", tmp_path / "b")
+    train(tiny_model(cfg), pairs, pairs.ids, cfg, layout, "r", stop_after_episodes=2)  # "killed" after ep 1
+    torch.manual_seed(1234)  # a fresh process would have a different RNG state: resume must restore it
+    resumed = train(tiny_model(cfg, seed=99), pairs, pairs.ids, cfg, layout, "r", resume=True)
+    _assert_same_weights(full, resumed)
+    log_a = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
+    log_b = read_log(layout.train_log("r"), "step")
+    assert [s["loss"] for s in log_a] == [s["loss"] for s in log_b]
