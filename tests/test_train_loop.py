@@ -15,7 +15,7 @@ from protoclip.layout import Layout  # noqa: E402
 from protoclip.train import loop as loop_mod  # noqa: E402
 from protoclip.train.checkpoint import load_checkpoint  # noqa: E402
 from protoclip.train.logbook import read_log  # noqa: E402
-from protoclip.train.loop import NonFiniteLossError, build_optimizer, train  # noqa: E402
+from protoclip.train.loop import NonFiniteLossError, TeacherFeatures, build_optimizer, train  # noqa: E402
 
 
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -124,15 +124,58 @@ def _assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
         assert torch.equal(sa[k], sb[k]), k
 
 
-@pytest.mark.parametrize("method", ["clip"])
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["clip", "protoclip"])
 def test_resume_is_exact(tmp_path, pairs, method):
-    cfg = tiny_config(method=method)
+    cfg = tiny_config(method=method, epochs=1.5)  # 3 episodes; killed after the first
     full = train(tiny_model(cfg), pairs, pairs.ids, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
     layout = Layout(tmp_path / "d", tmp_path / "b")
-    train(tiny_model(cfg), pairs, pairs.ids, cfg, layout, "r", stop_after_episodes=2)  # "killed" after ep 1
+    train(tiny_model(cfg), pairs, pairs.ids, cfg, layout, "r", stop_after_episodes=1)  # "killed" after ep 0
     torch.manual_seed(1234)  # a fresh process would have a different RNG state: resume must restore it
     resumed = train(tiny_model(cfg, seed=99), pairs, pairs.ids, cfg, layout, "r", resume=True)
     _assert_same_weights(full, resumed)
     log_a = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
     log_b = read_log(layout.train_log("r"), "step")
     assert [s["loss"] for s in log_a] == [s["loss"] for s in log_b]
+
+
+def _teacher(pairs, dim: int = 8):
+    g = torch.Generator().manual_seed(5)
+    feats = torch.randn(len(pairs), dim, generator=g).numpy()
+    # shuffled order: the trainer must look rows up by sample id, not by position
+    order = list(reversed(range(len(pairs))))
+    return TeacherFeatures([pairs.ids[i] for i in order], feats[order])
+
+
+def test_protoclip_run_with_teacher_logs_all_terms(tmp_path, pairs):
+    cfg = tiny_config(loss={"external_weight": 1.0, "proto_weight": 0.5}, teacher="random")
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    train(tiny_model(cfg), pairs, pairs.ids, cfg, layout, "p", teacher=_teacher(pairs))
+    steps = read_log(layout.train_log("p"), "step")
+    assert len(steps) == 8
+    for s in steps:
+        for key in ("clip", "proto", "proto_external", "tau_clip", "tau_proto", "acc_i2t", "acc_i2ext"):
+            assert math.isfinite(s[key]), key
+        assert s["loss"] == pytest.approx(s["clip"] + 0.5 * s["proto"] + s["proto_external"], rel=1e-5)
+    eps = read_log(layout.train_log("p"), "episode")
+    for e in eps:
+        assert e["k"] == 8  # m // images_per_prototype = 32 // 4
+        assert e["kmeans_image_size_min"] >= 0 and e["kmeans_text_size_max"] <= 32
+        assert e["kmeans_image_size_mean"] == pytest.approx(32 / 8)
+        assert e["kmeans_external_objective"] >= 0 and e["time/extract"] > 0 and e["time/kmeans"] > 0
+    ck = load_checkpoint(layout.checkpoint("p"))
+    assert ck["prototypes"].external is not None  # last prototypes kept for inspection / resume
+
+
+def test_ablation_switches_reach_the_prototypes(tmp_path, pairs):
+    """No PBT, hard targets, random prototypes, tau_y, images per prototype: one episode, then inspect."""
+    cfg = tiny_config(epochs=0.5, kmeans={"init": "random", "images_per_prototype": 8},
+                      loss={"pbt": False, "soft_targets": False, "tau_y": 0.05, "clip_weight": 0.0})
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    train(tiny_model(cfg), pairs, pairs.ids, cfg, layout, "abl")
+    p = load_checkpoint(layout.checkpoint("abl"))["prototypes"]
+    assert (p.pbt, p.soft_targets, p.tau_y) == (False, False, 0.05)
+    assert p.image.centroids.shape[0] == 32 // 8 and p.external is None
+    assert torch.equal(p.cls_image, p.text.centroids)  # without PBT the raw text prototypes classify h^I
+    steps = read_log(layout.train_log("abl"), "step")
+    assert all(s["loss"] == pytest.approx(s["proto"]) for s in steps)  # Proto only: clip_weight 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import Callable, ContextManager
 
 import numpy as np
 import torch
@@ -124,8 +124,8 @@ def teacher_rows(episode_ids: list[str], teacher_index: dict[str, int], teacher_
     return torch.from_numpy(np.ascontiguousarray(teacher_feats[rows], dtype=np.float32))
 
 
-def size_stats(sizes: Any, prefix: str) -> dict[str, float]:
-    """min / mean / max cluster size and the number of empty clusters."""
-    s = np.asarray(torch.as_tensor(sizes).cpu().numpy() if not isinstance(sizes, np.ndarray) else sizes)
-    return {f"{prefix}/size_min": float(s.min()), f"{prefix}/size_mean": float(s.mean()),
-            f"{prefix}/size_max": float(s.max()), f"{prefix}/empty": float((s == 0).sum())}
+def size_stats(sizes: torch.Tensor | np.ndarray, prefix: str) -> dict[str, float]:
+    """min / mean / max cluster size and the number of empty clusters, keys ``<prefix>size_min`` ..."""
+    s = sizes.detach().cpu().numpy() if isinstance(sizes, torch.Tensor) else np.asarray(sizes)
+    return {f"{prefix}size_min": float(s.min()), f"{prefix}size_mean": float(s.mean()),
+            f"{prefix}size_max": float(s.max()), f"{prefix}empty": float((s == 0).sum())}

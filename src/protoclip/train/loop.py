@@ -222,7 +222,8 @@ def train(model: torch.nn.Module, dataset: Dataset, sample_ids: list[str], cfg: 
             objective.clamp(model)
             rec = {"kind": "step", "step": step, "episode": episode, "epoch": sched.epoch(step), "lr": lr,
                    "image_lr": image_lr, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
-                   **{k: float(v.detach()) for k, v in terms.items()}, **temperatures(model)}
+                   **{k: float(v.detach()) for k, v in terms.items()}, **objective.diagnostics(),
+                   **temperatures(model)}
             tlog.append(rec)
             for k, v in rec.items():
                 if k not in ("kind", "step", "episode") and isinstance(v, float):

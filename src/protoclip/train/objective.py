@@ -10,7 +10,6 @@ k-means (``protoclip.prototypes.kmeans`` through ``EpisodePrototypes.build``) on
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ import torch
 from protoclip.losses.clip import clamp_logit_scale_, clip_loss
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, broadcast_object
-from protoclip.train.episode import EpisodeFeatures
+from protoclip.train.episode import EpisodeFeatures, size_stats
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +51,17 @@ class Objective:
                 raise RuntimeError("method 'protoclip' needs the episode's prototypes")
             terms.update(self._proto_loss(out["h_image"].float(), out["h_text"].float(), positions, prototypes,
                                           model.proto_logit_scale.exp()))
+            if prototypes.external is None:
+                terms.pop("proto_external", None)  # constant 0 without a teacher: not a term of this run
         return terms
+
+    def diagnostics(self) -> dict[str, float]:
+        """Detached per-direction losses and prototype accuracies (%) of the last batch (ProtoCLIP only)."""
+        return dict(self._proto_loss.last_stats) if self._proto_loss is not None else {}
 
     def total(self, terms: dict[str, torch.Tensor]) -> torch.Tensor:
         w = self.cfg.loss
-        weights = {"clip": w.clip_weight, "proto": w.proto_weight, "external": w.external_weight}
+        weights = {"clip": w.clip_weight, "proto": w.proto_weight, "proto_external": w.external_weight}
         total = None
         for name, value in terms.items():
             if name not in weights:
@@ -89,13 +94,14 @@ def build_episode_prototypes(feats: EpisodeFeatures, cfg: TrainConfig, info: Dis
 
 
 def _build(EpisodePrototypes, feats: EpisodeFeatures, cfg: TrainConfig, k: int, episode: int, use_teacher: bool):
-    """Adapter to ``EpisodePrototypes.build`` (seed per episode so resume re-draws the same k-means init)."""
-    t0 = time.perf_counter()
+    """Adapter to ``EpisodePrototypes.build``; the k-means seed changes per episode and is a pure function of
+    (seed, episode), so a resumed run re-draws the same initialisation."""
     protos = EpisodePrototypes.build(
         feats.h_image, feats.h_text, teacher=feats.teacher if use_teacher else None, k=k,
         iters=cfg.kmeans.iters, backend=cfg.kmeans.backend, seed=cfg.seed * 100_003 + episode,
         init=cfg.kmeans.init, pbt=cfg.loss.pbt, soft_targets=cfg.loss.soft_targets, tau_y=cfg.loss.tau_y)
-    elapsed = time.perf_counter() - t0
-    stats = protos.stats() if hasattr(protos, "stats") else {}
-    t_pbt = float(getattr(protos, "pbt_seconds", 0.0))
-    return protos, stats, elapsed - t_pbt, t_pbt
+    stats = {"k": float(k), **protos.stats(), **size_stats(protos.image.sizes, "kmeans_image_"),
+             **size_stats(protos.text.sizes, "kmeans_text_")}
+    if protos.external is not None:
+        stats.update(size_stats(protos.external.sizes, "kmeans_external_"))
+    return protos, stats, float(protos.kmeans_seconds), float(protos.pbt_seconds)
