@@ -28,9 +28,17 @@ class PrepareConfig:
         default_factory=lambda: ["fashion_mnist", "digits"])  # offline labelled evaluation sets
     user_data: list[UserDataConfig] = field(default_factory=list)  # extra pretraining pairs from user paths
     num_workers: int = 2  # processes for rendering SVGs
+    # added by protoclip.data: openclipart cleaning thresholds (shared/docs/offline-data.md)
+    openclipart_max_title_uses: int = 5  # a title used by more files than this names a collection: dropped
+    openclipart_max_keywords: int = 3  # keywords appended to an openclipart title in its caption
 
     def validate(self) -> None:
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        names = [u.name for u in self.user_data]
+        if len(set(names)) != len(names) or set(names) & set(self.offline_sources):
+            raise ValueError(f"user_data names must be unique and differ from offline sources, got {names}")
         if self.image_size < 8:
             raise ValueError(f"image_size must be >= 8, got {self.image_size}")

@@ -1,0 +1,80 @@
+"""The manifest of image-caption pairs: records, de-duplication, parquet I/O.
+
+Columns (docs/architecture.md): ``id`` (unique), ``path`` (a file, or ``shard.tar::member``),
+``caption``, ``source``, ``label`` (coarse, may be empty), ``sha256`` (of the image bytes), ``split``
+(``train`` / ``heldout``), plus ``licence``. Paths of rendered images are stored relative to
+``layout.prepared`` (so a moved or DVC-restored data folder stays valid); :func:`load_manifest` in
+``protoclip.data.pairs`` makes them absolute again. User-data paths are stored absolute.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from protoclip.atomic import atomic_path
+
+COLUMNS = ["id", "path", "caption", "source", "label", "sha256", "split", "licence"]
+
+
+@dataclass
+class Pair:
+    id: str
+    path: str
+    caption: str
+    source: str
+    label: str
+    sha256: str
+    licence: str = ""
+    split: str = ""  # "" = decide with the seeded id-hash rule
+
+
+def deduplicate(pairs: list[Pair]) -> tuple[list[Pair], dict[str, collections.Counter]]:
+    """Keep the first of each id / image; later ones are dropped and counted per source.
+
+    Reasons: ``duplicate_id`` (id seen before), ``duplicate_pair`` (same image bytes and caption as a
+    kept pair), ``duplicate_image`` (same image bytes, other caption: one image, one pair, so the same
+    picture can never sit in both the train and the held-out split).
+    """
+    kept: list[Pair] = []
+    drops: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    ids: set[str] = set()
+    images: dict[str, set[str]] = {}
+    for p in pairs:
+        if p.id in ids:
+            drops[p.source]["duplicate_id"] += 1
+        elif p.sha256 in images:
+            drops[p.source]["duplicate_pair" if p.caption in images[p.sha256] else "duplicate_image"] += 1
+        else:
+            ids.add(p.id)
+            images[p.sha256] = {p.caption}
+            kept.append(p)
+    return kept, dict(drops)
+
+
+def to_frame(pairs: list[Pair]) -> pd.DataFrame:
+    df = pd.DataFrame([asdict(p) for p in pairs], columns=COLUMNS)
+    return df.astype({c: "string" for c in COLUMNS}) if len(df) else df.astype({c: "string" for c in COLUMNS})
+
+
+def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"manifest is missing columns {missing}")
+    if df["id"].duplicated().any():
+        raise ValueError(f"manifest ids are not unique: {df['id'][df['id'].duplicated()].head().tolist()}")
+    with atomic_path(path) as tmp:
+        df[COLUMNS].to_parquet(tmp, index=False)
+    return Path(path)
+
+
+def read_manifest(path: str | Path) -> pd.DataFrame:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"manifest not found: {p} (run `protoclip prepare` first)")
+    return pd.read_parquet(p)
+
+
+__all__ = ["COLUMNS", "Pair", "deduplicate", "to_frame", "write_manifest", "read_manifest"]
