@@ -146,7 +146,8 @@ def assign(x: torch.Tensor, centroids: torch.Tensor, chunk_rows: int | None = No
     """Nearest centroid of every row of ``x``: (assignments int64 [N], squared distances float32 [N]).
 
     Written by hand (rather than faiss) so that it runs on any torch device; distances use the expansion
-    |x|^2 - 2 x.c + |c|^2 over row chunks (clamped at 0 against round-off).
+    |x|^2 - 2 x.c + |c|^2 over row chunks (clamped at 0 against round-off). The argmin does not depend on
+    |x|^2, so one fused ``addmm`` gives |c|^2 - 2 x.c and |x|^2 is added to the minimum only.
     """
     n, k = x.shape[0], centroids.shape[0]
     rows = chunk_rows or max(1, _CHUNK_ELEMS // max(1, k))
@@ -155,10 +156,10 @@ def assign(x: torch.Tensor, centroids: torch.Tensor, chunk_rows: int | None = No
     dists = torch.empty(n, dtype=torch.float32, device=x.device)
     for start in range(0, n, rows):
         xb = x[start : start + rows]
-        d = (xb * xb).sum(1, keepdim=True) - 2.0 * (xb @ centroids.T) + c2[None, :]
-        val, idx = d.min(dim=1)
+        partial = torch.addmm(c2[None, :], xb, centroids.T, beta=1.0, alpha=-2.0)
+        val, idx = partial.min(dim=1)
         labels[start : start + rows] = idx
-        dists[start : start + rows] = val.clamp_min_(0.0)
+        dists[start : start + rows] = (val + (xb * xb).sum(1)).clamp_min_(0.0)
     return labels, dists
 
 
