@@ -10,19 +10,34 @@ TASKS = ("zeroshot", "linear", "knn", "retrieval", "clustering", "nemd", "tsne")
 @dataclass
 class EvalDatasetConfig:
     """One evaluation data set. Offline sets need no path; paper sets are found by `path`."""
-    # offline: built by `prepare`; torchvision: torchvision's on-disk layout (download=False);
-    # folder: class-per-folder image tree; wds: clip_benchmark webdataset shards; coco: COCO captions
+    # offline: built by `prepare` (data/prepared/eval/<name>.npz; the name heldout_pairs reads the manifest);
+    # torchvision: torchvision's on-disk layout (download=False); folder: class-per-folder image tree
+    # root/<split>/<class>/; wds: clip_benchmark webdataset shards root/{train,test}/*.tar; coco: COCO captions
     kind: Literal["offline", "torchvision", "folder", "wds", "coco"]
     path: str | None = None  # root folder / shard folder / COCO root; null = not configured (reported skipped)
-    tasks: list[str] = field(default_factory=lambda: list(TASKS))  # tasks run on this set
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))  # tasks run on this set (if they apply)
+
+    def validate(self) -> None:
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"unknown evaluation task '{unknown[0]}' (known: {', '.join(TASKS)})")
 
 
 @dataclass
 class EvaluateConfig:
     datasets: dict[str, EvalDatasetConfig] = field(default_factory=dict)  # name -> data set
-    batch_size: int = 256  # feature extraction batch
-    device: str = "auto"
-    knn_k: int = 20  # DINO / paper: k = 20
+    batch_size: int = 256  # feature extraction batch (images and prompts)
+    device: str = "auto"  # auto: cuda when available, else cpu
+    knn_k: int = 20  # DINO / paper Sec. IV-C3: k = 20
     knn_temperature: float = 0.07  # DINO's temperature-weighted vote
-    linear_max_iter: int = 1000  # L-BFGS iterations (CLIP protocol)
-    seed: int = 0
+    linear_max_iter: int = 1000  # L-BFGS iterations (CLIP protocol, paper Sec. IV-C2)
+    linear_sgd_above: int = 100_000  # more training samples -> SGD probe (paper: SGD for ImageNet, L-BFGS else)
+    nemd_max_pairs: int = 5000  # NEMD cost control: random subset of class pairs (methods-spec 3.4.8)
+    tsne_max_points: int = 5000  # t-SNE (paper Fig. 8) on a seeded subsample of at most this many test images
+    seed: int = 0  # seeds the linear-probe validation split, k-means, NEMD subsampling and t-SNE
+
+    def validate(self) -> None:
+        if self.batch_size < 1 or self.knn_k < 1 or self.linear_max_iter < 1:
+            raise ValueError("batch_size, knn_k and linear_max_iter must be >= 1")
+        if self.knn_temperature <= 0:
+            raise ValueError(f"knn_temperature must be > 0, got {self.knn_temperature}")

@@ -1,0 +1,203 @@
+"""Frozen features of a trained run on an evaluation set, cached once per (run, set).
+
+For a :class:`~protoclip.evaluate.datasets.LabelledSet`: image features ``z^I`` (encoder output, not
+normalised: linear probing uses them as is, the other metrics normalise), ``h^I = g^I(z^I)`` (projection
+head output: the prototype space, used by NEMD) and labels of the test and train splits, plus the
+prompt-ensembled zero-shot classifier from ``z^T`` when the set has templates. For a caption set (or the
+captions of ``heldout_pairs``): ``z^I`` of its images, ``z^T`` of every caption and ``text_to_image``.
+
+The arrays live in ``results/runs/<run>/features/<set>.npz`` (written atomically) with a ``meta_json``
+entry; the cache is reused only when the model file's sha256, the data source, the split sizes and the
+class names / templates are unchanged, so a retrained ``model.pt`` invalidates it.
+
+    ex = FeatureExtractor(layout.model(run), device="auto", batch_size=256)
+    feats = ex.features(layout.features(run, "cifar10"), dataset)   # dict of numpy arrays
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from protoclip.atomic import atomic_path
+from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; anything else is passed to torch.device."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _text_hash(items: Iterable[str]) -> str:
+    return hashlib.sha256("\x1f".join(items).encode()).hexdigest()[:16]
+
+
+def eval_transform(image_size: int) -> Callable:
+    """The project's evaluation transform (resize + centre crop + open_clip normalisation)."""
+    try:
+        from protoclip.data.transforms import eval_transform as project_eval_transform
+    except ImportError:  # the data package's transforms module not there yet: open_clip's identical eval path
+        from open_clip.transform import image_transform
+
+        log.warning("protoclip.data.transforms not importable; using open_clip.image_transform(is_train=False)")
+        return image_transform(image_size, is_train=False)
+    return project_eval_transform(image_size)
+
+
+@torch.no_grad()
+def encode_images(
+    model: Any,
+    split: ImageSplit,
+    transform: Callable,
+    device: torch.device,
+    batch_size: int = 256,
+    desc: str = "images",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(z [N, d], h [N, d_h], labels [N])`` of every image of ``split`` (model in eval mode, no grad)."""
+    zs: list[torch.Tensor] = []
+    hs: list[torch.Tensor] = []
+    labels: list[int] = []
+    batch: list[torch.Tensor] = []
+
+    def flush() -> None:
+        x = torch.stack(batch).to(device)
+        z = model.encode_image(x)
+        zs.append(z.float().cpu())
+        hs.append(model.image_head(z).float().cpu())
+        batch.clear()
+
+    for img, y in tqdm(split, total=len(split), desc=desc, unit="img", leave=False):
+        batch.append(transform(img))
+        labels.append(int(y))
+        if len(batch) == batch_size:
+            flush()
+    if batch:
+        flush()
+    if not zs:
+        raise ValueError(f"{desc}: no images")
+    return torch.cat(zs).numpy(), torch.cat(hs).numpy(), np.asarray(labels, dtype=np.int64)
+
+
+def make_text_encoder(model: Any, tokenizer: Callable, device: torch.device,
+                      batch_size: int = 256) -> Callable[[list[str]], torch.Tensor]:
+    """``encode_text(list[str]) -> z^T [n, d]`` (CPU float tensor), batched, no grad."""
+
+    @torch.no_grad()
+    def encode(texts: list[str]) -> torch.Tensor:
+        out = [model.encode_text(tokenizer(texts[i:i + batch_size]).to(device)).float().cpu()
+               for i in range(0, len(texts), batch_size)]
+        return torch.cat(out)
+
+    return encode
+
+
+class FeatureExtractor:
+    """Loads the run's model lazily (only on a cache miss) and extracts / caches features per set."""
+
+    def __init__(self, model_path: str | Path, device: str = "auto", batch_size: int = 256):
+        self.model_path = Path(model_path)
+        if not self.model_path.is_file():
+            raise FileNotFoundError(f"model file not found: {self.model_path} (train the run first)")
+        self.device = resolve_device(device)
+        self.batch_size = int(batch_size)
+        self.model_sha256 = sha256_file(self.model_path)
+        self._model: Any = None
+
+    # ---- lazy model
+    def _load(self) -> None:
+        from protoclip.models import get_tokenizer, load_model
+
+        self._model, _ = load_model(self.model_path, self.device)
+        self._model.eval()
+        self.tokenizer = get_tokenizer(self._model.name)
+        self.transform = eval_transform(self._model.image_size)
+
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            self._load()
+        return self._model
+
+    def text_encoder(self) -> Callable[[list[str]], torch.Tensor]:
+        return make_text_encoder(self.model, self.tokenizer, self.device, self.batch_size)
+
+    # ---- cache
+    def cache_key(self, ds: EvalSet) -> dict[str, Any]:
+        key: dict[str, Any] = {"version": CACHE_VERSION, "model_sha256": self.model_sha256, "dataset": ds.name,
+                               "source": ds.source}
+        if isinstance(ds, LabelledSet):
+            key.update(n_test=len(ds.test), n_train=len(ds.train) if ds.train is not None else 0,
+                       classnames=_text_hash(ds.classnames), templates=_text_hash(ds.templates))
+            caps = ds.captions
+        else:
+            caps = ds
+        if caps is not None:
+            key.update(n_caption_images=len(caps.images), captions=_text_hash(caps.texts))
+        return key
+
+    def features(self, cache: str | Path, ds: EvalSet) -> dict[str, np.ndarray]:
+        """Cached arrays of ``ds`` (see the module docstring for the keys); extracted on a miss."""
+        cache = Path(cache)
+        key = self.cache_key(ds)
+        if cache.exists():
+            with np.load(cache, allow_pickle=False) as z:
+                stored = json.loads(str(z["meta_json"])) if "meta_json" in z.files else None
+                if stored == key:
+                    log.info("%s: cached features %s", ds.name, cache)
+                    return {k: z[k] for k in z.files if k != "meta_json"}
+            log.info("%s: feature cache %s is stale (model or data changed); re-extracting", ds.name, cache)
+        arrays = self.extract(ds)
+        with atomic_path(cache) as tmp:
+            with open(tmp, "wb") as f:  # np.savez on a file object: no ".npz" appended to the temp name
+                np.savez(f, meta_json=np.array(json.dumps(key, sort_keys=True)), **arrays)
+        return arrays
+
+    def extract(self, ds: EvalSet) -> dict[str, np.ndarray]:
+        model, out = self.model, {}
+        if isinstance(ds, LabelledSet):
+            for split_name, split in (("test", ds.test), ("train", ds.train)):
+                if split is None:
+                    continue
+                z, h, y = encode_images(model, split, self.transform, self.device, self.batch_size,
+                                        desc=f"{ds.name} {split_name}")
+                out.update({f"{split_name}_z": z, f"{split_name}_h": h, f"{split_name}_y": y})
+            if ds.templates:
+                from protoclip.evaluate.metrics.zeroshot import build_zeroshot_classifier
+
+                out["zeroshot_classifier"] = build_zeroshot_classifier(
+                    self.text_encoder(), ds.classnames, ds.templates).numpy()
+            caps = ds.captions
+        else:
+            caps = ds
+        if caps is not None:
+            z, _, _ = encode_images(model, caps.images, self.transform, self.device, self.batch_size,
+                                    desc=f"{ds.name} caption images")
+            out["caption_image_z"] = z
+            out["caption_text_z"] = self.text_encoder()(caps.texts).numpy()
+            out["caption_text_to_image"] = caps.text_to_image
+        return out
+
+
+__all__ = ["FeatureExtractor", "encode_images", "make_text_encoder", "resolve_device", "sha256_file",
+           "eval_transform"]

@@ -1,0 +1,280 @@
+"""`protoclip evaluate`: every configured task on every configured data set of one trained run.
+
+    protoclip evaluate --config config/config.yaml --run protoclip_tiny [--task knn] [--dataset digits]
+
+For each data set of ``evaluate.datasets`` and each of its tasks that applies to it
+
+=========== ============================================ ====================================================
+task        features (paper section)                      metric function
+=========== ============================================ ====================================================
+zeroshot    z^I vs prompt-ensembled z^T (IV-C1, Table VI) metrics.zeroshot.zeroshot_classify
+linear      z^I, not normalised (IV-C2, Table VII)        metrics.linear.linear_probe / sgd_linear_probe
+knn         z^I, cosine, k=20, T=0.07 (IV-C3, Table VII)  metrics.knn.knn_classifier
+retrieval   z^I vs z^T of captions (IV-C4, Table VIII)    metrics.retrieval.retrieval_recall
+clustering  z^I of the test split (IV-G3, Table XII)      metrics.clustering.cluster_scores
+nemd        h^I (and z^I) of the test split (PAUC)        metrics.nemd.nemd_report
+tsne        z^I of the test split (Fig. 8)                metrics.embedding_plots.tsne_plot
+=========== ============================================ ====================================================
+
+it writes ``results/runs/<run>/metrics/<task>/<set>.json`` (metrics, run, dataset, task, sizes, feature kind,
+provenance), logs the numbers into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws t-SNE
+plots to ``results/runs/<run>/figures/tsne_<set>.png``, collects every metrics file of the run into
+``results/runs/<run>/metrics.json`` and prints a summary table. A task that does not apply to a set
+(retrieval without captions, zero-shot without templates, probes without a train split) is not run. A
+set that is not configured or not found writes ``{"skipped": "skipped: <set> not found at <path>"}``
+into each of its metrics files, so tables show why a cell is empty.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from protoclip.atomic import write_json
+from protoclip.config import ConfigError, require_path
+from protoclip.evaluate.config import TASKS, EvalDatasetConfig, EvaluateConfig
+from protoclip.evaluate.datasets import HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set
+from protoclip.evaluate.features import FeatureExtractor
+from protoclip.layout import Layout
+from protoclip.provenance import provenance
+from protoclip.tracking import tracked_run
+
+log = logging.getLogger(__name__)
+
+HEADLINE = {"zeroshot": "top1", "linear": "top1", "knn": "top1", "retrieval": "mean_recall",
+            "clustering": "ami", "nemd": "nemd", "tsne": "n_points"}
+
+
+# --------------------------------------------------------------------------- applicability
+def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
+    """The configured tasks that can apply to a set of this kind (used for sets that are skipped)."""
+    if cfg.kind == "coco":
+        possible = {"retrieval"}
+    elif cfg.kind == "offline" and name == HELDOUT:
+        possible = set(TASKS) - {"zeroshot"}  # coarse labels have no prompt templates
+    else:
+        possible = set(TASKS) - {"retrieval"}
+    return [t for t in cfg.tasks if t in possible]
+
+
+def not_applicable(task: str, ds: EvalSet) -> str | None:
+    """Why ``task`` does not apply to the loaded set ``ds`` (None: it applies)."""
+    labelled = isinstance(ds, LabelledSet)
+    if task == "retrieval":
+        return None if isinstance(ds, CaptionSet) or (labelled and ds.captions is not None) else "no captions"
+    if not labelled:
+        return "no class labels"
+    if task == "zeroshot" and not ds.templates:
+        return "no prompt templates"
+    if task in ("linear", "knn") and ds.train is None:
+        return "no train split"
+    if len(ds.test) == 0:
+        return "empty test split"
+    return None
+
+
+def too_small(task: str, feats: dict[str, np.ndarray]) -> str | None:
+    """Why the extracted splits are too small for ``task`` (None: large enough)."""
+    if "test_y" not in feats:
+        return None
+    counts = np.bincount(feats["test_y"])
+    if task == "nemd" and (counts >= 2).sum() < 2:
+        return "NEMD needs at least 2 classes with >= 2 test images"
+    if task == "clustering" and (counts > 0).sum() < 2:
+        return "clustering needs at least 2 classes in the test split"
+    if task == "tsne" and len(feats["test_y"]) < 3:
+        return "t-SNE needs at least 3 test images"
+    if task in ("linear", "knn") and len(np.unique(feats["train_y"])) < 2:
+        return "the train split has fewer than 2 classes"
+    return None
+
+
+# --------------------------------------------------------------------------- tasks
+# each: (features, labelled set or caption set, evaluate config, figure path) -> (metrics, feature kind, sizes)
+TaskResult = tuple[dict[str, Any], str, dict[str, int]]
+
+
+def _sizes(f: dict[str, np.ndarray], train: bool = False) -> dict[str, int]:
+    out = {"n_test": int(len(f["test_y"]))}
+    if train:
+        out["n_train"] = int(len(f["train_y"]))
+    return out
+
+
+def task_zeroshot(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
+    from protoclip.evaluate.metrics.zeroshot import zeroshot_classify
+
+    m = zeroshot_classify(f["test_z"], f["zeroshot_classifier"], f["test_y"])
+    m["n_classes"], m["n_templates"] = len(ds.classnames), len(ds.templates)
+    return m, "z_image (L2-normalised) vs prompt-ensembled z_text", _sizes(f)
+
+
+def task_linear(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
+    from protoclip.evaluate.metrics.linear import linear_probe, sgd_linear_probe
+
+    args = (f["train_z"], f["train_y"], f["test_z"], f["test_y"])
+    if len(f["train_y"]) > cfg.linear_sgd_above:  # paper: SGD for ImageNet, L-BFGS for the small sets
+        m = {**sgd_linear_probe(*args, seed=cfg.seed, num_classes=len(ds.classnames)), "solver": "sgd"}
+    else:
+        m = {**linear_probe(*args, seed=cfg.seed, max_iter=cfg.linear_max_iter), "solver": "lbfgs"}
+    return m, "z_image (not normalised)", _sizes(f, train=True)
+
+
+def task_knn(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
+    from protoclip.evaluate.metrics.knn import knn_classifier
+
+    m = knn_classifier(f["train_z"], f["train_y"], f["test_z"], f["test_y"], k=cfg.knn_k, T=cfg.knn_temperature,
+                       num_classes=len(ds.classnames))
+    m["k"], m["T"] = cfg.knn_k, cfg.knn_temperature
+    return m, "z_image (L2-normalised, cosine)", _sizes(f, train=True)
+
+
+def task_retrieval(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
+    from protoclip.evaluate.metrics.retrieval import retrieval_recall
+
+    m = retrieval_recall(f["caption_image_z"], f["caption_text_z"], f["caption_text_to_image"])
+    sizes = {"n_images": int(len(f["caption_image_z"])), "n_texts": int(len(f["caption_text_z"]))}
+    return m, "z_image vs z_text (L2-normalised, dot product)", sizes
+
+
+def task_clustering(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
+    from protoclip.evaluate.metrics.clustering import cluster_scores
+
+    return cluster_scores(f["test_z"], f["test_y"], seed=cfg.seed), "z_image (L2-normalised)", _sizes(f)
+
+
+def task_nemd(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
+    from protoclip.evaluate.metrics.nemd import nemd_report
+
+    # methods-spec 3.4: NEMD on h^I (the prototype space) and on z^I separately; h^I is the headline
+    m = nemd_report(f["test_h"], f["test_y"], seed=cfg.seed, max_pairs=cfg.nemd_max_pairs)
+    m["z_image"] = nemd_report(f["test_z"], f["test_y"], seed=cfg.seed, max_pairs=cfg.nemd_max_pairs)
+    return m, "h_image (projection head g^I); z_image under 'z_image'", _sizes(f)
+
+
+def task_tsne(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
+    from protoclip.evaluate.metrics.embedding_plots import tsne_plot
+
+    m = tsne_plot(f["test_z"], f["test_y"], ds.classnames, fig, seed=cfg.seed, max_points=cfg.tsne_max_points,
+                  title=f"{ds.name}: t-SNE of z_image")
+    m["figure"] = str(fig)
+    return m, "z_image (L2-normalised)", _sizes(f)
+
+
+TASK_FUNCS: dict[str, Callable[..., TaskResult]] = {
+    "zeroshot": task_zeroshot, "linear": task_linear, "knn": task_knn, "retrieval": task_retrieval,
+    "clustering": task_clustering, "nemd": task_nemd, "tsne": task_tsne,
+}
+
+
+# --------------------------------------------------------------------------- summary
+def collect_run_metrics(layout: Layout, run: str) -> dict[str, dict[str, Any]]:
+    """{task: {set: metrics dict or {"skipped": line}}} from every metrics file of ``run``."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted((layout.run_dir(run) / "metrics").glob("*/*.json")):
+        data = json.loads(path.read_text())
+        out.setdefault(path.parent.name, {})[path.stem] = (
+            {"skipped": data["skipped"]} if "skipped" in data else data.get("metrics", {}))
+    return out
+
+
+def summary_table(summary: dict[str, dict[str, Any]]) -> str:
+    """Compact text table: one line per (set, task) with the headline number or the skip line."""
+    rows = [("dataset", "task", "result")]
+    for task in sorted(summary):
+        for ds, m in sorted(summary[task].items()):
+            if "skipped" in m:
+                cell = m["skipped"]
+            else:
+                key = HEADLINE.get(task, "")
+                value = m.get(key)
+                cell = f"{key} = {value:.4g}" if isinstance(value, (int, float)) else "-"
+            rows.append((ds, task, cell))
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows)
+
+
+def mlflow_key(key: str) -> str:
+    """MLflow metric names allow only [A-Za-z0-9_-. :/]: 'R@1' -> 'R_at_1', anything else -> '_'."""
+    return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", key.replace("@", "_at_"))
+
+
+def _numbers(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
+    """Numeric leaves of ``metrics`` as ``{prefix + key: value}`` (nested dicts joined with '/')."""
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        if isinstance(v, dict):
+            out.update(_numbers(v, f"{prefix}{k}/"))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[mlflow_key(f"{prefix}{k}")] = float(v)
+    return out
+
+
+# --------------------------------------------------------------------------- stage
+def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[str] | None = None) -> list[Path]:
+    """Evaluate ``run`` on the configured sets; returns the metrics files written (plus metrics.json)."""
+    ecfg: EvaluateConfig = cfg.evaluate
+    layout = Layout.from_config(cfg)
+    tasks = list(tasks or TASKS)
+    bad = [t for t in tasks if t not in TASKS]
+    if bad:
+        raise ConfigError(f"unknown evaluation task '{bad[0]}' (known: {', '.join(TASKS)})")
+    names = list(datasets or ecfg.datasets)
+    bad = [d for d in names if d not in ecfg.datasets]
+    if bad:
+        raise ConfigError(f"{cfg.source}: data set '{bad[0]}' is not under evaluate.datasets "
+                          f"(configured: {', '.join(ecfg.datasets) or 'none'})")
+    model_path = require_path(layout.model(run), f"evaluate run '{run}'")
+    extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size)
+    prov = provenance(ecfg.seed)
+    written: list[Path] = []
+    with tracked_run(cfg, run, "evaluate") as tracker:
+        tracker.log_params({"evaluate": {"model_sha256": extractor.model_sha256, "seed": ecfg.seed,
+                                         "knn_k": ecfg.knn_k, "knn_temperature": ecfg.knn_temperature}})
+        for name in names:
+            ds_cfg = ecfg.datasets[name]
+            wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
+            if not wanted:
+                continue
+            ds = load_eval_set(name, ds_cfg, layout)
+            base = {"run": run, "dataset": name}
+            if isinstance(ds, Skipped):
+                log.warning(ds.reason)
+                for task in wanted:
+                    written.append(write_json(layout.metrics(run, task, name), {**base, "task": task,
+                                                                                "skipped": ds.reason}))
+                continue
+            runnable = []
+            for task in wanted:
+                reason = not_applicable(task, ds)
+                if reason:
+                    log.info("%s: %s does not apply (%s)", name, task, reason)
+                else:
+                    runnable.append(task)
+            if not runnable:
+                continue
+            feats = extractor.features(layout.features(run, name), ds)
+            for task in runnable:
+                reason = too_small(task, feats)
+                if reason:
+                    log.warning("%s: %s not run (%s)", name, task, reason)
+                    continue
+                fig = layout.run_dir(run) / "figures" / f"tsne_{name}.png"
+                log.info("%s: %s", name, task)
+                metrics, kind, sizes = TASK_FUNCS[task](feats, ds, ecfg, fig)
+                record = {**base, "task": task, "metrics": metrics, **sizes, "features": kind,
+                          "model_sha256": extractor.model_sha256, "source": ds.source, "provenance": prov}
+                written.append(write_json(layout.metrics(run, task, name), record))
+                tracker.log_metrics(_numbers(metrics, f"eval/{task}/{name}/"))
+                if task == "tsne":
+                    tracker.log_artifact(fig, "figures")
+        summary = collect_run_metrics(layout, run)
+        written.append(write_json(layout.metrics_summary(run), summary))
+        tracker.log_artifact(layout.metrics_summary(run), "metrics")
+    print(f"evaluate {run}:\n{summary_table(summary)}")
+    return written

@@ -1,0 +1,186 @@
+"""`run_evaluate` end to end on a tiny untrained model and tiny fixture sets; feature cache behaviour."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from protoclip.config import ConfigError, PathsConfig, ProjectConfig
+from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
+from protoclip.evaluate.datasets import LabelledSet, load_eval_set
+from protoclip.evaluate.features import FeatureExtractor, encode_images
+from protoclip.evaluate.stage import not_applicable, run_evaluate, static_tasks, summary_table
+from protoclip.layout import Layout
+
+models = pytest.importorskip("protoclip.models")
+RUN = "tiny"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """2 shared CPU cores: torch's default 2 threads oversubscribe and run ~10x slower than 1."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _digits_npz(layout: Layout, n_per_class: int = 4) -> None:
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(10), n_per_class)
+    # class-dependent brightness + noise, so features differ between classes
+    images = np.clip(labels[:, None, None, None] * 20 + rng.integers(0, 30, (len(labels), 16, 16, 3)), 0, 255)
+    split = np.where(np.arange(len(labels)) % 2 == 0, "test", "train")  # 2 test + 2 train images per class
+    layout.eval_set("digits").parent.mkdir(parents=True, exist_ok=True)
+    np.savez(layout.eval_set("digits"), images=images.astype(np.uint8), labels=labels, split=split,
+             classnames=np.array([str(i) for i in range(10)]))
+
+
+def _manifest(layout: Layout) -> None:
+    rows = []
+    for i in range(16):
+        path = layout.prepared / "images" / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((16, 16, 3), 15 * i, dtype=np.uint8)).save(path)
+        rows.append({"id": f"s{i}", "path": str(path), "caption": f"a picture number {i}", "source": "t",
+                     "label": ["animals", "food"][i % 2], "sha256": "", "split": "heldout" if i >= 10 else "train"})
+    pd.DataFrame(rows).to_parquet(layout.manifest)
+
+
+def _project(tmp_path: Path, datasets: dict) -> ProjectConfig:
+    cfg = ProjectConfig()
+    cfg.paths = PathsConfig(data_dir=tmp_path / "data", results_dir=tmp_path / "results",
+                            mlflow_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    cfg.evaluate = EvaluateConfig(datasets=datasets, batch_size=8, device="cpu", tsne_max_points=200)
+    return cfg
+
+
+@pytest.fixture
+def project(tmp_path):
+    datasets = {
+        "digits": EvalDatasetConfig(kind="offline"),
+        "heldout_pairs": EvalDatasetConfig(kind="offline"),
+        "cifar10": EvalDatasetConfig(kind="torchvision", path=None),
+        "coco": EvalDatasetConfig(kind="coco", path=str(tmp_path / "no_coco")),
+    }
+    cfg = _project(tmp_path, datasets)
+    layout = Layout.from_config(cfg)
+    _digits_npz(layout)
+    _manifest(layout)
+    torch.manual_seed(0)
+    model = models.build_model("tiny-rn", head_hidden=32, head_out=16)
+    models.save_model(layout.model(RUN), model, {"model": "tiny-rn"})
+    return cfg, layout
+
+
+@pytest.mark.slow
+def test_run_evaluate_end_to_end(project):
+    cfg, layout = project
+    written = run_evaluate(cfg, RUN)
+    expect = {("zeroshot", "digits"), ("linear", "digits"), ("knn", "digits"), ("clustering", "digits"),
+              ("nemd", "digits"), ("tsne", "digits"),
+              ("linear", "heldout_pairs"), ("knn", "heldout_pairs"), ("retrieval", "heldout_pairs"),
+              ("clustering", "heldout_pairs"), ("nemd", "heldout_pairs"), ("tsne", "heldout_pairs"),
+              ("retrieval", "coco")} | {(t, "cifar10") for t in
+                                       ("zeroshot", "linear", "knn", "clustering", "nemd", "tsne")}
+    files = {(p.parent.name, p.stem) for p in (layout.run_dir(RUN) / "metrics").glob("*/*.json")}
+    assert files == expect
+    assert layout.metrics_summary(RUN) in written
+    for task, ds in expect:
+        data = json.loads(layout.metrics(RUN, task, ds).read_text())
+        assert data["run"] == RUN and data["dataset"] == ds and data["task"] == task
+        if ds == "cifar10":
+            assert data["skipped"] == "skipped: cifar10 path not configured"
+            continue
+        if ds == "coco":
+            assert data["skipped"] == f"skipped: coco not found at {cfg.evaluate.datasets['coco'].path}"
+            continue
+        m = data["metrics"]
+        assert "git_commit" in data["provenance"] and data["features"]
+        if task in ("zeroshot", "linear", "knn"):
+            assert 0.0 <= m["top1"] <= 100.0 and data["n_test"] == (20 if ds == "digits" else 6)
+        if task in ("linear", "knn"):
+            assert data["n_train"] == (20 if ds == "digits" else 10)
+        if task == "retrieval":
+            assert (data["n_images"], data["n_texts"]) == (6, 6)
+            assert all(0.0 <= m[k] <= 100.0 for k in m if "R@" in k)
+            assert m["image_to_text_R@10"] == 100.0  # only 6 candidates: every query hits within 10
+        if task == "clustering":
+            assert -1.0 <= m["ari"] <= 1.0 and -1.0 <= m["ami"] <= 1.0
+        if task == "nemd":
+            assert 0.0 <= m["nemd"] <= 2.0 and 0.0 <= m["z_image"]["nemd"] <= 2.0
+        if task == "tsne":
+            assert Path(m["figure"]).name == f"tsne_{ds}.png" and Path(m["figure"]).stat().st_size > 0
+    zs = json.loads(layout.metrics(RUN, "zeroshot", "digits").read_text())["metrics"]
+    assert zs["n_classes"] == 10 and zs["top1"] <= zs["top5"]
+    summary = json.loads(layout.metrics_summary(RUN).read_text())
+    assert summary["knn"]["digits"]["top1"] == json.loads(layout.metrics(RUN, "knn", "digits").read_text())[
+        "metrics"]["top1"]
+    assert summary["zeroshot"]["cifar10"] == {"skipped": "skipped: cifar10 path not configured"}
+    assert layout.features(RUN, "digits").exists() and layout.features(RUN, "heldout_pairs").exists()
+
+
+def test_subset_and_unknown_names(project):
+    cfg, layout = project
+    written = run_evaluate(cfg, RUN, tasks=["knn"], datasets=["digits"])
+    assert layout.metrics(RUN, "knn", "digits") in written
+    assert not layout.metrics(RUN, "zeroshot", "digits").exists()
+    with pytest.raises(ConfigError, match="not under evaluate.datasets"):
+        run_evaluate(cfg, RUN, datasets=["nope"])
+    with pytest.raises(ConfigError, match="unknown evaluation task"):
+        run_evaluate(cfg, RUN, tasks=["bogus"])
+
+
+def test_feature_cache_reused_and_invalidated(project, monkeypatch):
+    cfg, layout = project
+    ds = load_eval_set("digits", cfg.evaluate.datasets["digits"], layout)
+    cache = layout.features(RUN, "digits")
+    ex = FeatureExtractor(layout.model(RUN), device="cpu", batch_size=4)
+    first = ex.features(cache, ds)
+    assert set(first) >= {"test_z", "test_h", "test_y", "train_z", "train_y", "zeroshot_classifier"}
+    assert first["test_z"].shape == (20, 128) and first["test_h"].shape == (20, 16)
+    assert first["zeroshot_classifier"].shape == (10, 128)
+    np.testing.assert_allclose(np.linalg.norm(first["zeroshot_classifier"], axis=1), 1.0, rtol=1e-5)
+
+    # independent oracle: batch size 1 must give the same z and h as the batched pass
+    z1, h1, y1 = encode_images(ex.model, ds.test, ex.transform, ex.device, batch_size=1)
+    np.testing.assert_allclose(first["test_z"], z1, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(first["test_h"], h1, rtol=1e-4, atol=1e-5)
+    assert list(y1) == [y for _, y in ds.test]
+
+    # a cache hit never loads the model
+    ex2 = FeatureExtractor(layout.model(RUN), device="cpu")
+    monkeypatch.setattr(ex2, "extract", lambda _ds: pytest.fail("cache miss on unchanged model"))
+    np.testing.assert_array_equal(ex2.features(cache, ds)["test_z"], first["test_z"])
+
+    # a retrained model.pt (different bytes) invalidates the cache
+    torch.manual_seed(1)
+    models.save_model(layout.model(RUN), models.build_model("tiny-rn", head_hidden=32, head_out=16), {})
+    ex3 = FeatureExtractor(layout.model(RUN), device="cpu")
+    assert ex3.model_sha256 != ex.model_sha256
+    third = ex3.features(cache, ds)
+    assert not np.allclose(third["test_z"], first["test_z"])
+
+
+def test_applicability_rules():
+    off = EvalDatasetConfig(kind="offline")
+    assert "retrieval" not in static_tasks("digits", off) and "zeroshot" in static_tasks("digits", off)
+    assert "zeroshot" not in static_tasks("heldout_pairs", off) and "retrieval" in static_tasks("heldout_pairs", off)
+    assert static_tasks("coco", EvalDatasetConfig(kind="coco", path="/x")) == ["retrieval"]
+    ds = LabelledSet("x", ["a", "b"], [], test=[(None, 0)], train=None)
+    assert not_applicable("zeroshot", ds) == "no prompt templates"
+    assert not_applicable("knn", ds) == "no train split"
+    assert not_applicable("retrieval", ds) == "no captions"
+    assert not_applicable("clustering", ds) is None
+
+
+def test_summary_table_lines():
+    table = summary_table({"knn": {"digits": {"top1": 91.23456}}, "zeroshot": {"cifar10": {"skipped": "skipped: x"}}})
+    lines = table.splitlines()
+    assert lines[1].split() == ["digits", "knn", "top1", "=", "91.23"]
+    assert lines[2].split()[:2] == ["cifar10", "zeroshot"] and lines[2].endswith("skipped: x")
