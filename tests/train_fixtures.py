@@ -64,3 +64,38 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ddp_worker(rank: int, world: int, port: int, out_dir: str, cfg: TrainConfig) -> None:
+    """One torchrun-like rank: env vars, tiny ProtoCLIP training, then dump weights + prototypes."""
+    import os
+
+    from protoclip.layout import Layout
+    from protoclip.train.loop import train
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    pairs = RandomPairs(n=32)
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank, as the stage does
+    model = tiny_model(cfg, seed=cfg.seed)
+    layout = Layout(f"{out_dir}/data", f"{out_dir}/results")
+    try:
+        train(model, pairs, pairs.ids, cfg, layout, "ddp")
+        from protoclip.train.checkpoint import load_checkpoint
+
+        protos = load_checkpoint(layout.checkpoint("ddp"))["prototypes"] if rank == 0 else None
+        torch.save({"state": model.state_dict(), "protos": protos}, f"{out_dir}/rank{rank}.pt")
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -89,3 +89,13 @@ def barrier(info: DistInfo) -> None:
 def destroy(info: DistInfo) -> None:
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def sync_buffers(model: torch.nn.Module, info: DistInfo) -> None:
+    """Copy rank 0's buffers (BatchNorm running stats) to every rank: DDP only does this at each forward, so
+    after the last step the ranks differ, and the eval-mode episode extraction would too."""
+    if not info.enabled:
+        return
+    with torch.no_grad():
+        for b in model.buffers():
+            dist.broadcast(b, src=0)

@@ -40,7 +40,7 @@ from protoclip.provenance import provenance
 from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
 from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo, barrier, init_from_env
+from protoclip.train.distributed import DistInfo, barrier, init_from_env, sync_buffers
 from protoclip.train.episode import (episode_loader, episode_size_for, extract_features, sample_episode,
                                      teacher_rows)
 from protoclip.train.logbook import TrainLog
@@ -125,6 +125,22 @@ def check_finite(terms: dict[str, torch.Tensor], step: int, episode: int, info: 
             f"stopped, last good checkpoint kept at {checkpoint}")
 
 
+class WithScales(torch.nn.Module):
+    """The model's forward plus its exponentiated logit scales, so that under DDP every parameter the loss uses
+    is touched inside ``forward`` (a parameter used only outside it is marked ready twice by DDP)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = dict(self.model(images, tokens))
+        out["logit_scale"] = self.model.logit_scale.exp()
+        if getattr(self.model, "proto_logit_scale", None) is not None:
+            out["proto_logit_scale"] = self.model.proto_logit_scale.exp()
+        return out
+
+
 def write_config(path: Path, cfg: TrainConfig) -> None:
     write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
@@ -177,11 +193,11 @@ def train(model: torch.nn.Module, dataset: Dataset, sample_ids: list[str], cfg: 
     if info.is_main:
         tracker.log_params({"train": to_dict(cfg), "provenance": prov})
 
-    net: torch.nn.Module = model
+    net: torch.nn.Module = WithScales(model)
     if info.enabled:
         # find_unused_parameters: CLIP-only or Proto-only runs leave heads / a logit scale without gradient
         net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+            net, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
     objective = Objective(cfg)
     model.train()
     done_here = 0
@@ -193,6 +209,7 @@ def train(model: torch.nn.Module, dataset: Dataset, sample_ids: list[str], cfg: 
         ep_stats: dict[str, float] = {}
         if cfg.method == "protoclip":
             t0 = time.perf_counter()
+            sync_buffers(model, info)
             feats = extract_features(model, loader, m, device, info, autocast, desc=f"extract {episode}")
             if use_teacher:
                 feats.teacher = teacher_rows([sample_ids[i] for i in indices], teacher.index, teacher.feats)
@@ -230,6 +247,7 @@ def train(model: torch.nn.Module, dataset: Dataset, sample_ids: list[str], cfg: 
                     sums[k] = sums.get(k, 0.0) + v
             step += 1
             n_steps += 1
+        sync_buffers(model, info)  # identical BatchNorm statistics in every rank's checkpoint / final model
         times["train"] = time.perf_counter() - t0
         ep_rec = {"kind": "episode", "episode": episode, "step": step, "n_steps": n_steps,
                   **{f"mean/{k}": v / max(n_steps, 1) for k, v in sums.items()}, **ep_stats,

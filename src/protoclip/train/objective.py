@@ -45,12 +45,14 @@ class Objective:
         w = self.cfg.loss
         terms: dict[str, torch.Tensor] = {}
         if w.clip_weight > 0 or not self.proto:
-            terms.update(clip_loss(out["z_image"].float(), out["z_text"].float(), model.logit_scale.exp()))
+            scale = out["logit_scale"] if "logit_scale" in out else model.logit_scale.exp()
+            terms.update(clip_loss(out["z_image"].float(), out["z_text"].float(), scale))
         if self.proto:
             if prototypes is None:
                 raise RuntimeError("method 'protoclip' needs the episode's prototypes")
+            scale = out["proto_logit_scale"] if "proto_logit_scale" in out else model.proto_logit_scale.exp()
             terms.update(self._proto_loss(out["h_image"].float(), out["h_text"].float(), positions, prototypes,
-                                          model.proto_logit_scale.exp()))
+                                          scale))
             if prototypes.external is None:
                 terms.pop("proto_external", None)  # constant 0 without a teacher: not a term of this run
         return terms
