@@ -215,3 +215,16 @@ def test_packaged_minilm_is_semantic():
     assert sim[0, 1] > sim[0, 2] + 0.1  # dog ~ puppy, not truck
     assert sim[4, 5] > sim[4, 6]  # cat ~ kitten, not lorry
     assert sim[2, 6] > sim[2, 7]  # truck ~ lorry, not apple
+
+
+def test_run_teacher_loads_a_local_directory_by_name(tmp_path, tiny_bert_dir):
+    """No injected teacher: cfg.teacher.name is a local transformers directory; weights are hashed from it."""
+    from protoclip.teacher.encoders import sha256_file
+
+    cfg = make_project(tmp_path, n_train=40, n_heldout=5, pca_dim=4, chunk_size=100)
+    cfg.teacher.name, cfg.teacher.device = str(tiny_bert_dir), "cpu"
+    out = run_teacher(cfg)
+    assert out.name.endswith(".npz") and out.parent == tmp_path / "data" / "teacher"
+    ids, feats, meta = load_teacher_features(out)
+    assert feats.shape == (40, 4) and meta["teacher"] == str(tiny_bert_dir)
+    assert meta["weights_sha256"] == sha256_file(tiny_bert_dir / "model.safetensors")
