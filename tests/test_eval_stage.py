@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -125,11 +126,44 @@ def test_run_evaluate_end_to_end(project):
     assert layout.features(RUN, "digits").exists() and layout.features(RUN, "heldout_pairs").exists()
 
 
-def test_subset_and_unknown_names(project):
+class RecordingTracker:
+    def __init__(self):
+        self.metrics: dict[str, float] = {}
+        self.artifacts: list[str] = []
+
+    def log_params(self, params): ...
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.update(metrics)
+
+    def log_artifact(self, path, artifact_path=None):
+        self.artifacts.append(str(path))
+
+
+def test_subset_logs_through_tracker(project, monkeypatch):
     cfg, layout = project
-    written = run_evaluate(cfg, RUN, tasks=["knn"], datasets=["digits"])
-    assert layout.metrics(RUN, "knn", "digits") in written
-    assert not layout.metrics(RUN, "zeroshot", "digits").exists()
+    tracker = RecordingTracker()
+    calls = []
+
+    @contextmanager
+    def fake_tracked_run(cfg_, run, stage):
+        calls.append((run, stage))
+        yield tracker
+
+    monkeypatch.setattr("protoclip.evaluate.stage.tracked_run", fake_tracked_run)
+    written = run_evaluate(cfg, RUN, tasks=["knn", "retrieval"], datasets=["digits", "heldout_pairs"])
+    assert calls == [(RUN, "evaluate")]
+    assert {p.relative_to(layout.run_dir(RUN)).as_posix() for p in written} == {
+        "metrics/knn/digits.json", "metrics/knn/heldout_pairs.json", "metrics/retrieval/heldout_pairs.json",
+        "metrics.json"}
+    knn = json.loads(layout.metrics(RUN, "knn", "digits").read_text())["metrics"]
+    assert tracker.metrics["eval/knn/digits/top1"] == knn["top1"]
+    assert "eval/retrieval/heldout_pairs/image_to_text_R_at_1" in tracker.metrics  # '@' is not allowed in MLflow
+    assert str(layout.metrics_summary(RUN)) in tracker.artifacts
+
+
+def test_unknown_names(project):
+    cfg, layout = project
     with pytest.raises(ConfigError, match="not under evaluate.datasets"):
         run_evaluate(cfg, RUN, datasets=["nope"])
     with pytest.raises(ConfigError, match="unknown evaluation task"):
@@ -181,6 +215,7 @@ def test_applicability_rules():
 
 def test_summary_table_lines():
     table = summary_table({"knn": {"digits": {"top1": 91.23456}}, "zeroshot": {"cifar10": {"skipped": "skipped: x"}}})
-    lines = table.splitlines()
-    assert lines[1].split() == ["digits", "knn", "top1", "=", "91.23"]
-    assert lines[2].split()[:2] == ["cifar10", "zeroshot"] and lines[2].endswith("skipped: x")
+    lines = table.splitlines()  # sorted by data set, then task
+    assert lines[0].split() == ["dataset", "task", "result"]
+    assert lines[1].split()[:2] == ["cifar10", "zeroshot"] and lines[1].endswith("skipped: x")
+    assert lines[2].split() == ["digits", "knn", "top1", "=", "91.23"]

@@ -28,7 +28,6 @@ Kinds (``EvalDatasetConfig.kind``):
 """
 from __future__ import annotations
 
-import io
 import json
 import logging
 import re
@@ -41,6 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
+from protoclip.data.pairs import SEP, _TarCache, read_image
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.prompts import canonical, has_prompts, load_prompts
 from protoclip.layout import Layout
@@ -141,8 +141,9 @@ class FileSplit:
         return len(self.paths)
 
     def __iter__(self) -> Iterator[tuple[Image.Image, int]]:
+        tars = _TarCache()  # one open TarFile per shard for the whole pass
         for path, y in zip(self.paths, self.labels):
-            yield open_image(path), int(y)
+            yield read_image(str(path), tars), int(y)
 
 
 @dataclass
@@ -181,22 +182,6 @@ class WdsSplit:
             "webp;jpg;jpeg;png", "cls")
         for img, y in pipeline:
             yield to_rgb(img), int(y)
-
-
-def open_image(path: str | Path) -> Image.Image:
-    """Open an image file, or ``shard.tar::member`` inside a tar, as RGB."""
-    path = str(path)
-    if "::" in path:
-        shard, member = path.split("::", 1)
-        with tarfile.open(shard) as tf:
-            f = tf.extractfile(member)
-            if f is None:
-                raise FileNotFoundError(f"{member} not in {shard}")
-            data = f.read()
-        with Image.open(io.BytesIO(data)) as img:
-            return to_rgb(img.copy())
-    with Image.open(path) as img:
-        return to_rgb(img.copy())
 
 
 # --------------------------------------------------------------------------- helpers
@@ -256,13 +241,9 @@ def load_offline_npz(name: str, path: Path) -> LabelledSet:
         test=ArraySplit(images[test], labels[test]), source=_fingerprint(path))
 
 
-def _resolve_manifest_path(p: str, bases: Sequence[Path]) -> str:
-    if "::" in p or Path(p).is_absolute() or Path(p).exists():
-        return p
-    for base in bases:
-        if (base / p).exists():
-            return str(base / p)
-    return p  # let open_image fail with the path in the message
+def _resolve_manifest_path(p: str, root: Path) -> str:
+    """Relative manifest paths are relative to the prepared-data folder (protoclip.data.pairs' rule)."""
+    return p if Path(p.split(SEP, 1)[0]).is_absolute() else str(root / p)
 
 
 def load_heldout_pairs(layout: Layout, manifest: Path | None = None) -> LabelledSet:
@@ -278,8 +259,8 @@ def load_heldout_pairs(layout: Layout, manifest: Path | None = None) -> Labelled
 
     manifest = manifest or layout.manifest
     df = pd.read_parquet(manifest, columns=["id", "path", "caption", "label", "split"])
-    bases = [Path.cwd(), layout.prepared, layout.data_dir, manifest.parent]
-    df["path"] = [_resolve_manifest_path(p, bases) for p in df["path"].astype(str)]
+    root = manifest.resolve().parent  # = layout.prepared for the default manifest
+    df["path"] = [_resolve_manifest_path(p, root) for p in df["path"].astype(str)]
     df["label"] = df["label"].fillna("").astype(str)
     held = df[df["split"] == "heldout"].reset_index(drop=True)
     if held.empty:

@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from protoclip.atomic import atomic_path
+from protoclip.data.transforms import eval_transform
 from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
 
 log = logging.getLogger(__name__)
@@ -51,18 +52,6 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 
 def _text_hash(items: Iterable[str]) -> str:
     return hashlib.sha256("\x1f".join(items).encode()).hexdigest()[:16]
-
-
-def eval_transform(image_size: int) -> Callable:
-    """The project's evaluation transform (resize + centre crop + open_clip normalisation)."""
-    try:
-        from protoclip.data.transforms import eval_transform as project_eval_transform
-    except ImportError:  # the data package's transforms module not there yet: open_clip's identical eval path
-        from open_clip.transform import image_transform
-
-        log.warning("protoclip.data.transforms not importable; using open_clip.image_transform(is_train=False)")
-        return image_transform(image_size, is_train=False)
-    return project_eval_transform(image_size)
 
 
 @torch.no_grad()
@@ -199,5 +188,4 @@ class FeatureExtractor:
         return out
 
 
-__all__ = ["FeatureExtractor", "encode_images", "make_text_encoder", "resolve_device", "sha256_file",
-           "eval_transform"]
+__all__ = ["FeatureExtractor", "encode_images", "make_text_encoder", "resolve_device", "sha256_file"]

@@ -186,15 +186,16 @@ def collect_run_metrics(layout: Layout, run: str) -> dict[str, dict[str, Any]]:
 def summary_table(summary: dict[str, dict[str, Any]]) -> str:
     """Compact text table: one line per (set, task) with the headline number or the skip line."""
     rows = [("dataset", "task", "result")]
-    for task in sorted(summary):
-        for ds, m in sorted(summary[task].items()):
-            if "skipped" in m:
-                cell = m["skipped"]
-            else:
-                key = HEADLINE.get(task, "")
-                value = m.get(key)
-                cell = f"{key} = {value:.4g}" if isinstance(value, (int, float)) else "-"
-            rows.append((ds, task, cell))
+    cells = sorted(((ds, task, m) for task, per_set in summary.items() for ds, m in per_set.items()),
+                   key=lambda c: (c[0], c[1]))
+    for ds, task, m in cells:
+        if "skipped" in m:
+            cell = m["skipped"]
+        else:
+            key = HEADLINE.get(task, "")
+            value = m.get(key)
+            cell = f"{key} = {value:.4g}" if isinstance(value, (int, float)) else "-"
+        rows.append((ds, task, cell))
     widths = [max(len(r[i]) for r in rows) for i in range(2)]
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows)
 
