@@ -219,8 +219,9 @@ class EpisodePrototypes:
         m = h_image.shape[0]
         h_i = F.normalize(h_image.detach().float(), dim=1)
         h_t = F.normalize(h_text.detach().float(), dim=1)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"EpisodePrototypes: k must be a positive int, got {k!r}")
+        k = int(k)
         kw = dict(iters=iters, backend=backend, seed=seed, init=init)
         t0 = time.perf_counter()
         img = kmeans_fn(h_i, k, **kw)
