@@ -1,0 +1,74 @@
+"""Input checking shared by the metric functions: numpy / torch in, validated arrays out.
+
+Every public metric accepts features as a numpy array or a torch tensor and labels as any integer
+array-like. These helpers turn them into one canonical form and fail early with a message that names
+the argument (``"train_x must be 2-D [N, d], got shape (5,)"``) instead of an obscure broadcasting
+error deep inside sklearn or torch.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+ArrayLike = Any  # np.ndarray | torch.Tensor | list
+
+
+def features_np(x: ArrayLike, name: str, dtype: type = np.float32) -> np.ndarray:
+    """A finite 2-D float array [N, d] with N >= 1."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x, dtype=dtype)
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [N, d], got shape {arr.shape}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape})")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    return arr
+
+
+def features_torch(x: ArrayLike, name: str, dtype: torch.dtype = torch.float32,
+                   device: str | torch.device = "cpu") -> torch.Tensor:
+    """Same checks as :func:`features_np`, returned as a torch tensor on ``device``."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach().to(device=device, dtype=dtype)
+        if t.ndim != 2:
+            raise ValueError(f"{name} must be 2-D [N, d], got shape {tuple(t.shape)}")
+        if t.shape[0] == 0 or t.shape[1] == 0:
+            raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} contains NaN or inf")
+        return t
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    return torch.from_numpy(features_np(x, name, np_dtype)).to(device=device, dtype=dtype)
+
+
+def labels_np(y: ArrayLike, name: str, n: int | None = None) -> np.ndarray:
+    """A 1-D int64 array of non-negative labels, of length ``n`` when given."""
+    if isinstance(y, torch.Tensor):
+        y = y.detach().cpu().numpy()
+    arr = np.asarray(y)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D [N], got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if not np.all(np.equal(np.mod(arr, 1), 0)):
+            raise ValueError(f"{name} must hold integer class ids, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"{name} has {arr.shape[0]} entries but the features have {n} rows")
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"{name} must be non-negative class ids, got min {arr.min()}")
+    return arr
+
+
+def same_dim(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor, name_a: str, name_b: str) -> None:
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"{name_a} has dimension {a.shape[1]} but {name_b} has {b.shape[1]}")
+
+
+def l2_normalize_np(x: np.ndarray) -> np.ndarray:
+    """Row-wise L2 normalisation; an all-zero row stays zero instead of becoming NaN."""
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)

@@ -1,0 +1,87 @@
+"""Weighted k-NN classification on frozen features (DINO protocol; ProtoCLIP Sec. IV-C3, k = 20).
+
+A port of ``knn_classifier`` from facebookresearch/dino ``eval_knn.py``: features are L2-normalised,
+each test sample takes its k most cosine-similar training samples, every neighbour votes for its
+label with weight ``exp(cos / T)``, and classes are ranked by total vote. Test rows are processed in
+chunks so the [chunk, N_train] similarity matrix stays small. Written in torch rather than sklearn's
+``KNeighborsClassifier`` because sklearn has no exp(sim/T) weighting (DINO's is the protocol).
+
+    from protoclip.evaluate.metrics.knn import knn_classifier
+    knn_classifier(train_x, train_y, test_x, test_y, k=20, T=0.07)   # -> {"top1": .., "top5": ..} (percent)
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from protoclip.evaluate.metrics._inputs import ArrayLike, features_torch, labels_np, same_dim
+
+log = logging.getLogger(__name__)
+
+
+def knn_votes(
+    train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, k: int, T: float, num_classes: int
+) -> torch.Tensor:
+    """Class scores ``[n_test, num_classes]``: sum of exp(cos/T) over the k nearest training rows.
+
+    Inputs must already be L2-normalised; this is DINO's inner loop body for one chunk.
+    """
+    sim = test_x @ train_x.T  # [b, N_train] cosine similarities
+    dist, idx = sim.topk(k, dim=1, largest=True, sorted=True)
+    neighbour_labels = train_y[idx]  # [b, k]
+    weights = (dist / T).exp()
+    votes = torch.zeros(test_x.shape[0], num_classes, dtype=weights.dtype, device=weights.device)
+    return votes.scatter_add_(1, neighbour_labels, weights)
+
+
+@torch.no_grad()
+def knn_classifier(
+    train_x: ArrayLike,
+    train_y: ArrayLike,
+    test_x: ArrayLike,
+    test_y: ArrayLike,
+    k: int = 20,
+    T: float = 0.07,
+    num_classes: int | None = None,
+    chunk_size: int = 1024,
+    device: str | torch.device = "cpu",
+) -> dict[str, float]:
+    """DINO weighted k-NN top-1 / top-5 accuracy in percent (top5 only when num_classes >= 5).
+
+    ``k`` is capped at the number of training samples. ``num_classes`` defaults to 1 + the largest
+    label seen in train or test.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if T <= 0:
+        raise ValueError(f"T must be > 0, got {T}")
+    xtr = F.normalize(features_torch(train_x, "train_x", device=device), dim=1)
+    xte = F.normalize(features_torch(test_x, "test_x", device=device), dim=1)
+    same_dim(xtr, xte, "train_x", "test_x")
+    ytr = torch.from_numpy(labels_np(train_y, "train_y", xtr.shape[0])).to(device)
+    yte = torch.from_numpy(labels_np(test_y, "test_y", xte.shape[0])).to(device)
+    seen = int(max(ytr.max(), yte.max())) + 1
+    num_classes = seen if num_classes is None else num_classes
+    if num_classes < seen:
+        raise ValueError(f"num_classes={num_classes} but labels go up to {seen - 1}")
+    k_eff = min(k, xtr.shape[0])
+    if k_eff < k:
+        log.warning("k=%d is larger than the %d training samples; using k=%d", k, xtr.shape[0], k_eff)
+    top1 = top5 = 0
+    for start in tqdm(range(0, xte.shape[0], chunk_size), desc="kNN", leave=False,
+                      disable=xte.shape[0] <= chunk_size):
+        votes = knn_votes(xtr, ytr, xte[start:start + chunk_size], k_eff, T, num_classes)
+        # DINO ranks classes by votes (sort descending); top-5 looks at min(5, k) ranked classes
+        pred = votes.topk(min(5, num_classes), dim=1).indices
+        hit = pred == yte[start:start + chunk_size, None]
+        top1 += int(hit[:, 0].sum())
+        top5 += int(hit[:, : min(5, k_eff)].any(dim=1).sum())
+    n = xte.shape[0]
+    out = {"top1": 100.0 * top1 / n}
+    if num_classes >= 5:
+        out["top5"] = 100.0 * top5 / n
+    log.info("kNN (k=%d, T=%g) on %d test / %d train: %s", k_eff, T, n, xtr.shape[0], out)
+    return out

@@ -1,0 +1,252 @@
+"""NEMD (normalised earth mover's distance between groups) plus uniformity and intra-class spread.
+
+Implements methods-spec §3.4 "NEMD v1" (from the PAUC paper, Eq. 3) exactly:
+
+1. L2-normalise the embeddings (unit hypersphere).
+2. Partition them: GT classes (``labels``; the primary variant) or a k-means partition
+   (:func:`kmeans_partition`: faiss spherical k-means, K = #classes, 20 iterations, 5 redos).
+3. Each group is a uniform empirical measure; at most ``n_max = 256`` points per group are kept
+   (random subset, torch generator seeded with ``seed``); groups with < 2 points are skipped.
+4. For every unordered pair p < q: chord cost ``C_ij = ||z_i - z_j||`` (in [0, 2]), log-domain
+   Sinkhorn with absolute ``eps = 0.05``, at most 500 iterations, stop when the row-marginal error
+   < 1e-6; the pair's value is the transport cost <P_eps, C> of the entropic plan (no entropy term).
+5. NEMD = unweighted mean over pairs (optionally over a random subset of ``max_pairs`` pairs).
+6. No rescaling: the value lies in [0, 2] ("chord metric, unit sphere"); ``nemd_half`` = NEMD / 2.
+
+The Sinkhorn loop is written in torch and batched over pairs (groups padded to a common size with
+zero-weight points, as §3.4 point 8 suggests) because POT's solvers handle one pair per call and
+the K(K-1)/2 Python-level calls are the bottleneck; ``exact=True`` instead calls POT's exact
+``ot.emd2`` per pair (the spec's validation path; tests cross-check the two and ``ot.sinkhorn2``).
+
+§3.4 point 10 says NEMD must always be reported with the Wang-Isola uniformity and the mean
+intra-class spread (NEMD alone cannot tell total collapse from good coverage): :func:`nemd_report`.
+
+    from protoclip.evaluate.metrics.nemd import nemd, nemd_report
+    nemd(z, labels)          # -> {"nemd": 1.21, "nemd_half": 0.605, "n_groups": 10, "n_pairs": 45, ...}
+    nemd_report(z, labels)   # -> nemd (GT classes and k-means) + uniformity + intra_class_spread
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from protoclip.evaluate.metrics._inputs import ArrayLike, features_torch, labels_np
+
+log = logging.getLogger(__name__)
+
+PAIR_BATCH_ELEMENTS = 1 << 23  # pairs per Sinkhorn batch = this / n_max^2 (~64 MB per float64 [B, n, n])
+
+
+def sinkhorn_cost(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    log_a: torch.Tensor,
+    log_b: torch.Tensor,
+    eps: float = 0.05,
+    iters: int = 500,
+    tol: float = 1e-6,
+) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """Batched log-domain Sinkhorn transport cost <P_eps, C> with chord cost C = ||x_i - y_j||.
+
+    ``x [B, n, d]``, ``y [B, m, d]``; ``log_a [B, n]``, ``log_b [B, m]`` are log-weights (``-inf`` for
+    padding points). Returns (costs [B], iterations run, final row-marginal error [B]). The updates
+    are those of methods-spec §3.4 (dual potentials f, g; stop when max |P 1 - a| < tol).
+    """
+    C = torch.cdist(x, y, compute_mode="donot_use_mm_for_euclid_dist")  # exact zeros on equal points
+    f = torch.zeros_like(log_a)
+    g = torch.zeros_like(log_b)
+    a = log_a.exp()
+    err = torch.full((x.shape[0],), float("inf"), dtype=x.dtype, device=x.device)
+    it = 0
+    for it in range(1, iters + 1):
+        f = -eps * torch.logsumexp((g[:, None, :] - C) / eps + log_b[:, None, :], dim=2)
+        g = -eps * torch.logsumexp((f[:, :, None] - C) / eps + log_a[:, :, None], dim=1)
+        log_p = (f[:, :, None] + g[:, None, :] - C) / eps + log_a[:, :, None] + log_b[:, None, :]
+        err = (log_p.exp().sum(dim=2) - a).abs().amax(dim=1)
+        if bool((err < tol).all()):
+            break
+    cost = (log_p.exp() * C).sum(dim=(1, 2))
+    return cost, it, err
+
+
+def exact_emd_cost(x: np.ndarray, y: np.ndarray) -> float:
+    """Exact EMD (W1, chord cost, uniform weights) between two point sets with POT's network simplex."""
+    import ot  # POT; only the exact path needs it
+    from scipy.spatial.distance import cdist
+
+    # scipy's direct formula gives exact zeros on equal points (ot.dist's ||x||^2+||y||^2-2xy gives ~1e-9)
+    M = cdist(x, y, metric="euclidean")
+    a = np.full(x.shape[0], 1.0 / x.shape[0])
+    b = np.full(y.shape[0], 1.0 / y.shape[0])
+    return float(ot.emd2(a, b, M))
+
+
+def make_groups(
+    z: torch.Tensor, y: np.ndarray, n_max: int, gen: torch.Generator
+) -> tuple[list[torch.Tensor], list[int]]:
+    """Subsampled groups (<= n_max rows each, in increasing label order) and their labels; groups < 2 skipped."""
+    groups, kept = [], []
+    for label in np.unique(y):
+        idx = torch.from_numpy(np.flatnonzero(y == label))
+        if len(idx) < 2:
+            continue
+        groups.append(z[idx[torch.randperm(len(idx), generator=gen)[:n_max]]])
+        kept.append(int(label))
+    return groups, kept
+
+
+def _pad(groups: list[torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack groups into [G, n, d] with zero padding and uniform log-weights (-inf on padding)."""
+    d = groups[0].shape[1]
+    pts = groups[0].new_zeros(len(groups), n, d)
+    logw = groups[0].new_full((len(groups), n), -math.inf)
+    for i, grp in enumerate(groups):
+        pts[i, : len(grp)] = grp
+        logw[i, : len(grp)] = -math.log(len(grp))
+    return pts, logw
+
+
+def nemd(
+    features: ArrayLike,
+    labels: ArrayLike,
+    n_max: int = 256,
+    eps: float = 0.05,
+    seed: int = 0,
+    max_pairs: int | None = None,
+    exact: bool = False,
+    iters: int = 500,
+    tol: float = 1e-6,
+    max_groups: int | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float64,
+    check_exact: bool = False,
+) -> dict[str, float]:
+    """NEMD v1 (methods-spec §3.4): mean pairwise entropic OT cost between groups on the unit sphere.
+
+    ``labels`` define the partition (GT classes, or :func:`kmeans_partition` output). ``max_groups``
+    keeps a random subset of groups (the spec's "100 random classes" for ImageNet-1K) and
+    ``max_pairs`` a random subset of pairs, both drawn from the same seeded generator after the
+    per-group subsampling. ``exact=True`` uses POT's exact EMD instead of Sinkhorn.
+    ``check_exact=True`` (Sinkhorn only) also computes the exact EMD on the same pairs and adds
+    ``nemd_exact`` and ``eps_bias`` = (sinkhorn - exact) / exact (spec §3.4.7: should be < 2%).
+    """
+    if n_max < 2:
+        raise ValueError(f"n_max must be >= 2, got {n_max}")
+    if eps <= 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    z = F.normalize(features_torch(features, "features", dtype=dtype), dim=1)
+    y = labels_np(labels, "labels", z.shape[0])
+    gen = torch.Generator().manual_seed(seed)
+    groups, _ = make_groups(z, y, n_max, gen)
+    if max_groups is not None and len(groups) > max_groups:
+        keep = torch.randperm(len(groups), generator=gen)[:max_groups].sort().values
+        groups = [groups[i] for i in keep.tolist()]
+    if len(groups) < 2:
+        raise ValueError(f"NEMD needs at least 2 groups with >= 2 points; got {len(groups)}")
+    pairs = [(p, q) for p in range(len(groups)) for q in range(p + 1, len(groups))]
+    if max_pairs is not None and len(pairs) > max_pairs:
+        keep = torch.randperm(len(pairs), generator=gen)[:max_pairs].sort().values
+        pairs = [pairs[i] for i in keep.tolist()]
+
+    costs: list[float] = []
+    n_unconverged = 0
+    if exact:
+        for p, q in tqdm(pairs, desc="NEMD (exact EMD)", leave=False, disable=len(pairs) < 200):
+            costs.append(exact_emd_cost(groups[p].cpu().numpy(), groups[q].cpu().numpy()))
+    else:
+        n_pad = max(len(grp) for grp in groups)
+        pts, logw = _pad([grp.to(device) for grp in groups], n_pad)
+        batch = max(1, PAIR_BATCH_ELEMENTS // (n_pad * n_pad))
+        pidx = torch.tensor(pairs, device=device)
+        for s in tqdm(range(0, len(pairs), batch), desc="NEMD (Sinkhorn)", leave=False,
+                      disable=len(pairs) <= batch):
+            p, q = pidx[s:s + batch, 0], pidx[s:s + batch, 1]
+            cost, _, err = sinkhorn_cost(pts[p], pts[q], logw[p], logw[q], eps=eps, iters=iters, tol=tol)
+            n_unconverged += int((err >= tol).sum())
+            costs.extend(cost.cpu().tolist())
+        if n_unconverged:
+            log.warning("Sinkhorn did not reach marginal error %g in %d iterations for %d of %d pairs",
+                        tol, iters, n_unconverged, len(pairs))
+    value = float(np.mean(costs))
+    out = {"nemd": value, "nemd_half": value / 2.0, "n_groups": len(groups), "n_pairs": len(pairs),
+           "n_unconverged": n_unconverged}
+    if check_exact and not exact:
+        ref = float(np.mean([exact_emd_cost(groups[p].cpu().numpy(), groups[q].cpu().numpy()) for p, q in pairs]))
+        out["nemd_exact"] = ref
+        out["eps_bias"] = (value - ref) / ref if ref > 0 else 0.0
+        if abs(out["eps_bias"]) > 0.02:
+            log.warning("NEMD: Sinkhorn (eps=%g) differs from exact EMD by %.1f%% (> 2%%)", eps, 100 * out["eps_bias"])
+    log.info("NEMD (%s, eps=%g, n_max=%d): %s", "exact" if exact else "sinkhorn", eps, n_max, out)
+    return out
+
+
+def kmeans_partition(features: ArrayLike, k: int, seed: int = 0) -> np.ndarray:
+    """NEMD partition variant (b): spherical k-means (faiss, 20 iterations, 5 redos) on normalised features."""
+    from protoclip.evaluate.metrics.clustering import kmeans_labels
+
+    z = F.normalize(features_torch(features, "features"), dim=1).numpy()
+    return kmeans_labels(z, k, seed=seed, n_init=5, max_iter=20, backend="faiss", spherical=True)
+
+
+@torch.no_grad()
+def uniformity(features: ArrayLike, t: float = 2.0, max_points: int = 5000, seed: int = 0) -> float:
+    """Wang & Isola uniformity ``log E_{i<j} exp(-t ||z_i - z_j||^2)`` on normalised features (lower = more uniform).
+
+    Above ``max_points`` rows a random subset (numpy generator, ``seed``) is used: the pair count
+    grows as N^2.
+    """
+    z = F.normalize(features_torch(features, "features", dtype=torch.float64), dim=1)
+    if z.shape[0] < 2:
+        raise ValueError("uniformity needs at least 2 points")
+    if z.shape[0] > max_points:
+        idx = np.sort(np.random.default_rng(seed).choice(z.shape[0], max_points, replace=False))
+        z = z[torch.from_numpy(idx)]
+    sq = torch.pdist(z).pow(2)
+    return float(torch.logsumexp(-t * sq, dim=0) - math.log(sq.numel()))
+
+
+@torch.no_grad()
+def intra_class_spread(features: ArrayLike, labels: ArrayLike) -> float:
+    """Mean over samples of ``||z_i - mean_{y_i}||`` with z on the unit sphere (the class mean is not renormalised).
+
+    0 means every class collapsed to a point; for a class spread uniformly over a high-dimensional
+    sphere it approaches 1.
+    """
+    z = F.normalize(features_torch(features, "features", dtype=torch.float64), dim=1)
+    y = torch.from_numpy(labels_np(labels, "labels", z.shape[0]))
+    n_cls = int(y.max()) + 1
+    sums = torch.zeros(n_cls, z.shape[1], dtype=z.dtype).index_add_(0, y, z)
+    counts = torch.bincount(y, minlength=n_cls).to(z.dtype)
+    means = sums / counts.clamp(min=1)[:, None]
+    return float((z - means[y]).norm(dim=1).mean())
+
+
+def nemd_report(
+    features: ArrayLike,
+    labels: ArrayLike,
+    kmeans: bool = True,
+    seed: int = 0,
+    check_exact_max_groups: int = 20,
+    **nemd_kwargs,
+) -> dict[str, float]:
+    """NEMD over GT classes (and over a k-means partition, K = #classes) + uniformity + intra-class spread.
+
+    With at most ``check_exact_max_groups`` classes the GT-class NEMD is also computed with exact
+    EMD (spec §3.4.7), giving ``nemd_exact`` and ``eps_bias``.
+    """
+    y = labels_np(labels, "labels")
+    small = len(np.unique(y)) <= check_exact_max_groups and not nemd_kwargs.get("exact", False)
+    out = nemd(features, y, seed=seed, check_exact=small, **nemd_kwargs)
+    if kmeans:
+        k = len(np.unique(y))
+        km = nemd(features, kmeans_partition(features, k, seed=seed), seed=seed, **nemd_kwargs)
+        out.update({"nemd_kmeans": km["nemd"], "nemd_kmeans_half": km["nemd_half"],
+                    "n_groups_kmeans": km["n_groups"], "n_pairs_kmeans": km["n_pairs"]})
+    out["uniformity"] = uniformity(features, seed=seed)
+    out["intra_class_spread"] = intra_class_spread(features, y)
+    return out

@@ -1,0 +1,86 @@
+"""Zero-shot image-text retrieval recall@k (ProtoCLIP Sec. IV-C4, Table VIII; COCO / clip_benchmark protocol).
+
+Images and captions are ranked by the dot product of their L2-normalised features. Each caption
+belongs to exactly one image (``text_to_image[t]``); an image may have several captions (5 in COCO).
+
+* text -> image: a caption query is correct at k if its image is among the k most similar images.
+* image -> text: an image query is correct at k if ANY of its captions is among the k most similar
+  captions (clip_benchmark's ``recall_at_k(...) > 0``, the standard COCO 5k protocol).
+
+Recalls are in percent; ``mean_recall`` is the mean of the six numbers for ks=(1, 5, 10) (the
+paper's "mean recall"). Queries are processed in chunks; instead of clip_benchmark's one-hot
+[queries, k, candidates] tensor we gather the positive mask at the top-k indices, which gives the
+same answer with O(queries * k) memory.
+
+    from protoclip.evaluate.metrics.retrieval import retrieval_recall
+    retrieval_recall(img_feats, txt_feats, text_to_image)  # -> {"image_to_text_R@1": .., ..., "mean_recall": ..}
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from protoclip.evaluate.metrics._inputs import ArrayLike, features_torch, labels_np, same_dim
+
+log = logging.getLogger(__name__)
+
+
+def hits_at_k(scores: torch.Tensor, positives: torch.Tensor, ks: Sequence[int]) -> dict[int, int]:
+    """For each k, how many query rows have at least one positive among their k top-scored candidates."""
+    kmax = min(max(ks), scores.shape[1])
+    top = scores.topk(kmax, dim=1).indices  # [q, kmax], sorted by decreasing score
+    pos_at_rank = positives.gather(1, top)  # [q, kmax] bool: is the r-th retrieved candidate positive
+    first_hit = torch.where(pos_at_rank.any(1), pos_at_rank.float().argmax(1), torch.full_like(top[:, 0], kmax))
+    return {k: int((first_hit < min(k, kmax)).sum()) for k in ks}
+
+
+@torch.no_grad()
+def retrieval_recall(
+    image_feats: ArrayLike,
+    text_feats: ArrayLike,
+    text_to_image: ArrayLike,
+    ks: Sequence[int] = (1, 5, 10),
+    chunk_size: int = 1024,
+    device: str | torch.device = "cpu",
+) -> dict[str, float]:
+    """Recall@k in percent both ways plus their mean (``mean_recall``)."""
+    if not ks or min(ks) < 1:
+        raise ValueError(f"ks must be positive integers, got {ks}")
+    img = F.normalize(features_torch(image_feats, "image_feats", device=device), dim=1)
+    txt = F.normalize(features_torch(text_feats, "text_feats", device=device), dim=1)
+    same_dim(img, txt, "image_feats", "text_feats")
+    t2i = labels_np(text_to_image, "text_to_image", txt.shape[0])
+    n_img, n_txt = img.shape[0], txt.shape[0]
+    if t2i.max() >= n_img:
+        raise ValueError(f"text_to_image points at image {t2i.max()} but there are only {n_img} images")
+    without = np.setdiff1d(np.arange(n_img), t2i)
+    if without.size:  # such an image can never be retrieved correctly: refuse rather than deflate R@k
+        raise ValueError(f"{without.size} images have no caption (first: {without[:5].tolist()})")
+    t2i_t = torch.from_numpy(t2i).to(device)
+
+    t2i_hits = dict.fromkeys(ks, 0)
+    for s in range(0, n_txt, chunk_size):
+        q = txt[s:s + chunk_size]
+        pos = torch.zeros(q.shape[0], n_img, dtype=torch.bool, device=device)
+        pos[torch.arange(q.shape[0], device=device), t2i_t[s:s + chunk_size]] = True
+        for k, h in hits_at_k(q @ img.T, pos, ks).items():
+            t2i_hits[k] += h
+    i2t_hits = dict.fromkeys(ks, 0)
+    for s in range(0, n_img, chunk_size):
+        q = img[s:s + chunk_size]
+        pos = t2i_t[None, :] == torch.arange(s, s + q.shape[0], device=device)[:, None]  # [q, n_txt]
+        for k, h in hits_at_k(q @ txt.T, pos, ks).items():
+            i2t_hits[k] += h
+
+    out: dict[str, float] = {}
+    for k in ks:
+        out[f"image_to_text_R@{k}"] = 100.0 * i2t_hits[k] / n_img
+    for k in ks:
+        out[f"text_to_image_R@{k}"] = 100.0 * t2i_hits[k] / n_txt
+    out["mean_recall"] = float(np.mean(list(out.values())))
+    log.info("retrieval on %d images / %d captions: %s", n_img, n_txt, out)
+    return out

@@ -1,0 +1,93 @@
+"""Linear probes: L-BFGS logistic regression with CLIP-style C search, and the SGD probe."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+
+from protoclip.evaluate.metrics.linear import linear_eval, linear_probe, search_C, sgd_linear_probe, split_validation
+
+
+def separable(rng, n: int, C: int = 4, d: int = 10):
+    y = rng.integers(0, C, n)
+    return 5.0 * np.eye(C, d)[y] + 0.3 * rng.normal(size=(n, d)), y
+
+
+def test_search_C_follows_clip_binary_search():
+    calls = []
+
+    def score(C: float) -> float:  # single peak at log10 C = 1.3
+        calls.append(C)
+        return -(math.log10(C) - 1.3) ** 2
+
+    best, tried = search_C(score, steps_per_decade=4)
+    # 7 start points (1e-6, 1e-4, .., 1e6), then 3 halvings (1, 0.5, 0.25 decades) x 2 points
+    assert len(calls) == len(tried) == 13
+    assert abs(math.log10(best) - 1.3) <= 0.125 + 1e-9  # within half the final step
+    best8, tried8 = search_C(score, steps_per_decade=8)
+    assert len(tried8) == 15 and abs(math.log10(best8) - 1.3) <= 0.0625 + 1e-9
+    assert min(tried) == pytest.approx(1e-6) and max(tried) == pytest.approx(1e6)
+
+
+def test_search_C_ties_prefer_smaller_C_and_fixed_grid():
+    best, tried = search_C(lambda C: 1.0)
+    assert best == pytest.approx(1e-6)
+    best, tried = search_C(lambda C: -abs(C - 3.0), C_grid=[0.1, 1.0, 3.0, 10.0])
+    assert best == pytest.approx(3.0) and len(tried) == 4
+    with pytest.raises(ValueError):
+        search_C(lambda C: 0.0, C_grid=[0.0, 1.0])
+
+
+def test_split_validation_is_stratified_and_disjoint():
+    y = np.repeat(np.arange(4), 25)
+    fit, val = split_validation(y, 0.2, seed=0)
+    assert len(val) == 20 and len(np.intersect1d(fit, val)) == 0 and len(fit) + len(val) == 100
+    assert np.bincount(y[val]).tolist() == [5, 5, 5, 5]
+
+
+def test_separable_features_give_100_and_refit_matches_sklearn():
+    rng = np.random.default_rng(0)
+    xtr, ytr = separable(rng, 200)
+    xte, yte = separable(rng, 100)
+    out = linear_probe(xtr, ytr, xte, yte)
+    assert out["top1"] == 100.0
+    # the reported accuracy is that of a model refit on the FULL train set with the chosen C
+    rng = np.random.default_rng(1)
+    xtr, ytr = rng.normal(size=(150, 6)), rng.integers(0, 3, 150)
+    xte, yte = rng.normal(size=(80, 6)), rng.integers(0, 3, 80)
+    out = linear_probe(xtr, ytr, xte, yte, C_grid=[0.01, 1.0])
+    ref = LogisticRegression(C=out["C"], max_iter=1000, random_state=0).fit(xtr, ytr)
+    assert out["top1"] == pytest.approx(100 * (ref.predict(xte) == yte).mean())
+
+
+def test_random_labels_give_chance():
+    # test labels independent of everything the probe sees: E[top1] = 1/C = 25%;
+    # n_test = 2000 gives std 0.97 points, tolerance 4 points.
+    rng = np.random.default_rng(2)
+    out = linear_probe(rng.normal(size=(300, 8)), rng.integers(0, 4, 300),
+                       rng.normal(size=(2000, 8)), rng.integers(0, 4, 2000), C_grid=[1e-2, 1.0, 1e2])
+    assert abs(out["top1"] - 25.0) < 4.0
+
+
+def test_sgd_probe_separable_and_deterministic():
+    rng = np.random.default_rng(3)
+    xtr, ytr = separable(rng, 300, C=6)
+    xte, yte = separable(rng, 100, C=6)
+    a = sgd_linear_probe(xtr, ytr, xte, yte, epochs=5, batch_size=64, show_progress=False)
+    b = sgd_linear_probe(xtr, ytr, xte, yte, epochs=5, batch_size=64, show_progress=False)
+    assert a["top1"] == 100.0 and a["top5"] == 100.0
+    assert a == b
+
+
+def test_linear_eval_dispatches_on_train_size_and_rejects_bad_input():
+    rng = np.random.default_rng(4)
+    xtr, ytr = separable(rng, 60)
+    xte, yte = separable(rng, 20)
+    assert "C" in linear_eval(xtr, ytr, xte, yte, C_grid=[1.0])
+    assert "final_train_loss" in linear_eval(xtr, ytr, xte, yte, sgd_above=10, epochs=2, show_progress=False)
+    with pytest.raises(ValueError, match="single class"):
+        linear_probe(xtr, np.zeros(60, int), xte, yte)
+    with pytest.raises(ValueError, match="2-D"):
+        linear_probe(xtr[:, 0], ytr, xte, yte)
