@@ -28,6 +28,7 @@ class EvaluateConfig:
     datasets: dict[str, EvalDatasetConfig] = field(default_factory=dict)  # name -> data set
     batch_size: int = 256  # feature extraction batch (images and prompts)
     device: str = "auto"  # auto: cuda when available, else cpu
+    num_workers: int = 0  # DataLoader processes decoding images (0 on the 2-core CPU default; ~8 on a GPU node)
     knn_k: int = 20  # DINO / paper Sec. IV-C3: k = 20
     knn_temperature: float = 0.07  # DINO's temperature-weighted vote
     linear_max_iter: int = 1000  # L-BFGS iterations (CLIP protocol, paper Sec. IV-C2)
@@ -37,7 +38,7 @@ class EvaluateConfig:
     seed: int = 0  # seeds the linear-probe validation split, k-means, NEMD subsampling and t-SNE
 
     def validate(self) -> None:
-        if self.batch_size < 1 or self.knn_k < 1 or self.linear_max_iter < 1:
-            raise ValueError("batch_size, knn_k and linear_max_iter must be >= 1")
+        if self.batch_size < 1 or self.knn_k < 1 or self.linear_max_iter < 1 or self.num_workers < 0:
+            raise ValueError("batch_size, knn_k and linear_max_iter must be >= 1 and num_workers >= 0")
         if self.knn_temperature <= 0:
             raise ValueError(f"knn_temperature must be > 0, got {self.knn_temperature}")

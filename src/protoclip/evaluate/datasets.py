@@ -117,8 +117,23 @@ def to_rgb(img: Any) -> Image.Image:
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
+class _Indexed:
+    """Map-style splits: ``split[i] -> (PIL RGB image, label)``; iteration goes through the indices, and
+    feature extraction can spread ``__getitem__`` over DataLoader workers."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[tuple[Image.Image, int]]:
+        for i in range(len(self)):
+            yield self[i]
+
+
 @dataclass
-class ArraySplit:
+class ArraySplit(_Indexed):
     """Images held in a uint8 array [N,H,W(,C)]."""
     images: np.ndarray
     labels: np.ndarray
@@ -126,38 +141,35 @@ class ArraySplit:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __iter__(self) -> Iterator[tuple[Image.Image, int]]:
-        for img, y in zip(self.images, self.labels):
-            yield to_rgb(np.ascontiguousarray(img)), int(y)
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        return to_rgb(np.ascontiguousarray(self.images[i])), int(self.labels[i])
 
 
 @dataclass
-class FileSplit:
+class FileSplit(_Indexed):
     """Images read lazily from paths (``shard.tar::member`` reads a tar member)."""
     paths: list[str]
     labels: list[int]
+    _tars: _TarCache = field(default_factory=_TarCache, repr=False)  # open shards, per process
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __iter__(self) -> Iterator[tuple[Image.Image, int]]:
-        tars = _TarCache()  # one open TarFile per shard for the whole pass
-        for path, y in zip(self.paths, self.labels):
-            yield read_image(str(path), tars), int(y)
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        return read_image(str(self.paths[i]), self._tars), int(self.labels[i])
 
 
 @dataclass
-class TorchvisionSplit:
-    """A torchvision data set built without transform: yields (PIL, target)."""
+class TorchvisionSplit(_Indexed):
+    """A torchvision data set built without transform: ``[i] -> (PIL, target)``."""
     dataset: Any
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __iter__(self) -> Iterator[tuple[Image.Image, int]]:
-        for i in range(len(self.dataset)):
-            img, y = self.dataset[i]
-            yield to_rgb(img), int(y)
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        img, y = self.dataset[i]
+        return to_rgb(img), int(y)
 
 
 @dataclass

@@ -18,12 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from protoclip.atomic import atomic_path
@@ -54,6 +55,40 @@ def _text_hash(items: Iterable[str]) -> str:
     return hashlib.sha256("\x1f".join(items).encode()).hexdigest()[:16]
 
 
+class _Transformed(Dataset):
+    """A map-style split with the model's transform applied: ``[i] -> (tensor, label)``."""
+
+    def __init__(self, split: ImageSplit, transform: Callable):
+        self.split, self.transform = split, transform
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        img, y = self.split[i]  # type: ignore[index]
+        return self.transform(img), int(y)
+
+
+def image_batches(split: ImageSplit, transform: Callable, batch_size: int,
+                  num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(images [B,3,H,W], labels [B])`` in split order. Map-style splits (with ``__getitem__``) go through a
+    DataLoader so decoding can use ``num_workers`` processes; iterable ones (webdataset) are read in-process."""
+    if hasattr(split, "__getitem__"):
+        yield from DataLoader(_Transformed(split, transform), batch_size=batch_size, shuffle=False,
+                              num_workers=num_workers)
+        return
+    xs: list[torch.Tensor] = []
+    ys: list[int] = []
+    for img, y in split:
+        xs.append(transform(img))
+        ys.append(int(y))
+        if len(xs) == batch_size:
+            yield torch.stack(xs), torch.tensor(ys)
+            xs, ys = [], []
+    if xs:
+        yield torch.stack(xs), torch.tensor(ys)
+
+
 @torch.no_grad()
 def encode_images(
     model: Any,
@@ -62,30 +97,22 @@ def encode_images(
     device: torch.device,
     batch_size: int = 256,
     desc: str = "images",
+    num_workers: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(z [N, d], h [N, d_h], labels [N])`` of every image of ``split`` (model in eval mode, no grad)."""
     zs: list[torch.Tensor] = []
     hs: list[torch.Tensor] = []
-    labels: list[int] = []
-    batch: list[torch.Tensor] = []
-
-    def flush() -> None:
-        x = torch.stack(batch).to(device)
-        z = model.encode_image(x)
-        zs.append(z.float().cpu())
-        hs.append(model.image_head(z).float().cpu())
-        batch.clear()
-
-    for img, y in tqdm(split, total=len(split), desc=desc, unit="img", leave=False):
-        batch.append(transform(img))
-        labels.append(int(y))
-        if len(batch) == batch_size:
-            flush()
-    if batch:
-        flush()
+    labels: list[torch.Tensor] = []
+    with tqdm(total=len(split), desc=desc, unit="img", leave=False) as bar:
+        for x, y in image_batches(split, transform, batch_size, num_workers):
+            z = model.encode_image(x.to(device))
+            zs.append(z.float().cpu())
+            hs.append(model.image_head(z).float().cpu())
+            labels.append(y.long())
+            bar.update(len(y))
     if not zs:
         raise ValueError(f"{desc}: no images")
-    return torch.cat(zs).numpy(), torch.cat(hs).numpy(), np.asarray(labels, dtype=np.int64)
+    return torch.cat(zs).numpy(), torch.cat(hs).numpy(), torch.cat(labels).numpy()
 
 
 def make_text_encoder(model: Any, tokenizer: Callable, device: torch.device,
@@ -104,12 +131,13 @@ def make_text_encoder(model: Any, tokenizer: Callable, device: torch.device,
 class FeatureExtractor:
     """Loads the run's model lazily (only on a cache miss) and extracts / caches features per set."""
 
-    def __init__(self, model_path: str | Path, device: str = "auto", batch_size: int = 256):
+    def __init__(self, model_path: str | Path, device: str = "auto", batch_size: int = 256, num_workers: int = 0):
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise FileNotFoundError(f"model file not found: {self.model_path} (train the run first)")
         self.device = resolve_device(device)
         self.batch_size = int(batch_size)
+        self.num_workers = int(num_workers)
         self.model_sha256 = sha256_file(self.model_path)
         self._model: Any = None
 
@@ -169,7 +197,7 @@ class FeatureExtractor:
                 if split is None:
                     continue
                 z, h, y = encode_images(model, split, self.transform, self.device, self.batch_size,
-                                        desc=f"{ds.name} {split_name}")
+                                        desc=f"{ds.name} {split_name}", num_workers=self.num_workers)
                 out.update({f"{split_name}_z": z, f"{split_name}_h": h, f"{split_name}_y": y})
             if ds.templates:
                 from protoclip.evaluate.metrics.zeroshot import build_zeroshot_classifier
@@ -181,7 +209,7 @@ class FeatureExtractor:
             caps = ds
         if caps is not None:
             z, _, _ = encode_images(model, caps.images, self.transform, self.device, self.batch_size,
-                                    desc=f"{ds.name} caption images")
+                                    desc=f"{ds.name} caption images", num_workers=self.num_workers)
             out["caption_image_z"] = z
             out["caption_text_z"] = self.text_encoder()(caps.texts).numpy()
             out["caption_text_to_image"] = caps.text_to_image

@@ -231,7 +231,7 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
         raise ConfigError(f"{cfg.source}: data set '{bad[0]}' is not under evaluate.datasets "
                           f"(configured: {', '.join(ecfg.datasets) or 'none'})")
     model_path = require_path(layout.model(run), f"evaluate run '{run}'")
-    extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size)
+    extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size, ecfg.num_workers)
     prov = provenance(ecfg.seed)
     written: list[Path] = []
     with tracked_run(cfg, run, "evaluate") as tracker:
