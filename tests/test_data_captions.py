@@ -174,3 +174,13 @@ def test_emoji_parse_and_rules(tmp_path):
         ("emoji/263a-fe0f", "smiling face: face, smile", "People & Body/face"),  # FE0F stripped for lookup
     ]
     assert dict(drops) == {"skin_tone": 1, "not_fully_qualified": 1}
+
+
+def test_clip_vocabulary_matches_open_clip_tokenizer():
+    from open_clip.tokenizer import SimpleTokenizer
+
+    from protoclip.data.captions import clip_vocabulary
+
+    oracle = {t[:-4] for t in SimpleTokenizer().encoder if t.endswith("</w>") and len(t) > 5}
+    assert clip_vocabulary() == oracle
+    assert {"dog", "couch", "photo"} <= oracle and "ragnetto" not in oracle

@@ -11,6 +11,8 @@ which costs a few usable pairs but never admits a foreign caption.
 from __future__ import annotations
 
 import functools
+import gzip
+import importlib.util
 import re
 from pathlib import Path
 
@@ -58,13 +60,28 @@ def check_caption(text: str | None) -> str:
 
 @functools.lru_cache(maxsize=1)
 def clip_vocabulary() -> frozenset[str]:
-    """Whole words of CLIP's BPE vocabulary (tokens ending in ``</w>``, the marker stripped)."""
-    from open_clip.tokenizer import SimpleTokenizer
+    """Whole words of CLIP's BPE vocabulary (merged tokens ending in ``</w>``, the marker stripped).
 
-    return frozenset(t[:-4] for t in SimpleTokenizer().encoder if t.endswith("</w>") and len(t) > 5)
+    Read from open_clip's shipped ``bpe_simple_vocab_16e6.txt.gz`` with the same merge range as
+    ``open_clip.tokenizer.SimpleTokenizer`` (``merges[1:49152-256-2+1]``). Done by hand, not through
+    ``SimpleTokenizer``, because importing ``open_clip`` pulls in torch and transformers, which the
+    prepare stage does not otherwise need (tens of seconds on a busy 2-core machine).
+    """
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("open_clip is not installed: its BPE vocabulary is needed for the English test")
+    bpe = Path(list(spec.submodule_search_locations)[0]) / "bpe_simple_vocab_16e6.txt.gz"
+    merges = gzip.decompress(bpe.read_bytes()).decode("utf-8").split("\n")[1:49152 - 256 - 2 + 1]
+    out = set()
+    for m in merges:
+        tok = m.replace(" ", "")
+        if tok.endswith("</w>") and len(tok) > 5:
+            out.add(tok[:-4])
+    return frozenset(out)
 
 
 def words(text: str) -> list[str]:
+    """Lower-cased alphabetic words (digits and punctuation split words and are dropped)."""
     return [w.lower() for w in _WORD.findall(text)]
 
 

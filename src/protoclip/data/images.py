@@ -92,7 +92,14 @@ def render_svg(data: bytes, size: int) -> Image.Image:
     """
     import cairosvg  # imported here: cairo is needed only when SVGs are rendered
 
-    return open_image_bytes(cairosvg.svg2png(bytestring=data, output_width=size))
+    try:
+        return open_image_bytes(cairosvg.svg2png(bytestring=data, output_width=size))
+    except ValueError:
+        # SVGs without a size ("The SVG size is undefined") or with percentage sizes ("100%") need a
+        # viewport to resolve against; give them a square one. Entity-using SVGs stay refused (no
+        # ``unsafe=True``: that would also let an SVG read local files).
+        return open_image_bytes(cairosvg.svg2png(bytestring=data, output_width=size, parent_width=4 * size,
+                                                 parent_height=4 * size))
 
 
 _FONTS: dict[str, ImageFont.FreeTypeFont] = {}
@@ -131,7 +138,10 @@ def render_candidate(c: Candidate, out_dir: str, size: int) -> Rendered:
     out = Path(out_dir) / f"{c.id}.png"
     try:
         if c.kind == "emoji":
-            img = render_emoji(c.src, c.font)
+            try:
+                img = render_emoji(c.src, c.font)
+            except LookupError:
+                return Rendered(c.id, "", "", "no_glyph")
         else:
             p = Path(c.src)
             if not p.is_file():
@@ -141,8 +151,6 @@ def render_candidate(c: Candidate, out_dir: str, size: int) -> Rendered:
                 return Rendered(c.id, "", "", "empty_file")
             img = render_svg(data, size) if c.kind == "svg" else open_image_bytes(data)
         img = fit_square(img, size)
-    except LookupError:
-        return Rendered(c.id, "", "", "no_glyph")
     except Exception as err:  # noqa: BLE001  PIL/cairo raise many types for bad files; all mean "cannot decode"
         log.debug("cannot render %s: %s", c.src, err)
         return Rendered(c.id, "", "", "undecodable_image")

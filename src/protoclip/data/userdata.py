@@ -18,12 +18,13 @@ missing_file, empty_file, undecodable_image, empty_caption, non_utf8_caption, du
 from __future__ import annotations
 
 import collections
+import csv
 import hashlib
+import io
 import logging
 import tarfile
 from pathlib import Path
 
-import pandas as pd
 from braceexpand import braceexpand
 from tqdm import tqdm
 
@@ -64,16 +65,19 @@ def scan_csv(cfg: UserDataConfig) -> tuple[list[Pair], collections.Counter]:
     path = Path(cfg.path)
     if not path.is_file():
         raise FileNotFoundError(f"user data '{cfg.name}': {cfg.format.upper()} file not found: {path}")
-    # surrogateescape keeps the rows of a file with a few bad bytes; those captions are dropped below
-    df = pd.read_csv(path, sep="\t" if cfg.format == "tsv" else ",", dtype=str, keep_default_na=False,
-                     encoding="utf-8", encoding_errors="surrogateescape")
+    # the csv module (not pandas: its Arrow strings reject undecodable bytes) over surrogate-escaped
+    # text keeps every row of a file with a few bad bytes; those captions are dropped below
+    text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if cfg.format == "tsv" else ",")
+    columns = reader.fieldnames or []
     for key in (cfg.img_key, cfg.caption_key):
-        if key not in df.columns:
-            raise ValueError(f"user data '{cfg.name}': column '{key}' not in {path} (columns: {list(df.columns)})")
+        if key not in columns:
+            raise ValueError(f"user data '{cfg.name}': column '{key}' not in {path} (columns: {columns})")
+    rows = [(r.get(cfg.img_key) or "", r.get(cfg.caption_key) or "") for r in reader]
     drops: collections.Counter = collections.Counter()
     pairs: list[Pair] = []
     seen: set[str] = set()
-    for fp, cap in tqdm(zip(df[cfg.img_key], df[cfg.caption_key]), total=len(df), desc=cfg.name, leave=False):
+    for fp, cap in tqdm(rows, desc=cfg.name, leave=False):
         sid = f"{cfg.name}/{fp}"
         if sid in seen:
             drops["duplicate_id"] += 1

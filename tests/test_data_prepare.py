@@ -1,0 +1,147 @@
+"""The prepare stage end to end on fake unpacked packages (no apt-get): manifest, report, eval sets,
+de-duplication, bad input counted, idempotent second run."""
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import make_png
+from test_data_captions import svg
+
+from protoclip.config import PathsConfig, ProjectConfig
+from protoclip.data import debs, evalsets, openclipart, prepare, tuxpaint
+from protoclip.data.config import PrepareConfig, UserDataConfig
+from protoclip.data.split import split_of
+from protoclip.layout import Layout
+
+
+def fake_package(layout: Layout, name: str) -> Path:
+    root = layout.unpacked / name
+    root.mkdir(parents=True, exist_ok=True)
+    (root / debs.MARKER).write_text(debs.PINNED[name].sha256 + "\n")  # "already unpacked": no download
+    return root
+
+
+def idx_gz(path: Path, arr: np.ndarray) -> None:
+    header = struct.pack(">IIII", 2051, *arr.shape) if arr.ndim == 3 else struct.pack(">II", 2049, len(arr))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(header + arr.astype(np.uint8).tobytes()))
+
+
+@pytest.fixture
+def world(tmp_path):
+    layout = Layout(tmp_path / "data", tmp_path / "results")
+    tux = fake_package(layout, "tuxpaint-stamps-default") / tuxpaint.STAMPS_DIR
+    make_png(tux / "animals/mammals/cat.png", "red", "circle", 48)
+    (tux / "animals/mammals/cat.txt").write_text("A red cat.\nfr.utf8=Un chat rouge.\n")
+    make_png(tux / "animals/mammals/cat2.png", "red", "circle", 48)  # same bytes, other caption
+    (tux / "animals/mammals/cat2.txt").write_text("Another cat.\n")
+    make_png(tux / "food/apple.png", "green", "circle", 48)
+    (tux / "food/apple.txt").write_text("A green apple.\n")
+    (tux / "food/pear.png").write_bytes(b"")  # zero-byte image
+    (tux / "food/pear.txt").write_text("A pear.\n")
+    (tux / "food/plum.svg").write_text("<svg><not closed")  # undecodable SVG
+    (tux / "food/plum.txt").write_text("A plum.\n")
+    (tux / "food/star.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg" width="10" height="20">'
+                                       '<rect width="10" height="20" fill="#0000ff" fill-opacity="0.5"/></svg>')
+    (tux / "food/star.txt").write_text("A blue bar.\n")
+    oc = fake_package(layout, "openclipart-svg") / openclipart.SVG_DIR
+    (oc / "animals").mkdir(parents=True)
+    (oc / "animals/dog.svg").write_text(svg("Bored dog", ["mammal"]))
+    (oc / "animals/ragno.svg").write_text(svg("Ragnetto", ["mammal"], body='<circle r="3"/>'))
+    words = fake_package(layout, "wamerican") / prepare.WORDLIST
+    words.parent.mkdir(parents=True)
+    words.write_text("bored\ndog\nmammal\n")
+    fm = fake_package(layout, "dataset-fashion-mnist") / evalsets.FASHION_DIR
+    rng = np.random.default_rng(0)
+    for part, n in (("train", 6), ("t10k", 4)):
+        idx_gz(fm / f"{part}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        idx_gz(fm / f"{part}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+    user = tmp_path / "user"
+    make_png(user / "u1.png", "blue", "square")
+    make_png(user / "u2.png", "yellow", "cross")
+    (user / "u1_copy.png").write_bytes((user / "u1.png").read_bytes())
+    (user / "pairs.csv").write_text("filepath,caption\nu1.png,a blue square\nu2.png,a yellow cross\n"
+                                    "u1.png,again\nmissing.png,gone\nu1_copy.png,a blue square\n")
+    cfg = ProjectConfig(paths=PathsConfig(data_dir=layout.data_dir, results_dir=layout.results_dir),
+                        prepare=PrepareConfig(image_size=16, num_workers=1, heldout_fraction=0.3,
+                                              offline_sources=["tuxpaint", "openclipart"],
+                                              eval_sets=["fashion_mnist", "digits"],
+                                              user_data=[UserDataConfig(name="mine", format="csv",
+                                                                        path=str(user / "pairs.csv"))]))
+    return cfg, layout
+
+
+def test_prepare_end_to_end(world, capsys):
+    cfg, layout = world
+    report = prepare.run_prepare(cfg)
+    df = pd.read_parquet(layout.manifest)
+    assert list(df.columns) == ["id", "path", "caption", "source", "label", "sha256", "split", "licence"]
+    assert df["id"].is_unique
+    got = {r.id: (r.caption, r.source, r.label) for r in df.itertuples()}
+    assert got == {
+        "tuxpaint/animals/mammals/cat": ("A red cat.", "tuxpaint", "animals/mammals"),
+        "tuxpaint/food/apple": ("A green apple.", "tuxpaint", "food"),
+        "tuxpaint/food/star": ("A blue bar.", "tuxpaint", "food"),
+        "openclipart/animals/dog": ("Bored dog, mammal", "openclipart", "animals"),
+        "mine/u1.png": ("a blue square", "mine", ""),
+        "mine/u2.png": ("a yellow cross", "mine", ""),
+    }
+    for r in df.itertuples():
+        assert r.split == split_of(r.id, cfg.prepare.seed, cfg.prepare.heldout_fraction)
+        p = Path(r.path) if r.source == "mine" else layout.prepared / r.path
+        import hashlib
+        assert hashlib.sha256(p.read_bytes()).hexdigest() == r.sha256
+    from PIL import Image
+    star = Image.open(layout.prepared / df.set_index("id").loc["tuxpaint/food/star", "path"])
+    assert star.mode == "RGB" and star.size == (16, 16)
+    assert star.getpixel((0, 0)) == (255, 255, 255)  # padding is white
+    r, g, b = star.getpixel((8, 8))  # 50% blue over white
+    assert abs(r - 127) <= 3 and abs(g - 127) <= 3 and b == 255
+    assert report["sources"] == {
+        "tuxpaint": {"kept": 3, "dropped": {"duplicate_image": 1, "empty_file": 1, "undecodable_image": 1}},
+        "openclipart": {"kept": 1, "dropped": {"non_english": 1}},
+        "mine": {"kept": 2, "dropped": {"duplicate_id": 1, "duplicate_pair": 1, "missing_file": 1}},
+    }
+    assert report["total"] == {"kept": 6, "dropped": 7}
+    assert json.loads(layout.prepare_report.read_text())["sources"] == report["sources"]
+    fm = evalsets.load_eval_set(layout.eval_set("fashion_mnist"))
+    assert fm["images"].shape == (10, 28, 28, 3) and fm["images"].dtype == np.uint8
+    assert fm["labels"].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
+    assert fm["split"].tolist() == ["train"] * 6 + ["test"] * 4
+    assert np.array_equal(fm["images"][..., 0], fm["images"][..., 2])
+    assert report["eval_sets"]["digits"] == {"train": 1257, "test": 540, "classes": 10, "height": 32}
+    out = capsys.readouterr().out
+    assert "tuxpaint" in out and "total" in out
+
+
+def test_prepare_second_run_is_up_to_date(world, capsys, monkeypatch):
+    cfg, layout = world
+    first = prepare.run_prepare(cfg)
+    mtime = layout.manifest.stat().st_mtime_ns
+
+    def boom(*a, **k):
+        raise AssertionError("a second run must not rebuild")
+    monkeypatch.setattr(prepare, "build_offline_pairs", boom)
+    capsys.readouterr()
+    assert prepare.run_prepare(cfg) == first
+    assert "up to date" in capsys.readouterr().out
+    assert layout.manifest.stat().st_mtime_ns == mtime
+    # a changed user-data file or config is not up to date
+    csv = Path(cfg.prepare.user_data[0].path)
+    csv.write_text(csv.read_text() + "u2.png,more\n")
+    assert not prepare.is_up_to_date(cfg.prepare, layout)
+    cfg.prepare.heldout_fraction = 0.5
+    assert prepare.fingerprint(cfg.prepare, layout) != json.loads(prepare.fingerprint_path(layout).read_text())[
+        "fingerprint"]
+
+
+def test_config_rejects_bad_user_data_names():
+    cfg = PrepareConfig(user_data=[UserDataConfig(name="emoji", format="csv", path="x.csv")])
+    with pytest.raises(ValueError, match="user_data names"):
+        cfg.validate()

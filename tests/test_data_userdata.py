@@ -1,0 +1,93 @@
+"""User data in open_clip's formats (CSV, TSV, webdataset shards) and every bad-input case counted."""
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import make_png
+
+from protoclip.data.config import UserDataConfig
+from protoclip.data.pairs import read_image
+from protoclip.data.userdata import expand_shards, scan_csv, scan_user_data, scan_wds
+
+
+def write_bad_files(d: Path) -> dict[str, str]:
+    """Good and bad images next to a CSV; returns name -> relative path."""
+    d.mkdir(parents=True, exist_ok=True)
+    make_png(d / "good1.png", "red", "circle")
+    make_png(d / "good2.png", "blue", "square")
+    make_png(d / "good3.png", "green", "triangle")
+    (d / "empty.png").write_bytes(b"")
+    full = (d / "good1.png").read_bytes()
+    (d / "truncated.png").write_bytes(full[: len(full) // 2])
+    (d / "garbage.jpg").write_bytes(b"this is not an image at all")
+    return {}
+
+
+def test_csv_good_and_bad_rows(tmp_path):
+    write_bad_files(tmp_path / "imgs")
+    rows = [("imgs/good1.png", "a red circle"), ("imgs/good2.png", "a blue square"),
+            (str(tmp_path / "imgs/good3.png"), "absolute path works"),
+            ("imgs/good1.png", "same file again"),  # duplicate id
+            ("imgs/missing.png", "missing"), ("imgs/empty.png", "zero bytes"), ("imgs/truncated.png", "cut"),
+            ("imgs/garbage.jpg", "not an image"), ("imgs/good2.png", "")]  # duplicate id first
+    text = "filepath,caption,extra\n" + "".join(f'{p},"{c}",x\n' for p, c in rows)
+    data = text.encode("utf-8") + b"imgs/good3.png,caf\xe9 latin1,x\n" + b"imgs/good3.png2,,x\n"
+    (tmp_path / "pairs.csv").write_bytes(data)
+    pairs, drops = scan_csv(UserDataConfig(name="mine", format="csv", path=str(tmp_path / "pairs.csv")))
+    assert [(p.id, p.caption) for p in pairs] == [
+        ("mine/imgs/good1.png", "a red circle"), ("mine/imgs/good2.png", "a blue square"),
+        (f"mine/{tmp_path}/imgs/good3.png", "absolute path works")]
+    assert all(Path(p.path).is_absolute() and p.source == "mine" and p.split == "" for p in pairs)
+    assert dict(drops) == {"duplicate_id": 2, "missing_file": 1, "empty_file": 1, "undecodable_image": 2,
+                           "non_utf8_caption": 1, "empty_caption": 1}
+
+
+def test_tsv_custom_columns_and_fixed_split(tmp_path):
+    make_png(tmp_path / "a.png", "red", "circle")
+    (tmp_path / "p.tsv").write_text("img\ttext\na.png\ta caption, with a comma\n")
+    cfg = UserDataConfig(name="t", format="tsv", path=str(tmp_path / "p.tsv"), img_key="img", caption_key="text",
+                         split="heldout")
+    pairs, drops = scan_user_data(cfg)
+    assert [(p.caption, p.split) for p in pairs] == [("a caption, with a comma", "heldout")] and not drops
+    with pytest.raises(ValueError, match="column 'filepath'"):
+        scan_csv(UserDataConfig(name="t", format="tsv", path=str(tmp_path / "p.tsv")))
+    with pytest.raises(FileNotFoundError):
+        scan_csv(UserDataConfig(name="t", format="csv", path=str(tmp_path / "nope.csv")))
+
+
+def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def test_webdataset_shards(tmp_path):
+    png = make_png(tmp_path / "x.png", "red", "circle").read_bytes()
+    png2 = make_png(tmp_path / "y.png", "blue", "cross").read_bytes()
+    with tarfile.open(tmp_path / "shard-000.tar", "w") as tar:
+        add(tar, "sub/0001.png", png)
+        add(tar, "sub/0001.txt", b"a red circle")
+        add(tar, "0002.jpg", png2)  # content sniffed, extension only routes it
+        add(tar, "0002.txt", b"a blue cross")
+        add(tar, "0003.png", png)  # no caption
+        add(tar, "0004.txt", b"caption without image")
+        add(tar, "0005.png", png[:40])
+        add(tar, "0005.txt", b"truncated")
+        add(tar, "0006.png", png)
+        add(tar, "0006.txt", b"\xff\xfe")
+    with tarfile.open(tmp_path / "shard-001.tar", "w") as tar:
+        add(tar, "0007.png", png2)
+        add(tar, "0007.txt", b"  ")
+    (tmp_path / "shard-002.tar").write_bytes(b"not a tar")
+    pattern = str(tmp_path / "shard-{000..003}.tar")
+    assert len(expand_shards(pattern)) == 4
+    pairs, drops = scan_wds(UserDataConfig(name="w", format="wds", path=pattern))
+    assert [(p.id, p.caption) for p in pairs] == [("w/shard-000.tar/0002", "a blue cross"),
+                                                  ("w/shard-000.tar/sub/0001", "a red circle")]
+    assert pairs[1].path.endswith("shard-000.tar::sub/0001.png")
+    assert read_image(pairs[1].path).size == (32, 32)  # random access into the tar
+    assert dict(drops) == {"empty_caption": 2, "missing_file": 2, "undecodable_image": 1, "non_utf8_caption": 1,
+                           "undecodable_shard": 1}
