@@ -14,7 +14,7 @@ from train_fixtures import RandomPairs, one_thread, tiny_config, tiny_model  # n
 
 from protoclip.train.distributed import DistInfo  # noqa: E402
 from protoclip.train.episode import (episode_loader, episode_size_for, extract_features, rank_positions,  # noqa: E402
-                                     sample_episode, size_stats, teacher_rows)
+                                     sample_episode, size_stats)
 from protoclip.train.objective import n_clusters  # noqa: E402
 
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -77,14 +77,6 @@ def test_extract_features_equals_eval_forward_in_episode_order():
         out = model(data.images[idx], data.tokens[idx])
     torch.testing.assert_close(feats.h_image, out["h_image"], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(feats.h_text, out["h_text"], rtol=1e-4, atol=1e-5)
-
-
-def test_teacher_rows_by_id_and_missing_ids():
-    feats = np.arange(12, dtype=np.float32).reshape(4, 3)
-    index = {"a": 0, "b": 1, "c": 2, "d": 3}
-    assert teacher_rows(["c", "a"], index, feats).tolist() == [[6, 7, 8], [0, 1, 2]]
-    with pytest.raises(KeyError, match="protoclip teacher"):
-        teacher_rows(["a", "zz"], index, feats)
 
 
 def test_size_stats():

@@ -15,7 +15,7 @@ from protoclip.layout import Layout  # noqa: E402
 from protoclip.train import loop as loop_mod  # noqa: E402
 from protoclip.train.checkpoint import load_checkpoint  # noqa: E402
 from protoclip.train.logbook import read_log  # noqa: E402
-from protoclip.train.loop import NonFiniteLossError, TeacherFeatures, build_optimizer, train  # noqa: E402
+from protoclip.train.loop import NonFiniteLossError, build_optimizer, train  # noqa: E402
 
 
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -50,7 +50,7 @@ def test_clip_run_logs_every_term(tmp_path, pairs):
     cfg = tiny_config(method="clip")
     model = tiny_model(cfg)
     layout = Layout(tmp_path / "data", tmp_path / "results")
-    train(model, pairs, pairs.ids, cfg, layout, "clip")
+    train(model, pairs, cfg, layout, "clip")
     steps = read_log(layout.train_log("clip"), "step")
     episodes = read_log(layout.train_log("clip"), "episode")
     assert len(episodes) == 4 and len(steps) == 8  # 2 epochs * 64 / 32 episodes, 32 / 16 steps each
@@ -74,7 +74,7 @@ def test_clip_loss_decreases_on_fixed_batch(tmp_path, pairs):
     cfg = tiny_config(method="clip", epochs=6.0, episode_size=32, lr=2e-3)
     layout = Layout(tmp_path / "d", tmp_path / "r")
     small = torch.utils.data.Subset(pairs, range(32))
-    train(tiny_model(cfg), small, pairs.ids[:32], cfg, layout, "dec")
+    train(tiny_model(cfg), small, cfg, layout, "dec")
     eps = read_log(layout.train_log("dec"), "episode")
     assert eps[-1]["mean/clip"] < eps[0]["mean/clip"]
 
@@ -84,9 +84,9 @@ def test_locked_image_tuning_freezes_image_encoder(tmp_path, pairs):
     model = tiny_model(cfg)
     layout = Layout(tmp_path / "d", tmp_path / "r")
     # stop after 2 episodes = 1 epoch, then snapshot, then the remaining episodes must not move f^I
-    train(model, pairs, pairs.ids, cfg, layout, "lit", stop_after_episodes=2)
+    train(model, pairs, cfg, layout, "lit", stop_after_episodes=2)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    train(model, pairs, pairs.ids, cfg, layout, "lit", resume=True)
+    train(model, pairs, cfg, layout, "lit", resume=True)
     steps = read_log(layout.train_log("lit"), "step")
     assert all(s["image_lr"] == 0.0 for s in steps if s["epoch"] >= 1.0)
     assert all(s["lr"] > 0 for s in steps)
@@ -111,7 +111,7 @@ def test_nan_stops_with_step_and_term_and_keeps_checkpoint(tmp_path, pairs, monk
 
     monkeypatch.setattr(loop_mod.Objective, "terms", poisoned)
     with pytest.raises(NonFiniteLossError, match=r"step 3 \(episode 1\).*'clip'"):
-        train(tiny_model(cfg), pairs, pairs.ids, cfg, layout, "nan")
+        train(tiny_model(cfg), pairs, cfg, layout, "nan")
     ck = load_checkpoint(layout.checkpoint("nan"))
     assert ck["episode"] == 1 and ck["step"] == 2
     assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
@@ -128,11 +128,11 @@ def _assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
 @pytest.mark.parametrize("method", ["clip", "protoclip"])
 def test_resume_is_exact(tmp_path, pairs, method):
     cfg = tiny_config(method=method, epochs=1.5)  # 3 episodes; killed after the first
-    full = train(tiny_model(cfg), pairs, pairs.ids, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
+    full = train(tiny_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
     layout = Layout(tmp_path / "d", tmp_path / "b")
-    train(tiny_model(cfg), pairs, pairs.ids, cfg, layout, "r", stop_after_episodes=1)  # "killed" after ep 0
+    train(tiny_model(cfg), pairs, cfg, layout, "r", stop_after_episodes=1)  # "killed" after ep 0
     torch.manual_seed(1234)  # a fresh process would have a different RNG state: resume must restore it
-    resumed = train(tiny_model(cfg, seed=99), pairs, pairs.ids, cfg, layout, "r", resume=True)
+    resumed = train(tiny_model(cfg, seed=99), pairs, cfg, layout, "r", resume=True)
     _assert_same_weights(full, resumed)
     log_a = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
     log_b = read_log(layout.train_log("r"), "step")
@@ -141,16 +141,13 @@ def test_resume_is_exact(tmp_path, pairs, method):
 
 def _teacher(pairs, dim: int = 8):
     g = torch.Generator().manual_seed(5)
-    feats = torch.randn(len(pairs), dim, generator=g).numpy()
-    # shuffled order: the trainer must look rows up by sample id, not by position
-    order = list(reversed(range(len(pairs))))
-    return TeacherFeatures([pairs.ids[i] for i in order], feats[order])
+    return torch.randn(len(pairs), dim, generator=g).numpy()  # rows aligned with the data set
 
 
 def test_protoclip_run_with_teacher_logs_all_terms(tmp_path, pairs):
     cfg = tiny_config(loss={"external_weight": 1.0, "proto_weight": 0.5}, teacher="random")
     layout = Layout(tmp_path / "d", tmp_path / "r")
-    train(tiny_model(cfg), pairs, pairs.ids, cfg, layout, "p", teacher=_teacher(pairs))
+    train(tiny_model(cfg), pairs, cfg, layout, "p", teacher=_teacher(pairs))
     steps = read_log(layout.train_log("p"), "step")
     assert len(steps) == 8
     for s in steps:
@@ -172,7 +169,7 @@ def test_ablation_switches_reach_the_prototypes(tmp_path, pairs):
     cfg = tiny_config(epochs=0.5, kmeans={"init": "random", "images_per_prototype": 8},
                       loss={"pbt": False, "soft_targets": False, "tau_y": 0.05, "clip_weight": 0.0})
     layout = Layout(tmp_path / "d", tmp_path / "r")
-    train(tiny_model(cfg), pairs, pairs.ids, cfg, layout, "abl")
+    train(tiny_model(cfg), pairs, cfg, layout, "abl")
     p = load_checkpoint(layout.checkpoint("abl"))["prototypes"]
     assert (p.pbt, p.soft_targets, p.tau_y) == (False, False, 0.05)
     assert p.image.centroids.shape[0] == 32 // 8 and p.external is None

@@ -89,7 +89,7 @@ def ddp_worker(rank: int, world: int, port: int, out_dir: str, cfg: TrainConfig)
     model = tiny_model(cfg, seed=cfg.seed)
     layout = Layout(f"{out_dir}/data", f"{out_dir}/results")
     try:
-        train(model, pairs, pairs.ids, cfg, layout, "ddp")
+        train(model, pairs, cfg, layout, "ddp")
         from protoclip.train.checkpoint import load_checkpoint
 
         protos = load_checkpoint(layout.checkpoint("ddp"))["prototypes"] if rank == 0 else None

@@ -114,16 +114,6 @@ def extract_features(model: torch.nn.Module, loader: DataLoader, episode_size: i
     return EpisodeFeatures(out_i, out_t, None)
 
 
-def teacher_rows(episode_ids: list[str], teacher_index: dict[str, int], teacher_feats: np.ndarray) -> torch.Tensor:
-    """Cached teacher features of the episode's sample ids (clear error when ids are missing)."""
-    missing = [i for i in episode_ids if i not in teacher_index]
-    if missing:
-        raise KeyError(f"{len(missing)} episode sample ids have no cached teacher feature (e.g. {missing[0]!r}); "
-                       "rebuild the cache with `protoclip teacher`")
-    rows = np.fromiter((teacher_index[i] for i in episode_ids), dtype=np.int64, count=len(episode_ids))
-    return torch.from_numpy(np.ascontiguousarray(teacher_feats[rows], dtype=np.float32))
-
-
 def size_stats(sizes: torch.Tensor | np.ndarray, prefix: str) -> dict[str, float]:
     """min / mean / max cluster size and the number of empty clusters, keys ``<prefix>size_min`` ..."""
     s = sizes.detach().cpu().numpy() if isinstance(sizes, torch.Tensor) else np.asarray(sizes)

@@ -13,7 +13,8 @@ reaches the same weights as an uninterrupted run. A non-finite loss term stops t
 :class:`NonFiniteLossError` naming step and term; the last checkpoint is left as it was.
 
     from protoclip.train.loop import train
-    model = train(model, dataset, sample_ids, cfg, layout, run, teacher=None, tracker=Tracker())
+    model = train(model, dataset, cfg, layout, run, teacher=None, tracker=Tracker())
+    # teacher: None or float32 [len(dataset), d] rows aligned with the data set (see protoclip.train.stage)
 
 MLflow is never imported here: metrics go to the ``Tracker`` the stage passes in.
 """
@@ -41,8 +42,7 @@ from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, barrier, init_from_env, sync_buffers
-from protoclip.train.episode import (episode_loader, episode_size_for, extract_features, sample_episode,
-                                     teacher_rows)
+from protoclip.train.episode import episode_loader, episode_size_for, extract_features, sample_episode
 from protoclip.train.logbook import TrainLog
 from protoclip.train.objective import Objective, build_episode_prototypes
 from protoclip.train.schedule import Schedule
@@ -54,17 +54,6 @@ IMAGE_GROUPS = ("image_decay", "image_no_decay")  # groups whose LR locked-image
 
 class NonFiniteLossError(RuntimeError):
     """A loss term became NaN/Inf; the message names the step and the term."""
-
-
-@dataclass
-class TeacherFeatures:
-    """Cached external-teacher features keyed by sample id (``load_teacher_features`` output)."""
-
-    ids: list[str]
-    feats: np.ndarray  # float32 [N, d]
-
-    def __post_init__(self) -> None:
-        self.index = {sid: i for i, sid in enumerate(self.ids)}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -145,19 +134,21 @@ def write_config(path: Path, cfg: TrainConfig) -> None:
     write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-def train(model: torch.nn.Module, dataset: Dataset, sample_ids: list[str], cfg: TrainConfig, layout: Layout,
-          run: str, *, teacher: TeacherFeatures | None = None, tracker: Tracker | None = None,
+def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: Layout,
+          run: str, *, teacher: np.ndarray | None = None, tracker: Tracker | None = None,
           resume: bool = False, stop_after_episodes: int | None = None) -> torch.nn.Module:
     """Train ``model`` on ``dataset`` (items ``(image, tokens, id)``) and return it (unwrapped).
 
-    ``sample_ids[i]`` is the id of ``dataset[i]`` (teacher lookup). ``stop_after_episodes`` ends the call
-    after that many episodes of this call (checkpoint written): used to test resume.
+    ``teacher``: cached external-teacher
+    features [M, d] with row i belonging to ``dataset[i]`` (the stage aligns the cache by id). ``stop_after_episodes``
+    ends the call after that many episodes of this call (checkpoint written): used to test resume.
     """
     tracker = tracker or Tracker()
     device = resolve_device(cfg.device)
     info = init_from_env(device)
-    if len(sample_ids) != len(dataset):
-        raise ValueError(f"{len(sample_ids)} sample ids for a data set of {len(dataset)} items")
+    if teacher is not None and (teacher.ndim != 2 or len(teacher) != len(dataset)):
+        raise ValueError(f"teacher features must be [M={len(dataset)}, d] aligned with the data set, "
+                         f"got {tuple(teacher.shape)}")
     use_teacher = cfg.method == "protoclip" and teacher is not None and cfg.loss.external_weight > 0
     M = len(dataset)
     m = episode_size_for(cfg.episode_size, M)
@@ -212,7 +203,7 @@ def train(model: torch.nn.Module, dataset: Dataset, sample_ids: list[str], cfg: 
             sync_buffers(model, info)
             feats = extract_features(model, loader, m, device, info, autocast, desc=f"extract {episode}")
             if use_teacher:
-                feats.teacher = teacher_rows([sample_ids[i] for i in indices], teacher.index, teacher.feats)
+                feats.teacher = torch.from_numpy(np.ascontiguousarray(teacher[indices], dtype=np.float32))
             times["extract"] = time.perf_counter() - t0
             prototypes, ep_stats, t_km, t_pbt = build_episode_prototypes(feats, cfg, info, episode, use_teacher)
             times["kmeans"], times["pbt"] = t_km, t_pbt

@@ -24,13 +24,13 @@ from protoclip.layout import Layout
 from protoclip.tracking import Tracker, tracked_run
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import env_world
-from protoclip.train.loop import TeacherFeatures, train
+from protoclip.train.loop import train
 
 log = logging.getLogger(__name__)
 
 
-def seed_everything(seed: int, rank: int = 0) -> None:
-    """Seed python, numpy and torch (same seed on every rank: identical initial weights)."""
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -40,25 +40,43 @@ def uses_teacher(tcfg: TrainConfig) -> bool:
     return tcfg.method == "protoclip" and tcfg.teacher is not None and tcfg.loss.external_weight > 0
 
 
-def load_teacher(layout: Layout, tcfg: TrainConfig) -> TeacherFeatures:
-    """The run's teacher cache; a clear error naming the path and the command that builds it."""
-    from protoclip.teacher.cache import load_teacher_features
+def load_teacher(layout: Layout, tcfg: TrainConfig, sample_ids: list[str]) -> np.ndarray:
+    """The run's cached teacher features, rows aligned with ``sample_ids`` (the training set's order).
+
+    A missing cache is a :class:`ConfigError` naming the path and the command that builds it; training ids
+    absent from the cache (a stale cache) stop here, before any training, through ``teacher.cache.lookup``.
+    """
+    from protoclip.teacher.cache import load_teacher_features, lookup
 
     path = layout.teacher_features(tcfg.teacher)
     if not path.exists():
         raise ConfigError(f"run '{tcfg.name}': teacher cache for '{tcfg.teacher}' not found at {path}; build it with "
-                          f"`protoclip teacher --config <config>` (teacher.name: {tcfg.teacher})")
-    ids, feats, meta = load_teacher_features(path)
-    log.info("teacher %s: %d features of dim %d (%s)", tcfg.teacher, len(ids), feats.shape[1], path)
-    return TeacherFeatures([str(i) for i in ids], np.asarray(feats, dtype=np.float32))
+                          f"`protoclip teacher --config <config>` (with teacher.name: {tcfg.teacher})")
+    ids, feats, _meta = load_teacher_features(path)
+    aligned = np.ascontiguousarray(lookup(ids, feats, sample_ids), dtype=np.float32)
+    log.info("teacher %s: %d x %d features (%s)", tcfg.teacher, *aligned.shape, path)
+    return aligned
+
+
+def resolve_sources(cfg: ProjectConfig, tcfg: TrainConfig) -> list[str]:
+    """Manifest sources of the run: ``offline`` stands for every configured offline source."""
+    out: list[str] = []
+    for name in tcfg.data:
+        for src in (cfg.prepare.offline_sources if name == "offline" else [name]):
+            if src not in out:
+                out.append(src)
+    return out
 
 
 def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_size: int, tokenizer):
-    """The run's training pairs: manifest train split of its sources, with the run's augmentation."""
+    """The run's training pairs (manifest train split of its sources, the run's augmentation) and their ids."""
     from protoclip.data.pairs import ImageTextDataset, load_manifest
     from protoclip.data.transforms import train_transform
 
-    df = load_manifest(layout, sources=tcfg.data, split="train")
+    if not layout.manifest.exists():
+        raise ConfigError(f"run '{tcfg.name}': manifest not found at {layout.manifest}; build it with "
+                          "`protoclip prepare --config <config>`")
+    df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train")
     if len(df) == 0:
         raise ConfigError(f"run '{tcfg.name}': no training pairs for sources {tcfg.data} in {layout.manifest}")
     dataset = ImageTextDataset(df, train_transform(image_size, tcfg.augmentation), tokenizer)
@@ -72,12 +90,12 @@ def train_run(cfg: ProjectConfig, run: str, tracker: Tracker, resume: bool = Fal
     tcfg = cfg.run(run)
     layout = Layout.from_config(cfg)
     info = env_world()
-    teacher = load_teacher(layout, tcfg) if uses_teacher(tcfg) else None
-    seed_everything(tcfg.seed, info.rank)
+    seed_everything(tcfg.seed)  # same seed on every rank: identical initial weights
     model = build_model(tcfg.model, head_hidden=tcfg.head_hidden, head_out=tcfg.head_out,
                         init_temperature=tcfg.loss.init_temperature)
     dataset, ids = build_dataset(cfg, layout, tcfg, model.image_size, get_tokenizer(tcfg.model))
-    model = train(model, dataset, ids, tcfg, layout, run, teacher=teacher, tracker=tracker, resume=resume)
+    teacher = load_teacher(layout, tcfg, ids) if uses_teacher(tcfg) else None
+    model = train(model, dataset, tcfg, layout, run, teacher=teacher, tracker=tracker, resume=resume)
     out = layout.model(run)
     if info.rank == 0:
         save_model(out, model, to_dict(tcfg))

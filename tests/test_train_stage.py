@@ -1,0 +1,91 @@
+"""`run_train` on a fixture project (64 random PNGs + captions, a random teacher cache): outputs and errors."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_fixtures import WORDS, one_thread  # noqa: E402
+
+from protoclip.config import ConfigError, load_config  # noqa: E402
+from protoclip.data.manifest import Pair, to_frame, write_manifest  # noqa: E402
+from protoclip.layout import Layout  # noqa: E402
+from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.train.stage import resolve_sources, run_train  # noqa: E402
+
+_threads = pytest.fixture(autouse=True)(one_thread)
+
+RUN = {"model": "tiny-rn", "head_hidden": 32, "head_out": 16, "epochs": 1.0, "episode_size": 32,
+       "batch_size": 16, "warmup_episodes": 1, "lock_image_epoch": None, "num_workers": 0, "device": "cpu",
+       "kmeans": {"backend": "torch", "images_per_prototype": 4, "iters": 3}}
+
+
+def _project(tmp_path: Path, n: int = 40, teacher: bool = True) -> Path:
+    rng = np.random.default_rng(0)
+    data, results = tmp_path / "data", tmp_path / "results"
+    layout = Layout(data, results)
+    img_dir = layout.prepared / "images" / "tuxpaint"
+    img_dir.mkdir(parents=True)
+    pairs = []
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(img_dir / f"{i}.png")
+        split = "heldout" if i >= n - 4 else "train"
+        pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
+                          source="tuxpaint", label="", sha256=f"{i:064d}", split=split))
+    write_manifest(to_frame(pairs), layout.manifest)
+    if teacher:
+        ids = np.array([p.id for p in pairs][::-1])  # cache order differs from the manifest's
+        feats = rng.standard_normal((n, 8)).astype(np.float32)
+        layout.teacher_features("toy-teacher").parent.mkdir(parents=True)
+        np.savez(layout.teacher_features("toy-teacher"), ids=ids, features=feats)
+    cfg = {"paths": {"data_dir": str(data), "results_dir": str(results),
+                     "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db", "mlflow_experiment": "test"},
+           "prepare": {"offline_sources": ["tuxpaint"]},
+           "teacher": {"name": "toy-teacher", "pca_dim": 8},
+           "train": RUN,
+           "runs": {"proto": {"method": "protoclip", "teacher": "toy-teacher"},
+                    "clip": {"method": "clip", "teacher": None}}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.slow
+def test_run_train_protoclip_writes_outputs_and_mlflow(tmp_path):
+    cfg = load_config(_project(tmp_path))
+    out = run_train(cfg, "proto")
+    layout = Layout.from_config(cfg)
+    assert out == layout.model("proto") and out.exists()
+    from protoclip.models import load_model
+
+    model, saved_cfg = load_model(out)
+    assert saved_cfg["method"] == "protoclip" and saved_cfg["teacher"] == "toy-teacher"
+    assert yaml.safe_load((layout.run_dir("proto") / "config.yaml").read_text())["episode_size"] == 32
+    steps = read_log(layout.train_log("proto"), "step")
+    assert len(steps) == 4  # 36 train pairs (4 held out), m = 32: ceil(36/32) = 2 episodes x 32/16 steps
+    assert all(math.isfinite(s["proto_external"]) for s in steps)
+    import mlflow
+
+    mlflow.set_tracking_uri(cfg.paths.mlflow_uri)
+    runs = mlflow.search_runs(experiment_names=["test"], output_format="list")
+    assert len(runs) == 1 and runs[0].data.tags["protoclip.run"] == "proto"
+    assert runs[0].data.params["train.method"] == "protoclip"
+    assert "mean/proto" in runs[0].data.metrics and "kmeans_image_objective" in runs[0].data.metrics
+
+
+def test_missing_teacher_cache_names_path_and_command(tmp_path):
+    cfg = load_config(_project(tmp_path, teacher=False))
+    with pytest.raises(ConfigError, match=r"toy-teacher\.npz.*protoclip teacher"):
+        run_train(cfg, "proto")
+
+
+def test_resolve_sources_expands_offline(tmp_path):
+    cfg = load_config(_project(tmp_path, teacher=False))
+    tcfg = cfg.run("clip")
+    assert resolve_sources(cfg, tcfg) == ["tuxpaint"]  # default data: ['offline']
