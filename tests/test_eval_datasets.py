@@ -69,15 +69,27 @@ def test_offline_npz(tmp_path):
     split = np.array(["train"] * 8 + ["test"] * 4)
     layout.eval_set("fashion_mnist").parent.mkdir(parents=True)
     np.savez(layout.eval_set("fashion_mnist"), images=images, labels=labels, split=split,
-             classnames=np.array([f"c{i}" for i in range(10)]))
+             classnames=np.array(["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                                  "Sneaker", "Bag", "Ankle boot"]))  # as protoclip.data.evalsets writes them
     ds = load_eval_set("fashion_mnist", EvalDatasetConfig(kind="offline"), layout)
     assert isinstance(ds, LabelledSet)
     assert (len(ds.train), len(ds.test)) == (8, 4)
-    # the prompts JSON's spellings replace the npz names (same count, same label order)
-    assert ds.classnames == load_prompts("fashion_mnist").classnames and ds.templates
+    # the prompts JSON's spellings replace the npz names (same classes up to case, same label order)
+    assert ds.classnames == load_prompts("fashion_mnist").classnames and ds.classnames[1] == "trouser"
+    assert ds.templates == load_prompts("fashion_mnist").templates
     got = list(ds.test)
     assert [y for _, y in got] == list(labels[8:])
     assert np.array_equal(np.asarray(got[0][0]), images[8]) and got[0][0].mode == "RGB"
+
+
+def test_offline_npz_with_other_class_names_keeps_them(tmp_path):
+    layout = Layout(tmp_path / "data", tmp_path / "results")
+    layout.eval_set("digits").parent.mkdir(parents=True)
+    np.savez(layout.eval_set("digits"), images=np.zeros((4, 3, 3), np.uint8), labels=np.array([0, 1, 0, 1]),
+             split=np.array(["train", "train", "test", "test"]), classnames=np.array(["zero", "one"]))
+    ds = load_eval_set("digits", EvalDatasetConfig(kind="offline"), layout)
+    assert ds.classnames == ["zero", "one"] and ds.templates == load_prompts("digits").templates
+    assert np.asarray(next(iter(ds.test))[0]).shape == (3, 3, 3)  # grey [N,H,W] images become RGB
 
 
 # --------------------------------------------------------------------------- heldout pairs

@@ -239,11 +239,11 @@ def load_offline_npz(name: str, path: Path) -> LabelledSet:
     if has_prompts(name):
         prompts = load_prompts(name)
         templates = prompts.templates
-        if len(prompts.classnames) == len(classnames):
+        if [_norm(c) for c in prompts.classnames] == [_norm(c) for c in classnames]:
             classnames = prompts.classnames  # prompt-friendly spellings of the same classes, same order
         else:
-            log.warning("%s: prompts JSON has %d classes, the npz %d; using the npz names", name,
-                        len(prompts.classnames), len(classnames))
+            log.warning("%s: the npz class names differ from the prompts JSON's (%s vs %s); using the npz names",
+                        name, classnames[:3], prompts.classnames[:3])
     train, test = split == "train", split == "test"
     if not test.any():
         raise ValueError(f"{path}: no rows with split == 'test'")
