@@ -55,8 +55,8 @@ def deduplicate(pairs: list[Pair]) -> tuple[list[Pair], dict[str, collections.Co
 
 
 def to_frame(pairs: list[Pair]) -> pd.DataFrame:
-    df = pd.DataFrame([asdict(p) for p in pairs], columns=COLUMNS)
-    return df.astype({c: "string" for c in COLUMNS}) if len(df) else df.astype({c: "string" for c in COLUMNS})
+    """Pairs -> manifest frame (string columns, in ``COLUMNS`` order)."""
+    return pd.DataFrame([asdict(p) for p in pairs], columns=COLUMNS).astype({c: "string" for c in COLUMNS})
 
 
 def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:

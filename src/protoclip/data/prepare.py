@@ -35,7 +35,7 @@ from protoclip.layout import Layout
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1  # bump when the prepared outputs change meaning (forces a rebuild)
+FORMAT_VERSION = 2  # bump when the prepared outputs change meaning (forces a rebuild)
 WORDLIST = Path("usr/share/dict/american-english")
 
 
