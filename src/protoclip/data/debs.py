@@ -110,8 +110,8 @@ def apt_download(pkg: PinnedDeb, dest: Path) -> Path:
         return subprocess.run(["apt-get", "download", pkg.spec], cwd=dest, capture_output=True, text=True)
 
     res = _get()
-    if res.returncode != 0 and ("Unable to locate" in res.stderr or "unable to locate" in res.stderr.lower()
-                                or "Can't find a source" in res.stderr):
+    err = res.stderr.lower()
+    if res.returncode != 0 and ("unable to locate" in err or "was not found" in err or "can't find" in err):
         log.info("apt-get cannot locate %s; running apt-get update once", pkg.spec)
         subprocess.run(["apt-get", "update"], capture_output=True, text=True)
         res = _get()
