@@ -219,3 +219,20 @@ def test_summary_table_lines():
     assert lines[0].split() == ["dataset", "task", "result"]
     assert lines[1].split()[:2] == ["cifar10", "zeroshot"] and lines[1].endswith("skipped: x")
     assert lines[2].split() == ["digits", "knn", "top1", "=", "91.23"]
+
+
+def test_heldout_without_labels_runs_retrieval_only(project, monkeypatch):
+    cfg, layout = project
+    df = pd.read_parquet(layout.manifest)
+    df["label"] = ""
+    df.to_parquet(layout.manifest)
+
+    @contextmanager
+    def fake_tracked_run(cfg_, run, stage):
+        yield RecordingTracker()
+
+    monkeypatch.setattr("protoclip.evaluate.stage.tracked_run", fake_tracked_run)
+    written = run_evaluate(cfg, RUN, tasks=["knn", "clustering", "retrieval"], datasets=["heldout_pairs"])
+    assert {p.relative_to(layout.run_dir(RUN)).as_posix() for p in written} == {
+        "metrics/retrieval/heldout_pairs.json", "metrics.json"}
+    assert (layout.run_dir(RUN) / "figures").is_dir()  # a DVC output, present even without t-SNE

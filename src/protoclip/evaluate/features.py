@@ -194,7 +194,7 @@ class FeatureExtractor:
         model, out = self.model, {}
         if isinstance(ds, LabelledSet):
             for split_name, split in (("test", ds.test), ("train", ds.train)):
-                if split is None:
+                if split is None or len(split) == 0:  # e.g. held-out pairs without coarse labels
                     continue
                 z, h, y = encode_images(model, split, self.transform, self.device, self.batch_size,
                                         desc=f"{ds.name} {split_name}", num_workers=self.num_workers)

@@ -234,6 +234,8 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
     extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size, ecfg.num_workers)
     prov = provenance(ecfg.seed)
     written: list[Path] = []
+    for folder in ("features", "figures"):  # DVC outputs of the stage: present even when nothing lands there
+        (layout.run_dir(run) / folder).mkdir(parents=True, exist_ok=True)
     with tracked_run(cfg, run, "evaluate") as tracker:
         tracker.log_params({"evaluate": {"model_sha256": extractor.model_sha256, "seed": ecfg.seed,
                                          "knn_k": ecfg.knn_k, "knn_temperature": ecfg.knn_temperature}})
