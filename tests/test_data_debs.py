@@ -98,3 +98,27 @@ def test_unpack_real_deb_and_marker(tmp_path, monkeypatch):
     (layout.debs / debs.PINNED["tiny"].filename).unlink()  # even without the .deb, the marker skips work
     debs.ensure_unpacked("tiny", layout, download=fake_download(payload, calls))
     assert calls == ["tiny"]
+
+
+def test_apt_download_runs_update_once_when_unlocatable(tmp_path, monkeypatch):
+    calls = []
+    pkg = debs.PINNED["unicode-data"]
+
+    def fake_run(cmd, cwd=None, capture_output=True, text=True):
+        calls.append(cmd[1])
+        if cmd[1] == "download" and calls.count("download") == 1:
+            return subprocess.CompletedProcess(cmd, 100, "", "E: Unable to locate package unicode-data")
+        if cmd[1] == "download":
+            (Path(cwd) / pkg.filename).write_bytes(b"x")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(debs.subprocess, "run", fake_run)
+    assert debs.apt_download(pkg, tmp_path).name == pkg.filename
+    assert calls == ["download", "update", "download"]
+
+
+def test_apt_download_failure_is_explained(tmp_path, monkeypatch):
+    monkeypatch.setattr(debs.subprocess, "run",
+                        lambda cmd, **k: subprocess.CompletedProcess(cmd, 100, "", "E: network down"))
+    with pytest.raises(RuntimeError, match="apt-get download unicode-data=15.0.0-1 failed.*network down"):
+        debs.apt_download(debs.PINNED["unicode-data"], tmp_path)
