@@ -52,7 +52,8 @@ def test_separable_features_give_100_and_refit_matches_sklearn():
     xtr, ytr = separable(rng, 200)
     xte, yte = separable(rng, 100)
     out = linear_probe(xtr, ytr, xte, yte)
-    assert out["top1"] == 100.0
+    assert out["top1"] == 100.0 and out["val_top1"] == 100.0
+    assert 1e-6 <= out["C"] <= 1e6
     # the reported accuracy is that of a model refit on the FULL train set with the chosen C
     rng = np.random.default_rng(1)
     xtr, ytr = rng.normal(size=(150, 6)), rng.integers(0, 3, 150)

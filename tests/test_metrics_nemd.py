@@ -127,3 +127,5 @@ def test_nemd_report_has_all_quantities():
     assert {"nemd", "nemd_half", "nemd_kmeans", "nemd_exact", "eps_bias", "uniformity",
             "intra_class_spread", "n_groups", "n_pairs"} <= set(out)
     assert out["n_groups_kmeans"] >= 2
+    # the k-means partition of well-separated blobs is the class partition: same NEMD
+    assert out["nemd_kmeans"] == pytest.approx(out["nemd"], rel=1e-6)  # up to the Sinkhorn tolerance

@@ -139,6 +139,8 @@ def nemd(
         raise ValueError(f"n_max must be >= 2, got {n_max}")
     if eps <= 0:
         raise ValueError(f"eps must be > 0, got {eps}")
+    if iters < 1:
+        raise ValueError(f"iters must be >= 1, got {iters}")
     z = F.normalize(features_torch(features, "features", dtype=dtype), dim=1)
     y = labels_np(labels, "labels", z.shape[0])
     gen = torch.Generator().manual_seed(seed)
@@ -244,9 +246,13 @@ def nemd_report(
     out = nemd(features, y, seed=seed, check_exact=small, **nemd_kwargs)
     if kmeans:
         k = len(np.unique(y))
-        km = nemd(features, kmeans_partition(features, k, seed=seed), seed=seed, **nemd_kwargs)
-        out.update({"nemd_kmeans": km["nemd"], "nemd_kmeans_half": km["nemd_half"],
-                    "n_groups_kmeans": km["n_groups"], "n_pairs_kmeans": km["n_pairs"]})
+        try:
+            km = nemd(features, kmeans_partition(features, k, seed=seed), seed=seed, **nemd_kwargs)
+        except ValueError as err:  # e.g. k-means left fewer than 2 clusters with >= 2 points
+            log.warning("NEMD on the k-means partition skipped: %s", err)
+        else:
+            out.update({"nemd_kmeans": km["nemd"], "nemd_kmeans_half": km["nemd_half"],
+                        "n_groups_kmeans": km["n_groups"], "n_pairs_kmeans": km["n_pairs"]})
     out["uniformity"] = uniformity(features, seed=seed)
     out["intra_class_spread"] = intra_class_spread(features, y)
     return out

@@ -42,7 +42,7 @@ def build_zeroshot_classifier(
     classes_per_batch: int = 10,
     show_progress: bool = True,
 ) -> torch.Tensor:
-    """Prompt-ensembled class embeddings ``[C, d]``, each row unit norm.
+    """Prompt-ensembled class embeddings ``[C, d]`` (float32, on the CPU), each row unit norm.
 
     ``encode_text`` maps a list of strings to un-normalised (or normalised) text features ``[n, d]``;
     it is called on ``classes_per_batch * len(templates)`` prompts at a time.
@@ -63,7 +63,7 @@ def build_zeroshot_classifier(
                              f"{getattr(emb, 'shape', type(emb))} for {len(texts)} texts")
         emb = F.normalize(emb.float(), dim=-1)  # each prompt embedding on the sphere ...
         emb = emb.reshape(len(batch), n_t, -1).mean(dim=1)  # ... averaged over templates ...
-        rows.append(F.normalize(emb, dim=-1))  # ... and renormalised (CLIP / open_clip)
+        rows.append(F.normalize(emb, dim=-1).cpu())  # ... and renormalised (CLIP / open_clip)
     return torch.cat(rows, dim=0)
 
 
