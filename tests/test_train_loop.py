@@ -176,3 +176,24 @@ def test_ablation_switches_reach_the_prototypes(tmp_path, pairs):
     assert torch.equal(p.cls_image, p.text.centroids)  # without PBT the raw text prototypes classify h^I
     steps = read_log(layout.train_log("abl"), "step")
     assert all(s["loss"] == pytest.approx(s["proto"]) for s in steps)  # Proto only: clip_weight 0
+
+
+def test_log_every_thins_step_lines_but_not_episode_means(tmp_path, pairs):
+    cfg = tiny_config(method="clip", epochs=1.0, log_every=3)
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    train(tiny_model(cfg), pairs, cfg, layout, "le")
+    assert [s["step"] for s in read_log(layout.train_log("le"), "step")] == [0, 3]
+    assert [e["n_steps"] for e in read_log(layout.train_log("le"), "episode")] == [2, 2]
+
+
+@pytest.mark.parametrize("bad", [{"lr": 0.0}, {"log_every": 0}, {"loss": {"tau_y": 0.0}},
+                                 {"kmeans": {"images_per_prototype": 0}}, {"loss": {"clip_weight": -1.0}}])
+def test_config_validation_rejects(bad):
+    from protoclip.config import ConfigError, build, to_dict
+    from protoclip.train.config import TrainConfig
+
+    data = to_dict(tiny_config())
+    for k, v in bad.items():
+        data[k] = {**data[k], **v} if isinstance(v, dict) else v
+    with pytest.raises(ConfigError):
+        build(TrainConfig, data, "test.yaml")

@@ -52,11 +52,23 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     device: str = "auto"  # auto: cuda when available
     gpu: bool = False  # declare `resources: gpu=1` for this run in the Snakemake DAG
-    num_workers: int = 2  # DataLoader workers
-    seed: int = 0
+    num_workers: int = 2  # DataLoader workers (extraction and training passes)
+    seed: int = 0  # seeds weights, episode draws (seed, episode) and k-means inits (seed, episode)
+    log_every: int = 1  # write a `step` line to train_log.jsonl every n optimizer steps (episode means use all)
 
     def validate(self) -> None:
         if self.episode_size < 1 or self.batch_size < 1:
             raise ValueError("episode_size and batch_size must be >= 1")
+        if self.epochs <= 0 or self.lr <= 0 or self.grad_clip <= 0 or self.log_every < 1:
+            raise ValueError("epochs, lr, grad_clip must be > 0 and log_every >= 1")
+        if self.warmup_episodes < 0 or self.weight_decay < 0:
+            raise ValueError("warmup_episodes and weight_decay must be >= 0")
+        if self.kmeans.images_per_prototype < 1 or self.kmeans.iters < 0 or (
+                self.kmeans.n_clusters is not None and self.kmeans.n_clusters < 1):
+            raise ValueError("kmeans.images_per_prototype and kmeans.n_clusters must be >= 1, kmeans.iters >= 0")
+        if self.loss.tau_y <= 0 or self.loss.init_temperature <= 0 or self.loss.max_logit_scale <= 1:
+            raise ValueError("loss.tau_y and loss.init_temperature must be > 0, loss.max_logit_scale > 1")
+        if min(self.loss.clip_weight, self.loss.proto_weight, self.loss.external_weight) < 0:
+            raise ValueError("loss weights must be >= 0")
         if self.method == "protoclip" and self.loss.proto_weight == 0 and self.loss.external_weight == 0:
             raise ValueError("method 'protoclip' with proto_weight = external_weight = 0 is CLIP: use method 'clip'")

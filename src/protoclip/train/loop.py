@@ -41,7 +41,7 @@ from protoclip.provenance import provenance
 from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
 from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo, barrier, init_from_env, sync_buffers
+from protoclip.train.distributed import DistInfo, barrier, env_world, init_from_env, sync_buffers
 from protoclip.train.episode import episode_loader, episode_size_for, extract_features, sample_episode
 from protoclip.train.logbook import TrainLog
 from protoclip.train.objective import Objective, build_episode_prototypes
@@ -114,20 +114,26 @@ def check_finite(terms: dict[str, torch.Tensor], step: int, episode: int, info: 
             f"stopped, last good checkpoint kept at {checkpoint}")
 
 
-class WithScales(torch.nn.Module):
-    """The model's forward plus its exponentiated logit scales, so that under DDP every parameter the loss uses
-    is touched inside ``forward`` (a parameter used only outside it is marked ready twice by DDP)."""
+class TrainForward(torch.nn.Module):
+    """The model's forward plus its exponentiated logit scales, keeping only the outputs the loss uses.
 
-    def __init__(self, model: torch.nn.Module):
+    Under DDP every parameter the loss uses must be touched inside ``forward`` (one used only outside is
+    marked ready twice), and every output must reach the loss (``find_unused_parameters`` walks the graph
+    from the outputs: an output the loss ignores, e.g. h in a CLIP run, would leave its parameters waiting
+    for a gradient that never comes).
+    """
+
+    def __init__(self, model: torch.nn.Module, keep: set[str]):
         super().__init__()
-        self.model = model
+        self.model, self.keep = model, set(keep)
 
     def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         out = dict(self.model(images, tokens))
-        out["logit_scale"] = self.model.logit_scale.exp()
-        if getattr(self.model, "proto_logit_scale", None) is not None:
+        if "logit_scale" in self.keep:
+            out["logit_scale"] = self.model.logit_scale.exp()
+        if "proto_logit_scale" in self.keep:
             out["proto_logit_scale"] = self.model.proto_logit_scale.exp()
-        return out
+        return {k: v for k, v in out.items() if k in self.keep}
 
 
 def write_config(path: Path, cfg: TrainConfig) -> None:
@@ -145,6 +151,9 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     """
     tracker = tracker or Tracker()
     device = resolve_device(cfg.device)
+    if device.type == "cuda" and device.index is None:  # one GPU per torchrun process, set before nccl init
+        device = torch.device("cuda", env_world().local_rank)
+        torch.cuda.set_device(device)
     info = init_from_env(device)
     if teacher is not None and (teacher.ndim != 2 or len(teacher) != len(dataset)):
         raise ValueError(f"teacher features must be [M={len(dataset)}, d] aligned with the data set, "
@@ -184,12 +193,14 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     if info.is_main:
         tracker.log_params({"train": to_dict(cfg), "provenance": prov})
 
-    net: torch.nn.Module = WithScales(model)
-    if info.enabled:
-        # find_unused_parameters: CLIP-only or Proto-only runs leave heads / a logit scale without gradient
-        net = torch.nn.parallel.DistributedDataParallel(
-            net, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
     objective = Objective(cfg)
+    net: torch.nn.Module = TrainForward(model, objective.outputs())
+    if info.enabled:
+        # CLIP runs leave the heads and tau_Proto without gradient, Proto-only runs tau_CLIP: only then does
+        # DDP need the (slower) search for unused parameters
+        unused = cfg.method == "clip" or not objective.uses_clip()
+        net = torch.nn.parallel.DistributedDataParallel(
+            net, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=unused)
     model.train()
     done_here = 0
     for episode in tqdm(range(start_episode, sched.n_episodes), desc=f"train {run}", disable=not info.is_main,
@@ -232,7 +243,8 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
                    "image_lr": image_lr, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
                    **{k: float(v.detach()) for k, v in terms.items()}, **objective.diagnostics(),
                    **temperatures(model)}
-            tlog.append(rec)
+            if step % cfg.log_every == 0:
+                tlog.append(rec)
             for k, v in rec.items():
                 if k not in ("kind", "step", "episode") and isinstance(v, float):
                     sums[k] = sums.get(k, 0.0) + v

@@ -39,12 +39,21 @@ class Objective:
 
             self._proto_loss = ProtoLoss()
 
+    def uses_clip(self) -> bool:
+        return not self.proto or self.cfg.loss.clip_weight > 0
+
+    def outputs(self) -> set[str]:
+        """Model outputs this objective reads (the trainer's forward returns exactly these)."""
+        keys = {"z_image", "z_text", "logit_scale"} if self.uses_clip() else set()
+        if self.proto:
+            keys |= {"h_image", "h_text", "proto_logit_scale"}
+        return keys
+
     def terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
               prototypes: Any) -> dict[str, torch.Tensor]:
         """Unweighted loss terms of one batch. ``positions``: the batch items' indices in the episode."""
-        w = self.cfg.loss
         terms: dict[str, torch.Tensor] = {}
-        if w.clip_weight > 0 or not self.proto:
+        if self.uses_clip():
             scale = out["logit_scale"] if "logit_scale" in out else model.logit_scale.exp()
             terms.update(clip_loss(out["z_image"].float(), out["z_text"].float(), scale))
         if self.proto:
