@@ -3,6 +3,7 @@ de-duplication, bad input counted, idempotent second run."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import struct
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from PIL import Image
 from conftest import make_png
 from test_data_captions import svg
 
@@ -95,9 +97,7 @@ def test_prepare_end_to_end(world, capsys):
     for r in df.itertuples():
         assert r.split == split_of(r.id, cfg.prepare.seed, cfg.prepare.heldout_fraction)
         p = Path(r.path) if r.source == "mine" else layout.prepared / r.path
-        import hashlib
         assert hashlib.sha256(p.read_bytes()).hexdigest() == r.sha256
-    from PIL import Image
     star = Image.open(layout.prepared / df.set_index("id").loc["tuxpaint/food/star", "path"])
     assert star.mode == "RGB" and star.size == (16, 16)
     assert star.getpixel((0, 0)) == (255, 255, 255)  # padding is white

@@ -12,6 +12,7 @@ once per shard and process).
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 from typing import Callable, Iterable
@@ -54,8 +55,6 @@ class _TarCache:
         self.tars: dict[str, tarfile.TarFile] = {}
 
     def read(self, shard: str, member: str) -> bytes:
-        import os
-
         if self.pid != os.getpid():
             self.pid, self.tars = os.getpid(), {}
         tar = self.tars.get(shard)
