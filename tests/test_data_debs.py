@@ -56,6 +56,8 @@ def test_mismatch_warns_and_records(tmp_path, pinned_fake, caplog):
     assert debs.expected_hashes(layout, ["fake-pkg"]) == {"fake-pkg": digest}
     debs.ensure_deb("fake-pkg", layout, download=fake_download(other, calls))  # recorded hash accepted
     assert calls == ["fake-pkg"]
+    with pytest.raises(debs.PackageHashError):  # ... but not under strict hashes
+        debs.ensure_deb("fake-pkg", layout, strict=True, download=fake_download(other, calls))
 
 
 def test_mismatch_strict_fails(tmp_path, pinned_fake):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +135,8 @@ def ensure_deb(name: str, layout: Layout, strict: bool = False,
         raise KeyError(f"unknown package {name!r} (pinned: {', '.join(PINNED)})")
     pkg = PINNED[name]
     path = layout.debs / pkg.filename
-    accepted = {pkg.sha256, recorded_hashes(layout).get(name)}
+    # strict: only the pin counts, even if an earlier non-strict run recorded another hash
+    accepted = {pkg.sha256} if strict else {pkg.sha256, recorded_hashes(layout).get(name)}
     if path.exists():
         digest = sha256_file(path)
         if digest in accepted:
@@ -159,12 +161,14 @@ def ensure_unpacked(name: str, layout: Layout, strict: bool = False,
     """``dpkg-deb -x`` package ``name`` into ``layout.unpacked/<name>`` unless its marker says it is done."""
     root = layout.unpacked / name
     marker = root / MARKER
-    expected = expected_hashes(layout, [name])[name]
+    expected = PINNED[name].sha256 if strict else expected_hashes(layout, [name])[name]
     if marker.exists() and marker.read_text().strip() == expected:
         return root
     deb, digest = ensure_deb(name, layout, strict=strict, download=download)
     if marker.exists() and marker.read_text().strip() == digest:
         return root
+    if root.exists():  # a different version was unpacked here: start clean
+        shutil.rmtree(root)
     root.mkdir(parents=True, exist_ok=True)
     log.info("unpacking %s", deb.name)
     res = subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], capture_output=True, text=True)

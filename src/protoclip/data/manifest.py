@@ -37,6 +37,10 @@ def deduplicate(pairs: list[Pair]) -> tuple[list[Pair], dict[str, collections.Co
     Reasons: ``duplicate_id`` (id seen before), ``duplicate_pair`` (same image bytes and caption as a
     kept pair), ``duplicate_image`` (same image bytes, other caption: one image, one pair, so the same
     picture can never sit in both the train and the held-out split).
+
+    ``sha256`` is of the bytes the manifest points at: the rendered PNG for the offline sources (so
+    identical drawings shipped twice are caught after rendering at the same size) and the original
+    file for user data; a user image identical to a packaged drawing is therefore not detected.
     """
     kept: list[Pair] = []
     drops: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
