@@ -21,6 +21,8 @@ from protoclip.evaluate.metrics._inputs import ArrayLike, features_torch, labels
 
 log = logging.getLogger(__name__)
 
+MAX_SIM_ELEMENTS = 1 << 27  # cap on one [chunk, N_train] similarity block (512 MB in float32)
+
 
 def knn_votes(
     train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, k: int, T: float, num_classes: int
@@ -70,6 +72,8 @@ def knn_classifier(
     k_eff = min(k, xtr.shape[0])
     if k_eff < k:
         log.warning("k=%d is larger than the %d training samples; using k=%d", k, xtr.shape[0], k_eff)
+    # ImageNet: 1.28M train rows, so 1024 test rows at once would already be a 5 GB block
+    chunk_size = max(1, min(chunk_size, MAX_SIM_ELEMENTS // xtr.shape[0]))
     top1 = top5 = 0
     for start in tqdm(range(0, xte.shape[0], chunk_size), desc="kNN", leave=False,
                       disable=xte.shape[0] <= chunk_size):
