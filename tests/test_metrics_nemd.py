@@ -96,6 +96,8 @@ def test_subsampling_pairs_groups_and_small_groups():
     assert nemd(x, y, n_max=100)["nemd"] != pytest.approx(out["nemd"], rel=1e-6)
     with pytest.raises(ValueError, match="at least 2 groups"):
         nemd(x[:5], np.zeros(5, int))
+    # a Sinkhorn run stopped before the marginal tolerance is reported, not hidden
+    assert nemd(x, y, n_max=24, iters=1)["n_unconverged"] > 0
 
 
 def test_uniformity_matches_naive_double_loop():
