@@ -125,6 +125,15 @@ def test_run_evaluate_end_to_end(project):
     assert summary["zeroshot"]["cifar10"] == {"skipped": "skipped: cifar10 path not configured"}
     assert layout.features(RUN, "digits").exists() and layout.features(RUN, "heldout_pairs").exists()
 
+    import mlflow  # the numbers also landed in the run's MLflow run (found by its protoclip.run tag)
+
+    mlflow.set_tracking_uri(cfg.paths.mlflow_uri)
+    found = mlflow.search_runs(experiment_names=[cfg.paths.mlflow_experiment],
+                               filter_string=f"tags.`protoclip.run` = '{RUN}'", output_format="list")
+    logged = found[0].data.metrics
+    assert logged["eval/knn/digits/top1"] == pytest.approx(summary["knn"]["digits"]["top1"])
+    assert "eval/retrieval/heldout_pairs/image_to_text_R_at_1" in logged
+
 
 class RecordingTracker:
     def __init__(self):
@@ -138,6 +147,9 @@ class RecordingTracker:
 
     def log_artifact(self, path, artifact_path=None):
         self.artifacts.append(str(path))
+
+    def set_tags(self, tags):
+        self.tags = dict(tags)
 
 
 def test_subset_logs_through_tracker(project, monkeypatch):
@@ -160,6 +172,7 @@ def test_subset_logs_through_tracker(project, monkeypatch):
     assert tracker.metrics["eval/knn/digits/top1"] == knn["top1"]
     assert "eval/retrieval/heldout_pairs/image_to_text_R_at_1" in tracker.metrics  # '@' is not allowed in MLflow
     assert str(layout.metrics_summary(RUN)) in tracker.artifacts
+    assert len(tracker.tags["protoclip.evaluate.model_sha256"]) == 64
 
 
 def test_unknown_names(project):

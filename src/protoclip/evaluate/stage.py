@@ -237,8 +237,10 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
     for folder in ("features", "figures"):  # DVC outputs of the stage: present even when nothing lands there
         (layout.run_dir(run) / folder).mkdir(parents=True, exist_ok=True)
     with tracked_run(cfg, run, "evaluate") as tracker:
-        tracker.log_params({"evaluate": {"model_sha256": extractor.model_sha256, "seed": ecfg.seed,
-                                         "knn_k": ecfg.knn_k, "knn_temperature": ecfg.knn_temperature}})
+        tracker.log_params({"evaluate": {"seed": ecfg.seed, "knn_k": ecfg.knn_k,
+                                         "knn_temperature": ecfg.knn_temperature}})
+        # a tag, not a param: MLflow params are immutable and a retrained model.pt changes it
+        tracker.set_tags({"protoclip.evaluate.model_sha256": extractor.model_sha256})
         for name in names:
             ds_cfg = ecfg.datasets[name]
             wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
