@@ -256,3 +256,18 @@ def test_coco_karpathy_split_preferred(tmp_path):
     ds = load_eval_set("coco", EvalDatasetConfig(kind="coco", path=str(tmp_path)), Layout(tmp_path))
     assert ds.captions == [["a.jpg one", "a.jpg two"], ["c.jpg one", "c.jpg two"]]
     assert [_mean(im) for im, _ in ds.images] == [50, 52]
+
+
+def test_reads_the_digits_set_prepare_writes(tmp_path):
+    """Contract with protoclip.data: the npz that `prepare` writes is what the evaluator reads."""
+    evalsets = pytest.importorskip("protoclip.data.evalsets")
+    layout = Layout(tmp_path / "data", tmp_path / "results")
+    arrays = evalsets.build_digits()
+    evalsets.save_eval_set(layout.eval_set("digits"), arrays)
+    ds = load_eval_set("digits", EvalDatasetConfig(kind="offline"), layout)
+    is_test = arrays["split"] == "test"
+    assert len(ds.test) == int(is_test.sum()) and len(ds.train) == int((~is_test).sum())
+    assert ds.classnames == [str(i) for i in range(10)]
+    img, y = ds.test[0]
+    first = np.flatnonzero(is_test)[0]
+    assert y == arrays["labels"][first] and np.array_equal(np.asarray(img), arrays["images"][first])
