@@ -271,3 +271,15 @@ def test_reads_the_digits_set_prepare_writes(tmp_path):
     img, y = ds.test[0]
     first = np.flatnonzero(is_test)[0]
     assert y == arrays["labels"][first] and np.array_equal(np.asarray(img), arrays["images"][first])
+
+
+def test_heldout_pairs_on_the_shared_manifest_fixture(tiny_manifest):
+    """Contract with protoclip.data: a manifest as `prepare` writes it (relative paths, seeded split)."""
+    df = pd.read_parquet(tiny_manifest.manifest)
+    ds = load_eval_set("heldout_pairs", EvalDatasetConfig(kind="offline"), tiny_manifest)
+    held = df[df["split"] == "heldout"]
+    assert len(ds.captions.images) == len(held) and ds.captions.texts == list(held["caption"])
+    assert len(ds.test) == int((held["label"] != "").sum())
+    assert ds.classnames == sorted(set(df.loc[df["label"] != "", "label"]))
+    img, y = ds.test[0]
+    assert img.mode == "RGB" and ds.classnames[y] == held[held["label"] != ""]["label"].iloc[0]
