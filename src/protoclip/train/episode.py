@@ -84,7 +84,7 @@ def episode_loader(base: Dataset, indices: np.ndarray, info: DistInfo, batch_siz
 
 @dataclass
 class EpisodeFeatures:
-    h_image: torch.Tensor  # [m, d_h] float32, CPU, episode order
+    h_image: torch.Tensor  # [m, d_h] float32 on the model's device, episode order
     h_text: torch.Tensor  # [m, d_h]
     teacher: torch.Tensor | None  # [m, d_teacher] cached external-teacher features, or None
 
@@ -107,10 +107,11 @@ def extract_features(model: torch.nn.Module, loader: DataLoader, episode_size: i
         model.train(was_training)
     h_i, h_t, pos = torch.cat(feats_i), torch.cat(feats_t), torch.cat(poss)
     h_i, h_t, pos = all_gather_cat(h_i, info), all_gather_cat(h_t, info), all_gather_cat(pos, info)
-    out_i = torch.empty((episode_size, h_i.shape[1]), dtype=torch.float32)
-    out_t = torch.empty((episode_size, h_t.shape[1]), dtype=torch.float32)
-    out_i[pos.cpu()] = h_i.cpu()  # padded duplicates write the same row twice
-    out_t[pos.cpu()] = h_t.cpu()
+    # kept on the model's device so that k-means runs there (torch backend or faiss-gpu on CUDA)
+    out_i = torch.empty((episode_size, h_i.shape[1]), dtype=torch.float32, device=h_i.device)
+    out_t = torch.empty((episode_size, h_t.shape[1]), dtype=torch.float32, device=h_t.device)
+    out_i[pos] = h_i  # padded duplicates write the same row twice
+    out_t[pos] = h_t
     return EpisodeFeatures(out_i, out_t, None)
 
 

@@ -145,9 +145,9 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
           resume: bool = False, stop_after_episodes: int | None = None) -> torch.nn.Module:
     """Train ``model`` on ``dataset`` (items ``(image, tokens, id)``) and return it (unwrapped).
 
-    ``teacher``: cached external-teacher
-    features [M, d] with row i belonging to ``dataset[i]`` (the stage aligns the cache by id). ``stop_after_episodes``
-    ends the call after that many episodes of this call (checkpoint written): used to test resume.
+    ``teacher``: cached external-teacher features [M, d], row i belonging to ``dataset[i]`` (the stage aligns
+    the cache by id). ``stop_after_episodes`` ends the call after that many episodes of this call (checkpoint
+    written): used to test resume.
     """
     tracker = tracker or Tracker()
     device = resolve_device(cfg.device)
@@ -214,7 +214,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
             sync_buffers(model, info)
             feats = extract_features(model, loader, m, device, info, autocast, desc=f"extract {episode}")
             if use_teacher:
-                feats.teacher = torch.from_numpy(np.ascontiguousarray(teacher[indices], dtype=np.float32))
+                feats.teacher = torch.from_numpy(np.ascontiguousarray(teacher[indices], dtype=np.float32)).to(device)
             times["extract"] = time.perf_counter() - t0
             prototypes, ep_stats, t_km, t_pbt = build_episode_prototypes(feats, cfg, info, episode, use_teacher)
             times["kmeans"], times["pbt"] = t_km, t_pbt
@@ -226,6 +226,8 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
             if images.shape[0] < 2:  # BatchNorm (heads, ResNet) cannot train on one sample; the same on every rank
                 log.warning("episode %d: skipping a final batch of 1 item", episode)
                 continue
+            # locked-image tuning zeroes the LR only, as the paper states (Sec. IV-A2); BatchNorm running
+            # statistics of the image encoder keep updating in train mode
             lr, image_lr = sched.lr(step), sched.image_lr(step)
             set_lrs(optimizer, lr, image_lr)
             images, tokens = images.to(device, non_blocking=True), tokens.to(device, non_blocking=True)

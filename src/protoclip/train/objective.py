@@ -100,6 +100,8 @@ def build_episode_prototypes(feats: EpisodeFeatures, cfg: TrainConfig, info: Dis
         m = feats.h_image.shape[0]
         k = n_clusters(cfg, m)
         protos, stats, t_km, t_pbt = _build(EpisodePrototypes, feats, cfg, k, episode, use_teacher)
+        if info.enabled:
+            protos = protos.to("cpu")  # pickled for the broadcast; the trainer moves it back to its device
     protos, stats, t_km, t_pbt = broadcast_object((protos, stats, t_km, t_pbt), info)
     return protos, stats, t_km, t_pbt
 
