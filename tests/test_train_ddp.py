@@ -31,3 +31,23 @@ def test_two_ranks_gloo_end_identical(tmp_path):
     protos = r0["protos"]
     # k-means ran once on the gathered features of all 32 episode items (rank 0) and was broadcast
     assert protos.image.assignments.shape == (32,) and int(protos.image.sizes.sum()) == 32
+
+
+@pytest.mark.slow
+def test_ddp_clip_term_is_the_global_batch_loss(tmp_path):
+    """Each rank's L_CLIP equals the single-process loss of the concatenated batch; the gradient reaching the
+    local features is world x the single-process one (DDP's averaging then divides by world)."""
+    from train_fixtures import global_clip_worker
+
+    from protoclip.losses.clip import clip_loss
+
+    mp.spawn(global_clip_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    g = torch.Generator().manual_seed(0)
+    zi, zt = torch.randn(8, 5, generator=g).requires_grad_(True), torch.randn(8, 5, generator=g).requires_grad_(True)
+    oracle = clip_loss(zi, zt, torch.tensor(10.0))["clip"]
+    oracle.backward()
+    for r in range(2):
+        got = torch.load(tmp_path / f"clip{r}.pt")
+        torch.testing.assert_close(got["loss"], oracle.detach())
+        torch.testing.assert_close(got["gi"], 2 * zi.grad[r * 4:(r + 1) * 4])
+        torch.testing.assert_close(got["gt"], 2 * zt.grad[r * 4:(r + 1) * 4])

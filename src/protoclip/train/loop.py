@@ -193,7 +193,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     if info.is_main:
         tracker.log_params({"train": to_dict(cfg), "provenance": prov})
 
-    objective = Objective(cfg)
+    objective = Objective(cfg, info)
     net: torch.nn.Module = TrainForward(model, objective.outputs())
     if info.enabled:
         # CLIP runs leave the heads and tau_Proto without gradient, Proto-only runs tau_CLIP: only then does

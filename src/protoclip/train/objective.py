@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from protoclip.losses.clip import clamp_logit_scale_, clip_loss
 from protoclip.train.config import TrainConfig
@@ -30,14 +31,26 @@ def n_clusters(cfg: TrainConfig, episode_size: int) -> int:
 
 
 class Objective:
-    def __init__(self, cfg: TrainConfig):
+    """Loss terms of one step. Under DDP (``info.enabled``) L_CLIP contrasts the *global* batch: open_clip's
+    ``ClipLoss`` all-gathers the normalised features of every rank with gradient, so each rank computes the
+    loss of the whole ``batch_size * world`` batch and, after DDP's gradient averaging, the update equals a
+    single process's on that batch (open_clip's multi-GPU recipe, which the authors' code uses). L_Proto is
+    per sample, so its per-rank mean averaged by DDP is already the global mean."""
+
+    def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         self.cfg = cfg
         self.proto = cfg.method == "protoclip"
         self._proto_loss = None
+        self._global_clip = None
         if self.proto:
             from protoclip.losses.proto import ProtoLoss
 
             self._proto_loss = ProtoLoss()
+        if info is not None and info.enabled:
+            from open_clip.loss import ClipLoss
+
+            self._global_clip = ClipLoss(local_loss=False, gather_with_grad=True, rank=info.rank,
+                                         world_size=info.world_size)
 
     def uses_clip(self) -> bool:
         return not self.proto or self.cfg.loss.clip_weight > 0
@@ -55,7 +68,11 @@ class Objective:
         terms: dict[str, torch.Tensor] = {}
         if self.uses_clip():
             scale = out["logit_scale"] if "logit_scale" in out else model.logit_scale.exp()
-            terms.update(clip_loss(out["z_image"].float(), out["z_text"].float(), scale))
+            if self._global_clip is not None:
+                terms["clip"] = self._global_clip(F.normalize(out["z_image"].float(), dim=-1),
+                                                  F.normalize(out["z_text"].float(), dim=-1), scale)
+            else:
+                terms.update(clip_loss(out["z_image"].float(), out["z_text"].float(), scale))
         if self.proto:
             if prototypes is None:
                 raise RuntimeError("method 'protoclip' needs the episode's prototypes")
