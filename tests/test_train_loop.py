@@ -197,3 +197,18 @@ def test_config_validation_rejects(bad):
         data[k] = {**data[k], **v} if isinstance(v, dict) else v
     with pytest.raises(ConfigError):
         build(TrainConfig, data, "test.yaml")
+
+
+def test_resume_with_changed_config_retrains_from_scratch(tmp_path, pairs):
+    cfg = tiny_config(method="clip", epochs=1.0)
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    train(tiny_model(cfg), pairs, cfg, layout, "chg")
+    assert load_checkpoint(layout.checkpoint("chg"))["episode"] == 2  # finished
+    # a settings-only change (workers, logging) still resumes: nothing left to do, no new step lines
+    train(tiny_model(cfg), pairs, tiny_config(method="clip", epochs=1.0, log_every=2), layout, "chg", resume=True)
+    assert len(read_log(layout.train_log("chg"), "step")) == 4
+    changed = tiny_config(method="clip", epochs=1.0, lr=5e-4)
+    train(tiny_model(changed), pairs, changed, layout, "chg", resume=True)
+    steps = read_log(layout.train_log("chg"), "step")
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]  # retrained, log restarted
+    assert steps[1]["lr"] == pytest.approx(5e-4)

@@ -136,6 +136,15 @@ class TrainForward(torch.nn.Module):
         return {k: v for k, v in out.items() if k in self.keep}
 
 
+# settings that do not change the result: a checkpoint written with other values may be resumed
+RESUME_INDIFFERENT = ("num_workers", "log_every", "gpu", "device")
+
+
+def resume_key(cfg: TrainConfig) -> dict:
+    """The part of the config a checkpoint must share with the run that resumes it."""
+    return {k: v for k, v in to_dict(cfg).items() if k not in RESUME_INDIFFERENT}
+
+
 def write_config(path: Path, cfg: TrainConfig) -> None:
     write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
@@ -171,8 +180,13 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     model.to(device)
     optimizer = build_optimizer(model, cfg)
     start_episode, step, prototypes = 0, 0, None
-    if resume and ckpt_path.exists():
-        state = load_checkpoint(ckpt_path, map_location=device)
+    state = load_checkpoint(ckpt_path, map_location=device) if resume and ckpt_path.exists() else None
+    if state is not None and state["extra"].get("config") != resume_key(cfg):
+        # the workflow always passes --resume: a changed config must retrain, not continue (or, for a
+        # finished run, silently return the old weights)
+        log.warning("checkpoint %s was written with another config: training %s from scratch", ckpt_path, run)
+        state = None
+    if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_episode, step, prototypes = state["episode"], state["step"], state["prototypes"]
@@ -180,7 +194,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         tlog.truncate_to(start_episode, step)
         log.info("resumed %s at episode %d / %d (step %d)", run, start_episode, sched.n_episodes, step)
     else:
-        if resume:
+        if resume and not ckpt_path.exists():
             log.warning("resume requested but no checkpoint at %s: starting from scratch", ckpt_path)
         tlog.reset()
     if info.is_main:
@@ -260,7 +274,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         if info.is_main:
             save_checkpoint(ckpt_path, model=model, optimizer=optimizer, episode=episode + 1, step=step,
                             prototypes=prototypes.to("cpu") if hasattr(prototypes, "to") else prototypes,
-                            extra={"run": run})
+                            extra={"run": run, "config": resume_key(cfg)})
             tlog.append(ep_rec)
             tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=episode)
         barrier(info)
