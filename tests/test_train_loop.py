@@ -212,3 +212,23 @@ def test_resume_with_changed_config_retrains_from_scratch(tmp_path, pairs):
     steps = read_log(layout.train_log("chg"), "step")
     assert [s["step"] for s in steps] == [0, 1, 2, 3]  # retrained, log restarted
     assert steps[1]["lr"] == pytest.approx(5e-4)
+
+
+def test_non_finite_gradient_stops_before_the_update(tmp_path, pairs, monkeypatch):
+    cfg = tiny_config(method="clip", epochs=0.5)
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    real = loop_mod.Objective.terms
+
+    def inf_grad(self, model, out, positions, prototypes):
+        terms = real(self, model, out, positions, prototypes)
+        terms["clip"].register_hook(lambda g: g * float("inf"))  # finite value, infinite gradient
+        return terms
+
+    model = tiny_model(cfg)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    monkeypatch.setattr(loop_mod.Objective, "terms", inf_grad)
+    with pytest.raises(NonFiniteLossError, match=r"gradient norm at step 0 \(episode 0\)"):
+        train(model, pairs, cfg, layout, "g")
+    for k, v in model.state_dict().items():
+        if v.is_floating_point() and "running_" not in k:
+            assert torch.equal(v, before[k]), k  # the optimizer never stepped

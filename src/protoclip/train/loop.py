@@ -253,6 +253,9 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            if not torch.isfinite(grad_norm):  # finite loss, overflowing gradient: stop before the weights break
+                raise NonFiniteLossError(f"non-finite gradient norm at step {step} (episode {episode}): "
+                                         f"{float(grad_norm)}; stopped, last good checkpoint kept at {ckpt_path}")
             optimizer.step()
             objective.clamp(model)
             rec = {"kind": "step", "step": step, "episode": episode, "epoch": sched.epoch(step), "lr": lr,
