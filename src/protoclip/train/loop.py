@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Callable, ContextManager
 
 import numpy as np
 import torch
