@@ -47,7 +47,7 @@ def load_manifest(layout: Layout, sources: Iterable[str] | None = None, split: s
     return df.reset_index(drop=True)
 
 
-class _TarCache:
+class TarCache:
     """Open tar files per process (a DataLoader worker gets its own after fork/spawn)."""
 
     def __init__(self) -> None:
@@ -66,11 +66,11 @@ class _TarCache:
         return f.read()
 
 
-def read_image(path: str, tars: _TarCache | None = None) -> Image.Image:
+def read_image(path: str, tars: TarCache | None = None) -> Image.Image:
     """Open a manifest path (file or ``shard.tar::member``) as an RGB PIL image."""
     if SEP in path:
         shard, member = path.split(SEP, 1)
-        data = (tars or _TarCache()).read(shard, member)
+        data = (tars or TarCache()).read(shard, member)
         img = Image.open(io.BytesIO(data))
     else:
         img = Image.open(path)
@@ -90,7 +90,7 @@ class ImageTextDataset(Dataset):
         self.captions = df["caption"].astype(str).tolist()
         self.transform = transform
         self.tokenizer = tokenizer
-        self._tars = _TarCache()
+        self._tars = TarCache()
 
     def __len__(self) -> int:
         return len(self.ids)

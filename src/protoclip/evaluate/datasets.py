@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from protoclip.data.pairs import SEP, _TarCache, read_image
+from protoclip.data.pairs import SEP, TarCache, read_image
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.prompts import canonical, has_prompts, load_prompts
 from protoclip.layout import Layout
@@ -150,7 +150,7 @@ class FileSplit(_Indexed):
     """Images read lazily from paths (``shard.tar::member`` reads a tar member)."""
     paths: list[str]
     labels: list[int]
-    _tars: _TarCache = field(default_factory=_TarCache, repr=False)  # open shards, per process
+    _tars: TarCache = field(default_factory=TarCache, repr=False)  # open shards, per process
 
     def __len__(self) -> int:
         return len(self.paths)
