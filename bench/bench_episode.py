@@ -1,0 +1,94 @@
+"""Episodic-training cost of ProtoCLIP vs CLIP, measured side by side in one run (paper Sec. IV-G4, Fig. 9).
+
+The paper reports ProtoCLIP's extra steps (feature extraction 31 %, k-means 2.3 % of an episode) and its
+training time in "relative epochs" of CLIP (Table IV: 32 ProtoCLIP epochs = 43.1 CLIP epochs, x1.35).
+This trains both methods with the real trainer (protoclip.train.loop.train) on the same synthetic in-memory
+pairs (random images, random captions: speed only, no learning claims) and prints the time split per
+episode and the ProtoCLIP / CLIP ratio.
+
+    python bench/bench_episode.py                                  # CPU: tiny-rn, 64 px
+    python bench/bench_episode.py --model RN50 --image-size 224 --episode 16384 --batch 512   # GPU
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from protoclip.layout import Layout
+from protoclip.models import build_model, get_tokenizer
+from protoclip.train.config import KMeansConfig, LossConfig, TrainConfig
+from protoclip.train.loop import train
+
+WORDS = "red green blue cat dog car tree house sun moon boat bird small large old new".split()
+
+
+class SyntheticPairs(Dataset):
+    """n images made on the fly from a per-item seed (no storage) and random 5-word captions."""
+
+    def __init__(self, n: int, image_size: int, tokenizer, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.tokens = tokenizer([" ".join(rng.choice(WORDS, size=5)) for _ in range(n)])
+        self.n, self.size = n, image_size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(3, self.size, self.size, generator=g), self.tokens[i], f"s{i:07d}"
+
+
+def run(method: str, args, dataset, out: Path) -> dict:
+    cfg = TrainConfig(
+        name=method, method=method, model=args.model, teacher=None, epochs=args.episodes * args.episode / len(dataset),
+        episode_size=args.episode, batch_size=args.batch, warmup_episodes=1, lock_image_epoch=None,
+        num_workers=args.workers, device=args.device, precision="auto", seed=0,
+        head_hidden=args.head_hidden, kmeans=KMeansConfig(backend="auto"), loss=LossConfig(external_weight=0.0))
+    torch.manual_seed(0)
+    model = build_model(cfg.model, head_hidden=cfg.head_hidden, head_out=cfg.head_out)
+    layout = Layout(out / "data", out / "results")
+    start = time.perf_counter()
+    train(model, dataset, cfg, layout, method)
+    total = time.perf_counter() - start
+    episodes = [json.loads(line) for line in layout.train_log(method).read_text().splitlines()]
+    episodes = [e for e in episodes if e.get("kind") == "episode"][1:]  # drop episode 0 (warm-up, compile)
+    split = {k: float(np.mean([e.get(f"time/{k}", 0.0) for e in episodes])) for k in ("extract", "kmeans", "pbt", "train")}
+    return {"total_s": total, "episode_s": sum(split.values()), **split}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="tiny-rn")
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--episode", type=int, default=512, help="m, samples per episode")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--episodes", type=int, default=3)
+    p.add_argument("--head-hidden", type=int, default=2048)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    args = p.parse_args()
+    dataset = SyntheticPairs(args.episode * args.episodes, args.image_size, get_tokenizer(args.model))
+    with tempfile.TemporaryDirectory() as tmp:
+        res = {m: run(m, args, dataset, Path(tmp)) for m in ("clip", "protoclip")}
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else "cpu"
+    print(f"\nepisodic training: {args.model} {args.image_size}px, m={args.episode}, batch {args.batch}, "
+          f"K=m/10, {args.episodes} episodes on {dev} (mean over episodes 1..)")
+    print(f"{'method':<10} {'episode s':>10} {'extract':>9} {'k-means':>9} {'pbt':>7} {'train':>9}")
+    for m, r in res.items():
+        e = r["episode_s"] or 1.0
+        print(f"{m:<10} {r['episode_s']:>10.2f} {100 * r['extract'] / e:>8.1f}% {100 * r['kmeans'] / e:>8.1f}% "
+              f"{100 * r['pbt'] / e:>6.1f}% {100 * r['train'] / e:>8.1f}%")
+    ratio = res["protoclip"]["episode_s"] / max(res["clip"]["episode_s"], 1e-9)
+    print(f"ProtoCLIP / CLIP time per episode: x{ratio:.2f}  (paper, Table IV: 43.1 / 32.0 = x1.35)")
+
+
+if __name__ == "__main__":
+    main()
