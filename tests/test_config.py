@@ -111,3 +111,14 @@ def test_run_data_must_name_a_source(tmp_path):
     path = write(tmp_path, {"runs": {"r": {"method": "clip", "data": ["cc3m"]}}})
     with pytest.raises(ConfigError, match="'cc3m'.*user_data"):
         load_config(path)
+
+
+def test_cli_reports_a_missing_user_data_path(tmp_path, capsys):
+    from protoclip.cli import main
+
+    path = write(tmp_path, {"paths": {"data_dir": str(tmp_path / "data"), "results_dir": str(tmp_path / "res")},
+                            "prepare": {"offline_sources": [], "eval_sets": [],
+                                        "user_data": [{"name": "mine", "format": "csv",
+                                                       "path": str(tmp_path / "missing.csv")}]}})
+    assert main(["prepare", "--config", str(path)]) == 2
+    assert str(tmp_path / "missing.csv") in capsys.readouterr().err

@@ -9,7 +9,8 @@
     protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands
 
 Stages are pure functions of (config, inputs) -> outputs; this module only parses the command line,
-loads and validates the config, and turns a ConfigError into a one-line message and exit code 2.
+loads and validates the config, and turns a config error or a missing input into a one-line message naming
+the key or path, with exit code 2.
 """
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             write_text(args.output, dvc_yaml_text(cfg, args.config))
     except ConfigError as err:
         print(f"protoclip {args.stage}: config error: {err}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:  # a configured input (user data, teacher cache, model) is missing
+        print(f"protoclip {args.stage}: input not found: {err}", file=sys.stderr)
         return 2
     return 0
 
