@@ -3,10 +3,12 @@
     protoclip report --config config/config.yaml
 
 Reads ``results/runs/<run>/metrics/<task>/<dataset>.json`` of every configured run and writes, per task,
-``results/tables/<task>.{csv,md,tex}`` (rows: runs; columns: data sets; the task's headline metric), plus
+``results/tables/<task>.{csv,md,tex}`` (rows: data set x headline metric; columns: runs), all values with
+their skip lines in ``results/tables/metrics_long.csv``, plus
 ``results/figures/train_curves.png`` and ``results/tables/train_loss.csv`` (a DVC plot) from each run's
 ``train_log.jsonl``, and ``results/tables/index.md``.
-A data set that was skipped (path not configured or not found) appears as its ``skipped: ...`` line.
+A data set that was skipped (path not configured or not found) shows ``skipped`` in its row and its
+``skipped: <name> not found at <path>`` line under the table.
 """
 from __future__ import annotations
 
@@ -52,20 +54,25 @@ def collect_metrics(layout: Layout, runs: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run", "task", "dataset", "metric", "value", "note"])
 
 
-def task_table(long: pd.DataFrame, task: str) -> pd.DataFrame:
-    """Wide table for one task: index run, columns '<dataset> <metric>'; skipped cells hold the skip note."""
+def task_table(long: pd.DataFrame, task: str) -> tuple[pd.DataFrame, list[str]]:
+    """One task as rows (dataset, metric) x columns (runs), plus the skip lines of its missing sets.
+
+    Values are formatted to 4 significant digits; a skipped set shows ``skipped`` in its headline row.
+    """
     sub = long[long.task == task]
     if sub.empty:
-        return pd.DataFrame()
-    cells = {}
-    for _, r in sub.iterrows():
-        if r.metric == "skipped":
-            for metric in HEADLINE[task][:1]:
-                cells[(r.run, f"{r.dataset} {metric}")] = r.note
-        else:
-            cells[(r.run, f"{r.dataset} {r.metric}")] = f"{r.value:.4g}"
-    table = pd.Series(cells).unstack()
-    return table.reindex(sorted(table.columns), axis=1).fillna("")
+        return pd.DataFrame(), []
+    rank = {m: i for i, m in enumerate(HEADLINE[task])}
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    for r in sub.itertuples():
+        metric = HEADLINE[task][0] if r.metric == "skipped" else r.metric
+        cells.setdefault((r.dataset, metric), {})[r.run] = "skipped" if r.metric == "skipped" else f"{r.value:.4g}"
+    index = sorted(cells, key=lambda dm: (dm[0], rank.get(dm[1], 99)))
+    runs = list(dict.fromkeys(sub.run))
+    table = pd.DataFrame([[cells[i].get(run, "") for run in runs] for i in index], columns=runs,
+                         index=pd.MultiIndex.from_tuples(index, names=["dataset", "metric"]))
+    skipped = sorted(set(sub.loc[sub.metric == "skipped", "note"]))
+    return table, skipped
 
 
 def train_losses(layout: Layout, runs: list[str]) -> pd.DataFrame:
@@ -110,17 +117,21 @@ def run_report(cfg) -> Path:
     long = collect_metrics(layout, runs)
     layout.tables.mkdir(parents=True, exist_ok=True)
     lines = ["# Results", "", f"Runs: {', '.join(runs)}. Regenerate with `protoclip report`.", ""]
+    with atomic_path(layout.tables / "metrics_long.csv") as tmp:
+        long.to_csv(tmp, index=False)  # every headline value and skip line, machine-readable
     for task in HEADLINE:
-        table = task_table(long, task)
+        table, skipped = task_table(long, task)
         if table.empty:
             continue
         base = layout.tables / task
         with atomic_path(base.with_suffix(".csv")) as tmp:
             table.to_csv(tmp)
-        write_text(base.with_suffix(".md"), table.to_markdown() + "\n")
+        notes = "".join(f"- {line}\n" for line in skipped)
+        md = table.reset_index().to_markdown(index=False)
+        write_text(base.with_suffix(".md"), md + "\n\n" + notes)
         with atomic_path(base.with_suffix(".tex")) as tmp:
             table.to_latex(tmp)
-        lines += [f"## {task}", "", table.to_markdown(), ""]
+        lines += [f"## {task}", "", md, "", notes]
     losses = train_losses(layout, runs)
     with atomic_path(layout.tables / "train_loss.csv") as tmp:
         losses.to_csv(tmp, index=False)
