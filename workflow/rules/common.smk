@@ -1,6 +1,8 @@
 # Shared by every rule: the validated project config (protoclip.config: unknown keys and wrong types stop
 # here, before any job runs) and the stage commands, built by protoclip.pipeline exactly as in dvc.yaml.
-from protoclip.config import load_config
+import json
+
+from protoclip.config import load_config, to_dict
 from protoclip.layout import Layout
 from protoclip import pipeline
 
@@ -31,3 +33,8 @@ def train_inputs(wildcards):
 
 # teacher cache file stem -> teacher name (names with '/' become single path components)
 TEACHER_BY_FILE = {LAYOUT.teacher_features(t).stem: t for t in TEACHERS}
+
+
+def settings(obj) -> str:
+    """A config section as canonical JSON: used as a rule param, so that editing it reruns the rule."""
+    return json.dumps(to_dict(obj), sort_keys=True)

@@ -11,6 +11,7 @@ rule prepare:
     benchmark:
         "benchmarks/prepare.tsv"
     params:
+        settings=settings(PROJECT.prepare),
         cmd=cli("prepare"),
     shell:
         "{params.cmd} 2>&1 | tee {log}"

@@ -17,6 +17,7 @@ rule evaluate:
     resources:
         gpu=lambda wc: 1 if PROJECT.run(wc.run).gpu else 0,
     params:
+        settings=settings(PROJECT.evaluate),
         cmd=lambda wc: cli("evaluate", f"--run {wc.run}"),
     shell:
         "{params.cmd} 2>&1 | tee {log}"

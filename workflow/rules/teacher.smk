@@ -13,6 +13,7 @@ rule teacher:
     wildcard_constraints:
         teacher="|".join(TEACHER_BY_FILE) or "NO_TEACHERS",
     params:
+        settings=settings(PROJECT.teacher),
         cmd=lambda wc: cli("teacher", f"--name {TEACHER_BY_FILE[wc.teacher]}"),
     shell:
         "{params.cmd} 2>&1 | tee {log}"

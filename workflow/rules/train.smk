@@ -16,6 +16,7 @@ rule train:
     resources:
         gpu=lambda wc: 1 if PROJECT.run(wc.run).gpu else 0,
     params:
+        settings=lambda wc: settings(PROJECT.run(wc.run)),
         # resume: a job killed by the cluster continues from its last complete episode
         cmd=lambda wc: cli("train", f"--run {wc.run} --resume"),
     shell:
