@@ -72,3 +72,21 @@ def l2_normalize_np(x: np.ndarray) -> np.ndarray:
     """Row-wise L2 normalisation; an all-zero row stays zero instead of becoming NaN."""
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.maximum(norms, 1e-12)
+
+
+def probe_tensors(
+    train_x: ArrayLike, train_y: ArrayLike, test_x: ArrayLike, test_y: ArrayLike,
+    device: str | torch.device = "cpu", num_classes: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Validated train/test features and labels of a probe, on ``device``, and the number of classes
+    (``num_classes``, or 1 + the largest label seen in train or test)."""
+    xtr = features_torch(train_x, "train_x", device=device)
+    xte = features_torch(test_x, "test_x", device=device)
+    same_dim(xtr, xte, "train_x", "test_x")
+    ytr = torch.from_numpy(labels_np(train_y, "train_y", xtr.shape[0])).to(device)
+    yte = torch.from_numpy(labels_np(test_y, "test_y", xte.shape[0])).to(device)
+    seen = int(max(ytr.max(), yte.max())) + 1
+    num_classes = seen if num_classes is None else num_classes
+    if num_classes < seen:
+        raise ValueError(f"num_classes={num_classes} but labels go up to {seen - 1}")
+    return xtr, ytr, xte, yte, num_classes

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from protoclip.evaluate.metrics._inputs import ArrayLike, features_torch, labels_np, same_dim
+from protoclip.evaluate.metrics._inputs import ArrayLike, probe_tensors
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +60,8 @@ def knn_classifier(
         raise ValueError(f"k must be >= 1, got {k}")
     if T <= 0:
         raise ValueError(f"T must be > 0, got {T}")
-    xtr = F.normalize(features_torch(train_x, "train_x", device=device), dim=1)
-    xte = F.normalize(features_torch(test_x, "test_x", device=device), dim=1)
-    same_dim(xtr, xte, "train_x", "test_x")
-    ytr = torch.from_numpy(labels_np(train_y, "train_y", xtr.shape[0])).to(device)
-    yte = torch.from_numpy(labels_np(test_y, "test_y", xte.shape[0])).to(device)
-    seen = int(max(ytr.max(), yte.max())) + 1
-    num_classes = seen if num_classes is None else num_classes
-    if num_classes < seen:
-        raise ValueError(f"num_classes={num_classes} but labels go up to {seen - 1}")
+    xtr, ytr, xte, yte, num_classes = probe_tensors(train_x, train_y, test_x, test_y, device, num_classes)
+    xtr, xte = F.normalize(xtr, dim=1), F.normalize(xte, dim=1)
     k_eff = min(k, xtr.shape[0])
     if k_eff < k:
         log.warning("k=%d is larger than the %d training samples; using k=%d", k, xtr.shape[0], k_eff)

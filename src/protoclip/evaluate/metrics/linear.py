@@ -34,7 +34,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
-from protoclip.evaluate.metrics._inputs import ArrayLike, features_np, labels_np, same_dim
+from protoclip.evaluate.metrics._inputs import ArrayLike, features_np, labels_np, probe_tensors, same_dim
 
 log = logging.getLogger(__name__)
 
@@ -157,15 +157,7 @@ def sgd_linear_probe(
 
     The layer is initialised as in SwAV / MoCo linear evaluation (weights N(0, 0.01), bias 0).
     """
-    xtr = torch.from_numpy(features_np(train_x, "train_x")).to(device)
-    xte = torch.from_numpy(features_np(test_x, "test_x")).to(device)
-    same_dim(xtr, xte, "train_x", "test_x")
-    ytr = torch.from_numpy(labels_np(train_y, "train_y", xtr.shape[0])).to(device)
-    yte = torch.from_numpy(labels_np(test_y, "test_y", xte.shape[0])).to(device)
-    seen = int(max(ytr.max(), yte.max())) + 1
-    num_classes = seen if num_classes is None else num_classes
-    if num_classes < seen:
-        raise ValueError(f"num_classes={num_classes} but labels go up to {seen - 1}")
+    xtr, ytr, xte, yte, num_classes = probe_tensors(train_x, train_y, test_x, test_y, device, num_classes)
     gen = torch.Generator().manual_seed(seed)
     layer = torch.nn.Linear(xtr.shape[1], num_classes).to(device)
     with torch.no_grad():
