@@ -10,8 +10,8 @@ STAMP  := $(VENV)/.installed
 # Create the virtual environment and install the package (re-done only when pyproject.toml changes).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install -qq --upgrade pip
+	$(BIN)/python -m pip install -qq -e .  # -qq: errors only (the local wheel index prints a warning per package)
 	touch $(STAMP)
 
 # The main job: the whole Snakemake DAG on the offline default (prepare, teacher, train, evaluate, report).
