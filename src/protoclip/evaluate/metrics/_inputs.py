@@ -15,17 +15,22 @@ import torch
 ArrayLike = Any  # np.ndarray | torch.Tensor | list
 
 
+def _check_features(shape: tuple[int, ...], finite: bool, name: str) -> None:
+    """The checks every feature input gets, numpy or torch: 2-D, non-empty, finite."""
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be 2-D [N, d], got shape {shape}")
+    if shape[0] == 0 or shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {shape})")
+    if not finite:
+        raise ValueError(f"{name} contains NaN or inf")
+
+
 def features_np(x: ArrayLike, name: str, dtype: type = np.float32) -> np.ndarray:
     """A finite 2-D float array [N, d] with N >= 1."""
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
     arr = np.asarray(x, dtype=dtype)
-    if arr.ndim != 2:
-        raise ValueError(f"{name} must be 2-D [N, d], got shape {arr.shape}")
-    if arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise ValueError(f"{name} is empty (shape {arr.shape})")
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name} contains NaN or inf")
+    _check_features(tuple(arr.shape), bool(np.isfinite(arr).all()), name)
     return arr
 
 
@@ -34,12 +39,7 @@ def features_torch(x: ArrayLike, name: str, dtype: torch.dtype = torch.float32,
     """Same checks as :func:`features_np`, returned as a torch tensor on ``device``."""
     if isinstance(x, torch.Tensor):
         t = x.detach().to(device=device, dtype=dtype)
-        if t.ndim != 2:
-            raise ValueError(f"{name} must be 2-D [N, d], got shape {tuple(t.shape)}")
-        if t.shape[0] == 0 or t.shape[1] == 0:
-            raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
-        if not torch.isfinite(t).all():
-            raise ValueError(f"{name} contains NaN or inf")
+        _check_features(tuple(t.shape), bool(torch.isfinite(t).all()), name)
         return t
     np_dtype = np.float64 if dtype == torch.float64 else np.float32
     return torch.from_numpy(features_np(x, name, np_dtype)).to(device=device, dtype=dtype)
