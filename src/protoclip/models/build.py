@@ -15,6 +15,7 @@ it) use QuickGELU. Training from scratch either works; pass e.g. ``RN50-quickgel
 
     from protoclip.models import build_model, get_tokenizer
     model = build_model("tiny-rn")            # ProtoCLIPModel, random init
+    model = build_model("tiny-vit", class_tokens=4, head="nclip")   # multi-token towers / nCLIP heads
     tok = get_tokenizer("tiny-rn")            # tok(["a photo of a cat"]) -> LongTensor [1, 32]
 """
 from __future__ import annotations
@@ -58,15 +59,28 @@ def build_model(
     head_out: int = 128,
     init_temperature: float = 0.07,
     device: str | torch.device = "cpu",
+    head: str = "swav",
+    class_tokens: int = 0,
 ) -> ProtoCLIPModel:
-    """A randomly initialised :class:`ProtoCLIPModel` of open_clip architecture ``name`` (fp32)."""
+    """A randomly initialised :class:`ProtoCLIPModel` of open_clip architecture ``name`` (fp32).
+
+    ``head``: ``swav`` (ProtoCLIP) or ``nclip`` (nCLIP/xCLIP heads). ``class_tokens`` m >= 1: multi-class-token
+    towers (:mod:`protoclip.models.multitoken`; ViT configs only), z = m tokens x embed_dim; 0 = open_clip's."""
     cfg = model_config(name)
     # pretrained=None and pretrained_image/text False: random init, nothing is fetched
-    clip = open_clip.create_model(name, pretrained=None, pretrained_image=False, pretrained_text=False, device=device)
+    clip = open_clip.create_model(name, pretrained=None, pretrained_image=False, pretrained_text=False, device=device,
+                                  force_custom_text=class_tokens > 0)
+    embed_dim = cfg["embed_dim"]
+    if class_tokens > 0:
+        from protoclip.models.multitoken import make_multitoken
+
+        clip = make_multitoken(clip, class_tokens).to(device)
+        embed_dim *= class_tokens
     model = ProtoCLIPModel(
-        clip, name=name, embed_dim=cfg["embed_dim"], image_size=_image_size(cfg),
-        head_hidden=head_hidden, head_out=head_out, init_temperature=init_temperature,
+        clip, name=name, embed_dim=embed_dim, image_size=_image_size(cfg),
+        head_hidden=head_hidden, head_out=head_out, init_temperature=init_temperature, head=head,
     )
+    model.class_tokens = int(class_tokens)
     log.info("built %s: %.1fM parameters", name, sum(p.numel() for p in model.parameters()) / 1e6)
     return model.to(device)
 

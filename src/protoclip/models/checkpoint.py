@@ -3,7 +3,10 @@
 The file is a plain dict saved with torch.save (loadable with ``weights_only=True``)::
 
     format: "protoclip-model/1", model_name, head_hidden, head_out, embed_dim, image_size, context_length,
-    state_dict, config_json (the run's resolved config, as JSON text)
+    head, class_tokens, state_dict, config_json (the run's resolved config, as JSON text)
+
+``head`` and ``class_tokens`` rebuild the architecture of every training method (nCLIP heads, multi-token
+towers); the method itself (and so the evaluation similarity) is ``config["method"]``.
 
 The config is stored as JSON text so that the file needs no pickled Python objects; Paths become strings
 and tuples become lists on the way back.
@@ -43,6 +46,8 @@ def save_model(path: str | Path, model: ProtoCLIPModel, config: dict) -> Path:
         "embed_dim": model.embed_dim,
         "image_size": model.image_size,
         "context_length": model.context_length,
+        "head": model.head,  # "swav" | "nclip" (absent in older files: swav)
+        "class_tokens": int(getattr(model, "class_tokens", 0)),  # multi-class-token towers (absent: 0)
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "config_json": json.dumps(config, sort_keys=True, default=str),
     }
@@ -60,7 +65,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Pr
     payload = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file (format={payload.get('format') if isinstance(payload, dict) else None!r})")
-    model = build_model(payload["model_name"], head_hidden=payload["head_hidden"], head_out=payload["head_out"])
+    model = build_model(payload["model_name"], head_hidden=payload["head_hidden"], head_out=payload["head_out"],
+                        head=payload.get("head", "swav"), class_tokens=int(payload.get("class_tokens", 0)))
     model.load_state_dict(payload["state_dict"], strict=True)
     model.to(device).eval()
     return model, json.loads(payload["config_json"])

@@ -45,8 +45,34 @@ class ProjectionHead(nn.Sequential):
         self.in_dim, self.hidden, self.out_dim = in_dim, hidden, out_dim
 
 
+class NCLIPHead(nn.Sequential):
+    """nCLIP head (nclip-xclip.txt Sec. 3.1, Table 14 "4096-32768"; methods-spec 1.3):
+    Linear(d_z, hidden) -> BatchNorm1d(hidden) -> GELU -> Linear(hidden, K) -> BatchNorm1d(K, affine=False).
+
+    The paper lists "GELU and BatchNorm" without an order; we use the spec's Linear -> BN -> GELU order. The
+    final non-affine BatchNorm fixes the logits' scale (nCLIP's softmax has no temperature); the K output units
+    are the implicit clusters. ``hidden=0`` drops the hidden layer (tiny ablations)."""
+
+    def __init__(self, in_dim: int, hidden: int = 4096, out_dim: int = 32768):
+        if in_dim < 1 or out_dim < 2 or hidden < 0:
+            raise ValueError(f"nCLIP head sizes: in >= 1, hidden >= 0, out >= 2, got {in_dim}/{hidden}/{out_dim}")
+        layers: list[nn.Module] = []
+        if hidden:
+            layers += [nn.Linear(in_dim, hidden), nn.BatchNorm1d(hidden), nn.GELU()]
+        layers += [nn.Linear(hidden or in_dim, out_dim), nn.BatchNorm1d(out_dim, affine=False)]
+        super().__init__(*layers)
+        self.in_dim, self.hidden, self.out_dim = in_dim, hidden, out_dim
+
+
+HEADS = {"swav": ProjectionHead, "nclip": NCLIPHead}  # TrainConfig/method -> head class
+
+
 class ProtoCLIPModel(nn.Module):
-    """open_clip CLIP (``.clip``) + heads ``.image_head`` (g^I) and ``.text_head`` (g^T) + two temperatures."""
+    """open_clip CLIP (``.clip``) + heads ``.image_head`` (g^I) and ``.text_head`` (g^T) + two temperatures.
+
+    ``head``: ``swav`` (ProtoCLIP's g, :class:`ProjectionHead`) or ``nclip`` (:class:`NCLIPHead`, nCLIP/xCLIP:
+    h are then the K-way logits). ``.clip`` may be a multi-class-token CLIP (:mod:`protoclip.models.multitoken`),
+    whose z are the m per-token projections concatenated ([B, m * n])."""
 
     def __init__(
         self,
@@ -58,6 +84,7 @@ class ProtoCLIPModel(nn.Module):
         head_hidden: int = 2048,
         head_out: int = 128,
         init_temperature: float = 0.07,
+        head: str = "swav",
     ):
         super().__init__()
         if not 0 < init_temperature:
@@ -68,8 +95,11 @@ class ProtoCLIPModel(nn.Module):
         self.image_size = int(image_size)
         self.context_length = int(clip.context_length)
         self.head_hidden, self.head_out = int(head_hidden), int(head_out)
-        self.image_head = ProjectionHead(self.embed_dim, head_hidden, head_out)
-        self.text_head = ProjectionHead(self.embed_dim, head_hidden, head_out)
+        if head not in HEADS:
+            raise ValueError(f"unknown head {head!r} (known: {', '.join(HEADS)})")
+        self.head = head
+        self.image_head = HEADS[head](self.embed_dim, head_hidden, head_out)
+        self.text_head = HEADS[head](self.embed_dim, head_hidden, head_out)
         init = math.log(1.0 / init_temperature)
         with torch.no_grad():
             self.clip.logit_scale.fill_(init)

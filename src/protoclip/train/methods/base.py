@@ -74,6 +74,10 @@ class Method:
     """Base class: defaults for a single-view image-text method whose model is a ProtoCLIPModel."""
 
     name = "?"
+    head = "swav"  # the model's second head: "swav" (ProtoCLIP g) or "nclip" (protoclip.models.model.HEADS)
+    # how evaluation scores an image against a text (protoclip.evaluate.features.similarity_embeddings):
+    # "cosine" of z (CLIP), "product_sphere" (sum of per-token cosines), "nclip_ce" (-L_CE of the head softmax)
+    similarity = "cosine"
 
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         self.cfg = cfg
@@ -85,8 +89,12 @@ class Method:
         """A randomly initialised model for ``cfg`` (it must have ``param_groups``, ``image_size``)."""
         from protoclip.models import build_model
 
-        return build_model(cfg.model, head_hidden=cfg.head_hidden, head_out=cfg.head_out,
-                           init_temperature=cfg.loss.init_temperature)
+        model = build_model(cfg.model, head_hidden=cfg.head_hidden, head_out=cfg.head_out,
+                            init_temperature=cfg.loss.init_temperature, head=cls.head,
+                            class_tokens=cfg.class_tokens)
+        if not cfg.loss.learn_temperature:  # temperature study: the CLIP scale fixed at its init
+            model.logit_scale.requires_grad_(False)
+        return model
 
     @classmethod
     def train_transform(cls, cfg: TrainConfig, image_size: int) -> Callable:
@@ -96,6 +104,11 @@ class Method:
         from protoclip.data.transforms import train_transform
 
         return train_transform(image_size, cfg.augmentation)
+
+    @classmethod
+    def similarity_for(cls, cfg: TrainConfig) -> str:
+        """The evaluation similarity of a model trained with ``cfg`` (see ``similarity`` above)."""
+        return cls.similarity
 
     # ---- per step ----
     def outputs(self) -> set[str]:

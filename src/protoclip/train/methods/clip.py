@@ -1,5 +1,8 @@
 """``method: clip``: the instance-level InfoNCE L_CLIP (ProtoCLIP Eq. 1) on one view + caption per item.
 
+The distance is pluggable (``loss.distance``, :mod:`protoclip.losses.distances`): with ``class_tokens: m`` and
+``distance: ps_negtrace`` this is the multi-class-token CLIP of the temperature paper (Multi(n, m)).
+
 Under DDP (``info.enabled``) L_CLIP contrasts the *global* batch: open_clip's ``ClipLoss`` all-gathers the
 normalised features of every rank with gradient, so each rank computes the loss of the whole
 ``batch_size * world`` batch and, after DDP's gradient averaging, the update equals a single process's on that
@@ -13,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from protoclip.losses.clip import clamp_logit_scale_, clip_loss
+from protoclip.losses.distances import contrastive_loss, temperature_stats
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo
 from protoclip.train.methods.base import Method, register
@@ -20,9 +24,13 @@ from protoclip.train.methods.base import Method, register
 
 @register("clip")
 class CLIPMethod(Method):
+    @classmethod
+    def similarity_for(cls, cfg: TrainConfig) -> str:
+        return "product_sphere" if cfg.loss.distance.startswith("ps_") else "cosine"
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         super().__init__(cfg, info)
         self._global_clip = None
+        self._clip_stats: dict[str, float] = {}
         if self.info.enabled:
             from open_clip.loss import ClipLoss
 
@@ -39,11 +47,27 @@ class CLIPMethod(Method):
         return True  # the ProtoCLIP heads and tau_Proto get no gradient
 
     def clip_terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """L_CLIP with the configured distance (``loss.distance``; sphere = ProtoCLIP Eq. 1 / open_clip)."""
         scale = out["logit_scale"] if "logit_scale" in out else model.logit_scale.exp()
+        zi, zt = out["z_image"].float(), out["z_text"].float()
+        distance, m = self.cfg.loss.distance, self.cfg.subspheres()
+        self._clip_stats = {"clip_scale": float(scale.detach()), "clip_log_scale": float(scale.detach().log()),
+                            **temperature_stats(zi.detach(), zt.detach(), scale.detach(), distance, m)}
+        if distance != "sphere":
+            if self.info.enabled:  # global batch, gathered with gradient as open_clip's ClipLoss does
+                from open_clip.loss import gather_features
+
+                zi, zt = gather_features(zi, zt, local_loss=False, gather_with_grad=True, rank=self.info.rank,
+                                         world_size=self.info.world_size)
+            return {"clip": contrastive_loss(zi, zt, scale, distance, m)}
         if self._global_clip is not None:
-            return {"clip": self._global_clip(F.normalize(out["z_image"].float(), dim=-1),
-                                              F.normalize(out["z_text"].float(), dim=-1), scale)}
-        return clip_loss(out["z_image"].float(), out["z_text"].float(), scale)
+            return {"clip": self._global_clip(F.normalize(zi, dim=-1), F.normalize(zt, dim=-1), scale)}
+        return clip_loss(zi, zt, scale)
+
+    def diagnostics(self) -> dict[str, float]:
+        """Temperature-study statistics of the last batch (spec 2.5): raw and log CLIP scale, equilibrium
+        mean(s_ii - E_p s_ij), in-batch retrieval accuracy (%)."""
+        return dict(self._clip_stats)
 
     def terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
               state: Any) -> dict[str, torch.Tensor]:
@@ -65,7 +89,8 @@ class CLIPMethod(Method):
         return total
 
     def after_step(self, model: torch.nn.Module) -> None:
-        """1/tau clipped at ``max_logit_scale`` (Table I: 100) after every optimizer step."""
-        clamp_logit_scale_(model.logit_scale, self.cfg.loss.max_logit_scale)
+        """1/tau clipped after every optimizer step: the CLIP scale at ``cfg.clip_max_logit_scale()`` (Table I:
+        100 for the sphere; 3.95 for ps_negtrace, temperature paper Table 5), tau_Proto at ``max_logit_scale``."""
+        clamp_logit_scale_(model.logit_scale, self.cfg.clip_max_logit_scale())
         if getattr(model, "proto_logit_scale", None) is not None:
             clamp_logit_scale_(model.proto_logit_scale, self.cfg.loss.max_logit_scale)

@@ -81,8 +81,8 @@ class ProtoCLIPMethod(CLIPMethod):
         return {"clip": w.clip_weight, "proto": w.proto_weight, "proto_external": w.external_weight}
 
     def diagnostics(self) -> dict[str, float]:
-        """Detached per-direction losses and prototype accuracies (%) of the last batch."""
-        return dict(self._proto_loss.last_stats)
+        """Detached per-direction losses and prototype accuracies (%) of the last batch (+ CLIP's statistics)."""
+        return {**(super().diagnostics() if self.uses_clip() else {}), **self._proto_loss.last_stats}
 
 
 def build_episode_prototypes(feats: EpisodeFeatures, cfg: TrainConfig, info: DistInfo, episode: int,

@@ -1,0 +1,82 @@
+"""nCLIP: the non-contrastive cross-modal loss of Zhou et al. (nclip-xclip.txt Eqs. 2-4, Alg. 1; methods-spec 1.2).
+
+With p_I = softmax(h_I), p_T = softmax(h_T) over the K output units of the nCLIP heads (no temperature: the
+heads end in BatchNorm without affine, which sets the scale, spec 1.7.3), every term averaged over the two
+modalities / directions (Alg. 1's final ``/ 2``)::
+
+    ce = -1/2 mean_i (p_I . log p_T + p_T . log p_I)        cross-entropy, NO stop-gradient on either side
+    eh = -1/2 mean_i (p_I . log p_I + p_T . log p_T)        per-sample entropy, minimised (lambda1 = 0.5)
+    he = -1/2 (pbar_I . log pbar_I + pbar_T . log pbar_T)   entropy of the batch mean, maximised (lambda2 = 1.5)
+    L_nCLIP = ce + lambda1 * eh - lambda2 * he
+
+``pbar`` is the mean over the *global* batch: under DDP the per-rank sums are all-reduced with gradient
+(``torch.distributed.nn.all_reduce``; spec 1.7.1), so after DDP's gradient averaging the update equals one
+process's on the whole batch. Everything runs in float32 even under autocast (spec 1.7.7), log-probabilities
+by ``log_softmax``, pbar clamped at 1e-12 before the log. ``kl = ce - eh`` (App. B.1) is logged.
+
+    loss = NCLIPLoss(lambda1=0.5, lambda2=1.5)
+    terms = loss(h_image, h_text)          # {"nclip", "nclip_ce", "nclip_eh", "nclip_he", "nclip_kl"}
+    loss.last_stats                        # detached diagnostics of the batch (std of P, same-argmax ...)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def global_mean(p: torch.Tensor, world_size: int = 1) -> torch.Tensor:
+    """Mean over the batch of every rank, differentiable (sum all-reduced with autograd)."""
+    if world_size <= 1:
+        return p.mean(0)
+    from torch.distributed.nn import all_reduce
+
+    total = all_reduce(p.sum(0))
+    count = torch.tensor([float(p.shape[0])], device=p.device)
+    torch.distributed.all_reduce(count)
+    return total / count
+
+
+def nclip_similarity(logp_image: torch.Tensor, logp_text: torch.Tensor) -> torch.Tensor:
+    """The paper's zero-shot score -L_CE, symmetric (spec 1.7.4): s_ij = 1/2 (p_i . log q_j + q_j . log p_i),
+    from log-probabilities [N, K] and [M, K] -> [N, M]."""
+    p, q = logp_image.exp(), logp_text.exp()
+    return 0.5 * (p @ logp_text.t() + logp_image @ q.t())
+
+
+class NCLIPLoss:
+    """Named terms of L_nCLIP (see the module docstring); ``world_size > 1``: pbar over every rank."""
+
+    def __init__(self, lambda1: float = 0.5, lambda2: float = 1.5, world_size: int = 1):
+        self.lambda1, self.lambda2, self.world_size = float(lambda1), float(lambda2), int(world_size)
+        self.last_stats: dict[str, float] = {}
+
+    def __call__(self, h_image: torch.Tensor, h_text: torch.Tensor) -> dict[str, torch.Tensor]:
+        if h_image.ndim != 2 or h_image.shape != h_text.shape:
+            raise ValueError(f"nCLIP: head outputs must be [B, K] of one shape, got {tuple(h_image.shape)} "
+                             f"and {tuple(h_text.shape)}")
+        with torch.autocast(device_type=h_image.device.type, enabled=False):
+            logp_i, logp_t = F.log_softmax(h_image.float(), 1), F.log_softmax(h_text.float(), 1)
+            p_i, p_t = logp_i.exp(), logp_t.exp()
+            ce = -0.5 * ((p_i * logp_t).sum(1) + (p_t * logp_i).sum(1)).mean()
+            eh = -0.5 * ((p_i * logp_i).sum(1) + (p_t * logp_t).sum(1)).mean()
+            pbar_i, pbar_t = global_mean(p_i, self.world_size), global_mean(p_t, self.world_size)
+            he = -0.5 * ((pbar_i * pbar_i.clamp_min(1e-12).log()).sum() + (pbar_t * pbar_t.clamp_min(1e-12).log()).sum())
+            total = ce + self.lambda1 * eh - self.lambda2 * he
+        self.last_stats = nclip_stats(p_i.detach(), p_t.detach())
+        return {"nclip": total, "nclip_ce": ce, "nclip_eh": eh, "nclip_he": he, "nclip_kl": ce - eh}
+
+
+@torch.no_grad()
+def nclip_stats(p_image: torch.Tensor, p_text: torch.Tensor) -> dict[str, float]:
+    """App. B.1 / Table 11 diagnostics of a batch: std of the rows (over K, averaged over samples) and of the
+    columns (over the batch, averaged over units) of P, per modality, and Acc_nC = % of pairs whose image and
+    text distributions have the same argmax."""
+    out = {}
+    for name, p in (("image", p_image), ("text", p_text)):
+        out[f"nclip_row_std_{name}"] = float(p.std(1).mean()) if p.shape[1] > 1 else 0.0
+        out[f"nclip_col_std_{name}"] = float(p.std(0).mean()) if p.shape[0] > 1 else 0.0
+    out["nclip_acc_same_argmax"] = 100.0 * float((p_image.argmax(1) == p_text.argmax(1)).float().mean())
+    return out
+
+
+__all__ = ["NCLIPLoss", "global_mean", "nclip_similarity", "nclip_stats"]

@@ -1,0 +1,97 @@
+"""``method: nclip`` and ``method: xclip`` (Zhou et al., nclip-xclip.txt Eqs. 2-5, Alg. 1; methods-spec 1).
+
+nCLIP: the model's second head is the nCLIP head (:class:`protoclip.models.model.NCLIPHead`, head_hidden ->
+head_out = K units, BN without affine) on each modality; the loss is :class:`protoclip.losses.nclip.NCLIPLoss`
+(symmetric CE with no stop-gradient + lambda1 * per-sample entropy - lambda2 * entropy of the global batch mean).
+xCLIP = ``nclip.clip_weight`` (0.2) * L_CLIP + ``nclip.weight`` (1.0) * L_nCLIP on shared encoders.
+
+xCLIP's "CLIP head" (a linear map of the backbone feature to 512-d, no bias) is open_clip's own projection,
+i.e. z; the nCLIP head reads z too (the backbone feature times open_clip's projection), not the raw backbone
+feature of Alg. 1: the head's first Linear follows, so this is the same function class with the first layer
+factored through embed_dim (a choice for sharing open_clip's towers unchanged; spec 1.3 lists no such detail).
+
+Diagnostics per step (App. B.1, Table 11): nclip_kl / _eh / _he (terms), row / column std of P per modality,
+Acc_nC = % same argmax across modalities, and the in-batch retrieval accuracy (Acc_C): by cosine of z for
+xCLIP, by the CE similarity of the nCLIP distributions for nCLIP.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from protoclip.losses.nclip import NCLIPLoss, nclip_similarity
+from protoclip.train.config import TrainConfig
+from protoclip.train.distributed import DistInfo
+from protoclip.train.methods.base import register
+from protoclip.train.methods.clip import CLIPMethod
+
+
+@torch.no_grad()
+def in_batch_accuracy(sim: torch.Tensor) -> float:
+    """% of rows and columns of a square similarity matrix whose maximum is on the diagonal (mean of both)."""
+    target = torch.arange(sim.shape[0], device=sim.device)
+    return 50.0 * float((sim.argmax(1) == target).float().mean() + (sim.argmax(0) == target).float().mean())
+
+
+@register("nclip")
+class NCLIPMethod(CLIPMethod):
+    head = "nclip"
+    similarity = "nclip_ce"
+
+    def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
+        super().__init__(cfg, info)
+        self._nclip = NCLIPLoss(cfg.nclip.lambda1, cfg.nclip.lambda2, world_size=self.info.world_size)
+        self._acc: dict[str, float] = {}
+
+    @classmethod
+    def similarity_for(cls, cfg: TrainConfig) -> str:
+        return cls.similarity
+
+    def outputs(self) -> set[str]:
+        return {"h_image", "h_text"}
+
+    def find_unused_parameters(self) -> bool:
+        return True  # tau_CLIP, tau_Proto
+
+    def nclip_terms(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self._nclip(out["h_image"], out["h_text"])
+
+    def terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
+              state: Any) -> dict[str, torch.Tensor]:
+        terms = self.nclip_terms(out)
+        with torch.no_grad():
+            hi, ht = out["h_image"].detach().float(), out["h_text"].detach().float()
+            self._acc = {"clip_acc": in_batch_accuracy(nclip_similarity(F.log_softmax(hi, 1), F.log_softmax(ht, 1)))}
+        return terms
+
+    def weights(self) -> dict[str, float]:
+        return {"nclip": 1.0}
+
+    def diagnostics(self) -> dict[str, float]:
+        return {**self._nclip.last_stats, **self._acc}
+
+
+@register("xclip")
+class XCLIPMethod(NCLIPMethod):
+    similarity = "cosine"  # zero-shot by cosine in the CLIP-head space (paper Sec. 4.1)
+
+    def outputs(self) -> set[str]:
+        return {"z_image", "z_text", "logit_scale", "h_image", "h_text"}
+
+    def find_unused_parameters(self) -> bool:
+        return True  # tau_Proto
+
+    def terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
+              state: Any) -> dict[str, torch.Tensor]:
+        terms = self.clip_terms(model, out)
+        terms.update(self.nclip_terms(out))
+        self._acc = {"clip_acc": 0.5 * (self._clip_stats["clip_acc_i2t"] + self._clip_stats["clip_acc_t2i"])}
+        return terms
+
+    def weights(self) -> dict[str, float]:
+        return {"clip": self.cfg.nclip.clip_weight, "nclip": self.cfg.nclip.weight}
+
+    def diagnostics(self) -> dict[str, float]:
+        return {**self._clip_stats, **self._nclip.last_stats, **self._acc}
