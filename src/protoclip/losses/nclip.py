@@ -55,7 +55,9 @@ class NCLIPLoss:
             raise ValueError(f"nCLIP: head outputs must be [B, K] of one shape, got {tuple(h_image.shape)} "
                              f"and {tuple(h_text.shape)}")
         with torch.autocast(device_type=h_image.device.type, enabled=False):
-            logp_i, logp_t = F.log_softmax(h_image.float(), 1), F.log_softmax(h_text.float(), 1)
+            # float32 at least (float64 inputs stay float64: gradient checks)
+            dtype = torch.float64 if h_image.dtype == torch.float64 else torch.float32
+            logp_i, logp_t = F.log_softmax(h_image.to(dtype), 1), F.log_softmax(h_text.to(dtype), 1)
             p_i, p_t = logp_i.exp(), logp_t.exp()
             ce = -0.5 * ((p_i * logp_t).sum(1) + (p_t * logp_i).sum(1)).mean()
             eh = -0.5 * ((p_i * logp_i).sum(1) + (p_t * logp_t).sum(1)).mean()
