@@ -6,6 +6,11 @@ head output: the prototype space, used by NEMD) and labels of the test and train
 prompt-ensembled zero-shot classifier from ``z^T`` when the set has templates. For a caption set (or the
 captions of ``heldout_pairs``): ``z^I`` of its images, ``z^T`` of every caption and ``text_to_image``.
 
+When the run's method scores image-text pairs other than by the cosine of z (nCLIP's -CE, multi-token CLIP's
+summed per-token cosine: :func:`similarity_kind` from the saved config), the method's similarity is also
+stored as a dot product: ``test_s`` / ``zeroshot_classifier_s`` and ``caption_image_s`` / ``caption_text_s``
+plus ``similarity`` (the kind); the evaluation stage then uses those with ``normalize=False``.
+
 The arrays live in ``results/runs/<run>/features/<set>.npz`` (written atomically) with a ``meta_json``
 entry; the cache is reused only when the model file's sha256, the data source, the split sizes and the
 class names / templates are unchanged, so a retrained ``model.pt`` invalidates it.
@@ -35,7 +40,7 @@ from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: + the method's similarity embeddings (*_s)
 
 
 def _text_hash(items: Iterable[str]) -> str:
@@ -115,6 +120,49 @@ def make_text_encoder(model: Any, tokenizer: Callable, device: torch.device,
     return encode
 
 
+# ---- the training method's similarity (methods-spec 5.6: zero-shot / retrieval score per method)
+# "cosine": cos(z^I, z^T) (CLIP, ProtoCLIP, xCLIP's CLIP head); the metrics normalise z themselves.
+# "product_sphere": sum over the m tokens / chunks of per-token cosines (temperature paper Fig. 6, PS(n, m)
+#   negative trace); prompts are ensembled by averaging the per-prompt scores (paper Sec. 5.2 averages
+#   logits, not embeddings: spec 2.5 / 2.7.7), i.e. the mean of the chunk-normalised text embeddings.
+# "nclip_ce": s = 1/2 (p_I . log p_T + p_T . log p_I), p = softmax of the nCLIP head (paper: -L_CE;
+#   spec 1.7.4), prompts ensembled by averaging the probability vectors (spec 1.7.4).
+# The non-cosine kinds are written as a dot product of an image embedding and a text embedding
+# (``*_s`` arrays; metrics called with normalize=False).
+def similarity_kind(config: dict) -> tuple[str, int]:
+    """(kind, m) of a run from its saved training config (``load_model``'s second value)."""
+    from protoclip.config import build
+    from protoclip.train.config import TrainConfig
+    from protoclip.train.methods import method_class
+
+    tcfg = build(TrainConfig, config, "<model.pt config>")
+    return method_class(tcfg.method).similarity_for(tcfg), tcfg.subspheres()
+
+
+def similarity_embeddings(kind: str, side: str, z: torch.Tensor, h: torch.Tensor | None, subspheres: int = 1,
+                          pre: torch.Tensor | None = None) -> torch.Tensor:
+    """Embeddings whose dot product is the method's similarity. ``side``: "image" or "text". For the text side
+    of a prompt ensemble pass ``pre`` = the mean over prompts of :func:`similarity_pre` (else computed here)."""
+    if kind == "product_sphere":
+        return pre if pre is not None else similarity_pre(kind, z, h, subspheres)
+    if kind == "nclip_ce":
+        p = pre if pre is not None else similarity_pre(kind, z, h, subspheres)
+        logp = p.clamp_min(1e-30).log()
+        return 0.5 * torch.cat([p, logp], 1) if side == "image" else torch.cat([logp, p], 1)  # dot = s
+    raise ValueError(f"no dot-product embedding for similarity {kind!r}")
+
+
+def similarity_pre(kind: str, z: torch.Tensor, h: torch.Tensor | None, subspheres: int = 1) -> torch.Tensor:
+    """What a prompt ensemble averages: chunk-normalised z (product sphere) or the head softmax p (nCLIP)."""
+    from protoclip.losses.distances import product_sphere
+
+    if kind == "product_sphere":
+        return product_sphere(z.float(), subspheres).flatten(1)
+    if kind == "nclip_ce":
+        return torch.softmax(h.float(), dim=1)
+    raise ValueError(f"unknown similarity {kind!r}")
+
+
 class FeatureExtractor:
     """Loads the run's model lazily (only on a cache miss) and extracts / caches features per set."""
 
@@ -132,8 +180,9 @@ class FeatureExtractor:
     def _load(self) -> None:
         from protoclip.models import get_tokenizer, load_model
 
-        self._model, _ = load_model(self.model_path, self.device)
+        self._model, config = load_model(self.model_path, self.device)
         self._model.eval()
+        self.similarity, self.subspheres = similarity_kind(config) if "method" in config else ("cosine", 1)
         self.tokenizer = get_tokenizer(self._model.name)
         self.transform = eval_transform(self._model.image_size)
 
@@ -191,16 +240,48 @@ class FeatureExtractor:
 
                 out["zeroshot_classifier"] = build_zeroshot_classifier(
                     self.text_encoder(), ds.classnames, ds.templates).numpy()
+                if self.similarity != "cosine":
+                    out.update(self._similarity_zeroshot(ds, out["test_z"], out["test_h"]))
             caps = ds.captions
         else:
             caps = ds
         if caps is not None:
-            z, _, _ = encode_images(model, caps.images, self.transform, self.device, self.batch_size,
+            z, h, _ = encode_images(model, caps.images, self.transform, self.device, self.batch_size,
                                     desc=f"{ds.name} caption images", num_workers=self.num_workers)
             out["caption_image_z"] = z
             out["caption_text_z"] = self.text_encoder()(caps.texts).numpy()
             out["caption_text_to_image"] = caps.text_to_image
+            if self.similarity != "cosine":
+                out.update(self._similarity_captions(z, h, caps.texts))
         return out
+
+    # ---- the method's own similarity (see similarity_embeddings)
+    def _text_pre(self, texts: list[str]) -> torch.Tensor:
+        model, out = self.model, []
+        with torch.no_grad():
+            for i in range(0, len(texts), self.batch_size):
+                z = model.encode_text(self.tokenizer(texts[i:i + self.batch_size]).to(self.device))
+                out.append(similarity_pre(self.similarity, z, model.text_head(z), self.subspheres).float().cpu())
+        return torch.cat(out)
+
+    def _image_s(self, z: np.ndarray, h: np.ndarray) -> np.ndarray:
+        return similarity_embeddings(self.similarity, "image", torch.from_numpy(z), torch.from_numpy(h),
+                                     self.subspheres).numpy()
+
+    def _similarity_zeroshot(self, ds: LabelledSet, test_z: np.ndarray, test_h: np.ndarray) -> dict[str, np.ndarray]:
+        from protoclip.evaluate.metrics.zeroshot import _fill
+
+        rows = []
+        for c in tqdm(ds.classnames, desc=f"{ds.name} {self.similarity} classifier", leave=False):
+            pre = self._text_pre([_fill(t, c) for t in ds.templates]).mean(0, keepdim=True)  # prompt ensemble
+            rows.append(similarity_embeddings(self.similarity, "text", None, None, self.subspheres, pre=pre))
+        return {"test_s": self._image_s(test_z, test_h), "zeroshot_classifier_s": torch.cat(rows).numpy(),
+                "similarity": np.array(self.similarity)}
+
+    def _similarity_captions(self, z: np.ndarray, h: np.ndarray, texts: list[str]) -> dict[str, np.ndarray]:
+        text_s = similarity_embeddings(self.similarity, "text", None, None, self.subspheres, pre=self._text_pre(texts))
+        return {"caption_image_s": self._image_s(z, h), "caption_text_s": text_s.numpy(),
+                "similarity": np.array(self.similarity)}
 
 
 __all__ = ["FeatureExtractor", "encode_images", "make_text_encoder", "resolve_device", "sha256_file"]

@@ -109,9 +109,14 @@ def _sizes(f: dict[str, np.ndarray], train: bool = False) -> dict[str, int]:
 def task_zeroshot(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.zeroshot import zeroshot_classify
 
-    m = zeroshot_classify(f["test_z"], f["zeroshot_classifier"], f["test_y"])
+    if "test_s" in f:  # the method's own similarity as a dot product (evaluate.features.similarity_embeddings)
+        m = zeroshot_classify(f["test_s"], f["zeroshot_classifier_s"], f["test_y"], normalize=False)
+        what = f"{str(f['similarity'])} similarity (image vs prompt-ensembled text)"
+    else:
+        m = zeroshot_classify(f["test_z"], f["zeroshot_classifier"], f["test_y"])
+        what = "z_image (L2-normalised) vs prompt-ensembled z_text"
     m["n_classes"], m["n_templates"] = len(ds.classnames), len(ds.templates)
-    return m, "z_image (L2-normalised) vs prompt-ensembled z_text", _sizes(f)
+    return m, what, _sizes(f)
 
 
 def task_linear(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
@@ -137,9 +142,14 @@ def task_knn(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskRe
 def task_retrieval(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.retrieval import retrieval_recall
 
-    m = retrieval_recall(f["caption_image_z"], f["caption_text_z"], f["caption_text_to_image"])
+    if "caption_image_s" in f:  # the method's own similarity (evaluate.features.similarity_embeddings)
+        m = retrieval_recall(f["caption_image_s"], f["caption_text_s"], f["caption_text_to_image"], normalize=False)
+        what = f"{str(f['similarity'])} similarity"
+    else:
+        m = retrieval_recall(f["caption_image_z"], f["caption_text_z"], f["caption_text_to_image"])
+        what = "z_image vs z_text (L2-normalised, dot product)"
     sizes = {"n_images": int(len(f["caption_image_z"])), "n_texts": int(len(f["caption_text_z"]))}
-    return m, "z_image vs z_text (L2-normalised, dot product)", sizes
+    return m, what, sizes
 
 
 def task_clustering(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:

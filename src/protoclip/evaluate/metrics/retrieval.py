@@ -46,12 +46,16 @@ def retrieval_recall(
     ks: Sequence[int] = (1, 5, 10),
     chunk_size: int = 1024,
     device: str | torch.device = "cpu",
+    normalize: bool = True,
 ) -> dict[str, float]:
-    """Recall@k in percent both ways plus their mean (``mean_recall``)."""
+    """Recall@k in percent both ways plus their mean (``mean_recall``); ``normalize=False``: rank by the plain
+    dot product of the given features (a method's own similarity, see ``evaluate.features``)."""
     if not ks or min(ks) < 1:
         raise ValueError(f"ks must be positive integers, got {ks}")
-    img = F.normalize(features_torch(image_feats, "image_feats", device=device), dim=1)
-    txt = F.normalize(features_torch(text_feats, "text_feats", device=device), dim=1)
+    img = features_torch(image_feats, "image_feats", device=device)
+    txt = features_torch(text_feats, "text_feats", device=device)
+    if normalize:
+        img, txt = F.normalize(img, dim=1), F.normalize(txt, dim=1)
     same_dim(img, txt, "image_feats", "text_feats")
     t2i = labels_np(text_to_image, "text_to_image", txt.shape[0])
     n_img, n_txt = img.shape[0], txt.shape[0]

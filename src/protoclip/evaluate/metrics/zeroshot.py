@@ -81,11 +81,14 @@ def zeroshot_classify(
     labels: ArrayLike,
     topk: Sequence[int] = (1, 5),
     batch_size: int = 4096,
+    normalize: bool = True,
 ) -> dict[str, float]:
     """Top-k accuracy in percent of ``argmax_c cos(image, classifier[c])``.
 
-    Both image features and classifier rows are L2-normalised here (cosine similarity). A top-k
-    entry is reported only when the number of classes C is at least k (so a 2-class set has no top5).
+    Both image features and classifier rows are L2-normalised here (cosine similarity); ``normalize=False``
+    scores by the plain dot product (a method's own similarity embedded as a dot product, e.g. nCLIP's -CE,
+    see ``protoclip.evaluate.features.similarity_embeddings``). A top-k entry is reported only when the
+    number of classes C is at least k (so a 2-class set has no top5).
     """
     x = features_torch(image_features, "image_features")
     w = features_torch(classifier, "classifier")
@@ -94,7 +97,8 @@ def zeroshot_classify(
     n_classes = w.shape[0]
     if int(y.max()) >= n_classes:
         raise ValueError(f"labels go up to {int(y.max())} but the classifier has only {n_classes} classes")
-    x, w = F.normalize(x, dim=1), F.normalize(w, dim=1)
+    if normalize:
+        x, w = F.normalize(x, dim=1), F.normalize(w, dim=1)
     ks = [k for k in topk if k <= n_classes]
     correct = dict.fromkeys(ks, 0)
     for start in range(0, x.shape[0], batch_size):
