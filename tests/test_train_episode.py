@@ -15,7 +15,7 @@ from train_fixtures import RandomPairs, one_thread, tiny_config, tiny_model  # n
 from protoclip.train.distributed import DistInfo  # noqa: E402
 from protoclip.train.episode import (episode_loader, episode_size_for, extract_features, rank_positions,  # noqa: E402
                                      sample_episode, size_stats)
-from protoclip.train.objective import n_clusters  # noqa: E402
+from protoclip.train.methods.protoclip import n_clusters  # noqa: E402
 
 _threads = pytest.fixture(autouse=True)(one_thread)
 

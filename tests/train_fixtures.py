@@ -108,7 +108,7 @@ def global_clip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     from protoclip.train.distributed import init_from_env
-    from protoclip.train.objective import Objective
+    from protoclip.train.methods import build_method
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -118,7 +118,7 @@ def global_clip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         zi, zt = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
         part = slice(rank * 4, (rank + 1) * 4)
         zi_r, zt_r = zi[part].clone().requires_grad_(True), zt[part].clone().requires_grad_(True)
-        obj = Objective(tiny_config(method="clip"), info)
+        obj = build_method(tiny_config(method="clip"), info)
         terms = obj.terms(None, {"z_image": zi_r, "z_text": zt_r, "logit_scale": torch.tensor(10.0)}, None, None)
         terms["clip"].backward()
         torch.save({"loss": terms["clip"].detach(), "gi": zi_r.grad, "gt": zt_r.grad}, f"{out_dir}/clip{rank}.pt")

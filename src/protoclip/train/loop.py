@@ -1,11 +1,11 @@
-"""The episodic trainer shared by CLIP and ProtoCLIP (Sec. III-D, IV-A, Table I).
+"""The episodic trainer shared by every training method (ProtoCLIP Sec. III-D, IV-A, Table I).
 
-Per episode: sample m items (:mod:`protoclip.train.episode`), and for ``method: protoclip`` extract h^I, h^T
-with the current model, run k-means per modality (+ teacher) and PBT, then train on the episode's batches
-with ``clip_weight * L_CLIP + proto_weight * L_Proto + external_weight * L_Proto^external``. Plain CLIP is
-the same loop with extraction and clustering skipped. Optimizer AdamW (decoupled weight decay only on the
+Per episode: sample m items (:mod:`protoclip.train.episode`), let the method prepare the episode
+(``Method.begin_episode``: for ``method: protoclip`` extract h^I, h^T with the current model, k-means per
+modality (+ teacher) and PBT; nothing for CLIP), then train on the episode's batches with the method's loss
+(``Method.terms`` / ``Method.total``, see :mod:`protoclip.train.methods`). Optimizer AdamW (decoupled weight decay only on the
 model's ``*_decay`` groups), warm-up + cosine LR, the image groups' LR zeroed from ``lock_image_epoch``,
-grad-norm clipping, logit scales clamped after every step, bf16 autocast on CUDA (fp32 on CPU).
+grad-norm clipping, ``Method.after_step`` after every step (logit-scale clamps), bf16 autocast on CUDA (fp32 on CPU).
 
 Outputs under ``layout.run_dir(run)``: ``config.yaml`` and ``train_log.jsonl`` from the start, and
 ``checkpoints/last.pt`` at every episode end (atomic). ``resume=True`` continues from the checkpoint and
@@ -41,9 +41,9 @@ from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, barrier, env_world, init_from_env, sync_buffers
-from protoclip.train.episode import episode_loader, episode_size_for, extract_features, sample_episode
+from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
 from protoclip.train.logbook import TrainLog
-from protoclip.train.objective import Objective, build_episode_prototypes
+from protoclip.train.methods import EpisodeData, Method, build_method
 from protoclip.train.schedule import Schedule
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,15 @@ def check_finite(terms: dict[str, torch.Tensor], step: int, episode: int, info: 
             f"stopped, last good checkpoint kept at {checkpoint}")
 
 
+def to_device(x, device: torch.device):
+    """A batch field (a tensor, or a list/tuple of tensors for multi-view methods) on ``device``."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_device(v, device) for v in x)
+    return x.to(device, non_blocking=True)
+
+
 class TrainForward(torch.nn.Module):
-    """The model's forward plus its exponentiated logit scales, keeping only the outputs the loss uses.
+    """The method's forward (model outputs + exponentiated logit scales), keeping only the outputs the loss uses.
 
     Under DDP every parameter the loss uses must be touched inside ``forward`` (one used only outside is
     marked ready twice), and every output must reach the loss (``find_unused_parameters`` walks the graph
@@ -116,16 +123,12 @@ class TrainForward(torch.nn.Module):
     for a gradient that never comes).
     """
 
-    def __init__(self, model: torch.nn.Module, keep: set[str]):
+    def __init__(self, model: torch.nn.Module, method: Method):
         super().__init__()
-        self.model, self.keep = model, set(keep)
+        self.model, self.method, self.keep = model, method, set(method.outputs())
 
-    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = dict(self.model(images, tokens))
-        if "logit_scale" in self.keep:
-            out["logit_scale"] = self.model.logit_scale.exp()
-        if "proto_logit_scale" in self.keep:
-            out["proto_logit_scale"] = self.model.proto_logit_scale.exp()
+    def forward(self, images, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = self.method.forward(self.model, images, tokens)
         return {k: v for k, v in out.items() if k in self.keep}
 
 
@@ -172,6 +175,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
 
     model.to(device)
     optimizer = build_optimizer(model, cfg)
+    method = build_method(cfg, info)
     start_episode, step, prototypes = 0, 0, None
     state = load_checkpoint(ckpt_path, map_location=device) if resume and ckpt_path.exists() else None
     if state is not None and state["extra"].get("config") != resume_key(cfg):
@@ -183,6 +187,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_episode, step, prototypes = state["episode"], state["step"], state["prototypes"]
+        method.load_state_dict(state["extra"].get("method", {}))
         restore_rng(state["rng"])
         tlog.truncate_to(start_episode, step)
         log.info("resumed %s at episode %d / %d (step %d)", run, start_episode, sched.n_episodes, step)
@@ -200,48 +205,38 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     if info.is_main:
         tracker.log_params({"train": to_dict(cfg), "provenance": prov})
 
-    objective = Objective(cfg, info)
-    net: torch.nn.Module = TrainForward(model, objective.outputs())
+    net: torch.nn.Module = TrainForward(model, method)
     if info.enabled:
-        # CLIP runs leave the heads and tau_Proto without gradient, Proto-only runs tau_CLIP: only then does
-        # DDP need the (slower) search for unused parameters
-        unused = cfg.method == "clip" or not objective.uses_clip()
+        # e.g. CLIP runs leave the heads and tau_Proto without gradient, Proto-only runs tau_CLIP: only then
+        # does DDP need the (slower) search for unused parameters
         net = torch.nn.parallel.DistributedDataParallel(
-            net, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=unused)
+            net, device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=method.find_unused_parameters())
     model.train()
     done_here = 0
     for episode in tqdm(range(start_episode, sched.n_episodes), desc=f"train {run}", disable=not info.is_main,
                         initial=start_episode, total=sched.n_episodes):
-        times = {"extract": 0.0, "kmeans": 0.0, "pbt": 0.0, "train": 0.0}
         indices = sample_episode(M, m, cfg.seed, episode)
         loader = episode_loader(dataset, indices, info, cfg.batch_size, cfg.num_workers, device)
-        ep_stats: dict[str, float] = {}
-        if cfg.method == "protoclip":
-            t0 = time.perf_counter()
-            sync_buffers(model, info)
-            feats = extract_features(model, loader, m, device, info, autocast, desc=f"extract {episode}")
-            if use_teacher:
-                feats.teacher = torch.from_numpy(np.ascontiguousarray(teacher[indices], dtype=np.float32)).to(device)
-            times["extract"] = time.perf_counter() - t0
-            prototypes, ep_stats, t_km, t_pbt = build_episode_prototypes(feats, cfg, info, episode, use_teacher)
-            times["kmeans"], times["pbt"] = t_km, t_pbt
-            prototypes = prototypes.to(device) if hasattr(prototypes, "to") else prototypes
+        prototypes, ep_stats, times = method.begin_episode(
+            model, EpisodeData(dataset, indices, loader, info, device, autocast, teacher, use_teacher), episode)
+        times = {**times, "train": 0.0}
         t0 = time.perf_counter()
         sums: dict[str, float] = {}
         n_steps = 0
         for images, tokens, pos in tqdm(loader, desc=f"episode {episode}", leave=False, disable=not info.is_main):
-            if images.shape[0] < 2:  # BatchNorm (heads, ResNet) cannot train on one sample; the same on every rank
+            if len(pos) < 2:  # BatchNorm (heads, ResNet) cannot train on one sample; the same on every rank
                 log.warning("episode %d: skipping a final batch of 1 item", episode)
                 continue
             # locked-image tuning zeroes the LR only, as the paper states (Sec. IV-A2); BatchNorm running
             # statistics of the image encoder keep updating in train mode
             lr, image_lr = sched.lr(step), sched.image_lr(step)
             set_lrs(optimizer, lr, image_lr)
-            images, tokens = images.to(device, non_blocking=True), tokens.to(device, non_blocking=True)
+            images, tokens = to_device(images, device), to_device(tokens, device)
             with autocast():
                 out = net(images, tokens)
-            terms = objective.terms(model, out, pos.to(device), prototypes)
-            loss = objective.total(terms)
+            terms = method.terms(model, out, pos.to(device), prototypes)
+            loss = method.total(terms)
             check_finite({**terms, "total": loss}, step, episode, info, ckpt_path)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -250,10 +245,10 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
                 raise NonFiniteLossError(f"non-finite gradient norm at step {step} (episode {episode}): "
                                          f"{float(grad_norm)}; stopped, last good checkpoint kept at {ckpt_path}")
             optimizer.step()
-            objective.clamp(model)
+            method.after_step(model)
             rec = {"kind": "step", "step": step, "episode": episode, "epoch": sched.epoch(step), "lr": lr,
                    "image_lr": image_lr, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
-                   **{k: float(v.detach()) for k, v in terms.items()}, **objective.diagnostics(),
+                   **{k: float(v.detach()) for k, v in terms.items()}, **method.diagnostics(),
                    **temperatures(model)}
             if step % cfg.log_every == 0:
                 tlog.append(rec)
@@ -270,7 +265,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         if info.is_main:
             save_checkpoint(ckpt_path, model=model, optimizer=optimizer, episode=episode + 1, step=step,
                             prototypes=prototypes.to("cpu") if hasattr(prototypes, "to") else prototypes,
-                            extra={"run": run, "config": resume_key(cfg)})
+                            extra={"run": run, "config": resume_key(cfg), "method": method.state_dict()})
             tlog.append(ep_rec)
             tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=episode)
         barrier(info)

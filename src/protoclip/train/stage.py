@@ -71,7 +71,7 @@ def resolve_sources(cfg: ProjectConfig, tcfg: TrainConfig) -> list[str]:
 def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_size: int, tokenizer):
     """The run's training pairs (manifest train split of its sources, the run's augmentation) and their ids."""
     from protoclip.data.pairs import ImageTextDataset, load_manifest
-    from protoclip.data.transforms import train_transform
+    from protoclip.train.methods import method_class
 
     if not layout.manifest.exists():
         raise ConfigError(f"run '{tcfg.name}': manifest not found at {layout.manifest}; build it with "
@@ -79,20 +79,20 @@ def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_s
     df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train")
     if len(df) == 0:
         raise ConfigError(f"run '{tcfg.name}': no training pairs for sources {tcfg.data} in {layout.manifest}")
-    dataset = ImageTextDataset(df, train_transform(image_size, tcfg.augmentation), tokenizer)
+    dataset = ImageTextDataset(df, method_class(tcfg.method).train_transform(tcfg, image_size), tokenizer)
     return dataset, [str(i) for i in df["id"].tolist()]
 
 
 def train_run(cfg: ProjectConfig, run: str, tracker: Tracker, resume: bool = False) -> Path:
     """Everything of :func:`run_train` except the MLflow context (the tracker is given)."""
-    from protoclip.models import build_model, get_tokenizer, save_model
+    from protoclip.models import get_tokenizer, save_model
+    from protoclip.train.methods import method_class
 
     tcfg = cfg.run(run)
     layout = Layout.from_config(cfg)
     info = env_world()
     seed_everything(tcfg.seed)  # same seed on every rank: identical initial weights
-    model = build_model(tcfg.model, head_hidden=tcfg.head_hidden, head_out=tcfg.head_out,
-                        init_temperature=tcfg.loss.init_temperature)
+    model = method_class(tcfg.method).build_model(tcfg)
     dataset, ids = build_dataset(cfg, layout, tcfg, model.image_size, get_tokenizer(tcfg.model))
     teacher = load_teacher(layout, tcfg, ids) if uses_teacher(tcfg) else None
     model = train(model, dataset, tcfg, layout, run, teacher=teacher, tracker=tracker, resume=resume)

@@ -1,0 +1,158 @@
+"""A training method of the episodic trainer: what the model is, what a batch holds, which losses it trains.
+
+The loop (:mod:`protoclip.train.loop`) is the same for every method: sample an episode -> ``begin_episode`` ->
+for each batch ``forward`` -> ``terms`` -> ``total`` -> backward/step -> ``after_step`` -> checkpoint. A method
+plugs into it by subclassing :class:`Method` and registering under the ``TrainConfig.method`` name::
+
+    from protoclip.train.methods.base import Method, register
+
+    @register("mymethod")                      # also add "mymethod" to TrainConfig.method's Literal
+    class MyMethod(Method):
+        def outputs(self): return {"z_image", "z_text", "logit_scale"}
+        def terms(self, model, out, positions, state): return {"my": ...}
+        def total(self, terms): return terms["my"]
+
+Everything else has a default that does nothing (CLIP-like: one view + tokens, no episode work, no state).
+``METHODS`` maps every name to its class; ``build_method(cfg, info)`` builds the trainer's instance.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from protoclip.train.config import TrainConfig
+from protoclip.train.distributed import DistInfo
+
+METHODS: dict[str, type["Method"]] = {}
+
+
+def register(name: str) -> Callable[[type["Method"]], type["Method"]]:
+    """Class decorator: ``METHODS[name] = cls`` (``cls.name = name``)."""
+
+    def deco(cls: type[Method]) -> type[Method]:
+        if name in METHODS:
+            raise ValueError(f"training method {name!r} registered twice")
+        cls.name = name
+        METHODS[name] = cls
+        return cls
+
+    return deco
+
+
+def method_class(name: str) -> type["Method"]:
+    import protoclip.train.methods  # noqa: F401  (registers the shipped methods)
+
+    if name not in METHODS:
+        raise ValueError(f"unknown training method {name!r} (known: {', '.join(sorted(METHODS))})")
+    return METHODS[name]
+
+
+def build_method(cfg: TrainConfig, info: DistInfo | None = None) -> "Method":
+    """The trainer's method object for ``cfg.method`` (``info``: the DDP world, None = single process)."""
+    return method_class(cfg.method)(cfg, info)
+
+
+@dataclass
+class EpisodeData:
+    """What ``begin_episode`` may use: the episode's items and how to run the model over them."""
+
+    dataset: Dataset  # the whole training set (items as the method's train_transform makes them)
+    indices: np.ndarray  # the episode's dataset indices, training order
+    loader: DataLoader  # this rank's batches of the episode: (images, tokens, positions)
+    info: DistInfo
+    device: torch.device
+    autocast: Callable[[], ContextManager]
+    teacher: np.ndarray | None  # external-teacher features aligned with ``dataset`` (None: not used)
+    use_teacher: bool
+
+
+class Method:
+    """Base class: defaults for a single-view image-text method whose model is a ProtoCLIPModel."""
+
+    name = "?"
+
+    def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
+        self.cfg = cfg
+        self.info = info if info is not None else DistInfo()
+
+    # ---- model and data (called by the stage before training, and by models.checkpoint to rebuild) ----
+    @classmethod
+    def build_model(cls, cfg: TrainConfig) -> torch.nn.Module:
+        """A randomly initialised model for ``cfg`` (it must have ``param_groups``, ``image_size``)."""
+        from protoclip.models import build_model
+
+        return build_model(cfg.model, head_hidden=cfg.head_hidden, head_out=cfg.head_out,
+                           init_temperature=cfg.loss.init_temperature)
+
+    @classmethod
+    def train_transform(cls, cfg: TrainConfig, image_size: int) -> Callable:
+        """PIL image -> what the batch's ``images`` holds. A method that needs several views per item returns
+        a tuple of tensors here (e.g. :class:`protoclip.train.methods.base.MultiView`); the default collate
+        then gives ``images`` as a list of [B, 3, H, W] tensors, which the loop moves to the device as is."""
+        from protoclip.data.transforms import train_transform
+
+        return train_transform(image_size, cfg.augmentation)
+
+    # ---- per step ----
+    def outputs(self) -> set[str]:
+        """Keys of the forward output the loss reads (the DDP forward returns exactly these)."""
+        raise NotImplementedError
+
+    def find_unused_parameters(self) -> bool:
+        """True when some trainable parameters get no gradient (DDP then searches the graph, slower)."""
+        return True
+
+    def forward(self, model: torch.nn.Module, images: Any, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The training forward (runs inside DDP's wrapper): the model's outputs plus every ``*logit_scale``
+        the loss reads, exponentiated (parameters used by the loss must be touched inside forward)."""
+        out = dict(model(images, tokens))
+        for key in self.outputs():
+            if key.endswith("logit_scale") and key not in out:
+                out[key] = getattr(model, key).exp()
+        return out
+
+    def begin_episode(self, model: torch.nn.Module, data: EpisodeData, episode: int
+                      ) -> tuple[Any, dict[str, float], dict[str, float]]:
+        """Work before an episode's batches -> (episode state passed to ``terms``, stats logged in the episode
+        record, times in seconds logged as ``time/<key>``). The state is also saved in the checkpoint
+        (key ``prototypes``) for inspection; it is rebuilt at the next episode, never read on resume."""
+        return None, {}, {}
+
+    def terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
+              state: Any) -> dict[str, torch.Tensor]:
+        """Named unweighted scalar loss terms of one batch (``positions``: the items' episode positions)."""
+        raise NotImplementedError
+
+    def total(self, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The optimised loss from the terms (weights from the config)."""
+        raise NotImplementedError
+
+    def diagnostics(self) -> dict[str, float]:
+        """Detached floats of the last batch, logged per step and averaged per episode."""
+        return {}
+
+    def after_step(self, model: torch.nn.Module) -> None:
+        """After every optimizer step (temperature clamps, momentum updates, queues)."""
+
+    # ---- persistent method state (saved with every checkpoint, restored on resume) ----
+    def state_dict(self) -> dict[str, Any]:
+        """State that lives outside the model and the optimizer (e.g. a feature queue)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"method {self.name!r} has no state to load, got keys {sorted(state)}")
+
+
+class MultiView:
+    """A transform giving several views of one image: ``MultiView(t1, t2)(img) -> (t1(img), t2(img))``."""
+
+    def __init__(self, *transforms: Callable):
+        self.transforms = transforms
+
+    def __call__(self, img):
+        return tuple(t(img) for t in self.transforms)

@@ -1,0 +1,115 @@
+"""``method: protoclip``: L = clip_weight L_CLIP (Eq. 1) + proto_weight L_Proto (Eqs. 3-5, PBT Eq. 7)
++ external_weight L_Proto^external (Eq. 8) (ProtoCLIP Sec. III).
+
+Before each episode (Sec. III-D): extract h^I, h^T of the episode's items with the current model
+(:func:`protoclip.train.episode.extract_features`), run k-means per modality (+ teacher) and PBT on rank 0
+(``protoclip.losses.EpisodePrototypes.build``) and broadcast. L_Proto is per sample, so its per-rank mean
+averaged by DDP is already the global mean; L_CLIP is the global-batch loss of :class:`CLIPMethod`.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from protoclip.train.config import TrainConfig
+from protoclip.train.distributed import DistInfo, broadcast_object, sync_buffers
+from protoclip.train.episode import EpisodeFeatures, extract_features, size_stats
+from protoclip.train.methods.base import EpisodeData, register
+from protoclip.train.methods.clip import CLIPMethod
+
+
+def n_clusters(cfg: TrainConfig, episode_size: int) -> int:
+    """K: ``kmeans.n_clusters`` or ``m // images_per_prototype`` (Sec. IV-D3: 10 -> K = 20k at m = 200k),
+    at least 1 and at most m."""
+    k = cfg.kmeans.n_clusters if cfg.kmeans.n_clusters is not None else episode_size // cfg.kmeans.images_per_prototype
+    return int(min(max(k, 1), episode_size))
+
+
+@register("protoclip")
+class ProtoCLIPMethod(CLIPMethod):
+    def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
+        super().__init__(cfg, info)
+        from protoclip.losses.proto import ProtoLoss
+
+        self._proto_loss = ProtoLoss()
+
+    def uses_clip(self) -> bool:
+        return self.cfg.loss.clip_weight > 0
+
+    def outputs(self) -> set[str]:
+        keys = {"z_image", "z_text", "logit_scale"} if self.uses_clip() else set()
+        return keys | {"h_image", "h_text", "proto_logit_scale"}
+
+    def find_unused_parameters(self) -> bool:
+        return not self.uses_clip()  # Proto-only runs leave tau_CLIP without gradient
+
+    def begin_episode(self, model: torch.nn.Module, data: EpisodeData, episode: int
+                      ) -> tuple[Any, dict[str, float], dict[str, float]]:
+        t0 = time.perf_counter()
+        sync_buffers(model, data.info)
+        m = len(data.indices)
+        feats = extract_features(model, data.loader, m, data.device, data.info, data.autocast,
+                                 desc=f"extract {episode}")
+        if data.use_teacher:
+            feats.teacher = torch.from_numpy(
+                np.ascontiguousarray(data.teacher[data.indices], dtype=np.float32)).to(data.device)
+        t_extract = time.perf_counter() - t0
+        prototypes, stats, t_km, t_pbt = build_episode_prototypes(feats, self.cfg, data.info, episode,
+                                                                  data.use_teacher)
+        prototypes = prototypes.to(data.device) if hasattr(prototypes, "to") else prototypes
+        return prototypes, stats, {"extract": t_extract, "kmeans": t_km, "pbt": t_pbt}
+
+    def terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
+              state: Any) -> dict[str, torch.Tensor]:
+        """Unweighted loss terms of one batch; ``state``: the episode's ``EpisodePrototypes``."""
+        terms: dict[str, torch.Tensor] = {}
+        if self.uses_clip():
+            terms.update(self.clip_terms(model, out))
+        if state is None:
+            raise RuntimeError("method 'protoclip' needs the episode's prototypes")
+        scale = out["proto_logit_scale"] if "proto_logit_scale" in out else model.proto_logit_scale.exp()
+        terms.update(self._proto_loss(out["h_image"].float(), out["h_text"].float(), positions, state, scale))
+        if state.external is None:
+            terms.pop("proto_external", None)  # constant 0 without a teacher: not a term of this run
+        return terms
+
+    def weights(self) -> dict[str, float]:
+        w = self.cfg.loss
+        return {"clip": w.clip_weight, "proto": w.proto_weight, "proto_external": w.external_weight}
+
+    def diagnostics(self) -> dict[str, float]:
+        """Detached per-direction losses and prototype accuracies (%) of the last batch."""
+        return dict(self._proto_loss.last_stats)
+
+
+def build_episode_prototypes(feats: EpisodeFeatures, cfg: TrainConfig, info: DistInfo, episode: int,
+                             use_teacher: bool) -> tuple[Any, dict[str, float], float, float]:
+    """Prototypes of the episode on rank 0, broadcast to all ranks -> (prototypes, stats, t_kmeans, t_pbt)."""
+    from protoclip.losses.proto import EpisodePrototypes
+
+    protos, stats, t_km, t_pbt = None, {}, 0.0, 0.0
+    if info.is_main:
+        m = feats.h_image.shape[0]
+        k = n_clusters(cfg, m)
+        protos, stats, t_km, t_pbt = _build(EpisodePrototypes, feats, cfg, k, episode, use_teacher)
+        if info.enabled:
+            protos = protos.to("cpu")  # pickled for the broadcast; the trainer moves it back to its device
+    protos, stats, t_km, t_pbt = broadcast_object((protos, stats, t_km, t_pbt), info)
+    return protos, stats, t_km, t_pbt
+
+
+def _build(EpisodePrototypes, feats: EpisodeFeatures, cfg: TrainConfig, k: int, episode: int, use_teacher: bool):
+    """Adapter to ``EpisodePrototypes.build``; the k-means seed changes per episode and is a pure function of
+    (seed, episode), so a resumed run re-draws the same initialisation."""
+    protos = EpisodePrototypes.build(
+        feats.h_image, feats.h_text, teacher=feats.teacher if use_teacher else None, k=k,
+        iters=cfg.kmeans.iters, backend=cfg.kmeans.backend, seed=cfg.seed * 100_003 + episode,
+        init=cfg.kmeans.init, pbt=cfg.loss.pbt, soft_targets=cfg.loss.soft_targets, tau_y=cfg.loss.tau_y)
+    stats = {"k": float(k), **protos.stats(), **size_stats(protos.image.sizes, "kmeans_image_"),
+             **size_stats(protos.text.sizes, "kmeans_text_")}
+    if protos.external is not None:
+        stats.update(size_stats(protos.external.sizes, "kmeans_external_"))
+    return protos, stats, float(protos.kmeans_seconds), float(protos.pbt_seconds)
