@@ -183,6 +183,7 @@ def read_yaml(path: str | Path) -> dict:
 from protoclip.data.config import PrepareConfig  # noqa: E402  (sections live with their packages)
 from protoclip.evaluate.config import EvaluateConfig  # noqa: E402
 from protoclip.teacher.config import TeacherConfig  # noqa: E402
+from protoclip.toy.config import ToyConfig  # noqa: E402
 from protoclip.train.config import TrainConfig  # noqa: E402
 
 
@@ -202,6 +203,7 @@ class ProjectConfig:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     train: TrainConfig = field(default_factory=TrainConfig)  # defaults every run starts from
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    toy: ToyConfig = field(default_factory=ToyConfig)  # PAUC's NEMD toy experiment (protoclip toy-nemd)
     experiments: list[str] = field(default_factory=list)  # experiment files (relative to this config)
     runs: dict[str, dict] = field(default_factory=dict)  # extra runs defined inline: name -> overrides
     source: str = "<config>"  # set by load_config; the file this came from

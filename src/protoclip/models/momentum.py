@@ -1,0 +1,90 @@
+"""MoCo's momentum (key) encoder and feature queue, as PCL uses them [pcl-protonce.txt Sec. 3.3, 4; MoCo v2].
+
+* :class:`MomentumEncoder` wraps a deep copy of the online encoder whose parameters never receive gradients
+  (``requires_grad=False``, forward under ``no_grad``) and follow the online ones by an exponential moving
+  average ``theta' <- m theta' + (1 - m) theta`` with m = 0.999 [PCL Sec. 3.3; MoCo Eq. 2], called once per
+  step *before* the keys are computed (MoCo's ``_momentum_update_key_encoder`` at the start of ``forward``).
+  Buffers (BatchNorm running statistics) are not averaged: as in MoCo the key encoder keeps its own, updated
+  by its own forward passes.
+* :class:`FeatureQueue` holds the r most recent keys [r, d]: :meth:`FeatureQueue.enqueue` writes a batch at the
+  pointer and advances it modulo r (MoCo's ``_dequeue_and_enqueue``: the oldest keys are overwritten first);
+  unlike MoCo a batch may straddle the end (wrap-around), so r need not be a multiple of the batch size. It is
+  initialised with random unit vectors (MoCo: ``normalize(randn)``) from its own seeded generator. Under DDP the
+  caller all-gathers the keys first (MoCo's ``concat_all_gather``) so that every rank's queue is the same.
+
+Both are ``nn.Module``\\ s, so their state (the key encoder's weights, the queue and its pointer) goes into a
+checkpoint with ``state_dict()`` and a resumed run continues bit-identically.
+
+    key_enc = MomentumEncoder(online_encoder, momentum=0.999)
+    queue = FeatureQueue(size=1024, dim=128, seed=0)
+    key_enc.update(online_encoder); k = F.normalize(key_enc(x2), dim=1)
+    loss = infonce(q, k, queue.keys(), tau); ...; queue.enqueue(k)
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MomentumEncoder(nn.Module):
+    """A frozen copy of ``online`` updated by EMA (see module docstring)."""
+
+    def __init__(self, online: nn.Module, momentum: float = 0.999):
+        super().__init__()
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum must lie in [0, 1], got {momentum}")
+        self.momentum = float(momentum)
+        self.encoder = copy.deepcopy(online)
+        for p in self.encoder.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, online: nn.Module) -> None:
+        """``theta' <- m theta' + (1 - m) theta`` for every parameter (in the order of ``parameters()``)."""
+        own, other = list(self.encoder.parameters()), list(online.parameters())
+        if len(own) != len(other):
+            raise ValueError(f"MomentumEncoder.update: {len(other)} online parameters, {len(own)} momentum ones")
+        for pk, pq in zip(own, other):
+            if pk.shape != pq.shape:
+                raise ValueError(f"MomentumEncoder.update: shape {tuple(pq.shape)} vs {tuple(pk.shape)}")
+            pk.mul_(self.momentum).add_(pq.detach().to(pk.dtype), alpha=1.0 - self.momentum)
+
+    def forward(self, *args, **kwargs):
+        with torch.no_grad():
+            return self.encoder(*args, **kwargs)
+
+
+class FeatureQueue(nn.Module):
+    """FIFO of the r latest l2-normalised keys (see module docstring)."""
+
+    def __init__(self, size: int, dim: int, seed: int = 0):
+        super().__init__()
+        if size < 1 or dim < 1:
+            raise ValueError(f"FeatureQueue: size and dim must be >= 1, got {size}, {dim}")
+        g = torch.Generator().manual_seed(int(seed))
+        self.register_buffer("queue", F.normalize(torch.randn(size, dim, generator=g), dim=1))
+        self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
+
+    def keys(self) -> torch.Tensor:
+        """The queued keys [r, d] (rows in storage order; the order does not matter to InfoNCE)."""
+        return self.queue
+
+    @torch.no_grad()
+    def enqueue(self, keys: torch.Tensor) -> None:
+        """Write ``keys`` [B, d] (detached) at the pointer, overwriting the oldest rows; advance the pointer."""
+        if keys.ndim != 2 or keys.shape[1] != self.queue.shape[1]:
+            raise ValueError(f"FeatureQueue.enqueue: keys must be [B, {self.queue.shape[1]}], got {tuple(keys.shape)}")
+        r = self.queue.shape[0]
+        keys = keys.detach().to(self.queue.dtype)
+        if keys.shape[0] > r:  # only the newest r survive
+            keys = keys[-r:]
+        b, p = keys.shape[0], int(self.ptr)
+        idx = (torch.arange(b, device=self.queue.device) + p) % r
+        self.queue[idx] = keys.to(self.queue.device)
+        self.ptr.fill_((p + b) % r)
+
+
+__all__ = ["MomentumEncoder", "FeatureQueue"]

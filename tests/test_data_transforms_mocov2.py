@@ -1,0 +1,31 @@
+"""The MoCo v2 augmentation kind and the two-view wrapper (protoclip.data.transforms)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision import transforms as T
+
+from protoclip.data.transforms import CROP_SCALE, TwoViews, train_transform
+
+
+def test_mocov2_steps_and_two_views():
+    t = train_transform(32, "mocov2")
+    kinds = [type(s).__name__ for s in t.transforms]
+    crop = next(s for s in t.transforms if isinstance(s, T.RandomResizedCrop))
+    assert crop.scale == (0.2, 1.0) == CROP_SCALE["mocov2"]
+    blur = next(s for s in t.transforms if isinstance(s, T.RandomApply))
+    assert blur.p == 0.5 and isinstance(blur.transforms[0], T.GaussianBlur)
+    assert blur.transforms[0].sigma == (0.1, 2.0)
+    assert kinds.index("RandomApply") < kinds.index("RandomHorizontalFlip")  # MoCo v2's order
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 48, 3), dtype=np.uint8))
+    torch.manual_seed(0)
+    x = TwoViews(t)(img)
+    assert x.shape == (2, 3, 32, 32)
+    assert not torch.equal(x[0], x[1])  # two independent draws
+
+
+def test_existing_kinds_unchanged():
+    assert CROP_SCALE["protoclip"] == (0.5, 1.0) and CROP_SCALE["simclr"] == (0.08, 1.0)
+    names = [type(s).__name__ for s in train_transform(32, "none").transforms]
+    assert "RandomApply" not in names and "RandomHorizontalFlip" not in names
