@@ -50,8 +50,8 @@ def retrieval_recall(
     """Recall@k in percent both ways plus their mean (``mean_recall``)."""
     if not ks or min(ks) < 1:
         raise ValueError(f"ks must be positive integers, got {ks}")
-    img = F.normalize(features_torch(image_feats, "image_feats", device=device), dim=1)
-    txt = F.normalize(features_torch(text_feats, "text_feats", device=device), dim=1)
+    img = F.normalize(features_torch(image_feats, "image_feats", device=device, nonzero=True), dim=1)
+    txt = F.normalize(features_torch(text_feats, "text_feats", device=device, nonzero=True), dim=1)
     same_dim(img, txt, "image_feats", "text_feats")
     t2i = labels_np(text_to_image, "text_to_image", txt.shape[0])
     n_img, n_txt = img.shape[0], txt.shape[0]
