@@ -122,3 +122,42 @@ def test_cli_reports_a_missing_user_data_path(tmp_path, capsys):
                                                        "path": str(tmp_path / "missing.csv")}]}})
     assert main(["prepare", "--config", str(path)]) == 2
     assert str(tmp_path / "missing.csv") in capsys.readouterr().err
+
+
+def write_text(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_yaml_numbers_without_a_dot_are_numbers(tmp_path):
+    # PyYAML (YAML 1.1) loads 1e9 and 5e-4 as strings; the config must read them as the user meant
+    assert yaml.safe_load("x: 1e9")["x"] == "1e9"  # the premise of the fix
+    cfg = load_config(write_text(tmp_path, "train:\n  grad_clip: 1e9\n  lr: 5e-4\n  episode_size: 2e5\n"
+                                           "  batch_size: 1_024\n"))
+    assert cfg.train.grad_clip == 1e9 and cfg.train.lr == 5e-4
+    assert cfg.train.episode_size == 200_000 and isinstance(cfg.train.episode_size, int)
+    assert cfg.train.batch_size == 1024
+    with pytest.raises(ConfigError, match="'train.episode_size' must be an integer"):
+        load_config(write_text(tmp_path, "train:\n  episode_size: 2.5e-1\n", "frac.yaml"))
+    with pytest.raises(ConfigError, match="train.lr"):
+        load_config(write_text(tmp_path, "train:\n  lr: 1e9x\n", "junk.yaml"))
+    # a string field keeps what was written
+    cfg = load_config(write_text(tmp_path, "train:\n  model: 1e9\n", "str.yaml"))
+    assert cfg.train.model == "1e9"
+
+
+@pytest.mark.parametrize("text,key", [
+    ("train:\n  epochs: .nan\n", "train.epochs"),
+    ("train:\n  lr: .inf\n", "train.lr"),
+    ("train:\n  loss:\n    tau_y: -.inf\n", "train.loss.tau_y"),
+    ("train:\n  lock_image_epoch: .nan\n", "train.lock_image_epoch"),
+    ("train:\n  episode_size: .inf\n", "train.episode_size"),
+    ("train:\n  lr: 'nan'\n", "train.lr"),
+])
+def test_non_finite_numbers_are_rejected_naming_the_key(tmp_path, text, key):
+    path = write_text(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert f"'{key}'" in msg and "finite" in msg and str(path) in msg

@@ -76,7 +76,7 @@ def test_load_manifest_filters_and_absolute_paths(tiny_manifest):
     held = load_manifest(tiny_manifest, split="heldout")
     train = load_manifest(tiny_manifest, sources=["tiny"], split="train")
     assert len(held) + len(train) == 40 and not set(held["id"]) & set(train["id"])
-    with pytest.raises(ValueError, match="unknown source"):
+    with pytest.raises(ValueError, match="no pairs of source"):
         load_manifest(tiny_manifest, sources=["nope"])
     with pytest.raises(ValueError, match="split"):
         load_manifest(tiny_manifest, split="val")
@@ -108,3 +108,18 @@ def test_image_text_dataset_reads_tar_members_with_open_clip_tokenizer(tmp_path)
     assert tokens.shape == (77,) and torch.equal(tokens, tok(["a red circle"])[0])
     assert sid == "w/1" and img.shape == (3, 20, 20)
     assert img[0, 10, 10] > img[1, 10, 10]  # the red circle is red
+
+
+def test_empty_or_broken_manifest_is_a_config_error_naming_the_file(tmp_path):
+    from protoclip.config import ConfigError
+    from protoclip.data.manifest import to_frame, write_manifest
+    from protoclip.layout import Layout
+
+    layout = Layout(tmp_path / "data", tmp_path / "results")
+    write_manifest(to_frame([]), layout.manifest)
+    with pytest.raises(ConfigError, match="the manifest has no pairs") as err:
+        load_manifest(layout, sources=["offline"], split="train")
+    assert str(layout.manifest) in str(err.value)
+    layout.manifest.write_bytes(b"")  # a zero-byte file (a killed copy, a touch)
+    with pytest.raises(ConfigError, match="not a readable manifest"):
+        load_manifest(layout)

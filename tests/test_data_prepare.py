@@ -145,3 +145,42 @@ def test_config_rejects_bad_user_data_names():
     cfg = PrepareConfig(user_data=[UserDataConfig(name="emoji", format="csv", path="x.csv")])
     with pytest.raises(ValueError, match="user_data names"):
         cfg.validate()
+
+
+def test_unusable_user_file_stops_before_anything_prepared_is_touched(world):
+    from protoclip.config import ConfigError
+    cfg, layout = world
+    prepare.run_prepare(cfg)
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in layout.prepared.rglob("*") if p.is_file()}
+    csv = Path(cfg.prepare.user_data[0].path)
+    csv.write_text("filepath,text\nu1.png,a blue square\n")  # the configured caption column is gone
+    with pytest.raises(ConfigError, match=r"pairs.csv: user data 'mine': no column 'caption'"):
+        prepare.run_prepare(cfg)
+    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in layout.prepared.rglob("*") if p.is_file()}
+    assert after == before  # manifest, report, fingerprint, rendered images: untouched
+
+
+def test_stale_temp_files_of_killed_writes_are_cleaned_at_start(world):
+    from protoclip.atomic import atomic_path, clean_stale_temps
+    cfg, layout = world
+    prepare.run_prepare(cfg)
+    # what a write killed inside atomic_path leaves: make one for real, then "kill" it before the rename
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(layout.manifest) as tmp:
+            tmp.write_bytes(b"half")
+            real_tmp = tmp
+            raise KeyboardInterrupt
+    assert not real_tmp.exists()  # the context manager itself cleans up an exception ...
+    # ... but not a SIGKILL: simulate the leftovers of a killed process, in the folder and below it
+    leftovers = [layout.prepared / ".manifest.parquet.a1b2c3d4.tmp.parquet",
+                 layout.prepared / "images" / "tuxpaint" / ".cat.png.Zz9_x0yq.tmp.png",
+                 layout.prepared / ".report.json.abcdefgh.tmp.json"]
+    keep = [layout.prepared / ".hidden.tmp", layout.prepared / "notes.a1b2c3d4.tmp"]
+    for path in leftovers + keep:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    from protoclip.atomic import TEMP_NAME
+    assert TEMP_NAME.fullmatch(real_tmp.name)  # the pattern matches the names atomic_path really makes
+    prepare.run_prepare(cfg)  # up to date, but the leftovers go
+    assert not any(p.exists() for p in leftovers) and all(p.exists() for p in keep)
+    assert clean_stale_temps(layout.prepared) == []

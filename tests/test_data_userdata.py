@@ -91,3 +91,74 @@ def test_webdataset_shards(tmp_path):
     assert read_image(pairs[1].path).size == (32, 32)  # random access into the tar
     assert dict(drops) == {"empty_caption": 2, "missing_file": 2, "undecodable_image": 1, "non_utf8_caption": 1,
                            "undecodable_shard": 1}
+
+
+def test_csv_bad_rows_are_skipped_and_counted(tmp_path):
+    make_png(tmp_path / "a.png", "red", "circle")
+    make_png(tmp_path / "b.png", "blue", "square")
+    long_caption = "x" * 200_000  # above the csv module's default field limit (131072): used to raise
+    lines = ["filepath,caption", "a.png,a red circle", "b.png,a blue square,surplus",  # one field too many
+             "c.png", f'd.png,"{long_caption}"', "x" * 5000 + ".png,name too long for the file system",
+             "e.png,nul\x00byte path", "\x00.png,nul in the path", "", "f.png,missing image"]
+    (tmp_path / "p.csv").write_text("\n".join(lines) + "\n")
+    pairs, drops = scan_csv(UserDataConfig(name="c", format="csv", path=str(tmp_path / "p.csv")))
+    assert [p.caption for p in pairs] == ["a red circle"]
+    assert dict(drops) == {"extra_fields": 1, "missing_fields": 1, "caption_too_long": 1, "bad_path": 2,
+                           "missing_file": 2}
+    assert len(pairs) + sum(drops.values()) == 8  # every non-blank data row is accounted for
+    import csv as csv_mod
+    assert csv_mod.field_size_limit() == 131072  # the process-global limit is restored
+
+
+def test_csv_without_the_caption_column_is_a_one_line_config_error(tmp_path, capsys):
+    from protoclip.cli import main
+    from protoclip.config import ConfigError
+
+    (tmp_path / "p.csv").write_text("filepath,text\na.png,hello\n")
+    cfg = UserDataConfig(name="c", format="csv", path=str(tmp_path / "p.csv"))
+    with pytest.raises(ConfigError) as err:
+        scan_csv(cfg)
+    msg = str(err.value)
+    assert str(tmp_path / "p.csv") in msg and "no column 'caption'" in msg and "\n" not in msg
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(ConfigError, match="empty file"):
+        scan_csv(UserDataConfig(name="c", format="csv", path=str(tmp_path / "empty.csv")))
+    # through the CLI: exit 2 with one line
+    import yaml
+    conf = tmp_path / "config.yaml"
+    conf.write_text(yaml.safe_dump({"paths": {"data_dir": str(tmp_path / "data"),
+                                              "results_dir": str(tmp_path / "results")},
+                                    "prepare": {"offline_sources": [], "eval_sets": [],
+                                                "user_data": [{"name": "c", "format": "csv",
+                                                               "path": str(tmp_path / "p.csv")}]}}))
+    assert main(["prepare", "--config", str(conf)]) == 2
+    err_lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err_lines) == 1 and "no column 'caption'" in err_lines[0]
+
+
+def test_webdataset_repeated_key_is_dropped_and_counted(tmp_path):
+    png = make_png(tmp_path / "x.png", "red", "circle").read_bytes()
+    png2 = make_png(tmp_path / "y.png", "blue", "cross").read_bytes()
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        add(tar, "0001.png", png)
+        add(tar, "0001.txt", b"first")
+        add(tar, "0002.png", png2)
+        add(tar, "0002.txt", b"ok")
+        add(tar, "0001.png", png2)  # the key comes back: which image goes with "first"?
+        add(tar, "0001.txt", b"second")
+    pairs, drops = scan_wds(UserDataConfig(name="w", format="wds", path=str(tmp_path / "s.tar")))
+    assert [(p.id, p.caption) for p in pairs] == [("w/s.tar/0002", "ok")]
+    assert dict(drops) == {"duplicate_key": 1}
+
+
+def test_webdataset_cut_shard_keeps_what_it_can_and_counts_the_rest(tmp_path):
+    png = make_png(tmp_path / "x.png", "red", "circle").read_bytes()
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        for i in range(6):
+            add(tar, f"{i:04d}.png", png)
+            add(tar, f"{i:04d}.txt", f"caption {i}".encode())
+    data = (tmp_path / "s.tar").read_bytes()
+    (tmp_path / "cut.tar").write_bytes(data[: len(data) // 2])
+    pairs, drops = scan_wds(UserDataConfig(name="w", format="wds", path=str(tmp_path / "cut.tar")))
+    # either tarfile lists the whole shard up front and refuses it, or it lists the readable members
+    assert (not pairs and dict(drops) == {"undecodable_shard": 1}) or (pairs and "undecodable_shard" not in drops)

@@ -51,3 +51,38 @@ def test_kmeans_labels_checks():
         kmeans_labels(x, 2, backend="scipy")
     with pytest.raises(ValueError, match="spherical"):
         kmeans_labels(x, 2, backend="sklearn", spherical=True)
+
+
+def test_zero_rows_are_rejected_when_normalising():
+    rng = np.random.default_rng(5)
+    x, y = blobs_on_axes(rng, 60, 3, 4, 0.05)
+    x[7] = 0.0
+    with pytest.raises(ValueError, match=r"features has 1 all-zero rows \(first: \[7\]\)"):
+        cluster_scores(x, y)
+    assert cluster_scores(x, y, normalize=False)["n_clusters"] == 3  # raw Euclidean k-means has no such issue
+
+
+@pytest.mark.parametrize("backend", ["sklearn", "faiss"])
+def test_best_objective_of_n_init_runs_and_spread(backend):
+    # overlapping classes, many clusters: single inits disagree, so the spread is > 0 and the headline
+    # must be the ARI of the lowest-objective run (independently recomputed here with sklearn's inertia)
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import adjusted_rand_score
+
+    from protoclip.evaluate.metrics.clustering import kmeans_runs
+    rng = np.random.default_rng(6)
+    x, y = blobs_on_axes(rng, 400, 12, 12, 0.45)
+    out = cluster_scores(x, y, n_init=6, seed=3, backend=backend)
+    assert out["n_init"] == 6
+    assert out["ari_min"] <= out["ari"] <= out["ari_max"] and out["ami_min"] <= out["ami"] <= out["ami_max"]
+    assert out["ari_max"] - out["ari_min"] > 0 and out["ari_std"] > 0
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    runs = kmeans_runs(xn.astype(np.float32), 12, seed=3, n_init=6, backend=backend)
+    assert len(runs) == 6
+    for obj, pred in runs:  # objective = sum of squared distances to the cluster means of the assignment
+        inertia = sum(((xn[pred == c] - xn[pred == c].mean(0)) ** 2).sum() for c in np.unique(pred))
+        assert obj == pytest.approx(inertia, rel=1e-3)
+    best = min(runs, key=lambda r: r[0])[1]
+    assert out["ari"] == pytest.approx(adjusted_rand_score(y, best))
+    if backend == "sklearn":  # the same rule as sklearn's n_init: best inertia over the runs
+        assert min(o for o, _ in runs) <= KMeans(12, n_init=1, random_state=3).fit(xn).inertia_ * (1 + 1e-5)

@@ -82,3 +82,35 @@ def test_k_is_capped_and_inputs_are_checked():
         knn_classifier(x, [0, 1, 2], np.eye(4), [0, 1, 2, 0])
     with pytest.raises(ValueError, match="NaN"):
         knn_classifier(np.full((3, 3), np.nan), [0, 1, 2], x, [0, 1, 2])
+
+
+def test_small_temperature_does_not_overflow_in_float32():
+    # DINO's exp(cos / T) is inf in float32 for T < 1 / 88.7: every vote is inf and the ranking arbitrary.
+    import torch
+    assert torch.isinf(torch.tensor(1.0 / 0.01, dtype=torch.float32).exp())  # the premise
+    rng = np.random.default_rng(4)
+    C, d = 6, 10
+    centers = rng.normal(size=(C, d))
+    train_y, test_y = rng.integers(0, C, 300), rng.integers(0, C, 80)
+    train_x = centers[train_y] + 3.0 * rng.normal(size=(300, d))
+    test_x = centers[test_y] + 3.0 * rng.normal(size=(80, d))
+    for T in (0.01, 0.005):
+        top1, top5 = naive_knn(train_x, train_y, test_x, test_y, k=60, T=T)  # Python floats (float64)
+        out = knn_classifier(train_x.astype(np.float32), train_y, test_x.astype(np.float32), test_y, k=60, T=T)
+        assert out["top1"] == pytest.approx(top1) and out["top5"] == pytest.approx(top5)
+    # the votes of one chunk are finite and the best class of each row has weight >= 1
+    import torch.nn.functional as F
+    xtr = F.normalize(torch.tensor(train_x, dtype=torch.float32), dim=1)
+    xte = F.normalize(torch.tensor(test_x, dtype=torch.float32), dim=1)
+    votes = knn_mod.knn_votes(xtr, torch.tensor(train_y), xte, 30, 0.001, C)
+    assert torch.isfinite(votes).all() and (votes.max(dim=1).values >= 1).all()
+
+
+def test_all_zero_feature_rows_are_rejected():
+    x = np.eye(3)
+    bad = x.copy()
+    bad[1] = 0.0
+    with pytest.raises(ValueError, match=r"train_x has 1 all-zero rows \(first: \[1\]\)"):
+        knn_classifier(bad, [0, 1, 2], x, [0, 1, 2])
+    with pytest.raises(ValueError, match="test_x has 1 all-zero rows"):
+        knn_classifier(x, [0, 1, 2], bad, [0, 1, 2])

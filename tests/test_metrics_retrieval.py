@@ -77,3 +77,13 @@ def test_k_larger_than_candidates_and_bad_inputs():
         retrieval_recall(images, texts, [0, 2])
     with pytest.raises(ValueError, match="positive"):
         retrieval_recall(images, texts, [0, 1], ks=(0,))
+
+
+def test_all_zero_rows_are_rejected():
+    x = np.eye(3, dtype=np.float32)
+    bad = x.copy()
+    bad[0] = 0.0
+    with pytest.raises(ValueError, match="image_feats has 1 all-zero rows"):
+        retrieval_recall(bad, x, [0, 1, 2])
+    with pytest.raises(ValueError, match="text_feats has 1 all-zero rows"):
+        retrieval_recall(x, bad, [0, 1, 2])

@@ -99,3 +99,13 @@ def test_top5_only_with_at_least_5_classes_and_label_checks():
         zeroshot_classify(rng.normal(size=(5, 4)), rng.normal(size=(3, 5)), [0, 1, 2, 0, 0])
     with pytest.raises(ValueError, match="entries"):
         zeroshot_classify(rng.normal(size=(5, 4)), rng.normal(size=(3, 4)), [0, 1])
+
+
+def test_all_zero_rows_are_rejected():
+    x = np.eye(3, dtype=np.float32)
+    bad = x.copy()
+    bad[2] = 0.0
+    with pytest.raises(ValueError, match="image_features has 1 all-zero rows"):
+        zeroshot_classify(bad, x, [0, 1, 2])
+    with pytest.raises(ValueError, match="classifier has 1 all-zero rows"):
+        zeroshot_classify(x, torch.from_numpy(bad), [0, 1, 2])

@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+log = logging.getLogger(__name__)
+
+# what atomic_path's mkstemp makes: ".<name>.<8 random chars>.tmp<suffixes of name>"
+TEMP_NAME = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp(\..*)?")
 
 
 @contextmanager
@@ -38,3 +45,25 @@ def write_text(path: str | Path, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+def clean_stale_temps(folder: str | Path, recursive: bool = True) -> list[Path]:
+    """Delete the temp files :func:`atomic_path` left behind when a process was killed mid-write.
+
+    Call it when a stage starts, on the folders only that stage writes: the stage's own earlier
+    (killed) run is the only writer such a temp file can belong to, because Snakemake and DVC never run
+    one stage twice at once. Returns the paths removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = folder.rglob(".*.tmp*") if recursive else folder.glob(".*.tmp*")
+    removed = []
+    for path in sorted(found):
+        if TEMP_NAME.fullmatch(path.name) and (path.is_file() or path.is_symlink()):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        log.info("removed %d stale temp file(s) of a killed write under %s (first: %s)", len(removed), folder,
+                 removed[0].name)
+    return removed

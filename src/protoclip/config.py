@@ -5,7 +5,8 @@ Each section is a dataclass owned by the package that uses it (``protoclip.data.
 ``protoclip.teacher.config``, ...); this module only composes them and validates strictly:
 
 * an unknown key stops with ``<file>: unknown key 'train.lrr' (known: ...)``;
-* a wrong type stops with ``<file>: 'train.lr' must be float, got str ('abc')``;
+* a wrong type stops with ``<file>: 'train.lr' must be float, got str ('abc')``; numbers written as
+  ``1e9`` (a string to PyYAML) are accepted, non-finite numbers (``.nan``, ``.inf``) are errors;
 * a configured input path that does not exist stops with a message naming the path
   (see :func:`require_path`).
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import re
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +45,29 @@ def _type_name(tp: Any) -> str:
     if origin is not None:
         return f"{getattr(origin, '__name__', origin)}[{', '.join(_type_name(a) for a in get_args(tp))}]"
     return getattr(tp, "__name__", str(tp))
+
+
+# PyYAML implements YAML 1.1, whose float pattern needs a dot and a signed exponent: ``1e9``, ``5e-4`` and
+# ``2E5`` load as *strings*, although users (and YAML 1.2) read them as numbers. Numeric fields accept such
+# strings when Python's float() parses them; '.nan' / '.inf' (and 'nan', 'inf') parse too and are then
+# rejected as non-finite with the key named.
+_NUMBER = re.compile(r"[+-]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][+-]?\d+)?")
+
+
+def _number(value: Any) -> int | float | None:
+    """``value`` as an int/float if a user wrote a number (YAML 1.1 or 1.2 spelling), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if _NUMBER.fullmatch(text):
+            number = float(text.replace("_", ""))
+            return int(number) if number.is_integer() and not re.search(r"[.eE]", text) else number
+        if text.lower().lstrip("+-") in (".nan", "nan", ".inf", "inf", "infinity"):
+            return float(text.lower().replace(".", ""))
+    return None
 
 
 def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
@@ -83,13 +109,23 @@ def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
         key_tp, val_tp = get_args(tp) or (Any, Any)
         return {k: _coerce(val_tp, v, f"{key}.{k}", where) for k, v in value.items()}
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        number = _number(value)
+        if number is None:
             raise bad
-        return float(value)
+        if not math.isfinite(number):
+            raise ConfigError(f"{where}: '{key}' must be a finite number, got {value!r}")
+        return float(number)
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        number = _number(value)
+        if number is None:
             raise bad
-        return value
+        if isinstance(number, float):
+            if not math.isfinite(number):
+                raise ConfigError(f"{where}: '{key}' must be a finite integer, got {value!r}")
+            if not number.is_integer():
+                raise ConfigError(f"{where}: '{key}' must be an integer, got {value!r}")
+            number = int(number)
+        return number
     if tp is bool:
         if not isinstance(value, bool):
             raise bad

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from protoclip.atomic import atomic_path
+from protoclip.config import ConfigError
 
 COLUMNS = ["id", "path", "caption", "source", "label", "sha256", "split", "licence"]
 
@@ -78,7 +79,16 @@ def read_manifest(path: str | Path) -> pd.DataFrame:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"manifest not found: {p} (run `protoclip prepare` first)")
-    return pd.read_parquet(p)
+    try:
+        df = pd.read_parquet(p)
+    except Exception as err:  # noqa: BLE001  pyarrow raises several types for a cut or foreign file
+        raise ConfigError(f"{p}: not a readable manifest ({type(err).__name__}: {str(err)[:200]}); rebuild it "
+                          "with `protoclip prepare`") from None
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ConfigError(f"{p}: not a manifest of this version (missing columns {missing}); rebuild it with "
+                          "`protoclip prepare`")
+    return df
 
 
 __all__ = ["COLUMNS", "Pair", "deduplicate", "to_frame", "write_manifest", "read_manifest"]

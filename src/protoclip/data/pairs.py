@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from protoclip.config import ConfigError
 from protoclip.data.manifest import read_manifest
 from protoclip.layout import Layout
 
@@ -31,11 +32,15 @@ SEP = "::"
 def load_manifest(layout: Layout, sources: Iterable[str] | None = None, split: str | None = None) -> pd.DataFrame:
     """The manifest with absolute paths, optionally filtered by source(s) and split (index reset)."""
     df = read_manifest(layout.manifest)
+    if len(df) == 0:
+        raise ConfigError(f"{layout.manifest}: the manifest has no pairs (every input was dropped? see "
+                          f"{layout.prepare_report})")
     if sources is not None:
         sources = [sources] if isinstance(sources, str) else list(sources)
         unknown = set(sources) - set(df["source"].unique())
         if unknown:
-            raise ValueError(f"unknown source(s) {sorted(unknown)} (manifest has {sorted(df['source'].unique())})")
+            raise ConfigError(f"{layout.manifest}: no pairs of source(s) {sorted(unknown)} (it has "
+                              f"{sorted(df['source'].unique())}); rerun `protoclip prepare` after adding user data")
         df = df[df["source"].isin(sources)]
     if split is not None:
         if split not in ("train", "heldout"):

@@ -23,7 +23,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from protoclip.atomic import write_json
+from protoclip.atomic import clean_stale_temps, write_json
 from protoclip.config import to_dict
 from protoclip.data import debs, emoji, evalsets, openclipart, tuxpaint, userdata
 from protoclip.data.captions import english_lexicon
@@ -136,6 +136,7 @@ def run_prepare(cfg) -> dict:
     """Build (or confirm up to date) every prepared output; return the report dict."""
     layout = Layout.from_config(cfg)
     p: PrepareConfig = cfg.prepare
+    clean_stale_temps(layout.prepared)  # a killed earlier run's half-written outputs
     if is_up_to_date(p, layout):
         report = json.loads(layout.prepare_report.read_text())
         log.info("prepare: up to date (%s)", layout.prepared)
@@ -143,13 +144,19 @@ def run_prepare(cfg) -> dict:
         print(format_counts(report))
         return report
 
-    pairs, drops = build_offline_pairs(layout, p)
+    # user data first: a file that cannot be used at all stops the stage (ConfigError) before the offline
+    # images are re-rendered, so nothing already prepared is touched
+    user_pairs: list[Pair] = []
+    user_drops: dict[str, collections.Counter] = {}
     for u in p.user_data:
-        if u.name in drops:
-            raise ValueError(f"user data name {u.name!r} is already a source name")
-        upairs, udrops = userdata.scan_user_data(u)
-        pairs += upairs
-        drops[u.name] = udrops
+        upairs, user_drops[u.name] = userdata.scan_user_data(u)
+        user_pairs += upairs
+    pairs, drops = build_offline_pairs(layout, p)
+    for name, udrops in user_drops.items():
+        if name in drops:
+            raise ValueError(f"user data name {name!r} is already a source name")
+        drops[name] = udrops
+    pairs += user_pairs
     kept, dup_drops = deduplicate(pairs)
     for src, c in dup_drops.items():
         drops[src].update(c)

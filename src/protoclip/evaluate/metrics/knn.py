@@ -2,7 +2,7 @@
 
 A port of ``knn_classifier`` from facebookresearch/dino ``eval_knn.py``: features are L2-normalised,
 each test sample takes its k most cosine-similar training samples, every neighbour votes for its
-label with weight ``exp(cos / T)``, and classes are ranked by total vote. Test rows are processed in
+label with weight ``exp(cos / T)`` (computed relative to the row's best neighbour, so it never overflows), and classes are ranked by total vote. Test rows are processed in
 chunks so the [chunk, N_train] similarity matrix stays small. Written in torch rather than sklearn's
 ``KNeighborsClassifier`` because sklearn has no exp(sim/T) weighting (DINO's is the protocol).
 
@@ -29,12 +29,16 @@ def knn_votes(
 ) -> torch.Tensor:
     """Class scores ``[n_test, num_classes]``: sum of exp(cos/T) over the k nearest training rows.
 
-    Inputs must already be L2-normalised; this is DINO's inner loop body for one chunk.
+    Inputs must already be L2-normalised; this is DINO's inner loop body for one chunk, with one change
+    for numerical stability: each row's weights are ``exp((cos - max_cos) / T)``, i.e. DINO's weights
+    divided by the row constant ``exp(max_cos / T)``. The class ranking of a row is unchanged, but
+    nothing overflows: DINO's ``exp(cos / T)`` is inf in float32 once T < 1/88.7 (e.g. T = 0.01), and
+    all-inf votes rank classes arbitrarily.
     """
     sim = test_x @ train_x.T  # [b, N_train] cosine similarities
     dist, idx = sim.topk(k, dim=1, largest=True, sorted=True)
     neighbour_labels = train_y[idx]  # [b, k]
-    weights = (dist / T).exp()
+    weights = ((dist - dist[:, :1]) / T).exp()  # dist is sorted: column 0 is the row max; weights in (0, 1]
     votes = torch.zeros(test_x.shape[0], num_classes, dtype=weights.dtype, device=weights.device)
     return votes.scatter_add_(1, neighbour_labels, weights)
 
@@ -60,7 +64,8 @@ def knn_classifier(
         raise ValueError(f"k must be >= 1, got {k}")
     if T <= 0:
         raise ValueError(f"T must be > 0, got {T}")
-    xtr, ytr, xte, yte, num_classes = probe_tensors(train_x, train_y, test_x, test_y, device, num_classes)
+    xtr, ytr, xte, yte, num_classes = probe_tensors(train_x, train_y, test_x, test_y, device, num_classes,
+                                                     nonzero=True)
     xtr, xte = F.normalize(xtr, dim=1), F.normalize(xte, dim=1)
     k_eff = min(k, xtr.shape[0])
     if k_eff < k:

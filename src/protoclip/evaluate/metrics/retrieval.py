@@ -52,8 +52,9 @@ def retrieval_recall(
     dot product of the given features (a method's own similarity, see ``evaluate.features``)."""
     if not ks or min(ks) < 1:
         raise ValueError(f"ks must be positive integers, got {ks}")
-    img = features_torch(image_feats, "image_feats", device=device)
-    txt = features_torch(text_feats, "text_feats", device=device)
+    # zero rows have no direction: rejected where the similarity is the cosine
+    img = features_torch(image_feats, "image_feats", device=device, nonzero=normalize)
+    txt = features_torch(text_feats, "text_feats", device=device, nonzero=normalize)
     if normalize:
         img, txt = F.normalize(img, dim=1), F.normalize(txt, dim=1)
     same_dim(img, txt, "image_feats", "text_feats")

@@ -90,8 +90,8 @@ def zeroshot_classify(
     see ``protoclip.evaluate.features.similarity_embeddings``). A top-k entry is reported only when the
     number of classes C is at least k (so a 2-class set has no top5).
     """
-    x = features_torch(image_features, "image_features")
-    w = features_torch(classifier, "classifier")
+    x = features_torch(image_features, "image_features", nonzero=True)
+    w = features_torch(classifier, "classifier", nonzero=True)
     same_dim(x, w, "image_features", "classifier")
     y = torch.from_numpy(labels_np(labels, "labels", x.shape[0]))
     n_classes = w.shape[0]
