@@ -1,6 +1,8 @@
-# protoclip-repro workflow: prepare -> teacher -> train(run) -> evaluate(run) -> report.
-# Run:  snakemake --cores 2                       (offline default, CPU)
+# protoclip-repro workflow: prepare -> teacher -> train(run) -> evaluate(run, set) -> collect(run) -> report.
+# Run:  snakemake --cores 2                       (offline default, CPU; workflow/profiles/default applies)
 #       snakemake --profile workflow/profiles/gpu (GPU machine)   |   --profile workflow/profiles/slurm
+# Each rule's inputs, outputs and command come from protoclip.pipeline, like dvc.yaml's stages; after a
+# successful run, `onsuccess` records the outputs in dvc.lock (dvc commit), so DVC tracks what Snakemake made.
 configfile: "config/config.yaml"
 
 
@@ -16,3 +18,8 @@ rule all:
     input:
         rules.report.output,
     default_target: True
+
+
+onsuccess:
+    pipeline.dvc_commit(PROJECT, CONFIG_FILE, DEFAULT_CONFIG,
+                        made={str(f) for job in workflow.dag.jobs for f in job.output})

@@ -67,3 +67,22 @@ def clean_stale_temps(folder: str | Path, recursive: bool = True) -> list[Path]:
         log.info("removed %d stale temp file(s) of a killed write under %s (first: %s)", len(removed), folder,
                  removed[0].name)
     return removed
+
+
+def save_torch(path: str | Path, obj: Any) -> Path:
+    """``torch.save(obj)`` to ``path`` atomically and byte-deterministically.
+
+    ``torch.save(obj, filename)`` names the zip records after the file (``<tmpname>/data.pkl``), and our atomic
+    writes use a random temp name, so the same weights gave different bytes every time (a change for DVC and
+    any content-addressed store). Saving to a buffer uses the fixed record prefix ``archive/``: same object,
+    same bytes (tests/test_determinism.py).
+    """
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(buf.getvalue())
+    return Path(path)

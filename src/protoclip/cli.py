@@ -4,6 +4,7 @@
     protoclip teacher  --config config/config.yaml [--name roberta-large]
     protoclip train    --config config/config.yaml --run protoclip_tiny [--resume]
     protoclip evaluate --config config/config.yaml --run protoclip_tiny [--task knn] [--dataset digits]
+    protoclip collect  --config config/config.yaml --run protoclip_tiny   # metrics files -> metrics.json
     protoclip report   --config config/config.yaml
     protoclip runs     --config config/config.yaml      # list the configured runs
     protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands
@@ -40,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--run", required=True)
     s.add_argument("--task", action="append", help="task(s) to run (default: every configured task)")
     s.add_argument("--dataset", action="append", help="data set(s) to run (default: every configured set)")
+    s = stage("collect", "gather a run's metrics files into results/runs/<run>/metrics.json")
+    s.add_argument("--run", required=True)
     stage("report", "regenerate tables and figures from metrics files")
     stage("runs", "print the configured run names, one per line")
     s = stage("dvc-yaml", "write dvc.yaml: the same stage commands as the Snakemake rules")
@@ -70,10 +73,16 @@ def main(argv: list[str] | None = None) -> int:
             from protoclip.evaluate.stage import run_evaluate
 
             run_evaluate(cfg, args.run, tasks=args.task, datasets=args.dataset)
+        elif args.stage == "collect":
+            from protoclip.evaluate.stage import run_collect
+
+            run_collect(cfg, args.run)
         elif args.stage == "report":
             from protoclip.report.tables import run_report
+            from protoclip.tracking import log_report
 
             run_report(cfg)
+            log_report(cfg)  # the tables and figures as artifacts of a `report` MLflow run
         elif args.stage == "runs":
             print("\n".join(cfg.run_names()))
         elif args.stage == "dvc-yaml":

@@ -7,10 +7,13 @@
     data/prepared/report.json           kept / dropped counts per source and reason
     data/prepared/eval/<name>.npz       offline labelled eval sets (images, labels, split, classnames)
     data/teacher/<teacher>.npz          PCA-reduced teacher features keyed by sample id (+ .json metadata)
-    results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt, checkpoints/
-    results/runs/<run>/features/<set>.npz        cached evaluation features
-    results/runs/<run>/metrics/<task>/<set>.json metrics (also logged to the run's MLflow run)
-    results/runs/<run>/metrics.json     all of a run's metrics in one file
+    results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt, checkpoints/ (last.pt, mlflow.json)
+    results/runs/<run>/eval/<set>/      one evaluation job's outputs (a DVC out of stage evaluate_<run>_<set>):
+        <task>.json                     metrics of one task (also logged to the run's MLflow run)
+        features.npz                    cached evaluation features
+        tsne.png                        t-SNE figure (when the task ran)
+        tasks.json                      what each configured task did on this set (ran / skipped / not applicable)
+    results/runs/<run>/metrics.json     all of a run's metrics in one file (`protoclip collect`)
     results/tables/, results/figures/   report outputs
 """
 from __future__ import annotations
@@ -60,6 +63,9 @@ class Layout:
     def teacher_features(self, teacher: str) -> Path:
         return self.data_dir / "teacher" / f"{safe_name(teacher)}.npz"
 
+    def teacher_meta(self, teacher: str) -> Path:
+        return self.teacher_features(teacher).with_suffix(".json")
+
     # ---- results
     def run_dir(self, run: str) -> Path:
         return self.results_dir / "runs" / run
@@ -73,15 +79,36 @@ class Layout:
     def train_log(self, run: str) -> Path:
         return self.run_dir(run) / "train_log.jsonl"
 
+    def mlflow_run_file(self, run: str) -> Path:
+        """The MLflow run id of the training that wrote the checkpoint (kept beside it, resumed with it)."""
+        return self.checkpoint(run).parent / "mlflow.json"
+
+    def eval_dir(self, run: str, dataset: str) -> Path:
+        """Everything one evaluation job (run, data set) writes."""
+        return self.run_dir(run) / "eval" / dataset
+
     def features(self, run: str, dataset: str) -> Path:
-        return self.run_dir(run) / "features" / f"{dataset}.npz"
+        return self.eval_dir(run, dataset) / "features.npz"
+
+    def tsne_figure(self, run: str, dataset: str) -> Path:
+        return self.eval_dir(run, dataset) / "tsne.png"
+
+    def eval_tasks(self, run: str, dataset: str) -> Path:
+        return self.eval_dir(run, dataset) / "tasks.json"
 
     def metrics_summary(self, run: str) -> Path:
         """Every task x data set of a run in one JSON (the DVC metrics file and the Snakemake target)."""
         return self.run_dir(run) / "metrics.json"
 
     def metrics(self, run: str, task: str, dataset: str) -> Path:
-        return self.run_dir(run) / "metrics" / task / f"{dataset}.json"
+        return self.eval_dir(run, dataset) / f"{task}.json"
+
+    def metrics_files(self, run: str) -> list[tuple[str, str, Path]]:
+        """``(task, dataset, path)`` of every metrics file of ``run`` on disk, sorted."""
+        from protoclip.evaluate.config import TASKS
+
+        found = sorted(self.run_dir(run).glob("eval/*/*.json"), key=lambda p: (p.stem, p.parent.name))
+        return [(p.stem, p.parent.name, p) for p in found if p.stem in TASKS]
 
     @property
     def tables(self) -> Path:

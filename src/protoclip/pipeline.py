@@ -1,98 +1,254 @@
-"""The pipeline's stages as data: one source of truth for the Snakemake rules and for dvc.yaml.
+"""The pipeline's stages as data: the one source of truth for the Snakemake rules and for dvc.yaml.
 
-`workflow/rules/common.smk` builds each rule's shell command with :func:`stage_command`, and
-``protoclip dvc-yaml`` writes ``dvc.yaml`` from :func:`dvc_stages` with the very same commands, so
-``snakemake`` and ``dvc repro`` run identical stage invocations (checked by tests/test_workflow.py).
+Every stage instance (``prepare``, ``teacher_<t>``, ``train_<run>``, ``evaluate_<run>_<set>``,
+``collect_<run>``, ``report``) is a :class:`Stage`: its command, its inputs (``deps``), its DVC params and
+its outputs. ``workflow/rules/*.smk`` take each rule's inputs, outputs and shell command from here (input
+functions), and ``protoclip dvc-yaml`` writes ``dvc.yaml`` from :func:`stages`, so ``snakemake`` and
+``dvc repro`` run identical commands on identical files (checked by tests/test_workflow.py).
 
-    protoclip dvc-yaml --config config/config.yaml     # rewrite dvc.yaml after changing runs
+    protoclip dvc-yaml --config config/config.yaml     # rewrite dvc.yaml after changing runs or data sets
+
+Outputs: ``outs`` are what DVC caches (directories where a stage writes a folder); ``targets`` are the
+Snakemake outputs, each inside one of ``outs`` (Snakemake needs the files other rules read; DVC needs the
+whole folder, e.g. ``data/prepared`` with its images). Every out is cached, so ``dvc push`` / ``dvc pull``
+carry all of them and a fresh clone is complete. Training checkpoints (``checkpoints/``: last.pt, the MLflow
+run id) are no output at all: work-in-progress state left in place for ``--resume``; as a DVC out that is not
+cached they would read "deleted" after every fresh clone (dvc status never clean, dvc repro retrains), and as a
+Snakemake output they would be deleted before each job. DVC deps include the code (``src/protoclip``) and each
+configured external evaluation path that exists.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from protoclip.evaluate.config import EvaluateConfig
 from protoclip.layout import Layout
+
+CODE = "src/protoclip"  # every stage runs this package: a DVC dep of each stage
 
 
 def stage_command(stage: str, config_file: str, args: str = "") -> str:
     return f"protoclip {stage} --config {config_file}" + (f" {args}" if args else "")
 
 
-def run_teacher(cfg, run: str) -> str | None:
-    """The teacher cache a run reads, or None (CLIP, no teacher, or external term off)."""
+@dataclass
+class Out:
+    path: str
+    cache: bool = True  # False: DVC does not store it (small, or regenerated)
+    persist: bool = False  # True: DVC leaves it in place between runs (resumable checkpoints)
+    metric: bool = False  # listed under the stage's `metrics:` (dvc metrics show)
+    directory: bool = False  # a folder (Snakemake `directory()` when it is a target)
+
+
+@dataclass
+class Stage:
+    name: str  # DVC stage name
+    rule: str  # Snakemake rule that runs it
+    cmd: str
+    deps: dict[str, list[str]]  # Snakemake input name -> paths (DVC deps: all of them, plus CODE)
+    params: list = field(default_factory=list)  # DVC params entries
+    outs: list[Out] = field(default_factory=list)  # DVC outs (and metrics)
+    targets: dict[str, Out] = field(default_factory=dict)  # Snakemake outputs by name, each inside an out
+
+    def inputs(self) -> dict[str, list[str]]:
+        """Snakemake ``input:`` (for ``unpack``)."""
+        return {k: v for k, v in self.deps.items() if v}
+
+    def dvc(self) -> dict:
+        deps = sorted({p for paths in self.deps.values() for p in paths} | {CODE})
+        entry: dict = {"cmd": self.cmd, "deps": deps}
+        if self.params:
+            entry["params"] = self.params
+        outs = [_dvc_out(o) for o in self.outs if not o.metric]
+        metrics = [_dvc_out(o) for o in self.outs if o.metric]
+        if outs:
+            entry["outs"] = outs
+        if metrics:
+            entry["metrics"] = metrics
+        return entry
+
+
+def _dvc_out(o: Out):
+    flags = {k: v for k, v in (("cache", o.cache), ("persist", o.persist)) if v != Out.__dataclass_fields__[k].default}
+    return {o.path: flags} if flags else o.path
+
+
+def _s(p) -> str:
+    return str(Path(p))
+
+
+def _params(config_file: str, *keys: str) -> list:
+    """DVC params entry for the dotted ``keys`` that ``config_file`` sets (DVC reports a key the file does not
+    set as changed forever; a default that is not in the file is code, covered by the CODE dep)."""
+    from protoclip.config import read_yaml
+
+    data = read_yaml(config_file)
+
+    def present(key: str) -> bool:
+        node = data
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    found = [k for k in keys if present(k)]
+    return [{config_file: found}] if found else []
+
+
+# --------------------------------------------------------------------------- which run reads what
+def teacher_read_by(cfg, run: str) -> str | None:
+    """The teacher cache run ``run`` reads (TrainConfig.reads_teacher), or None."""
     rc = cfg.run(run)
-    if rc.method == "protoclip" and rc.teacher and rc.loss.external_weight > 0:
-        return rc.teacher
-    return None
+    return rc.teacher if rc.reads_teacher() else None
 
 
 def teachers(cfg) -> list[str]:
-    return sorted({t for r in cfg.run_names() if (t := run_teacher(cfg, r))})
+    """Every teacher cache some configured run reads (one teacher stage each)."""
+    return sorted({t for r in cfg.run_names() if (t := teacher_read_by(cfg, r))})
+
+
+def evaluated_sets(cfg) -> list[str]:
+    """The configured sets that get an evaluation job: the offline sets `prepare` builds, the held-out pairs,
+    and each external set whose path exists (the others are reported skipped by `collect`; one added later
+    gets its own job, and only `collect` and the report rerun besides it)."""
+    from protoclip.evaluate.datasets import HELDOUT
+
+    out = []
+    for name, dcfg in cfg.evaluate.datasets.items():
+        if dcfg.kind == "offline" and not dcfg.path:
+            if name == HELDOUT or name in cfg.prepare.eval_sets:
+                out.append(name)
+        elif eval_inputs(cfg, name):
+            out.append(name)
+    return out
+
+
+def eval_inputs(cfg, dataset: str) -> list[str]:
+    """The data files an evaluation on ``dataset`` reads: the prepared set or the manifest (held-out pairs),
+    or the configured external path when it exists (a set added later changes the stage)."""
+    from protoclip.evaluate.datasets import HELDOUT
+
+    lay = Layout.from_config(cfg)
+    dcfg = cfg.evaluate.datasets[dataset]
+    if dcfg.kind == "offline" and not dcfg.path:
+        if dataset == HELDOUT:
+            return [_s(lay.manifest)]
+        return [_s(lay.eval_set(dataset))] if dataset in cfg.prepare.eval_sets else []
+    path = Path(dcfg.path).expanduser() if dcfg.path else None
+    return [_s(path)] if path is not None and path.exists() else []
+
+
+# --------------------------------------------------------------------------- outputs (wildcard-safe)
+# These take names only, so the .smk rules can call them with "{run}" / "{dataset}" wildcards.
+def train_outs(lay: Layout, run: str) -> dict[str, Out]:
+    return {"model": Out(_s(lay.model(run))), "log": Out(_s(lay.train_log(run)))}
+
+
+def eval_outs(lay: Layout, run: str, dataset: str) -> dict[str, Out]:
+    return {"eval": Out(_s(lay.eval_dir(run, dataset)), directory=True)}
+
+
+def collect_outs(lay: Layout, run: str) -> dict[str, Out]:
+    return {"summary": Out(_s(lay.metrics_summary(run)), metric=True)}
+
+
+def teacher_outs(lay: Layout, teacher_file: str) -> dict[str, Out]:
+    base = lay.data_dir / "teacher" / teacher_file
+    return {"features": Out(_s(base.with_suffix(".npz"))), "meta": Out(_s(base.with_suffix(".json")))}
+
+
+# --------------------------------------------------------------------------- stages
+def prepare_stage(cfg, config_file: str) -> Stage:
+    lay = Layout.from_config(cfg)
+    targets = {"manifest": Out(_s(lay.manifest)), "report": Out(_s(lay.prepare_report))}
+    for name in cfg.prepare.eval_sets:
+        targets[f"eval_{name}"] = Out(_s(lay.eval_set(name)))
+    user = [_s(Path(u.path)) for u in cfg.prepare.user_data if "{" not in str(u.path) and Path(u.path).exists()]
+    return Stage("prepare", "prepare", stage_command("prepare", config_file), {"user_data": user},
+                 _params(config_file, "prepare"), [Out(_s(lay.prepared), directory=True)], targets)
+
+
+def teacher_stage(cfg, config_file: str, teacher: str) -> Stage:
+    lay = Layout.from_config(cfg)
+    outs = teacher_outs(lay, lay.teacher_features(teacher).stem)
+    return Stage(f"teacher_{lay.teacher_features(teacher).stem}", "teacher",
+                 stage_command("teacher", config_file, f"--name {teacher}"), {"manifest": [_s(lay.manifest)]},
+                 _params(config_file, "teacher"), list(outs.values()), outs)
 
 
 def _run_params(cfg, run: str, config_file: str) -> list:
     """DVC params of a run: the train defaults plus the run's own override block."""
     overrides_file = cfg._runs[run][1]
-    params: list = [{config_file: ["train"]}]
     key = f"runs.{run}"
-    if overrides_file == config_file:
-        params[0][config_file].append(key)
-    else:
-        params.append({overrides_file: [key]})
-    return params
+    if Path(overrides_file) == Path(config_file):
+        return _params(config_file, "train", key)
+    return _params(config_file, "train") + _params(overrides_file, key)
+
+
+def train_stage(cfg, config_file: str, run: str) -> Stage:
+    lay = Layout.from_config(cfg)
+    deps = {"manifest": [_s(lay.manifest)]}
+    if (t := teacher_read_by(cfg, run)):
+        deps["teacher"] = [_s(lay.teacher_features(t))]
+    outs = train_outs(lay, run)
+    # resume: a job killed by the cluster continues from its last complete episode
+    return Stage(f"train_{run}", "train", stage_command("train", config_file, f"--run {run} --resume"), deps,
+                 _run_params(cfg, run, config_file), list(outs.values()), outs)
+
+
+def evaluate_stage(cfg, config_file: str, run: str, dataset: str) -> Stage:
+    lay = Layout.from_config(cfg)
+    outs = eval_outs(lay, run, dataset)
+    return Stage(f"evaluate_{run}_{dataset}", "evaluate",
+                 stage_command("evaluate", config_file, f"--run {run} --dataset {dataset}"),
+                 {"model": [_s(lay.model(run))], "data": eval_inputs(cfg, dataset)},
+                 _params(config_file, f"evaluate.datasets.{dataset}",
+                         *(f"evaluate.{f.name}" for f in fields(EvaluateConfig) if f.name != "datasets")),
+                 list(outs.values()), outs)
+
+
+def collect_stage(cfg, config_file: str, run: str) -> Stage:
+    lay = Layout.from_config(cfg)
+    outs = collect_outs(lay, run)
+    return Stage(f"collect_{run}", "collect", stage_command("collect", config_file, f"--run {run}"),
+                 {"evals": [_s(lay.eval_dir(run, d)) for d in evaluated_sets(cfg)]}, [], list(outs.values()), outs)
+
+
+def report_stage(cfg, config_file: str) -> Stage:
+    lay = Layout.from_config(cfg)
+    runs = cfg.run_names()
+    outs = {"index": Out(_s(lay.tables / "index.md"))}
+    return Stage("report", "report", stage_command("report", config_file),
+                 {"summaries": [_s(lay.metrics_summary(r)) for r in runs],
+                  "train_logs": [_s(lay.train_log(r)) for r in runs]}, [],
+                 [Out(_s(lay.tables), directory=True), Out(_s(lay.figures), directory=True)], outs)
+
+
+def stages(cfg, config_file: str) -> list[Stage]:
+    """Every stage instance of the config, in DAG order."""
+    out = [prepare_stage(cfg, config_file)]
+    out += [teacher_stage(cfg, config_file, t) for t in teachers(cfg)]
+    for run in cfg.run_names():
+        out.append(train_stage(cfg, config_file, run))
+        out += [evaluate_stage(cfg, config_file, run, d) for d in evaluated_sets(cfg)]
+        out.append(collect_stage(cfg, config_file, run))
+    out.append(report_stage(cfg, config_file))
+    return out
 
 
 def dvc_stages(cfg, config_file: str) -> dict:
     """The `stages:` mapping of dvc.yaml for this config."""
-    lay = Layout.from_config(cfg)
-    s = lambda p: str(Path(p))  # noqa: E731
-    stages: dict = {
-        "prepare": {
-            "cmd": stage_command("prepare", config_file),
-            "params": [{config_file: ["prepare"]}],
-            "outs": [s(lay.prepared)],
-        }
-    }
-    for t in teachers(cfg):
-        out = lay.teacher_features(t)
-        stages[f"teacher_{out.stem}"] = {
-            "cmd": stage_command("teacher", config_file, f"--name {t}"),
-            "deps": [s(lay.manifest)],
-            "params": [{config_file: ["teacher"]}],
-            "outs": [s(out), s(out.with_suffix(".json"))],
-        }
-    for run in cfg.run_names():
-        deps = [s(lay.manifest)]
-        if (t := run_teacher(cfg, run)):
-            deps.append(s(lay.teacher_features(t)))
-        stages[f"train_{run}"] = {
-            "cmd": stage_command("train", config_file, f"--run {run} --resume"),
-            "deps": deps,
-            "params": _run_params(cfg, run, config_file),
-            "outs": [s(lay.model(run)), {s(lay.train_log(run)): {"cache": False}},
-                     # kept between `dvc repro`s so an interrupted run resumes from its last episode
-                     {s(lay.checkpoint(run).parent): {"persist": True, "cache": False}}],
-        }
-        stages[f"evaluate_{run}"] = {
-            "cmd": stage_command("evaluate", config_file, f"--run {run}"),
-            "deps": [s(lay.model(run)), s(lay.manifest)] + [s(lay.eval_set(e)) for e in cfg.prepare.eval_sets],
-            "params": [{config_file: ["evaluate"]}],
-            "outs": [{s(lay.run_dir(run) / "metrics"): {"cache": False}}, s(lay.run_dir(run) / "features"),
-                     s(lay.run_dir(run) / "figures")],
-            "metrics": [{s(lay.metrics_summary(run)): {"cache": False}}],
-        }
-    stages["report"] = {
-        "cmd": stage_command("report", config_file),
-        "deps": [s(lay.metrics_summary(r)) for r in cfg.run_names()] + [s(lay.train_log(r)) for r in cfg.run_names()],
-        "outs": [s(lay.tables), s(lay.figures)],
-    }
-    return stages
+    return {s.name: s.dvc() for s in stages(cfg, config_file)}
 
 
 def dvc_yaml_text(cfg, config_file: str) -> str:
     import yaml
 
-    header = ("# Generated by `protoclip dvc-yaml --config {cfg}` from the same stage commands as the Snakemake\n"
-              "# rules (protoclip/pipeline.py). Do not edit by hand; tests/test_workflow.py checks it is current.\n")
+    header = ("# Generated by `protoclip dvc-yaml --config {cfg}` from the same stages as the Snakemake rules\n"
+              "# (protoclip/pipeline.py). Do not edit by hand; tests/test_workflow.py checks it is current.\n")
     lay = Layout.from_config(cfg)
     doc = {
         "stages": dvc_stages(cfg, config_file),
@@ -101,3 +257,105 @@ def dvc_yaml_text(cfg, config_file: str) -> str:
     }
     body = yaml.safe_dump(doc, sort_keys=False, width=120)
     return header.format(cfg=config_file) + body
+
+
+# --------------------------------------------------------------------------- DVC records what Snakemake made
+def dvc_commit(cfg, config_file: str, default_config: str, made: set[str] | None = None,
+               dvc_yaml: str = "dvc.yaml") -> list[str]:
+    """``dvc commit --force`` the stages whose Snakemake targets this run made or confirmed up to date
+    (``made``: every output path of the Snakemake DAG; None: any stage whose outputs all exist).
+
+    Called by the Snakefile's ``onsuccess:`` handler, so that after ``snakemake`` dvc.lock records every output
+    (``dvc status`` clean, ``dvc repro`` does nothing, ``dvc push`` uploads them). Skipped, with a message, when
+    the commands read overridden config (dvc.yaml describes ``default_config``), when the folder is not a DVC
+    repository, or when dvc.yaml is stale (``protoclip dvc-yaml`` rewrites it).
+    """
+    import subprocess
+    import sys
+
+    if not Path(".dvc").is_dir() or not Path(dvc_yaml).is_file():
+        return []
+    if config_file != default_config:
+        print(f"protoclip: config overrides in effect: dvc.lock not updated ({dvc_yaml} describes {default_config})",
+              file=sys.stderr)
+        return []
+    if Path(dvc_yaml).read_text() != dvc_yaml_text(cfg, config_file):
+        print(f"protoclip: {dvc_yaml} is stale, dvc.lock not updated: run `protoclip dvc-yaml --config "
+              f"{config_file}` and commit it", file=sys.stderr)
+        return []
+    names = []
+    for st in stages(cfg, config_file):
+        targets = [o.path for o in st.targets.values()]
+        if made is not None and not all(_s(t) in made for t in targets):
+            continue
+        if all(Path(o.path).exists() for o in st.outs) and all(Path(p).exists() for ps in st.deps.values() for p in ps):
+            names.append(st.name)
+    if names:
+        subprocess.run([sys.executable, "-m", "dvc", "commit", "--force", "--quiet", *names], check=True)
+        print(f"protoclip: dvc.lock records {len(names)} stage(s)", file=sys.stderr)
+        # `dvc commit` moves each changed output into its cache and copies it back with a new file time, in its
+        # own order: put the times back in DAG order, or Snakemake (which always reruns a job whose input is
+        # newer than its output, whatever --rerun-triggers says) would rerun the next stages
+        restamp([st for st in stages(cfg, config_file) if st.name in names])
+    return names
+
+
+def restamp(stage_list: list[Stage]) -> None:
+    """Set the file times of the stages' Snakemake targets in DAG order (each stage's newer than the last's)."""
+    import time
+
+    now = time.time()
+    for i, st in enumerate(stage_list):
+        t = now - (len(stage_list) - i) * 0.01
+        for o in st.targets.values():
+            p = Path(o.path)
+            files = [p] + (sorted(p.rglob("*")) if p.is_dir() else [])
+            for f in files:
+                if f.exists():
+                    os.utime(f, (t, t))
+
+
+# --------------------------------------------------------------------------- config overrides
+RESOLVED_CONFIG = ".snakemake/protoclip/config.yaml"
+
+
+def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_config: dict,
+                   resolved_path: str = RESOLVED_CONFIG) -> str:
+    """The config file every rule's command passes to ``protoclip``: Snakemake's own merged ``config``.
+
+    Snakemake merges the Snakefile's ``configfile`` with each ``--configfile`` and then ``--config``. When that
+    adds nothing to ``default_file``, the default file itself is used (the commands in dvc.yaml). Otherwise the
+    merged config is written to ``resolved_path`` (rewritten only when it changes) and every command reads it,
+    so an override takes effect in every stage, or fails validation there with the key named. Relative
+    ``experiments`` entries keep meaning "relative to the file that listed them" (rewritten relative to the
+    resolved file; from ``--config``: relative to the working directory).
+    """
+    import yaml
+
+    from protoclip.config import read_yaml
+
+    base = read_yaml(default_file)
+    if merged == base:
+        return default_file
+    data = dict(merged)
+    if "experiments" in data:
+        origin = Path(default_file).parent
+        if "experiments" in cli_config:
+            origin = Path(".")
+        else:
+            for f in reversed(cli_files):
+                if "experiments" in (read_yaml(f) or {}):
+                    origin = Path(f).parent
+                    break
+        out_dir = Path(resolved_path).parent.resolve()
+        data["experiments"] = [e if Path(e).is_absolute() else os.path.relpath((origin / e).resolve(), out_dir)
+                               for e in data["experiments"]]
+    text = ("# Written by workflow/rules/common.smk: the project config merged with the command line's\n"
+            "# --configfile / --config overrides. Every rule's command reads this file.\n"
+            + yaml.safe_dump(data, sort_keys=False))
+    path = Path(resolved_path)
+    if not path.exists() or path.read_text() != text:
+        from protoclip.atomic import write_text
+
+        write_text(path, text)
+    return resolved_path

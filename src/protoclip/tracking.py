@@ -1,11 +1,22 @@
 """MLflow logging, kept out of the core modules: stages receive a :class:`Tracker` and call plain methods.
 
-One MLflow run per training run, found again by its ``protoclip.run`` tag, so that `evaluate` logs
-its metrics into the same MLflow run that `train` created. A local SQLite store is the default
+Which MLflow run a stage logs into (never found by name alone):
+
+* ``train`` from scratch opens a NEW MLflow run (named after the training run, tagged ``protoclip.run``);
+  its id is written to ``results/runs/<run>/checkpoints/mlflow.json`` beside the checkpoint. A resumed
+  training (same checkpoint, same config) continues the MLflow run whose id that file holds.
+* ``evaluate`` logs into the MLflow run tagged with the sha256 of the ``model.pt`` it evaluates (the train
+  stage sets ``protoclip.model_sha256`` when it writes the model); with no such run (e.g. a model restored by
+  ``dvc pull`` into a fresh tracking store) it opens a new run carrying that tag.
+* ``report`` opens a new run tagged ``protoclip.kind = report`` with the tables and figures as artifacts.
+
+The experiment is tagged ``mlflow.experimentKind = custom_model_development`` so that MLflow 3's UI opens it on
+the training-runs table, not on the GenAI overview. A local SQLite store is the default
 (``paths.mlflow_uri``); open the UI with ``mlflow ui --backend-store-uri sqlite:///results/mlflow.db``.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 from contextlib import contextmanager
@@ -14,9 +25,14 @@ from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
 
+# MLflow 3 UI: experiments of this kind open on the runs table (mlflow/server/js: ExperimentKind enum)
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
 
 class Tracker:
     """No-op base: the interface the stages use. :class:`MlflowTracker` logs for real."""
+
+    run_id: str | None = None
 
     def log_params(self, params: dict[str, Any]) -> None: ...
 
@@ -25,6 +41,9 @@ class Tracker:
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
 
     def set_tags(self, tags: dict[str, str]) -> None: ...
+
+    def log_dataset(self, frame, name: str, digest: str | None = None, source: str | None = None,
+                    context: str = "training") -> None: ...
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -38,6 +57,16 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def target_tags(targets: list[str] | None) -> dict[str, str]:
+    """Tags marking the table / figure targets a run belongs to: ``protoclip.target.<t> = 1`` each (filter the
+    runs table with ``tags.`protoclip.target.table_V` = '1'``) and ``protoclip.targets`` = the sorted list."""
+    targets = sorted(set(targets or []))
+    tags = {f"protoclip.target.{t}": "1" for t in targets}
+    if targets:
+        tags["protoclip.targets"] = ",".join(targets)
+    return tags
+
+
 class MlflowTracker(Tracker):
     def __init__(self, mlflow_module, run_id: str):
         self._mlflow = mlflow_module
@@ -47,7 +76,10 @@ class MlflowTracker(Tracker):
     def log_params(self, params: dict[str, Any]) -> None:
         flat = {k: str(v)[:6000] for k, v in _flatten(params).items()}
         existing = self._client.get_run(self.run_id).data.params
-        new = {k: v for k, v in flat.items() if k not in existing}  # params are immutable in MLflow
+        changed = sorted(k for k, v in flat.items() if k in existing and existing[k] != v)
+        if changed:  # params are immutable in MLflow: a resumed run keeps its config (the loop checks that)
+            log.warning("MLflow run %s already has other values for %s: kept", self.run_id, ", ".join(changed[:5]))
+        new = {k: v for k, v in flat.items() if k not in existing}
         if new:
             self._mlflow.log_params(new)
 
@@ -58,30 +90,128 @@ class MlflowTracker(Tracker):
             self._mlflow.log_metrics(clean, step=step)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
+        if Path(path).is_dir():
+            self._mlflow.log_artifacts(str(path), artifact_path=artifact_path)
+        elif Path(path).exists():
+            self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self._mlflow.set_tags(tags)
 
+    def log_dataset(self, frame, name: str, digest: str | None = None, source: str | None = None,
+                    context: str = "training") -> None:
+        """``mlflow.log_input`` of a pandas frame (e.g. the run's manifest rows) under ``name``."""
+        import mlflow.data
 
-@contextmanager
-def tracked_run(cfg, run_name: str, stage: str) -> Iterator[Tracker]:
-    """Open (or re-open) the MLflow run of ``run_name``; yields a no-op Tracker if MLflow is unusable."""
+        ds = mlflow.data.from_pandas(frame, source=source, name=name, digest=digest)
+        self._mlflow.log_input(ds, context=context)
+
+
+def _mlflow(cfg):
+    """The configured mlflow module (tracking URI set, experiment created with its kind tag), or None."""
     try:
         import mlflow
     except ImportError:  # pragma: no cover - mlflow is a declared dependency
         log.warning("mlflow not importable: metrics are written to files only")
-        yield Tracker()
-        return
+        return None
     uri = cfg.paths.mlflow_uri
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(cfg.paths.mlflow_experiment)
-    found = mlflow.search_runs(filter_string=f"tags.`protoclip.run` = '{run_name}'", max_results=1,
-                               order_by=["start_time DESC"], output_format="list")
-    run_id = found[0].info.run_id if found else None
+    client = mlflow.tracking.MlflowClient()
+    exp = client.get_experiment_by_name(cfg.paths.mlflow_experiment)
+    if exp is None:
+        exp_id = client.create_experiment(cfg.paths.mlflow_experiment, tags=EXPERIMENT_KIND)
+    else:
+        exp_id = exp.experiment_id
+        for k, v in EXPERIMENT_KIND.items():
+            if exp.tags.get(k) != v:
+                client.set_experiment_tag(exp_id, k, v)
+    mlflow.set_experiment(experiment_id=exp_id)
+    return mlflow
+
+
+def _exists(mlflow, run_id: str | None) -> bool:
+    if not run_id:
+        return False
+    try:
+        return mlflow.tracking.MlflowClient().get_run(run_id).info.lifecycle_stage == "active"
+    except Exception:  # noqa: BLE001 - unknown id in this store (another machine's file)
+        return False
+
+
+@contextmanager
+def _open(mlflow, run_id: str | None, run_name: str, tags: dict[str, str]) -> Iterator[Tracker]:
     with mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name) as active:
-        mlflow.set_tags({"protoclip.run": run_name, f"protoclip.stage.{stage}": "started"})
+        mlflow.set_tags(tags)
         yield MlflowTracker(mlflow, active.info.run_id)
-        mlflow.set_tags({f"protoclip.stage.{stage}": "finished"})
+
+
+def read_run_id(path: Path) -> str | None:
+    try:
+        return json.loads(Path(path).read_text()).get("run_id")
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+@contextmanager
+def training_run(cfg, run_name: str, resume_id_file: Path | None, targets: list[str] | None = None
+                 ) -> Iterator[Tracker]:
+    """A new MLflow run for a training from scratch (``resume_id_file`` None), or the MLflow run whose id
+    ``resume_id_file`` holds (a resumed training; a new run if that id is unknown to this store)."""
+    mlflow = _mlflow(cfg)
+    if mlflow is None:
+        yield Tracker()
+        return
+    run_id = read_run_id(resume_id_file) if resume_id_file is not None else None
+    if run_id and not _exists(mlflow, run_id):
+        log.warning("MLflow run %s of %s is not in %s: logging into a new run", run_id, run_name,
+                    cfg.paths.mlflow_uri)
+        run_id = None
+    tags = {"protoclip.run": run_name, "protoclip.kind": "train", **target_tags(targets)}
+    with _open(mlflow, run_id, run_name, tags) as tracker:
+        tracker.set_tags({"protoclip.stage.train": "started"})
+        yield tracker
+        tracker.set_tags({"protoclip.stage.train": "finished"})
+
+
+@contextmanager
+def evaluation_run(cfg, run_name: str, model_sha256: str, targets: list[str] | None = None) -> Iterator[Tracker]:
+    """The MLflow run that produced the model with this sha256 (tag ``protoclip.model_sha256``), else a new
+    run carrying that tag."""
+    mlflow = _mlflow(cfg)
+    if mlflow is None:
+        yield Tracker()
+        return
+    found = mlflow.search_runs(filter_string=f"tags.`protoclip.model_sha256` = '{model_sha256}' and "
+                                             f"tags.`protoclip.run` = '{run_name}'",
+                               max_results=1, order_by=["start_time DESC"], output_format="list")
+    run_id = found[0].info.run_id if found else None
+    tags = {"protoclip.run": run_name, "protoclip.model_sha256": model_sha256, **target_tags(targets)}
+    if run_id is None:
+        tags["protoclip.kind"] = "evaluate"  # the training that made this model logged elsewhere
+    with _open(mlflow, run_id, run_name, tags) as tracker:
+        yield tracker
+
+
+@contextmanager
+def report_run(cfg, name: str = "report") -> Iterator[Tracker]:
+    """A new MLflow run holding one report's tables and figures as artifacts."""
+    mlflow = _mlflow(cfg)
+    if mlflow is None:
+        yield Tracker()
+        return
+    with _open(mlflow, None, name, {"protoclip.kind": "report"}) as tracker:
+        yield tracker
+
+
+def log_report(cfg) -> str | None:
+    """Log ``results/tables`` and ``results/figures`` as artifacts of a new ``report`` run; returns its id."""
+    from protoclip.layout import Layout
+
+    layout = Layout.from_config(cfg)
+    with report_run(cfg) as tracker:
+        for folder in (layout.tables, layout.figures):
+            if folder.is_dir():
+                tracker.log_artifact(folder, folder.name)
+        return tracker.run_id

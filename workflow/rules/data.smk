@@ -1,9 +1,9 @@
 rule prepare:
     """Pinned Debian packages -> offline caption corpus + eval sets (and user data from config paths)."""
+    input:
+        unpack(stage_inputs(lambda wc: "prepare")),
     output:
-        manifest=str(LAYOUT.manifest),
-        report=str(LAYOUT.prepare_report),
-        eval_sets=[str(LAYOUT.eval_set(s)) for s in PROJECT.prepare.eval_sets],
+        **outputs(STAGES["prepare"].targets),
     conda:
         "../../environment.yml"
     log:
@@ -12,6 +12,6 @@ rule prepare:
         "benchmarks/prepare.tsv"
     params:
         settings=settings(PROJECT.prepare),
-        cmd=cli("prepare"),
+        cmd=STAGES["prepare"].cmd,
     shell:
         "{params.cmd} 2>&1 | tee {log}"

@@ -1,23 +1,42 @@
 rule evaluate:
-    """Every evaluation task on every configured data set for one trained run (skipped sets are reported)."""
+    """Every configured task of one data set on one trained run: one job per (run, set), run in parallel;
+    a set that fails or is added later does not redo the others (skipped sets write their reason)."""
     input:
-        model=str(LAYOUT.results_dir / "runs" / "{run}" / "model.pt"),
-        manifest=str(LAYOUT.manifest),  # held-out caption pairs (retrieval, coarse labels)
-        eval_sets=[str(LAYOUT.eval_set(s)) for s in PROJECT.prepare.eval_sets],
+        unpack(stage_inputs(lambda wc: f"evaluate_{wc.run}_{wc.dataset}")),
     output:
-        summary=str(LAYOUT.results_dir / "runs" / "{run}" / "metrics.json"),
+        **outputs(pipeline.eval_outs(LAYOUT, "{run}", "{dataset}")),
     conda:
         "../../environment.yml"
     log:
-        "logs/evaluate_{run}.log",
+        "logs/evaluate_{run}_{dataset}.log",
     benchmark:
-        "benchmarks/evaluate_{run}.tsv"
+        "benchmarks/evaluate_{run}_{dataset}.tsv"
     wildcard_constraints:
         run="|".join(RUNS) or "NO_RUNS",
+        dataset="|".join(DATASETS) or "NO_DATASETS",
     resources:
         gpu=lambda wc: 1 if PROJECT.run(wc.run).gpu else 0,
     params:
-        settings=settings(PROJECT.evaluate),
-        cmd=lambda wc: cli("evaluate", f"--run {wc.run}"),
+        settings=lambda wc: settings({**to_dict(PROJECT.evaluate), "datasets": PROJECT.evaluate.datasets[wc.dataset]}),
+        cmd=stage_cmd(lambda wc: f"evaluate_{wc.run}_{wc.dataset}"),
+    shell:
+        "{params.cmd} 2>&1 | tee {log}"
+
+
+rule collect:
+    """A run's per-set metrics files -> results/runs/<run>/metrics.json (cheap: runs on the main node)."""
+    input:
+        unpack(stage_inputs(lambda wc: f"collect_{wc.run}")),
+    output:
+        **outputs(pipeline.collect_outs(LAYOUT, "{run}")),
+    conda:
+        "../../environment.yml"
+    log:
+        "logs/collect_{run}.log",
+    wildcard_constraints:
+        run="|".join(RUNS) or "NO_RUNS",
+    params:
+        cmd=stage_cmd(lambda wc: f"collect_{wc.run}"),
+    localrule: True
     shell:
         "{params.cmd} 2>&1 | tee {log}"

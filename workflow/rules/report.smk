@@ -1,10 +1,9 @@
 rule report:
     """Tables (csv/md/tex) and figures regenerated from every run's metrics files."""
     input:
-        summaries=expand(str(LAYOUT.results_dir / "runs" / "{run}" / "metrics.json"), run=RUNS),
-        train_logs=expand(str(LAYOUT.results_dir / "runs" / "{run}" / "train_log.jsonl"), run=RUNS),
+        unpack(stage_inputs(lambda wc: "report")),
     output:
-        index=str(LAYOUT.tables / "index.md"),
+        **outputs(STAGES["report"].targets),
     conda:
         "../../environment.yml"
     log:
@@ -12,6 +11,6 @@ rule report:
     benchmark:
         "benchmarks/report.tsv"
     params:
-        cmd=cli("report"),
+        cmd=STAGES["report"].cmd,
     shell:
         "{params.cmd} 2>&1 | tee {log}"

@@ -1,9 +1,9 @@
 rule teacher:
     """Frozen text teacher -> PCA-reduced caption features keyed by sample id."""
     input:
-        manifest=str(LAYOUT.manifest),
+        unpack(stage_inputs(lambda wc: f"teacher_{wc.teacher}")),
     output:
-        features=str(LAYOUT.data_dir / "teacher" / "{teacher}.npz"),
+        **outputs(pipeline.teacher_outs(LAYOUT, "{teacher}")),
     conda:
         "../../environment.yml"
     log:
@@ -14,6 +14,6 @@ rule teacher:
         teacher="|".join(TEACHER_BY_FILE) or "NO_TEACHERS",
     params:
         settings=settings(PROJECT.teacher),
-        cmd=lambda wc: cli("teacher", f"--name {TEACHER_BY_FILE[wc.teacher]}"),
+        cmd=stage_cmd(lambda wc: f"teacher_{wc.teacher}"),
     shell:
         "{params.cmd} 2>&1 | tee {log}"

@@ -1,10 +1,9 @@
 rule train:
     """Episodic CLIP / ProtoCLIP training of one configured run; checkpoints every episode (resumable)."""
     input:
-        unpack(train_inputs),
+        unpack(stage_inputs(lambda wc: f"train_{wc.run}")),
     output:
-        model=str(LAYOUT.results_dir / "runs" / "{run}" / "model.pt"),
-        log=str(LAYOUT.results_dir / "runs" / "{run}" / "train_log.jsonl"),
+        **outputs(pipeline.train_outs(LAYOUT, "{run}")),
     conda:
         "../../environment.yml"
     log:
@@ -17,7 +16,6 @@ rule train:
         gpu=lambda wc: 1 if PROJECT.run(wc.run).gpu else 0,
     params:
         settings=lambda wc: settings(PROJECT.run(wc.run)),
-        # resume: a job killed by the cluster continues from its last complete episode
-        cmd=lambda wc: cli("train", f"--run {wc.run} --resume"),
+        cmd=stage_cmd(lambda wc: f"train_{wc.run}"),
     shell:
         "{params.cmd} 2>&1 | tee {log}"

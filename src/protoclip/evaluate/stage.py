@@ -1,6 +1,7 @@
 """`protoclip evaluate`: every configured task on every configured data set of one trained run.
 
     protoclip evaluate --config config/config.yaml --run protoclip_tiny [--task knn] [--dataset digits]
+    protoclip collect  --config config/config.yaml --run protoclip_tiny   # -> results/runs/<run>/metrics.json
 
 For each data set of ``evaluate.datasets`` and each of its tasks that applies to it
 
@@ -16,10 +17,11 @@ nemd        h^I (and z^I) of the test split (PAUC)        metrics.nemd.nemd_repo
 tsne        z^I of the test split (Fig. 8)                metrics.embedding_plots.tsne_plot
 =========== ============================================ ====================================================
 
-it writes ``results/runs/<run>/metrics/<task>/<set>.json`` (metrics, run, dataset, task, sizes, feature kind,
+it writes ``results/runs/<run>/eval/<set>/<task>.json`` (metrics, run, dataset, task, sizes, feature kind,
 provenance), logs the numbers into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws t-SNE
-plots to ``results/runs/<run>/figures/tsne_<set>.png``, collects every metrics file of the run into
-``results/runs/<run>/metrics.json`` and prints a summary table. A task that does not apply to a set
+plots to ``results/runs/<run>/eval/<set>/tsne.png``, records what each task did in ``eval/<set>/tasks.json``
+and prints a summary table. The workflow runs one job per (run, set) (``--dataset``); ``protoclip collect``
+(or an evaluation of every set) gathers every metrics file of the run into ``results/runs/<run>/metrics.json``. A task that does not apply to a set
 (retrieval without captions, zero-shot without templates, probes without a train split) is not run. A
 set that is not configured or not found writes ``{"skipped": "skipped: <set> not found at <path>"}``
 into each of its metrics files, so tables show why a cell is empty.
@@ -42,7 +44,7 @@ from protoclip.evaluate.datasets import HELDOUT, CaptionSet, EvalSet, LabelledSe
 from protoclip.evaluate.features import FeatureExtractor
 from protoclip.layout import Layout
 from protoclip.provenance import provenance
-from protoclip.tracking import tracked_run
+from protoclip.tracking import evaluation_run
 
 log = logging.getLogger(__name__)
 
@@ -186,9 +188,9 @@ TASK_FUNCS: dict[str, Callable[..., TaskResult]] = {
 def collect_run_metrics(layout: Layout, run: str) -> dict[str, dict[str, Any]]:
     """{task: {set: metrics dict or {"skipped": line}}} from every metrics file of ``run``."""
     out: dict[str, dict[str, Any]] = {}
-    for path in sorted((layout.run_dir(run) / "metrics").glob("*/*.json")):
+    for task, dataset, path in layout.metrics_files(run):
         data = json.loads(path.read_text())
-        out.setdefault(path.parent.name, {})[path.stem] = (
+        out.setdefault(task, {})[dataset] = (
             {"skipped": data["skipped"]} if "skipped" in data else data.get("metrics", {}))
     return out
 
@@ -227,8 +229,41 @@ def _numbers(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- stage
-def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[str] | None = None) -> list[Path]:
-    """Evaluate ``run`` on the configured sets; returns the metrics files written (plus metrics.json)."""
+def missing_reason(name: str, ds_cfg: EvalDatasetConfig, layout: Layout) -> str:
+    """Why a configured set has no evaluation output (the same lines :func:`load_eval_set` gives)."""
+    if ds_cfg.kind == "offline":
+        path = Path(ds_cfg.path) if ds_cfg.path else (layout.manifest if name == HELDOUT else layout.eval_set(name))
+        return f"skipped: {name} not found at {path}"
+    if not ds_cfg.path:
+        return f"skipped: {name} path not configured"
+    return f"skipped: {name} not found at {Path(ds_cfg.path).expanduser()}"
+
+
+def run_collect(cfg, run: str) -> Path:
+    """Gather every metrics file of ``run`` into ``results/runs/<run>/metrics.json`` and print the summary.
+
+    A configured set with no evaluation folder (the workflow gives no job to a set whose path does not exist)
+    appears as ``{"skipped": "skipped: <set> not found at <path>"}`` under each of its tasks.
+    """
+    layout = Layout.from_config(cfg)
+    cfg.run(run)  # unknown run -> ConfigError
+    summary = collect_run_metrics(layout, run)
+    for name, ds_cfg in cfg.evaluate.datasets.items():
+        if not layout.eval_dir(run, name).is_dir():
+            for task in static_tasks(name, ds_cfg):
+                summary.setdefault(task, {})[name] = {"skipped": missing_reason(name, ds_cfg, layout)}
+    out = write_json(layout.metrics_summary(run), summary)
+    print(f"evaluate {run}:\n{summary_table(summary)}")
+    return out
+
+
+def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[str] | None = None,
+                 targets: list[str] | None = None) -> list[Path]:
+    """Evaluate ``run`` on the configured sets; returns the metrics files written.
+
+    Without ``datasets`` (every configured set) it also writes ``metrics.json`` (:func:`run_collect`); the
+    workflow's per-set jobs leave that to its ``collect`` job. ``targets``: table targets (MLflow tags).
+    """
     ecfg: EvaluateConfig = cfg.evaluate
     layout = Layout.from_config(cfg)
     tasks = list(tasks or TASKS)
@@ -244,52 +279,52 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
     extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size, ecfg.num_workers)
     prov = provenance(ecfg.seed)
     written: list[Path] = []
-    for folder in ("features", "figures"):  # DVC outputs of the stage: present even when nothing lands there
-        (layout.run_dir(run) / folder).mkdir(parents=True, exist_ok=True)
-    with tracked_run(cfg, run, "evaluate") as tracker:
+    with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
         tracker.log_params({"evaluate": {"seed": ecfg.seed, "knn_k": ecfg.knn_k,
                                          "knn_temperature": ecfg.knn_temperature}})
-        # a tag, not a param: MLflow params are immutable and a retrained model.pt changes it
-        tracker.set_tags({"protoclip.evaluate.model_sha256": extractor.model_sha256})
         for name in names:
+            # the job's output folder (a DVC out and a Snakemake directory): present even when no task runs
+            layout.eval_dir(run, name).mkdir(parents=True, exist_ok=True)
+            status: dict[str, str] = {}
             ds_cfg = ecfg.datasets[name]
             wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
-            if not wanted:
-                continue
-            ds = load_eval_set(name, ds_cfg, layout)
+            ds = load_eval_set(name, ds_cfg, layout) if wanted else None
             base = {"run": run, "dataset": name}
             if isinstance(ds, Skipped):
                 log.warning(ds.reason)
                 for task in wanted:
+                    status[task] = ds.reason
                     written.append(write_json(layout.metrics(run, task, name), {**base, "task": task,
                                                                                 "skipped": ds.reason}))
-                continue
+                wanted = []
             runnable = []
             for task in wanted:
                 reason = not_applicable(task, ds)
                 if reason:
                     log.info("%s: %s does not apply (%s)", name, task, reason)
+                    status[task] = f"not applicable: {reason}"
                 else:
                     runnable.append(task)
-            if not runnable:
-                continue
-            feats = extractor.features(layout.features(run, name), ds)
+            feats = extractor.features(layout.features(run, name), ds) if runnable else {}
             for task in runnable:
                 reason = too_small(task, feats)
                 if reason:
                     log.warning("%s: %s not run (%s)", name, task, reason)
+                    status[task] = f"not run: {reason}"
                     continue
-                fig = layout.run_dir(run) / "figures" / f"tsne_{name}.png"
+                fig = layout.tsne_figure(run, name)
                 log.info("%s: %s", name, task)
                 metrics, kind, sizes = TASK_FUNCS[task](feats, ds, ecfg, fig)
                 record = {**base, "task": task, "metrics": metrics, **sizes, "features": kind,
                           "model_sha256": extractor.model_sha256, "source": ds.source, "provenance": prov}
                 written.append(write_json(layout.metrics(run, task, name), record))
+                status[task] = "ran"
                 tracker.log_metrics(_numbers(metrics, f"eval/{task}/{name}/"))
                 if task == "tsne":
-                    tracker.log_artifact(fig, "figures")
-        summary = collect_run_metrics(layout, run)
-        written.append(write_json(layout.metrics_summary(run), summary))
-        tracker.log_artifact(layout.metrics_summary(run), "metrics")
-    print(f"evaluate {run}:\n{summary_table(summary)}")
+                    tracker.log_artifact(fig, f"figures/{name}")
+            write_json(layout.eval_tasks(run, name), {"run": run, "dataset": name, "tasks": status,
+                                                      "model_sha256": extractor.model_sha256})
+        if datasets is None:
+            written.append(run_collect(cfg, run))
+            tracker.log_artifact(layout.metrics_summary(run), "metrics")
     return written

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from protoclip.atomic import atomic_path
+from protoclip.atomic import save_torch
 from protoclip.models.build import build_model
 from protoclip.models.model import ProtoCLIPModel
 
@@ -51,8 +51,7 @@ def save_model(path: str | Path, model: ProtoCLIPModel, config: dict) -> Path:
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "config_json": json.dumps(config, sort_keys=True, default=str),
     }
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    save_torch(path, payload)  # byte-deterministic: same weights, same sha256
     log.info("saved %s model to %s", model.name, path)
     return Path(path)
 

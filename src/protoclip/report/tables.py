@@ -2,7 +2,7 @@
 
     protoclip report --config config/config.yaml
 
-Reads ``results/runs/<run>/metrics/<task>/<dataset>.json`` of every configured run and writes, per task,
+Reads ``results/runs/<run>/eval/<dataset>/<task>.json`` of every configured run and writes, per task,
 ``results/tables/<task>.{csv,md,tex}`` (rows: data set x headline metric; columns: runs), all values with
 their skip lines in ``results/tables/metrics_long.csv``, plus
 ``results/figures/train_curves.png`` and ``results/tables/train_loss.csv`` (a DVC plot) from each run's
@@ -38,9 +38,7 @@ def collect_metrics(layout: Layout, runs: list[str]) -> pd.DataFrame:
     """Long table: run, task, dataset, metric, value (float) or note (skipped line)."""
     rows = []
     for run in runs:
-        root = layout.run_dir(run) / "metrics"
-        for path in sorted(root.glob("*/*.json")):
-            task, dataset = path.parent.name, path.stem
+        for task, dataset, path in layout.metrics_files(run):
             data = json.loads(path.read_text())
             if "skipped" in data:
                 rows.append({"run": run, "task": task, "dataset": dataset, "metric": "skipped",

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from protoclip.atomic import atomic_path
+from protoclip.atomic import save_torch
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,7 @@ def save_checkpoint(path: str | Path, *, model: torch.nn.Module, optimizer: torc
         "prototypes": prototypes,
         "extra": extra or {},
     }
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    save_torch(path, state)  # atomic and byte-deterministic
     log.debug("checkpoint: episode %d step %d -> %s", episode, step, path)
     return Path(path)
 

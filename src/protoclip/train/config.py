@@ -74,6 +74,11 @@ class TrainConfig:
     seed: int = 0  # seeds weights, episode draws (seed, episode) and k-means inits (seed, episode)
     log_every: int = 1  # write a `step` line to train_log.jsonl every n optimizer steps (episode means use all)
 
+    def reads_teacher(self) -> bool:
+        """Whether this run reads the external-teacher cache ``teacher`` (the one rule, used by the workflow's
+        stage inputs, the train stage and the loop): a ProtoCLIP run with a teacher and L_Proto^external on."""
+        return self.method == "protoclip" and self.teacher is not None and self.loss.external_weight > 0
+
     def validate(self) -> None:
         if self.episode_size < 1 or self.batch_size < 1:
             raise ValueError("episode_size and batch_size must be >= 1")

@@ -163,7 +163,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     if teacher is not None and (teacher.ndim != 2 or len(teacher) != len(dataset)):
         raise ValueError(f"teacher features must be [M={len(dataset)}, d] aligned with the data set, "
                          f"got {tuple(teacher.shape)}")
-    use_teacher = cfg.method == "protoclip" and teacher is not None and cfg.loss.external_weight > 0
+    use_teacher = cfg.reads_teacher() and teacher is not None
     M = len(dataset)
     m = episode_size_for(cfg.episode_size, M)
     sched = Schedule.build(base_lr=cfg.lr, epochs=cfg.epochs, dataset_size=M, episode_size=m,

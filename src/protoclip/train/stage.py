@@ -21,7 +21,7 @@ import torch
 
 from protoclip.config import ConfigError, ProjectConfig, to_dict
 from protoclip.layout import Layout
-from protoclip.tracking import Tracker, tracked_run
+from protoclip.tracking import Tracker, training_run
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import env_world
 from protoclip.train.loop import train
@@ -34,10 +34,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def uses_teacher(tcfg: TrainConfig) -> bool:
-    return tcfg.method == "protoclip" and tcfg.teacher is not None and tcfg.loss.external_weight > 0
 
 
 def load_teacher(layout: Layout, tcfg: TrainConfig, sample_ids: list[str]) -> np.ndarray:
@@ -85,6 +81,7 @@ def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_s
 
 def train_run(cfg: ProjectConfig, run: str, tracker: Tracker, resume: bool = False) -> Path:
     """Everything of :func:`run_train` except the MLflow context (the tracker is given)."""
+    from protoclip.hashing import sha256_file
     from protoclip.models import get_tokenizer, save_model
     from protoclip.train.methods import method_class
 
@@ -94,21 +91,63 @@ def train_run(cfg: ProjectConfig, run: str, tracker: Tracker, resume: bool = Fal
     seed_everything(tcfg.seed)  # same seed on every rank: identical initial weights
     model = method_class(tcfg.method).build_model(tcfg)
     dataset, ids = build_dataset(cfg, layout, tcfg, model.image_size, get_tokenizer(tcfg.model))
-    teacher = load_teacher(layout, tcfg, ids) if uses_teacher(tcfg) else None
+    if info.rank == 0:
+        log_training_data(cfg, layout, tcfg, tracker)
+    teacher = load_teacher(layout, tcfg, ids) if tcfg.reads_teacher() else None
     model = train(model, dataset, tcfg, layout, run, teacher=teacher, tracker=tracker, resume=resume)
     out = layout.model(run)
     if info.rank == 0:
         save_model(out, model, to_dict(tcfg))
+        # evaluate finds this MLflow run by the sha256 of the model it evaluates (protoclip.tracking)
+        tracker.set_tags({"protoclip.model_sha256": sha256_file(out)})
         for path in (layout.run_dir(run) / "config.yaml", layout.train_log(run)):
             tracker.log_artifact(path)
         log.info("run %s: model written to %s", run, out)
     return out
 
 
-def run_train(cfg: ProjectConfig, run: str, resume: bool = False) -> Path:
-    """Train run ``run`` of ``cfg``; returns the path of the final ``model.pt``."""
-    cfg.run(run)  # unknown run -> ConfigError before anything starts
+def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tracker: Tracker) -> None:
+    """The run's training rows of the manifest as an MLflow dataset input (digest: sha256 of ids + image hashes)."""
+    import hashlib
+
+    from protoclip.data.pairs import load_manifest
+
+    df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train")
+    digest = hashlib.sha256("\n".join(f"{i} {h}" for i, h in zip(df["id"], df["sha256"])).encode()).hexdigest()
+    tracker.log_dataset(df[["id", "source", "caption", "sha256"]], name=f"manifest:{'+'.join(tcfg.data)}:train",
+                        digest=digest[:32], source=str(layout.manifest))
+
+
+def resumes(layout: Layout, tcfg: TrainConfig, resume: bool) -> bool:
+    """Whether ``train(..., resume=resume)`` will continue the run's checkpoint (the loop's own test: a checkpoint
+    written with the same resume key), read from the MLflow id file written beside it with that key."""
+    import json
+
+    from protoclip.train.loop import resume_key
+
+    if not (resume and layout.checkpoint(tcfg.name).exists()):
+        return False
+    try:
+        return json.loads(layout.mlflow_run_file(tcfg.name).read_text()).get("config") == resume_key(tcfg)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+
+
+def run_train(cfg: ProjectConfig, run: str, resume: bool = False, targets: list[str] | None = None) -> Path:
+    """Train run ``run`` of ``cfg``; returns the path of the final ``model.pt``.
+
+    MLflow: a training from scratch is a new MLflow run, a resumed one continues its own (the id kept in
+    ``checkpoints/mlflow.json``). ``targets``: the table / figure targets this run belongs to (MLflow tags).
+    """
+    from protoclip.atomic import write_json
+    from protoclip.train.loop import resume_key
+
+    tcfg = cfg.run(run)  # unknown run -> ConfigError before anything starts
     if env_world().rank != 0:  # only rank 0 talks to MLflow
         return train_run(cfg, run, Tracker(), resume=resume)
-    with tracked_run(cfg, run, "train") as tracker:
+    layout = Layout.from_config(cfg)
+    id_file = layout.mlflow_run_file(run)
+    with training_run(cfg, run, id_file if resumes(layout, tcfg, resume) else None, targets) as tracker:
+        if tracker.run_id:
+            write_json(id_file, {"run_id": tracker.run_id, "config": resume_key(tcfg)})
         return train_run(cfg, run, tracker, resume=resume)
