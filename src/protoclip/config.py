@@ -207,6 +207,8 @@ class ProjectConfig:
     # names (config/paper.yaml) reuses the offline default's target declarations this way
     targets: list[str] = field(default_factory=list)
     runs: dict[str, dict] = field(default_factory=dict)  # extra runs defined inline: name -> overrides
+    # applied on top of EVERY run's overrides (config/ci.yaml: the same runs, tiny epochs); {} = none
+    train_force: dict = field(default_factory=dict)
     source: str = "<config>"  # set by load_config; the file this came from
 
     # resolved {run name -> (overrides, file it came from)}, filled by load_config
@@ -234,7 +236,7 @@ class ProjectConfig:
         if name not in self._runs:
             raise ConfigError(f"{self.source}: unknown run '{name}' (defined: {', '.join(self._runs) or 'none'})")
         overrides, where = self._runs[name]
-        merged = deep_merge(to_dict(self.train), overrides)
+        merged = deep_merge(deep_merge(to_dict(self.train), overrides), self.train_force)
         merged["name"] = name
         return build(TrainConfig, merged, f"{where} (run '{name}')", prefix="")
 

@@ -137,7 +137,9 @@ def plot_tsne(cfg, results: Results, target: TargetConfig, out: Path) -> None:
     for ax, row, run, f in zip(axes, rows, runs, feats):
         z = f["test_z"][idx].astype(np.float64)
         z /= np.linalg.norm(z, axis=1, keepdims=True) + 1e-12
+        # exact t-SNE on small samples: Barnes-Hut's OpenMP threads are slower there on a busy 2-core machine
         emb = TSNE(n_components=2, init="pca", random_state=cfg.evaluate.seed,
+                   method="exact" if len(idx) <= 500 else "barnes_hut",
                    perplexity=min(30.0, max(2.0, (len(idx) - 1) / 3))).fit_transform(z)
         for i, c in enumerate(classes):
             m = y0[idx] == c
