@@ -62,11 +62,15 @@ def test_run_overrides_are_validated_with_their_file(tmp_path):
     assert "loss.tau_why" in str(err.value) and "exp.yaml" in str(err.value) and "bad" in str(err.value)
 
 
-def test_duplicate_run_names_are_an_error(tmp_path):
+def test_duplicate_run_names_are_shared_when_identical_else_an_error(tmp_path):
     a = write(tmp_path, {"runs": {"r": {"method": "clip"}}}, "a.yaml")
     b = write(tmp_path, {"runs": {"r": {"method": "clip"}}}, "b.yaml")
-    with pytest.raises(ConfigError, match="already defined"):
-        load_config(write(tmp_path, {"experiments": [a.name, b.name]}))
+    assert load_config(write(tmp_path, {"experiments": [a.name, b.name]})).run_names() == ["r"]  # trained once
+    c = write(tmp_path, {"runs": {"r": {"method": "clip", "epochs": 2}}}, "c.yaml")
+    with pytest.raises(ConfigError, match="already defined differently"):
+        load_config(write(tmp_path, {"experiments": [a.name, c.name]}))
+    with pytest.raises(ConfigError, match="already defined"):  # an inline run may not repeat a file's
+        load_config(write(tmp_path, {"experiments": [a.name], "runs": {"r": {"method": "clip"}}}))
 
 
 def test_missing_config_or_experiment_file_names_the_path(tmp_path):

@@ -14,7 +14,7 @@ from PIL import Image
 
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.datasets import (
-    CaptionSet, LabelledSet, Skipped, load_eval_set,
+    HELDOUT_TEMPLATES, CaptionSet, LabelledSet, Skipped, label_words, load_eval_set,
 )
 from protoclip.evaluate.prompts import load_prompts
 from protoclip.layout import Layout
@@ -107,7 +107,7 @@ def test_heldout_pairs_from_manifest(tmp_path):
     layout.prepared.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(layout.manifest)
     ds = load_eval_set("heldout_pairs", EvalDatasetConfig(kind="offline"), layout)
-    assert isinstance(ds, LabelledSet) and ds.templates == []
+    assert isinstance(ds, LabelledSet) and ds.templates == HELDOUT_TEMPLATES  # zero-shot on coarse labels
     assert ds.classnames == ["animals", "food"]
     # heldout rows 6..9: labels animals(6), ''(8) excluded, food(7), animals(9)
     assert [(_mean(im), y) for im, y in ds.test] == [(60, 0), (70, 1), (90, 0)]
@@ -116,6 +116,14 @@ def test_heldout_pairs_from_manifest(tmp_path):
     assert isinstance(cap, CaptionSet) and len(cap.images) == 4
     assert cap.texts == ["caption 6", "caption 7", "caption 8", "caption 9"]
     assert list(cap.text_to_image) == [0, 1, 2, 3]
+
+
+def test_coarse_label_words_for_zero_shot():
+    labels = ["Travel & Places/transport-ground", "animals/mammals", "food", "Food & Drink/food-fruit",
+              "nature/mammals", "objects_misc"]
+    assert label_words(labels) == ["transport ground", "animals mammals", "food", "food fruit",
+                                   "nature mammals", "objects misc"]  # two 'mammals' collide: full paths
+    assert len(set(label_words(labels))) == len(labels)
 
 
 def test_heldout_without_heldout_rows_raises(tmp_path):

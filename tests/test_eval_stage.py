@@ -85,7 +85,7 @@ def test_run_evaluate_end_to_end(project):
     written = run_evaluate(cfg, RUN)
     expect = {("zeroshot", "digits"), ("linear", "digits"), ("knn", "digits"), ("clustering", "digits"),
               ("nemd", "digits"), ("tsne", "digits"),
-              ("linear", "heldout_pairs"), ("knn", "heldout_pairs"), ("retrieval", "heldout_pairs"),
+              ("zeroshot", "heldout_pairs"), ("linear", "heldout_pairs"), ("knn", "heldout_pairs"), ("retrieval", "heldout_pairs"),
               ("clustering", "heldout_pairs"), ("nemd", "heldout_pairs"), ("tsne", "heldout_pairs"),
               ("retrieval", "coco")} | {(t, "cifar10") for t in
                                        ("zeroshot", "linear", "knn", "clustering", "nemd", "tsne")}
@@ -217,7 +217,7 @@ def test_feature_cache_reused_and_invalidated(project, monkeypatch):
 def test_applicability_rules():
     off = EvalDatasetConfig(kind="offline")
     assert "retrieval" not in static_tasks("digits", off) and "zeroshot" in static_tasks("digits", off)
-    assert "zeroshot" not in static_tasks("heldout_pairs", off) and "retrieval" in static_tasks("heldout_pairs", off)
+    assert "zeroshot" in static_tasks("heldout_pairs", off) and "retrieval" in static_tasks("heldout_pairs", off)
     assert static_tasks("coco", EvalDatasetConfig(kind="coco", path="/x")) == ["retrieval"]
     ds = LabelledSet("x", ["a", "b"], [], test=[(None, 0)], train=None)
     assert not_applicable("zeroshot", ds) == "no prompt templates"

@@ -241,21 +241,40 @@ class ProjectConfig:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     toy: ToyConfig = field(default_factory=ToyConfig)  # PAUC's NEMD toy experiment (protoclip toy-nemd)
     experiments: list[str] = field(default_factory=list)  # experiment files (relative to this config)
+    # files whose `target:` block only is read (their runs are not): a config with its own runs of the same
+    # names (config/paper.yaml) reuses the offline default's target declarations this way
+    targets: list[str] = field(default_factory=list)
     runs: dict[str, dict] = field(default_factory=dict)  # extra runs defined inline: name -> overrides
+    # applied on top of EVERY run's overrides (config/ci.yaml: the same runs, tiny epochs); {} = none
+    train_force: dict = field(default_factory=dict)
     source: str = "<config>"  # set by load_config; the file this came from
 
     # resolved {run name -> (overrides, file it came from)}, filled by load_config
     _runs: dict = field(default_factory=dict, repr=False)
+    # {base name -> [run names]} of runs declared with `seeds:` (expanded to <base>_s<seed>)
+    _groups: dict = field(default_factory=dict, repr=False)
+    # {target id -> (protoclip.report.targets.TargetConfig, file it came from)}
+    _targets: dict = field(default_factory=dict, repr=False)
 
     def run_names(self) -> list[str]:
         return list(self._runs)
+
+    def run_base(self, name: str) -> str:
+        """The name run ``name`` is declared under in its file (``clip_s1`` -> ``clip``: its overrides key)."""
+        return next((base for base, names in self._groups.items() if name in names), name)
+
+    def run_group(self, name: str) -> list[str]:
+        """The runs a target's row ``name`` stands for: its seeds' runs, or [name]; [] when not configured."""
+        if name in self._groups:
+            return list(self._groups[name])
+        return [name] if name in self._runs else []
 
     def run(self, name: str) -> TrainConfig:
         """The complete training config of run ``name`` (train defaults + its overrides)."""
         if name not in self._runs:
             raise ConfigError(f"{self.source}: unknown run '{name}' (defined: {', '.join(self._runs) or 'none'})")
         overrides, where = self._runs[name]
-        merged = deep_merge(to_dict(self.train), overrides)
+        merged = deep_merge(deep_merge(to_dict(self.train), overrides), self.train_force)
         merged["name"] = name
         return build(TrainConfig, merged, f"{where} (run '{name}')", prefix="")
 
@@ -263,30 +282,91 @@ class ProjectConfig:
         return self.paths.results_dir / "runs" / name
 
 
+SEEDS_KEY = "seeds"  # a run's `seeds: [0, 1, 2]` -> runs <name>_s0, <name>_s1, <name>_s2 (train.seed set)
+
+
+def expand_seeds(name: str, overrides: dict, where: str) -> dict[str, dict]:
+    """{run name: overrides} of one declared run; ``seeds`` expands it into one run per seed."""
+    if SEEDS_KEY not in overrides:
+        return {name: overrides}
+    seeds = overrides[SEEDS_KEY]
+    if (not isinstance(seeds, list) or not seeds or any(isinstance(x, bool) or not isinstance(x, int) for x in seeds)
+            or len(set(seeds)) != len(seeds)):
+        raise ConfigError(f"{where}: run '{name}': 'seeds' must be a non-empty list of distinct ints, got {seeds!r}")
+    if "seed" in overrides:
+        raise ConfigError(f"{where}: run '{name}': give either 'seed' or 'seeds', not both")
+    base = {k: v for k, v in overrides.items() if k != SEEDS_KEY}
+    return {f"{name}_s{x}": {**base, "seed": x} for x in seeds}
+
+
+def _read_experiment(exp_path: Path, with_runs: bool) -> tuple[dict, Any]:
+    """(runs {name: overrides}, target dict or None) of one experiment file, keys checked."""
+    exp_data = read_yaml(exp_path)
+    known = ("description", "runs", "target")
+    unknown = sorted(set(exp_data) - set(known))
+    if unknown:
+        raise ConfigError(f"{exp_path}: unknown key '{unknown[0]}' (known keys: {', '.join(known)})")
+    runs = exp_data.get("runs") or {}
+    if not isinstance(runs, dict):
+        raise ConfigError(f"{exp_path}: 'runs' must be a mapping of run name -> overrides")
+    return (runs if with_runs else {}), exp_data.get("target")
+
+
 def load_config(path: str | Path = "config/config.yaml", overrides: dict | None = None) -> ProjectConfig:
-    """Read, merge experiment files and validate everything (every run too) up front."""
+    """Read, merge experiment files and validate everything (every run and target too) up front.
+
+    A run declared in several experiment files (shared by several targets) is trained once: its
+    definitions must be identical, else it is an error naming both files.
+    """
+    from protoclip.report.targets import TargetConfig
+
     path = Path(path)
     data = deep_merge(read_yaml(path), overrides or {})
     cfg = build(ProjectConfig, data, str(path))
     cfg.source = str(path)
     runs: dict[str, tuple[dict, str]] = {}
-    for exp in cfg.experiments:
+    groups: dict[str, list[str]] = {}
+    declared: dict[str, tuple[dict, str]] = {}  # as written (before seed expansion), for the identity check
+    targets: dict[str, tuple[Any, str]] = {}
+    target_files = [(f, True) for f in cfg.experiments] + [(f, False) for f in cfg.targets if f not in cfg.experiments]
+    for exp, with_runs in target_files:
         exp_path = (path.parent / exp) if not Path(exp).is_absolute() else Path(exp)
-        exp_data = read_yaml(exp_path)
-        unknown = sorted(set(exp_data) - {"description", "runs"})
-        if unknown:
-            raise ConfigError(f"{exp_path}: unknown key '{unknown[0]}' (known keys: description, runs)")
-        for name, ov in (exp_data.get("runs") or {}).items():
-            if name in runs:
-                raise ConfigError(f"{exp_path}: run '{name}' is already defined in {runs[name][1]}")
+        exp_runs, target = _read_experiment(exp_path, with_runs)
+        for name, ov in exp_runs.items():
             if not isinstance(ov, dict):
                 raise ConfigError(f"{exp_path}: run '{name}' must be a mapping of overrides")
-            runs[name] = (ov, str(exp_path))
+            if name in declared:
+                if declared[name][0] != ov:
+                    raise ConfigError(f"{exp_path}: run '{name}' is already defined differently in "
+                                      f"{declared[name][1]} (a shared run must have one definition)")
+                continue  # shared by several targets: trained and evaluated once
+            declared[name] = (ov, str(exp_path))
+            expanded = expand_seeds(name, ov, str(exp_path))
+            if SEEDS_KEY in ov:
+                groups[name] = list(expanded)
+            for run_name, run_ov in expanded.items():
+                if run_name in runs:
+                    raise ConfigError(f"{exp_path}: run '{run_name}' is already defined in {runs[run_name][1]}")
+                runs[run_name] = (run_ov, str(exp_path))
+        if target is not None:
+            t = build(TargetConfig, target, str(exp_path), prefix="target.")
+            if t.id in targets:
+                raise ConfigError(f"{exp_path}: target '{t.id}' is already declared in {targets[t.id][1]}")
+            targets[t.id] = (t, str(exp_path), with_runs)
     for name, ov in cfg.runs.items():
-        if name in runs:
-            raise ConfigError(f"{path}: run '{name}' is already defined in {runs[name][1]}")
-        runs[name] = (ov, str(path))
-    cfg._runs = runs
+        if name in runs or name in groups:
+            raise ConfigError(f"{path}: run '{name}' is already defined in {runs.get(name, declared.get(name))[1]}")
+        expanded = expand_seeds(name, ov, str(path)) if isinstance(ov, dict) else {name: ov}
+        if isinstance(ov, dict) and SEEDS_KEY in ov:
+            groups[name] = list(expanded)
+        for run_name, run_ov in expanded.items():
+            runs[run_name] = (run_ov, str(path))
+    cfg._runs, cfg._groups = runs, groups
+    for tid, (t, where, with_runs) in targets.items():  # a target of a listed experiment must have runs here
+        wanted = [r.run for r in t.rows if r.run]
+        if with_runs and wanted and not t.resolved(cfg).runs_configured(cfg):
+            raise ConfigError(f"{where}: target '{tid}': none of its rows' runs ({wanted}) is defined")
+    cfg._targets = {tid: (t, where) for tid, (t, where, _) in targets.items()}
     sources = {"offline"} | {u.name for u in cfg.prepare.user_data}
     for name in runs:  # validate every run now, not when it starts training
         unknown = [d for d in cfg.run(name).data if d not in sources]
@@ -298,5 +378,5 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
 
 __all__ = [
     "ConfigError", "ProjectConfig", "PathsConfig", "build", "to_dict", "deep_merge", "load_config",
-    "require_path", "read_yaml",
+    "require_path", "read_yaml", "expand_seeds",
 ]

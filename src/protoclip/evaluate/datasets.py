@@ -258,14 +258,35 @@ def _resolve_manifest_path(p: str, root: Path) -> str:
     return p if Path(p.split(SEP, 1)[0]).is_absolute() else str(root / p)
 
 
+# Zero-shot prompts of the held-out coarse labels (our choice: no paper protocol exists for these data). The
+# images are clip art, cut-out photos and emoji, so the templates name those media, CLIP-style.
+HELDOUT_TEMPLATES = ["a picture of {}.", "a drawing of {}.", "a clip art of {}.", "an emoji of {}.",
+                     "an icon of {}.", "{}."]
+
+
+def label_words(labels: list[str]) -> list[str]:
+    """Coarse labels in words, for zero-shot prompts: the last folder / subgroup, '-' and '_' as spaces.
+
+    ``Travel & Places/transport-ground`` -> ``transport ground`` (emoji subgroup), ``animals/mammals`` ->
+    ``mammals`` (Tux Paint), ``food`` -> ``food`` (Openclipart). Labels whose short forms collide keep every
+    level (``food fruit`` vs ``fruit``), so class names stay distinct.
+    """
+    def words(parts: list[str]) -> str:
+        return " ".join(re.sub(r"[-_]+", " ", p).replace("&", "and").strip().lower() for p in parts).strip()
+
+    short = [words(label.split("/")[-1:]) for label in labels]
+    counts = {w: short.count(w) for w in short}
+    return [w if counts[w] == 1 else words(label.split("/")) for w, label in zip(short, labels)]
+
+
 def load_heldout_pairs(layout: Layout, manifest: Path | None = None) -> LabelledSet:
     """Held-out caption pairs of the manifest as retrieval pairs + coarse-label probe set.
 
     Retrieval: every ``split == heldout`` row (one caption per image). Coarse-label probes: test = held-out
     rows with a non-empty ``label``; train = ``split == train`` rows with a label. Choice (no paper
     protocol exists for these data): the probes are fit on the pretraining images, whose labels the model
-    never saw, and tested on images it never saw; no templates (labels are folder names such as
-    ``animals/mammals``), so zero-shot does not run on this set.
+    never saw, and tested on images it never saw. Zero-shot: the labels in words (:func:`label_words`) with
+    :data:`HELDOUT_TEMPLATES`.
     """
     import pandas as pd
 
@@ -287,7 +308,8 @@ def load_heldout_pairs(layout: Layout, manifest: Path | None = None) -> Labelled
     def split(rows) -> FileSplit:
         return FileSplit(list(rows["path"]), [index[c] for c in rows["label"]])
 
-    return LabelledSet(name=HELDOUT, classnames=classnames, templates=[], test=split(lab_test),
+    return LabelledSet(name=HELDOUT, classnames=label_words(classnames), templates=list(HELDOUT_TEMPLATES),
+                       test=split(lab_test),
                        train=split(lab_train) if len(lab_train) else None, captions=captions,
                        source=_fingerprint(manifest))
 

@@ -58,7 +58,7 @@ def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
     if cfg.kind == "coco":
         possible = {"retrieval"}
     elif cfg.kind == "offline" and name == HELDOUT:
-        possible = set(TASKS) - {"zeroshot"}  # coarse labels have no prompt templates
+        possible = set(TASKS)  # coarse labels in words have prompt templates (datasets.HELDOUT_TEMPLATES)
     else:
         possible = set(TASKS) - {"retrieval"}
     return [t for t in cfg.tasks if t in possible]

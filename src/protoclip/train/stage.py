@@ -64,6 +64,16 @@ def resolve_sources(cfg: ProjectConfig, tcfg: TrainConfig) -> list[str]:
     return out
 
 
+def subsample_pairs(df, fraction: float, seed: int):
+    """The first ceil(fraction * n) rows of a seeded permutation (nested across fractions), in manifest order."""
+    if fraction >= 1.0:
+        return df
+    import numpy as np
+
+    keep = np.random.default_rng(seed).permutation(len(df))[: max(1, int(np.ceil(fraction * len(df))))]
+    return df.iloc[np.sort(keep)].reset_index(drop=True)
+
+
 def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_size: int, tokenizer):
     """The run's training pairs (manifest train split of its sources, the run's augmentation) and their ids."""
     from protoclip.data.pairs import ImageTextDataset, load_manifest
@@ -75,6 +85,7 @@ def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_s
     df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train")
     if len(df) == 0:
         raise ConfigError(f"run '{tcfg.name}': no training pairs for sources {tcfg.data} in {layout.manifest}")
+    df = subsample_pairs(df, tcfg.subset_fraction, tcfg.seed)
     dataset = ImageTextDataset(df, method_class(tcfg.method).train_transform(tcfg, image_size), tokenizer)
     return dataset, [str(i) for i in df["id"].tolist()]
 

@@ -1,0 +1,194 @@
+"""Paper figures regenerated from our results: ``results/figures/<id>.png`` (matplotlib, Agg).
+
+* ``bars`` (Fig. 6a-d): one bar per row (its run group's first-column value, error bar = std over seeds);
+* ``scaling`` (Fig. 7): every column against ``row.x`` (corpus fraction) on a log axis;
+* ``tsne`` (Fig. 8): t-SNE of the two rows' image features side by side, on the SAME points: the cached
+  features ``results/runs/<run>/features/<set>.npz`` (``test_z``, ``test_y``) of each row's first seed run,
+  one seeded subsample of the test split shared by both (t-SNE of each run's features is separate: the
+  embeddings differ, the points are the same), k-means ARI / AMI of our clustering metrics in the titles;
+* ``time_split`` (Fig. 9): each row's measured stage time per epoch (feature extraction, k-means, PBT,
+  training) from its train log, stacked, with the share of each stage.
+
+The paper's statements about the figure (its bars are not printed as numbers) go into the caption.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from protoclip.atomic import atomic_path
+from protoclip.report.targets import TargetConfig
+from protoclip.report.values import STAGES, Results, paper_numbers
+
+log = logging.getLogger(__name__)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    _plt().close(fig)
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, transform=ax.transAxes)
+    ax.set_axis_off()
+
+
+def caption(cfg, results: Results, target: TargetConfig) -> str:
+    entry = paper_numbers(target.paper_key)
+    parts = [f"{target.id.replace('_', ' ')} (paper: {target.caption})"]
+    if entry:
+        parts.append(f"Paper ({entry.get('cite', '')}, {entry.get('where', '')}): {entry.get('text', '')}")
+    mappings = [note for c in target.columns if c.task != "epochs" and (note := results.column_sets(target, c)[1])]
+    if mappings:
+        parts.append("Column mapping (paper set -> set used here): " + "; ".join(mappings) + ".")
+    parts.append(f"Ours: config {cfg.source}; runs " + ", ".join(
+        f"{r.run} ({len(cfg.run_group(r.run))} seed{'s' if len(cfg.run_group(r.run)) != 1 else ''})"
+        for r in target.rows if r.run) + ".")
+    return " ".join(parts)
+
+
+def plot_bars(cfg, results: Results, target: TargetConfig, out: Path) -> None:
+    plt = _plt()
+    col = target.columns[0]
+    sets, _ = results.column_sets(target, col)
+    rows = [r for r in target.rows if r.run]
+    cells = [results.cell(r.run, col, sets) for r in rows]
+    fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 4))
+    x = np.arange(len(rows))
+    means = [c.mean if c.mean is not None else 0.0 for c in cells]
+    ax.bar(x, means, yerr=[c.std or 0.0 for c in cells], capsize=4, color="#4c72b0")
+    for i, c in enumerate(cells):
+        ax.text(i, means[i], "n/a" if c.mean is None else f"{c.mean:.1f}\n({c.n} seed{'s' if c.n != 1 else ''})",
+                ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [r.label for r in rows], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(f"{col.label} ({'+'.join(sets)})", fontsize=9)
+    ax.set_xlabel(target.xlabel)
+    ax.set_title(f"{target.id}: ours ({Path(cfg.source).name})", fontsize=10)
+    fig.tight_layout()
+    _save(fig, out)
+
+
+def plot_scaling(cfg, results: Results, target: TargetConfig, out: Path) -> None:
+    plt = _plt()
+    rows = sorted([r for r in target.rows if r.run], key=lambda r: r.x)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for col in target.columns:
+        sets, _ = results.column_sets(target, col)
+        pts = [(r.x, c) for r in rows if (c := results.cell(r.run, col, sets)).mean is not None]
+        if pts:
+            ax.errorbar([p[0] for p in pts], [p[1].mean for p in pts], yerr=[p[1].std for p in pts], marker="o",
+                        capsize=3, label=f"{col.label} ({'+'.join(sets)})")
+    ax.set_xscale("log")
+    ax.set_xlabel(target.xlabel or "x")
+    ax.set_ylabel("%")
+    ax.set_title(f"{target.id}: ours ({Path(cfg.source).name})", fontsize=10)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    else:
+        _empty(ax, "no results yet")
+    fig.tight_layout()
+    _save(fig, out)
+
+
+def shared_subsample(n: int, max_points: int, seed: int = 0) -> np.ndarray:
+    """Sorted indices of a seeded subsample of ``n`` points (all when n <= max_points): both runs use it."""
+    if n <= max_points:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size=max_points, replace=False))
+
+
+def plot_tsne(cfg, results: Results, target: TargetConfig, out: Path) -> None:
+    from sklearn.manifold import TSNE
+
+    plt = _plt()
+    rows = [r for r in target.rows if r.run][:2]
+    runs = [(cfg.run_group(r.run) or [None])[0] for r in rows]
+    dataset, feats = None, None
+    for d in target.tsne_dataset:  # the paper's set first, then the stand-ins
+        paths = [results.layout.features(r, d) for r in runs if r]
+        if len(paths) == 2 and all(p.exists() for p in paths):
+            dataset, feats = d, [np.load(p, allow_pickle=False) for p in paths]
+            break
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    if feats is None:
+        for ax in axes:
+            _empty(ax, f"no cached features of {' / '.join(target.tsne_dataset)} for {runs}")
+        _save(fig, out)
+        return
+    y0, y1 = feats[0]["test_y"], feats[1]["test_y"]
+    if not np.array_equal(y0, y1):
+        raise ValueError(f"{target.id}: the two runs' {dataset} features hold different test points")
+    idx = shared_subsample(len(y0), target.tsne_max_points, seed=cfg.evaluate.seed)
+    classes = np.unique(y0[idx])
+    cmap = plt.get_cmap("tab10" if len(classes) <= 10 else "tab20")
+    for ax, row, run, f in zip(axes, rows, runs, feats):
+        z = f["test_z"][idx].astype(np.float64)
+        z /= np.linalg.norm(z, axis=1, keepdims=True) + 1e-12
+        # exact t-SNE on small samples: Barnes-Hut's OpenMP threads are slower there on a busy 2-core machine
+        emb = TSNE(n_components=2, init="pca", random_state=cfg.evaluate.seed,
+                   method="exact" if len(idx) <= 500 else "barnes_hut",
+                   perplexity=min(30.0, max(2.0, (len(idx) - 1) / 3))).fit_transform(z)
+        for i, c in enumerate(classes):
+            m = y0[idx] == c
+            ax.scatter(emb[m, 0], emb[m, 1], s=4, color=cmap(i % cmap.N), label=str(c))
+        scores = results.metrics(run, "clustering", dataset) or {}
+        ari, ami = scores.get("ari"), scores.get("ami")
+        extra = f"  ARI {ari:.3f} / AMI {ami:.3f}" if isinstance(ari, float) and isinstance(ami, float) else ""
+        ax.set_title(f"{row.label} ({run}){extra}", fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"{target.id}: t-SNE of z_image on the same {len(idx)} {dataset} test images", fontsize=10)
+    fig.tight_layout()
+    _save(fig, out)
+
+
+def plot_time_split(cfg, results: Results, target: TargetConfig, out: Path) -> None:
+    plt = _plt()
+    rows = [r for r in target.rows if r.run]
+    colors = {"extract": "#dd8452", "kmeans": "#55a868", "pbt": "#c44e52", "train": "#4c72b0"}
+    fig, ax = plt.subplots(figsize=(8, 1.2 * len(rows) + 1.5))
+    for i, r in enumerate(rows):
+        times = [t for run in cfg.run_group(r.run) if (t := results.stage_times(run))]
+        if not times:
+            ax.text(0, i, f"{r.label}: no train log", va="center")
+            continue
+        epochs = cfg.run(cfg.run_group(r.run)[0]).epochs
+        per_epoch = {s: float(np.mean([t[s] for t in times])) / epochs for s in STAGES}
+        total, left = sum(per_epoch.values()), 0.0
+        for s in STAGES:
+            w = per_epoch[s]
+            ax.barh(i, w, left=left, color=colors[s], label=s if i == 0 else None)
+            if total > 0 and w / total > 0.04:
+                ax.text(left + w / 2, i, f"{100 * w / total:.1f}%", ha="center", va="center", fontsize=8)
+            left += w
+    ax.set_yticks(range(len(rows)), [r.label for r in rows])
+    ax.set_xlabel("measured seconds per epoch (mean over seeds)")
+    ax.set_title(f"{target.id}: episodic training time split, ours ({Path(cfg.source).name})", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    _save(fig, out)
+
+
+PLOTS = {"bars": plot_bars, "scaling": plot_scaling, "tsne": plot_tsne, "time_split": plot_time_split}
+
+
+def write_figure(cfg, results: Results, target: TargetConfig) -> tuple[Path, str]:
+    out = Path(cfg.paths.results_dir) / "figures" / f"{target.id}.png"
+    PLOTS[target.plot](cfg, results, target, out)
+    return out, caption(cfg, results, target)
+
+
+__all__ = ["write_figure", "shared_subsample", "PLOTS"]

@@ -1,0 +1,117 @@
+"""Paper tables with our numbers and the paper's side by side: ``results/tables/<id>.{csv,md,tex,html}``.
+
+Each declared table (``kind: table`` targets) keeps the paper's rows and columns. Every paper column becomes a
+column group of two: ``ours`` (mean ± std over the row's seeds, or "(1 seed)") and ``paper`` (transcribed,
+``paper_numbers.yaml``). A leading ``ours: run`` column names the run group, its epochs and seeds. The caption
+states the paper's caption and source, our config and training data, and each column's mapping to offline
+stand-ins ("ImageNet zero-shot: imagenet -> fashion_mnist"), and chance level for zero-shot sets.
+
+    from protoclip.report.paper_tables import build_table
+    table, caption = build_table(cfg, results, target)
+"""
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+
+from protoclip.atomic import atomic_path, write_text
+from protoclip.report.targets import TargetConfig, output_paths
+from protoclip.report.values import Cell, Results, paper_numbers, paper_value
+
+OURS, PAPER = "ours", "paper"
+
+
+def _fmt_paper(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:g}" if isinstance(v, (int, float)) else str(v)
+
+
+def run_label(cfg, base: str | None) -> str:
+    """``clip_tiny: tiny-rn, offline, 4 ep, 3 seeds`` (what our row was trained as)."""
+    if base is None:
+        return "(paper only)"
+    runs = cfg.run_group(base)
+    if not runs:
+        return f"{base}: not configured"
+    rc = cfg.run(runs[0])
+    seeds = f"{len(runs)} seeds" if len(runs) > 1 else "1 seed"
+    teacher = f", teacher {rc.teacher}" if rc.method == "protoclip" and rc.teacher else ""
+    return f"{base}: {rc.method}, {rc.model}, {'+'.join(rc.data)}, {rc.epochs:g} ep{teacher}, {seeds}"
+
+
+def build_table(cfg, results: Results, target: TargetConfig) -> tuple[pd.DataFrame, str, list[dict]]:
+    """(display table, caption, long records) of a table target."""
+    entry = paper_numbers(target.paper_key)
+    columns = []
+    mappings, chance = [], {}
+    for col in target.columns:
+        if col.task == "epochs":
+            columns.append((col, [], ""))
+            continue
+        sets, note = results.column_sets(target, col)
+        columns.append((col, sets, note))
+        if note:
+            mappings.append(note)
+        if col.task == "zeroshot":
+            runs = [r for b in target.runs() for r in cfg.run_group(b)]
+            chance.update(results.chance(sets, runs))
+    data, long = [], []
+    for row in target.rows:
+        line = {("", "ours: run"): run_label(cfg, row.run)}
+        for col, sets, _ in columns:
+            if row.run is None:
+                cell = Cell(note="")
+            elif col.task == "epochs":
+                cell = results.epoch_cell(row.run, target.reference_run)
+            else:
+                cell = results.cell(row.run, col, sets)
+            pv = paper_value(entry, row.paper_key, col.paper_key)
+            line[(col.label, OURS)] = cell.fmt() if row.run else ""
+            line[(col.label, PAPER)] = _fmt_paper(pv)
+            long.append({"target": target.id, "row": row.label, "column": col.label, "run": row.run or "",
+                         "datasets": "+".join(sets), "ours_mean": cell.mean, "ours_std": cell.std,
+                         "ours_seeds": cell.n, "ours_text": cell.fmt() if row.run else "",
+                         "paper": pv if pv is not None else ""})
+        data.append(line)
+    table = pd.DataFrame(data, index=pd.Index([r.label for r in target.rows], name="row"))
+    table.columns = pd.MultiIndex.from_tuples(table.columns)
+    cap = [f"{target.id.replace('_', ' ')} (paper: {target.caption})"]
+    if entry:
+        cap.append(f"Paper numbers: ProtoCLIP {entry.get('cite', '')}, {entry.get('where', '')}.")
+    else:
+        cap.append("The paper prints no numbers for this target.")
+    cap.append(f"Ours: config {cfg.source}, each row's run named in 'ours: run' (method, model, training data, "
+               "epochs, seeds); mean ± sample std over seeds where a row has several.")
+    if mappings:
+        cap.append("Column mapping (paper set -> set used here): " + "; ".join(mappings) + ".")
+    if chance:
+        cap.append("Zero-shot chance level: " + ", ".join(f"{d} {c:.1f}%" for d, c in sorted(chance.items())) + ".")
+    return table, " ".join(cap), long
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    flat = table.copy()
+    flat.columns = [a if not b or b == "ours: run" else f"{a} ({b})" for a, b in table.columns]
+    flat.columns = ["ours: run" if c == "" else c for c in flat.columns]
+    return flat.reset_index().to_markdown(index=False)
+
+
+def write_table(cfg, results: Results, target: TargetConfig) -> tuple[str, str, list[dict]]:
+    """Write ``<id>.{csv,md,tex,html}``; returns (markdown, caption, long records)."""
+    table, caption, long = build_table(cfg, results, target)
+    csv, md, tex, htm = output_paths(cfg.paths.results_dir, target)
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(csv) as tmp:
+        table.to_csv(tmp)
+    body = _markdown(table)
+    write_text(md, f"**{target.id}.** {caption}\n\n{body}\n")
+    with atomic_path(tex) as tmp:
+        table.to_latex(tmp, caption=caption, label=f"tab:{target.id}", multicolumn=True, escape=True)
+    write_text(htm, f"<p><b>{html.escape(target.id)}.</b> {html.escape(caption)}</p>\n"
+               + table.to_html(classes="paper-table", border=1, na_rep="-") + "\n")
+    return body, caption, long
+
+
+__all__ = ["build_table", "write_table", "run_label"]

@@ -1,0 +1,209 @@
+"""Paper targets (tables and figures) declared as data: the ``target:`` block of an experiment file.
+
+An experiment file ``config/experiments/<target>.yaml`` holds one target and the runs it needs::
+
+    description: Table III analog: component ablation
+    target:
+      id: table_III                      # output names: results/tables/table_III.{csv,md,tex}
+      kind: table                        # table | figure
+      caption: "ProtoCLIP ablation experiment on Conceptual Captions 2.5M data (8 epoch)."
+      paper: table_III                   # key in protoclip/report/paper_numbers.yaml (default: id)
+      rows:
+        - {label: CLIP, run: t3_clip}            # run: base name in `runs:` (seeds expand to <run>_s<k>)
+        - {label: ProtoCLIP, run: t3_protoclip}
+      columns:
+        - {label: ImageNet zero-shot, task: zeroshot, metric: top1, datasets: [imagenet], offline: [fashion_mnist]}
+    runs:
+      t3_clip: {method: clip, epochs: 2, seeds: [0, 1, 2]}
+
+A column names the paper's data set(s) (``datasets``, evaluate.datasets keys; several = their mean, as the
+paper's "Avg." columns) and, for configurations that lack them, the stand-in set(s) (``offline``). The
+report uses the paper's sets when every one of them has results and the stand-ins otherwise, and says which
+in the caption ("ImageNet -> fashion_mnist"). The same declarations serve ``config/paper.yaml``: its runs
+carry the same names (see config/experiments/README.md), so the paper's sets fill the same columns.
+
+Special column tasks: ``epochs`` (the run's epochs and, in brackets, the relative epochs: its measured
+training time in units of one epoch of ``reference_run``, paper Table IV "Epoch (Rel.)").
+
+    from protoclip.report.targets import target_outputs, evaluation_requests
+    target_outputs(cfg)          # every file `protoclip report` writes for the configured targets
+    evaluation_requests(cfg)     # {run: {dataset: [tasks]}}: only what the targets show
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+EVAL_TASKS = ("zeroshot", "linear", "knn", "retrieval", "clustering", "nemd", "tsne")
+SPECIAL_TASKS = ("epochs",)  # computed from train logs, not metrics files
+
+
+@dataclass
+class ColumnConfig:
+    label: str  # the paper's column header ("ImageNet zero-shot")
+    task: str  # an evaluation task (zeroshot, linear, ...) or "epochs"
+    metric: str = "top1"  # key of the task's metrics dict (top1, top5, mean_recall, ari, ami, ...)
+    datasets: list[str] = field(default_factory=list)  # the paper's data sets; several -> their mean
+    offline: list[str] = field(default_factory=list)  # stand-ins when the paper's sets have no results
+    paper: str | None = None  # column key in the paper numbers (default: label)
+
+    def validate(self) -> None:
+        if self.task not in EVAL_TASKS + SPECIAL_TASKS:
+            raise ValueError(f"column '{self.label}': unknown task '{self.task}' "
+                             f"(known: {', '.join(EVAL_TASKS + SPECIAL_TASKS)})")
+        if self.task in EVAL_TASKS and not (self.datasets or self.offline):
+            raise ValueError(f"column '{self.label}': needs `datasets` and/or `offline`")
+
+    @property
+    def paper_key(self) -> str:
+        return self.paper or self.label
+
+
+def first_configured(cfg, names: str | list[str] | None) -> str | None:
+    """The first of ``names`` that ``cfg`` configures (a run or a seeds group); else the first name, or None.
+
+    A row names its run in the paper configuration and, after it, the offline default's (``[t4_clip_32ep,
+    clip_tiny]``): each config fills the row with the run it has.
+    """
+    if names is None:
+        return None
+    names = [names] if isinstance(names, str) else list(names)
+    return next((n for n in names if cfg.run_group(n)), names[0] if names else None)
+
+
+@dataclass
+class RowConfig:
+    label: str  # the paper's row label ("ProtoCLIP w/o RoBERTa")
+    # run (base name) whose numbers fill the row, or candidates (the first configured one is used);
+    # null: a paper-only row
+    run: str | list[str] | None = None
+    paper: str | None = None  # row key in the paper numbers (default: label); "-" = the paper has no such row
+    x: float | None = None  # figures: the row's x value (subset fraction, episode size, ...)
+
+    @property
+    def paper_key(self) -> str | None:
+        return None if self.paper == "-" else (self.paper or self.label)
+
+
+@dataclass
+class TargetConfig:
+    id: str  # table_III, fig_6a, ...: output file stem
+    kind: Literal["table", "figure"]
+    caption: str  # the paper's caption (ours adds the data, config and column mapping)
+    rows: list[RowConfig] = field(default_factory=list)
+    columns: list[ColumnConfig] = field(default_factory=list)
+    paper: str | None = None  # key in paper_numbers.yaml (default: id); "-" = no paper numbers
+    # figures: bars (one bar per row, first column), scaling (x = row.x, log axis), tsne (first two rows'
+    # runs side by side on the same points of `tsne_dataset`), time_split (stacked stage times per row)
+    plot: Literal["table", "bars", "scaling", "tsne", "time_split"] = "table"
+    xlabel: str = ""  # figure x-axis label
+    reference_run: str | list[str] | None = None  # "epochs" column: Rel. in units of this run's epoch time
+    tsne_dataset: list[str] = field(default_factory=list)  # tsne: paper set, then stand-ins (first with features)
+    tsne_max_points: int = 1000  # tsne: seeded subsample, the same points for both runs (~1 min on 2 cores)
+
+    def validate(self) -> None:
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9_]+", self.id):
+            raise ValueError(f"target id '{self.id}' must be letters, digits and '_' (it names files)")
+        if self.kind == "table" and self.plot != "table":
+            raise ValueError(f"target {self.id}: a table has plot 'table', got '{self.plot}'")
+        if self.kind == "figure" and self.plot == "table":
+            raise ValueError(f"target {self.id}: a figure needs plot bars|scaling|tsne|time_split")
+        if self.plot in ("bars", "scaling", "table") and not self.columns:
+            raise ValueError(f"target {self.id}: needs at least one column")
+        if self.plot == "scaling" and any(r.x is None for r in self.rows if r.run):
+            raise ValueError(f"target {self.id}: every run row of a scaling figure needs `x`")
+        if self.plot == "tsne" and (len([r for r in self.rows if r.run]) != 2 or not self.tsne_dataset):
+            raise ValueError(f"target {self.id}: a t-SNE figure needs two run rows and `tsne_dataset`")
+        if any(c.task == "epochs" for c in self.columns) and not self.reference_run:
+            raise ValueError(f"target {self.id}: an 'epochs' column needs `reference_run`")
+
+    @property
+    def paper_key(self) -> str | None:
+        return None if self.paper == "-" else (self.paper or self.id)
+
+    def resolved(self, cfg) -> "TargetConfig":
+        """A copy whose rows and reference name the one run each uses in ``cfg`` (see first_configured)."""
+        import copy
+
+        out = copy.deepcopy(self)
+        for row in out.rows:
+            row.run = first_configured(cfg, row.run)
+        out.reference_run = first_configured(cfg, out.reference_run)
+        return out
+
+    def runs(self) -> list[str]:
+        """Base run names of a resolved target (rows, then the reference run)."""
+        names = [r.run for r in self.rows if r.run]
+        if self.reference_run:
+            names.append(self.reference_run)
+        return list(dict.fromkeys(names))
+
+    def runs_configured(self, cfg) -> bool:
+        """Whether at least one row of this resolved target has a configured run."""
+        return any(cfg.run_group(r.run) for r in self.rows if r.run)
+
+    def requests(self) -> dict[str, set[str]]:
+        """{dataset: tasks} each of the target's runs needs evaluated."""
+        out: dict[str, set[str]] = {}
+        for c in self.columns:
+            if c.task in EVAL_TASKS:
+                for d in c.datasets + c.offline:
+                    out.setdefault(d, set()).add(c.task)
+        if self.plot == "tsne":  # features only: t-SNE is computed by the report on the cached features
+            for d in self.tsne_dataset:
+                out.setdefault(d, set()).add("clustering")
+        return out
+
+
+# --------------------------------------------------------------------------- helpers on a loaded config
+def targets(cfg) -> list[TargetConfig]:
+    """The configured targets in declaration order, resolved: each row names the run it uses in ``cfg``."""
+    return [t.resolved(cfg) for t, _ in cfg._targets.values()]
+
+
+def output_paths(results_dir: Path, target: TargetConfig) -> list[Path]:
+    """Tables: ``tables/<id>.{csv,md,tex,html}``; figures: ``figures/<id>.png``."""
+    if target.kind == "table":
+        base = Path(results_dir) / "tables" / target.id
+        return [base.with_suffix(s) for s in (".csv", ".md", ".tex", ".html")]
+    return [Path(results_dir) / "figures" / f"{target.id}.png"]
+
+
+def caption_path(results_dir: Path, target: TargetConfig) -> Path:
+    """The target's caption as reStructuredText (the Snakemake report's caption of its file)."""
+    return Path(results_dir) / "report" / f"{target.id}.rst"
+
+
+def index_path(results_dir: Path) -> Path:
+    return Path(results_dir) / "tables" / "index.md"
+
+
+def target_outputs(cfg) -> list[Path]:
+    """Every file ``protoclip report`` writes for the configured targets (stable: from the declarations)."""
+    out = [index_path(cfg.paths.results_dir)]
+    for t in targets(cfg):
+        out += output_paths(cfg.paths.results_dir, t) + [caption_path(cfg.paths.results_dir, t)]
+    return out
+
+
+def evaluation_requests(cfg) -> dict[str, dict[str, list[str]]]:
+    """{run (expanded name): {dataset: sorted tasks}}: what the targets show, so the DAG evaluates only that.
+
+    Only data sets configured under ``evaluate.datasets`` are requested.
+    """
+    out: dict[str, dict[str, set[str]]] = {}
+    for t in targets(cfg):
+        req = t.requests()
+        for base in t.runs():
+            for run in cfg.run_group(base):
+                for d, tasks in req.items():
+                    if d in cfg.evaluate.datasets:
+                        out.setdefault(run, {}).setdefault(d, set()).update(tasks)
+    return {r: {d: sorted(ts) for d, ts in sorted(v.items())} for r, v in out.items()}
+
+
+__all__ = ["ColumnConfig", "RowConfig", "TargetConfig", "targets", "target_outputs", "output_paths", "caption_path", "index_path",
+           "evaluation_requests", "first_configured", "EVAL_TASKS"]

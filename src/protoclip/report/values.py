@@ -1,0 +1,199 @@
+"""Numbers behind the paper targets: the paper's (transcribed, package data) and ours (metrics files, logs).
+
+* :func:`paper_numbers` reads ``paper_numbers.yaml`` (table / figure -> cite, where, rows, text);
+* :class:`Results` reads ``results/runs/<run>/metrics/<task>/<set>.json`` and ``train_log.jsonl`` and gives a
+  target cell as mean, std and number of seeds over a run group (``seeds:`` runs), plus the data sets used;
+* :func:`stage_times` sums a run's measured episode stage times (``time/extract``, ``time/kmeans``,
+  ``time/pbt``, ``time/train`` of the ``episode`` records).
+
+Never mixes the two: paper values come only from :func:`paper_numbers`, ours only from result files.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from protoclip.layout import Layout
+from protoclip.report.targets import ColumnConfig, TargetConfig
+
+STAGES = ("extract", "kmeans", "pbt", "train")  # the episode stages the trainer times (train/loop.py)
+
+
+@lru_cache(maxsize=1)
+def _paper_file() -> dict:
+    return yaml.safe_load(resources.files("protoclip.report").joinpath("paper_numbers.yaml").read_text("utf-8"))
+
+
+def paper_numbers(key: str | None) -> dict:
+    """The transcribed entry ``key`` (``{}`` when None or absent): cite, where, rows / values, text."""
+    if key is None:
+        return {}
+    return dict(_paper_file().get(key) or {})
+
+
+def paper_value(entry: dict, row: str | None, column: str):
+    """The paper's number (or string such as ``"16 (21.5)"``) of (row, column), or None."""
+    if row is None:
+        return None
+    rows = entry.get("rows") or entry.get("values") or {}
+    return (rows.get(row) or {}).get(column)
+
+
+@dataclass
+class Cell:
+    """Our value of one (row, column): mean and std over the row's seeds."""
+    mean: float | None = None
+    std: float | None = None
+    n: int = 0  # seeds (runs) with a value
+    text: str | None = None  # non-numeric cells (epochs column)
+    note: str = ""  # why empty
+
+    def fmt(self, digits: int = 2) -> str:
+        if self.text is not None:
+            return self.text
+        if self.mean is None:
+            return self.note or "-"
+        if self.n > 1:
+            return f"{self.mean:.{digits}f} ± {self.std:.{digits}f} ({self.n} seeds)"
+        return f"{self.mean:.{digits}f} (1 seed)"
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof=1; 0 for one value)."""
+    arr = np.asarray(values, dtype=np.float64)
+    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+
+
+@dataclass
+class Results:
+    """Our result files of a configured project, read lazily."""
+    cfg: object
+    layout: Layout = field(init=False)
+    _cache: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.layout = Layout.from_config(self.cfg)
+
+    # ---- metrics files
+    def metrics(self, run: str, task: str, dataset: str) -> dict | None:
+        """The metrics dict, ``{"skipped": line}``, or None when the file does not exist."""
+        key = (run, task, dataset)
+        if key not in self._cache:
+            path = self.layout.metrics(run, task, dataset)
+            data = json.loads(path.read_text()) if path.exists() else None
+            if data is not None:
+                data = {"skipped": data["skipped"]} if "skipped" in data else data.get("metrics", {})
+            self._cache[key] = data
+        return self._cache[key]
+
+    def value(self, run: str, task: str, dataset: str, metric: str) -> float | None:
+        m = self.metrics(run, task, dataset)
+        if not m or "skipped" in m:
+            return None
+        v = m.get(metric)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    def has_all(self, runs: list[str], task: str, datasets: list[str], metric: str) -> bool:
+        return bool(runs) and bool(datasets) and all(
+            self.value(r, task, d, metric) is not None for r in runs for d in datasets)
+
+    def column_sets(self, target: TargetConfig, column: ColumnConfig) -> tuple[list[str], str]:
+        """(data sets used, mapping note) of a column: the paper's sets where some run has them all, else the
+        stand-ins. The note reads ``ImageNet -> fashion_mnist`` style (empty when the paper's sets are used)."""
+        runs = [r for base in target.runs() for r in self.cfg.run_group(base)]
+        if column.datasets and any(self.has_all([r], column.task, column.datasets, column.metric) for r in runs):
+            return column.datasets, ""
+        if column.offline:
+            paper = " + ".join(column.datasets) or "(none)"
+            return column.offline, f"{column.label}: {paper} -> {' + '.join(column.offline)}"
+        return column.datasets, ""
+
+    def cell(self, base: str, column: ColumnConfig, datasets: list[str]) -> Cell:
+        """Mean over ``datasets`` per seed run, then mean ± std over the run group ``base``."""
+        runs = self.cfg.run_group(base)
+        if not runs:
+            return Cell(note="not configured")
+        per_run = []
+        for r in runs:
+            vals = [self.value(r, column.task, d, column.metric) for d in datasets]
+            if vals and all(v is not None for v in vals):
+                per_run.append(float(np.mean(vals)))
+        if not per_run:
+            return Cell(note="no result")
+        m, s = mean_std(per_run)
+        return Cell(mean=m, std=s, n=len(per_run))
+
+    def skipped(self) -> dict[str, str]:
+        """{data set: skip line} over every run's metrics files (listed once in the index)."""
+        out: dict[str, str] = {}
+        for run in self.cfg.run_names():
+            for path in sorted((self.layout.run_dir(run) / "metrics").glob("*/*.json")):
+                data = json.loads(path.read_text())
+                if "skipped" in data:
+                    out.setdefault(path.stem, data["skipped"])
+        return dict(sorted(out.items()))
+
+    def chance(self, datasets: list[str], runs: list[str]) -> dict[str, float]:
+        """Chance top-1 (100 / classes) of zero-shot sets, from the metrics files' ``n_classes``."""
+        out = {}
+        for d in datasets:
+            for r in runs:
+                m = self.metrics(r, "zeroshot", d)
+                if m and "n_classes" in m:
+                    out[d] = 100.0 / m["n_classes"]
+                    break
+        return out
+
+    # ---- train logs
+    def stage_times(self, run: str) -> dict[str, float] | None:
+        return stage_times(self.layout.train_log(run))
+
+    def epoch_cell(self, base: str, reference: str) -> Cell:
+        """``E (Rel.)``: the run's epochs and its measured training time in units of one epoch of ``reference``
+        (paper Table IV: "relative epoch" = absolute training time / time of one standard CLIP epoch)."""
+        runs = self.cfg.run_group(base)
+        if not runs:
+            return Cell(note="not configured")
+        epochs = self.cfg.run(runs[0]).epochs
+        ref_runs = self.cfg.run_group(reference)
+        ref = [t["total"] / self.cfg.run(r).epochs for r in ref_runs if (t := self.stage_times(r))]
+        mine = [t["total"] for r in runs if (t := self.stage_times(r))]
+        ep = f"{epochs:g}"
+        if not ref or not mine:
+            return Cell(text=f"{ep} (no train log)")
+        rel = [m / float(np.mean(ref)) for m in mine]
+        m, s = mean_std(rel)
+        return Cell(text=f"{ep} ({m:.1f})" if len(rel) == 1 else f"{ep} ({m:.1f} ± {s:.1f})", mean=m, std=s,
+                    n=len(rel))
+
+
+def stage_times(log_path: Path) -> dict[str, float] | None:
+    """Seconds per stage summed over a run's episodes, plus ``total`` and ``episodes``; None without a log.
+
+    A resumed run may repeat an episode record: the last record of each episode counts.
+    """
+    if not Path(log_path).exists():
+        return None
+    per_episode: dict[int, dict] = {}
+    for line in Path(log_path).read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if rec.get("kind") == "episode":
+            per_episode[int(rec["episode"])] = rec
+    if not per_episode:
+        return None
+    out = {s: sum(float(r.get(f"time/{s}", 0.0)) for r in per_episode.values()) for s in STAGES}
+    out["total"] = sum(out[s] for s in STAGES)
+    out["episodes"] = float(len(per_episode))
+    return out if math.isfinite(out["total"]) else None
+
+
+__all__ = ["paper_numbers", "paper_value", "Cell", "Results", "stage_times", "mean_std", "STAGES"]
