@@ -162,3 +162,37 @@ def test_bad_inputs_raise_clearly():
         kmeans(x, 2, init_centroids=np.zeros((3, 3), dtype=np.float32))
     with pytest.raises(ValueError, match="init"):
         kmeans(x, 2, init="kmeans||")
+
+
+def _split_reference(centroids: torch.Tensor, counts: torch.Tensor) -> int:
+    """The one-cluster-at-a-time rule written naively: each empty cluster takes half of the current largest."""
+    counts = counts.clone()
+    sign = torch.ones(centroids.shape[1])
+    sign[1::2] = -1.0
+    n = 0
+    for ci in torch.nonzero(counts == 0).flatten().tolist():
+        cj = int(torch.argmax(counts))
+        if counts[cj] < 2:
+            break
+        base = centroids[cj].clone()
+        centroids[ci] = base * (1.0 + sign / 1024.0)
+        centroids[cj] = base * (1.0 - sign / 1024.0)
+        half = counts[cj] // 2
+        counts[ci], counts[cj] = half, counts[cj] - half
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("counts", [
+    [5, 0, 7, 0, 3, 9],  # two empties, two distinct donors: the batched path
+    [40, 0, 0, 0, 1, 1],  # one donor split three times, a new cluster split again: the in-order path
+    [1, 0, 1, 0],  # nothing to split
+])
+def test_split_empty_clusters_matches_sequential_rule(counts):
+    g = torch.Generator().manual_seed(0)
+    c = torch.randn(len(counts), 5, generator=g)
+    ref = c.clone()
+    counts_t = torch.tensor(counts)
+    assert split_empty_clusters(c, counts_t) == _split_reference(ref, counts_t)
+    assert torch.equal(c, ref)  # bit-identical to the per-cluster loop
+    assert counts_t.tolist() == counts  # the caller's counts are not modified
