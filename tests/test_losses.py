@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -275,3 +276,23 @@ def test_proto_loss_input_errors():
         EpisodePrototypes.build(hi, ht, torch.zeros(5, 2), k=3, backend="torch")
     moved = ep.to("cpu")
     assert isinstance(moved, EpisodePrototypes) and torch.equal(moved.cls_image, ep.cls_image)
+
+
+def test_non_finite_episode_features_name_episode_and_modality():
+    from protoclip.losses.proto import EpisodePrototypes, NonFiniteFeaturesError
+
+    g = torch.Generator().manual_seed(0)
+    h_i, h_t = torch.randn(20, 8, generator=g), torch.randn(20, 8, generator=g)
+    bad = h_t.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(NonFiniteFeaturesError, match=r"episode 7: text \(h\^T\) features .* 1 of 20 rows"):
+        EpisodePrototypes.build(h_i, bad, teacher=None, k=4, backend="torch", episode=7)
+    bad_i = h_i.clone()
+    bad_i[:, 0] = float("inf")
+    with pytest.raises(NonFiniteFeaturesError, match=r"episode 2: image \(h\^I\) features .* 20 of 20 rows"):
+        EpisodePrototypes.build(bad_i, h_t, teacher=None, k=4, backend="torch", episode=2)
+    teacher = np.zeros((20, 5), dtype=np.float32)
+    teacher[0, 0] = np.nan
+    with pytest.raises(NonFiniteFeaturesError, match="episode 0: external teacher features.*teacher cache"):
+        EpisodePrototypes.build(h_i, h_t, teacher=teacher, k=4, backend="torch", episode=0)
+    assert EpisodePrototypes.build(h_i, h_t, teacher=None, k=4, backend="torch", episode=0).image is not None

@@ -232,3 +232,66 @@ def test_non_finite_gradient_stops_before_the_update(tmp_path, pairs, monkeypatc
     for k, v in model.state_dict().items():
         if v.is_floating_point() and "running_" not in k:
             assert torch.equal(v, before[k]), k  # the optimizer never stepped
+
+
+def _poison_after_update(monkeypatch, at_call: int):
+    """Make the ``at_call``-th optimizer update (0-based) write a NaN into a weight, after the loss and
+    gradient checks have passed: what a broken update does that no loss check sees."""
+    real = loop_mod.Objective.clamp
+    calls = {"n": 0}
+
+    def clamp(self, model):
+        real(self, model)
+        if calls["n"] == at_call:
+            with torch.no_grad():
+                next(p for n, p in model.named_parameters() if n.startswith("text_head"))[0].fill_(float("nan"))
+        calls["n"] += 1
+    monkeypatch.setattr(loop_mod.Objective, "clamp", clamp)
+
+
+def test_non_finite_weights_are_never_saved_as_a_good_checkpoint(tmp_path, pairs, monkeypatch):
+    from protoclip.train.checkpoint import NonFiniteStateError
+
+    # episodes of a single step (episode 16 = batch 16): the loss check of a step runs before its update,
+    # so only a check of the weights themselves can stop a broken update from being checkpointed
+    cfg = tiny_config(method="clip", episode_size=16, epochs=1.0)
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    _poison_after_update(monkeypatch, at_call=2)  # the update of step 2 = episode 2
+    with pytest.raises(NonFiniteStateError, match=r"parameter 'text_head\..*' after step 2 \(episode 2\); "
+                                                  r"checkpoint not saved; stopped, last good checkpoint kept at "):
+        train(tiny_model(cfg), pairs, cfg, layout, "w")
+    ck = load_checkpoint(layout.checkpoint("w"))
+    assert ck["episode"] == 2 and ck["step"] == 2
+    assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
+
+
+def test_non_finite_weights_in_the_first_episode_say_no_checkpoint_exists(tmp_path, pairs, monkeypatch):
+    from protoclip.train.checkpoint import NonFiniteStateError
+
+    cfg = tiny_config(method="clip", episode_size=16, epochs=1.0)
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    _poison_after_update(monkeypatch, at_call=0)
+    with pytest.raises(NonFiniteStateError) as err:
+        train(tiny_model(cfg), pairs, cfg, layout, "w0")
+    msg = str(err.value)
+    assert "after step 0 (episode 0)" in msg and "no checkpoint was written yet" in msg and "kept" not in msg
+    assert not layout.checkpoint("w0").exists()
+
+
+def test_check_state_finite_names_optimizer_state(tmp_path):
+    from protoclip.train.checkpoint import NonFiniteStateError, check_state_finite
+
+    cfg = tiny_config(method="clip")
+    model = tiny_model(cfg)
+    opt = build_optimizer(model, cfg)
+    check_state_finite(model, opt, step=0, episode=0, checkpoint=tmp_path / "none.pt")  # fresh: fine
+    p = next(model.parameters())
+    p.grad = torch.ones_like(p)
+    opt.step()
+    opt.state[p]["exp_avg_sq"][...] = float("inf")
+    with pytest.raises(NonFiniteStateError, match=r"optimizer state 'exp_avg_sq' of '[a-z_.]+' after step 5 "
+                                                  r"\(episode 1\).*no checkpoint was written yet"):
+        check_state_finite(model, opt, step=5, episode=1, checkpoint=tmp_path / "none.pt")
+    (tmp_path / "last.pt").write_bytes(b"x")
+    with pytest.raises(NonFiniteStateError, match="at the end of training; m.pt not saved.*kept at .*last.pt"):
+        check_state_finite(model, opt, step=None, episode=None, checkpoint=tmp_path / "last.pt", what="m.pt")

@@ -155,6 +155,26 @@ def proto_accuracy(h: torch.Tensor, classifier: torch.Tensor, labels: torch.Tens
 
 
 # --------------------------------------------------------------------------- per-episode state
+class NonFiniteFeaturesError(ValueError):
+    """Episode features to cluster hold NaN/Inf; the message names the episode and the modality."""
+
+
+def check_features_finite(feats: torch.Tensor, modality: str, episode: int | None = None) -> None:
+    """Raise :class:`NonFiniteFeaturesError` if any row of ``feats`` [m, d] is not finite.
+
+    k-means would otherwise fail deep inside faiss/torch with a message that names neither the episode nor
+    the modality (or, worse, cluster garbage).
+    """
+    ok = torch.isfinite(feats.detach()).all(dim=1) if feats.ndim == 2 else torch.isfinite(feats.detach()).all()[None]
+    if not bool(ok.all()):
+        where = f"episode {episode}: " if episode is not None else ""
+        bad_rows = int((~ok).sum())
+        hint = ("the model's weights are not finite (check the last checkpoint)" if modality != "external teacher"
+                else "the teacher cache holds NaN/Inf; rebuild it with `protoclip teacher`")
+        raise NonFiniteFeaturesError(f"{where}{modality} features for k-means hold NaN/Inf in {bad_rows} of "
+                                     f"{ok.numel()} rows; {hint}")
+
+
 @dataclass
 class EpisodePrototypes:
     """Detached per-episode prototype state; build with :meth:`build`.
@@ -205,6 +225,7 @@ class EpisodePrototypes:
         backend: str = "auto",
         seed: int = 0,
         kmeans_fn: KMeansFn = kmeans,
+        episode: int | None = None,
     ) -> "EpisodePrototypes":
         """Cluster the episode's features and prepare the classifiers (row i of every input = episode sample i).
 
@@ -212,10 +233,14 @@ class EpisodePrototypes:
         ``k`` prototypes per modality (``k_external`` for the teacher, default ``k``); ``pbt``, ``soft_targets``,
         ``tau_y`` as in ``LossConfig``; ``iters``, ``init``, ``backend``, ``seed`` go to ``kmeans_fn``.
         ``init='random'`` is the "w/o K-means" ablation (random samples as prototypes, 0 Lloyd iterations).
-        ``seed`` should change per episode (trainer).
+        ``seed`` should change per episode (trainer). ``episode`` only names the episode in errors: features
+        with NaN/Inf (a model whose weights broke) raise :class:`NonFiniteFeaturesError` naming it and the modality.
         """
         if h_image.ndim != 2 or h_image.shape != h_text.shape:
             raise ValueError(f"EpisodePrototypes: h_image and h_text must both be [m, d], got {tuple(h_image.shape)}, {tuple(h_text.shape)}")
+        for modality, feats in (("image (h^I)", h_image), ("text (h^T)", h_text), ("external teacher", teacher)):
+            if feats is not None:
+                check_features_finite(torch.as_tensor(feats), modality, episode)
         m = h_image.shape[0]
         h_i = F.normalize(h_image.detach().float(), dim=1)
         h_t = F.normalize(h_text.detach().float(), dim=1)
@@ -354,4 +379,5 @@ class ProtoLoss(nn.Module):
 
 __all__ = [
     "soft_target_rows", "soft_targets", "pbt_centroids", "proto_ce", "proto_accuracy", "EpisodePrototypes", "ProtoLoss",
+    "NonFiniteFeaturesError", "check_features_finite",
 ]

@@ -43,6 +43,50 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class NonFiniteStateError(RuntimeError):
+    """Model weights or optimizer state became NaN/Inf; the message names step, episode and tensor."""
+
+
+def kept_checkpoint(path: str | Path) -> str:
+    """The end of a stop message: which checkpoint is kept, only when there is one."""
+    path = Path(path)
+    return f"last good checkpoint kept at {path}" if path.exists() else "no checkpoint was written yet"
+
+
+def first_non_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> str | None:
+    """Name of the first parameter, buffer or optimizer-state tensor holding NaN/Inf, or None."""
+    for name, t in model.named_parameters():
+        if not torch.isfinite(t.detach()).all():
+            return f"parameter '{name}'"
+    for name, t in model.named_buffers():  # BatchNorm statistics; attention masks hold -inf by design
+        if t.is_floating_point():
+            bad = torch.isnan(t).any() if name.endswith("mask") else not torch.isfinite(t).all()
+            if bad:
+                return f"buffer '{name}'"
+    if optimizer is not None:
+        names = {id(p): n for n, p in model.named_parameters()}
+        for p, st in optimizer.state.items():
+            for key, t in st.items():
+                if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all():
+                    return f"optimizer state '{key}' of '{names.get(id(p), '?')}'"
+    return None
+
+
+def check_state_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, step: int | None,
+                       episode: int | None, checkpoint: str | Path, what: str = "checkpoint") -> None:
+    """Refuse to save non-finite weights or optimizer state as a good ``what`` (checkpoint / final model).
+
+    A finite loss and gradient norm do not make the update finite (e.g. an episode of a single step, whose
+    check runs before ``optimizer.step``; an Adam second moment of 0 with eps 0), so the trainer calls this
+    right before every save. Raises :class:`NonFiniteStateError` naming step, episode and the tensor.
+    """
+    bad = first_non_finite(model, optimizer)
+    if bad is not None:
+        when = f"after step {step} (episode {episode})" if step is not None else "at the end of training"
+        raise NonFiniteStateError(f"non-finite {bad} {when}; {what} not saved; stopped, "
+                                  f"{kept_checkpoint(checkpoint)}")
+
+
 def save_checkpoint(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     episode: int, step: int, scaler: Any = None, prototypes: Any = None,
                     extra: dict[str, Any] | None = None) -> Path:

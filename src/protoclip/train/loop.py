@@ -10,7 +10,8 @@ grad-norm clipping, ``Method.after_step`` after every step (logit-scale clamps),
 Outputs under ``layout.run_dir(run)``: ``config.yaml`` and ``train_log.jsonl`` from the start, and
 ``checkpoints/last.pt`` at every episode end (atomic). ``resume=True`` continues from the checkpoint and
 reaches the same weights as an uninterrupted run. A non-finite loss term stops the run with
-:class:`NonFiniteLossError` naming step and term; the last checkpoint is left as it was.
+:class:`NonFiniteLossError` naming step and term, non-finite weights or optimizer state before a save with
+:class:`~protoclip.train.checkpoint.NonFiniteStateError`; the last checkpoint is left as it was.
 
     from protoclip.train.loop import train
     model = train(model, dataset, cfg, layout, run, teacher=None, tracker=Tracker())
@@ -38,7 +39,8 @@ from protoclip.devices import resolve_device
 from protoclip.layout import Layout
 from protoclip.provenance import provenance
 from protoclip.tracking import Tracker
-from protoclip.train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
+from protoclip.train.checkpoint import (check_state_finite, kept_checkpoint, load_checkpoint, restore_rng,
+                                       save_checkpoint)
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, barrier, env_world, init_from_env, sync_buffers
 from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
@@ -104,7 +106,7 @@ def check_finite(terms: dict[str, torch.Tensor], step: int, episode: int, info: 
         values = ", ".join(f"{n}={float(terms[n].detach()) if n in terms else float('nan')}" for n in bad)
         raise NonFiniteLossError(
             f"non-finite loss at step {step} (episode {episode}): term {bad[0]!r} ({values}); "
-            f"stopped, last good checkpoint kept at {checkpoint}")
+            f"stopped, {kept_checkpoint(checkpoint)}")
 
 
 def to_device(x, device: torch.device):
@@ -243,7 +245,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             if not torch.isfinite(grad_norm):  # finite loss, overflowing gradient: stop before the weights break
                 raise NonFiniteLossError(f"non-finite gradient norm at step {step} (episode {episode}): "
-                                         f"{float(grad_norm)}; stopped, last good checkpoint kept at {ckpt_path}")
+                                         f"{float(grad_norm)}; stopped, {kept_checkpoint(ckpt_path)}")
             optimizer.step()
             method.after_step(model)
             rec = {"kind": "step", "step": step, "episode": episode, "epoch": sched.epoch(step), "lr": lr,
@@ -262,6 +264,9 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         ep_rec = {"kind": "episode", "episode": episode, "step": step, "n_steps": n_steps,
                   **{f"mean/{k}": v / max(n_steps, 1) for k, v in sums.items()}, **ep_stats,
                   **{f"time/{k}": v for k, v in times.items()}}
+        # every rank checks (DDP keeps their weights identical), so all stop together instead of waiting at
+        # the barrier for a rank 0 that refused to save
+        check_state_finite(model, optimizer, step=step - 1, episode=episode, checkpoint=ckpt_path)
         if info.is_main:
             save_checkpoint(ckpt_path, model=model, optimizer=optimizer, episode=episode + 1, step=step,
                             prototypes=prototypes.to("cpu") if hasattr(prototypes, "to") else prototypes,

@@ -24,6 +24,7 @@ from protoclip.layout import Layout
 from protoclip.tracking import Tracker, training_run
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import env_world
+from protoclip.train.checkpoint import check_state_finite
 from protoclip.train.loop import train
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ def train_run(cfg: ProjectConfig, run: str, tracker: Tracker, resume: bool = Fal
     teacher = load_teacher(layout, tcfg, ids) if tcfg.reads_teacher() else None
     model = train(model, dataset, tcfg, layout, run, teacher=teacher, tracker=tracker, resume=resume)
     out = layout.model(run)
+    check_state_finite(model, None, step=None, episode=None, checkpoint=layout.checkpoint(run), what=str(out))
     if info.rank == 0:
         save_model(out, model, to_dict(tcfg))
         # evaluate finds this MLflow run by the sha256 of the model it evaluates (protoclip.tracking)

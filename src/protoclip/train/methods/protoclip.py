@@ -107,7 +107,8 @@ def _build(EpisodePrototypes, feats: EpisodeFeatures, cfg: TrainConfig, k: int, 
     protos = EpisodePrototypes.build(
         feats.h_image, feats.h_text, teacher=feats.teacher if use_teacher else None, k=k,
         iters=cfg.kmeans.iters, backend=cfg.kmeans.backend, seed=cfg.seed * 100_003 + episode,
-        init=cfg.kmeans.init, pbt=cfg.loss.pbt, soft_targets=cfg.loss.soft_targets, tau_y=cfg.loss.tau_y)
+        init=cfg.kmeans.init, pbt=cfg.loss.pbt, soft_targets=cfg.loss.soft_targets, tau_y=cfg.loss.tau_y,
+        episode=episode)
     stats = {"k": float(k), **protos.stats(), **size_stats(protos.image.sizes, "kmeans_image_"),
              **size_stats(protos.text.sizes, "kmeans_text_")}
     if protos.external is not None:
