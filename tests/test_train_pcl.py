@@ -1,0 +1,138 @@
+"""``method: pcl`` (and PAUC on it) in the episodic trainer: tiny end-to-end runs, the E-step, bit-identical resume."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_fixtures import RandomPairs, one_thread, tiny_config, tiny_model  # noqa: E402
+
+from protoclip.layout import Layout  # noqa: E402
+from protoclip.train.checkpoint import load_checkpoint  # noqa: E402
+from protoclip.train.config import PAUCConfig, PCLConfig  # noqa: E402
+from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.train.loop import train  # noqa: E402
+from protoclip.train.methods.pcl import PCLMethod, cluster_counts  # noqa: E402
+
+_threads = pytest.fixture(autouse=True)(one_thread)
+
+
+class ThreeViews(torch.utils.data.Dataset):
+    """RandomPairs with PCL's three views: two noisy draws (global RNG, like an augmentation) + the clean image."""
+
+    def __init__(self, n: int = 64):
+        self.base = RandomPairs(n=n)
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        img = self.base.images[i]
+        return (img + 0.1 * torch.randn(img.shape), img + 0.1 * torch.randn(img.shape), img), self.base.tokens[i], i
+
+
+def pcl_config(**kw):
+    pcl = dict(tau=0.2, momentum=0.9, queue_size=40, negatives=4, num_clusters=[4, 8], infonce_only_episodes=1,
+               kmeans_iters=5, kmeans_redo=2)
+    pcl.update(kw.pop("pcl", {}))
+    pauc = kw.pop("pauc", {})
+    cfg = tiny_config(method="pcl", episode_size=64, epochs=3.0, augmentation="mocov2", **kw)
+    return dataclasses.replace(cfg, pcl=PCLConfig(**pcl), pauc=PAUCConfig(**pauc))
+
+
+@pytest.fixture(scope="module")
+def views():
+    return ThreeViews(n=64)
+
+
+def test_cluster_counts_scale_with_data():
+    cfg = tiny_config(method="pcl")
+    assert cluster_counts(cfg, 1_280_000) == [25_000, 50_000, 100_000]  # the paper's K list on ImageNet
+    assert cluster_counts(dataclasses.replace(cfg, pcl=PCLConfig(num_clusters=[3, 500])), 100) == [3, 100]
+
+
+def test_config_rejects_locked_image_and_two_view_on_protoclip():
+    from protoclip.config import ConfigError, build
+    from protoclip.train.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="lock_image_epoch"):
+        build(TrainConfig, {"method": "pcl"})
+    with pytest.raises(ConfigError, match="two_view"):
+        build(TrainConfig, {"method": "protoclip", "pauc": {"enabled": True, "align_mode": "two_view"}})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pauc", [False, True])
+def test_pcl_run_warmup_then_protonce(tmp_path, views, pauc):
+    cfg = pcl_config(pauc={"enabled": pauc})
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    model = tiny_model(cfg)
+    text_before = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("clip.transformer")}
+    train(model, views, cfg, layout, "pcl")
+    steps = read_log(layout.train_log("pcl"), "step")
+    eps = read_log(layout.train_log("pcl"), "episode")
+    assert len(eps) == 3 and eps[0]["pcl_warmup"] == 1.0 and eps[1]["pcl_warmup"] == 0.0
+    assert eps[1]["pcl_k0"] == 4 and eps[1]["pcl_k1"] == 8
+    first = [s for s in steps if s["episode"] == 0]
+    later = [s for s in steps if s["episode"] >= 1]
+    assert all("protonce" not in s and "infonce" in s for s in first)  # warm-up: InfoNCE only
+    assert all("protonce" in s for s in later)
+    assert all(("pauc_unif" in s) == pauc for s in later)
+    for s in later:  # the logged total is the weighted sum of the terms
+        want = s["infonce"] + s["protonce"] + (s["pauc_align"] + s["pauc_unif"] + 0.1 * s["pauc_corr"] if pauc else 0)
+        assert s["loss"] == pytest.approx(want, rel=1e-5)
+    # image-only: the text tower is never updated
+    for k, v in text_before.items():
+        assert torch.equal(model.state_dict()[k], v), k
+    state = load_checkpoint(layout.checkpoint("pcl"))
+    assert set(state["extra"]["method"]) == {"key_encoder", "queue"}
+    assert len(state["prototypes"]) == 2
+
+
+def test_momentum_and_queue_follow_the_steps(views):
+    """after_step: the key encoder moves toward the online one by (1 - m) and the batch keys are enqueued."""
+    cfg = pcl_config()
+    model = tiny_model(cfg)
+    method = PCLMethod(cfg)
+    method._setup(model, torch.device("cpu"))
+    items = [views[i][0] for i in range(4)]
+    images = [torch.stack([v[0] for v in items]), torch.stack([v[1] for v in items])]
+    out = method.forward(model, images, None)
+    assert not out["h_key"].requires_grad
+    terms = method.terms(model, out, torch.arange(4), None)
+    assert set(terms) == {"infonce"}
+    terms["infonce"].backward()
+    assert all(p.grad is None for p in method._key.parameters())  # no gradient through the key encoder
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    before = [p.clone() for p in method._key.parameters()]
+    method.after_step(model)
+    for pk, p0, pq in zip(method._key.parameters(), before, method._online.parameters()):
+        torch.testing.assert_close(pk, 0.9 * p0 + 0.1 * pq)
+    torch.testing.assert_close(method._queue.queue[:4], out["h_key"])
+    assert int(method._queue.ptr) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pauc", [False, True])
+def test_pcl_resume_is_exact(tmp_path, views, pauc):
+    cfg = pcl_config(pauc={"enabled": pauc, "align_mode": "two_view" if pauc else "anchor"})
+    full = train(tiny_model(cfg), views, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
+    layout = Layout(tmp_path / "d", tmp_path / "b")
+    train(tiny_model(cfg), views, cfg, layout, "r", stop_after_episodes=2)  # "killed" after the first E-step
+    torch.manual_seed(1234)
+    resumed = train(tiny_model(cfg, seed=99), views, cfg, layout, "r", resume=True)
+    sa, sb = full.state_dict(), resumed.state_dict()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    log_a = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
+    log_b = read_log(layout.train_log("r"), "step")
+    assert [s["loss"] for s in log_a] == [s["loss"] for s in log_b]
+    qa = load_checkpoint(Layout(tmp_path / "d", tmp_path / "a").checkpoint("r"))["extra"]["method"]["queue"]
+    qb = load_checkpoint(layout.checkpoint("r"))["extra"]["method"]["queue"]
+    assert torch.equal(qa["queue"], qb["queue"]) and torch.equal(qa["ptr"], qb["ptr"])
