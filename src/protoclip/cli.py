@@ -5,6 +5,7 @@
     protoclip train    --config config/config.yaml --run protoclip_tiny [--resume]
     protoclip evaluate --config config/config.yaml --run protoclip_tiny [--task knn] [--dataset digits]
     protoclip report   --config config/config.yaml
+    protoclip toy-nemd --config config/config.yaml  # PAUC's NEMD toy experiment (results/toy/)
     protoclip runs     --config config/config.yaml      # list the configured runs
     protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands
 
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--task", action="append", help="task(s) to run (default: every configured task)")
     s.add_argument("--dataset", action="append", help="data set(s) to run (default: every configured set)")
     stage("report", "regenerate tables and figures from metrics files")
+    stage("toy-nemd", "PAUC's toy experiment: PCL vs PAUC on 3-D blobs, NEMD per class count")
     stage("runs", "print the configured run names, one per line")
     s = stage("dvc-yaml", "write dvc.yaml: the same stage commands as the Snakemake rules")
     s.add_argument("--output", default="dvc.yaml")
@@ -74,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             from protoclip.report.tables import run_report
 
             run_report(cfg)
+        elif args.stage == "toy-nemd":
+            from protoclip.toy.pauc_nemd import run_toy_nemd
+
+            run_toy_nemd(cfg)
         elif args.stage == "runs":
             print("\n".join(cfg.run_names()))
         elif args.stage == "dvc-yaml":

@@ -80,6 +80,13 @@ def dvc_stages(cfg, config_file: str) -> dict:
                      s(lay.run_dir(run) / "figures")],
             "metrics": [{s(lay.metrics_summary(run)): {"cache": False}}],
         }
+    from protoclip.toy.pauc_nemd import toy_outputs
+
+    stages["toy_nemd"] = {
+        "cmd": stage_command("toy-nemd", config_file),
+        "params": [{config_file: ["toy"]}],
+        "outs": [s(p) for p in toy_outputs(lay).values()],
+    }
     stages["report"] = {
         "cmd": stage_command("report", config_file),
         "deps": [s(lay.metrics_summary(r)) for r in cfg.run_names()] + [s(lay.train_log(r)) for r in cfg.run_names()],
