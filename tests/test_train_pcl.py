@@ -136,3 +136,46 @@ def test_pcl_resume_is_exact(tmp_path, views, pauc):
     qa = load_checkpoint(Layout(tmp_path / "d", tmp_path / "a").checkpoint("r"))["extra"]["method"]["queue"]
     qb = load_checkpoint(layout.checkpoint("r"))["extra"]["method"]["queue"]
     assert torch.equal(qa["queue"], qb["queue"]) and torch.equal(qa["ptr"], qb["ptr"])
+
+
+@pytest.mark.slow
+def test_protoclip_with_pauc_and_phi_protonce_resumes_exactly(tmp_path):
+    """The ProtoCLIP switches: PAUC on h-space and the phi-scaled cross-modal ProtoNCE; bit-identical resume."""
+    pairs = RandomPairs(n=64)
+    cfg = dataclasses.replace(tiny_config(method="protoclip", epochs=1.5), pauc=PAUCConfig(enabled=True))
+    cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, phi_protonce=True))
+    full = train(tiny_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
+    steps = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
+    for s in steps:
+        assert {"proto", "pauc_align", "pauc_unif", "pauc_corr"} <= set(s)
+        want = s["clip"] + s["proto"] + s["pauc_align"] + s["pauc_unif"] + 0.1 * s["pauc_corr"]
+        assert s["loss"] == pytest.approx(want, rel=1e-5)
+    eps = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "episode")
+    assert all("phi_image_max" in e for e in eps)
+    layout = Layout(tmp_path / "d", tmp_path / "b")
+    train(tiny_model(cfg), pairs, cfg, layout, "r", stop_after_episodes=1)
+    torch.manual_seed(1234)
+    resumed = train(tiny_model(cfg, seed=99), pairs, cfg, layout, "r", resume=True)
+    sa, sb = full.state_dict(), resumed.state_dict()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+def test_phi_protonce_changes_the_proto_term():
+    """With the switch the logged ``proto`` is PCL's phi-scaled CE, not the soft-target CE."""
+    from protoclip.losses.proto import EpisodePrototypes
+    from protoclip.train.methods.protoclip import ProtoCLIPMethod
+
+    g = torch.Generator().manual_seed(0)
+    h_i, h_t = torch.randn(32, 16, generator=g), torch.randn(32, 16, generator=g)
+    ep = EpisodePrototypes.build(h_i, h_t, None, k=4, iters=3, backend="torch")
+    out = {"h_image": h_i[:8], "h_text": h_t[:8], "proto_logit_scale": torch.tensor(10.0)}
+    base = tiny_config(method="protoclip", loss={"clip_weight": 0.0})
+    soft = ProtoCLIPMethod(base).terms(None, out, torch.arange(8), ep)["proto"]
+    m = ProtoCLIPMethod(dataclasses.replace(base, loss=dataclasses.replace(base.loss, phi_protonce=True)))
+    from protoclip.losses.pcl import relative_concentration
+
+    m._phi = (relative_concentration(torch.nn.functional.normalize(h_i, dim=1), ep.cls_image, ep.text.assignments),
+              relative_concentration(torch.nn.functional.normalize(h_t, dim=1), ep.cls_text, ep.image.assignments))
+    hard = m.terms(None, out, torch.arange(8), ep)["proto"]
+    assert float(hard) != pytest.approx(float(soft))
