@@ -61,6 +61,8 @@ def cluster_counts(cfg: TrainConfig, n: int) -> list[int]:
 
 @register("pcl")
 class PCLMethod(Method):
+    image_only = True  # evaluation reports zero-shot / retrieval as not applicable (evaluate.stage)
+
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         super().__init__(cfg, info)
         self._online: ImageEncoder | None = None
