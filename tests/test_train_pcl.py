@@ -179,3 +179,49 @@ def test_phi_protonce_changes_the_proto_term():
               relative_concentration(torch.nn.functional.normalize(h_t, dim=1), ep.cls_text, ep.image.assignments))
     hard = m.terms(None, out, torch.arange(8), ep)["proto"]
     assert float(hard) != pytest.approx(float(soft))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["pcl", "pcl_pauc"])
+def test_pcl_trains_from_the_cli(tmp_path, run):
+    """`protoclip train --run <pcl run>` on the fixture project of test_train_stage (PNG files, MoCo v2 views)."""
+    import yaml
+
+    from protoclip.cli import main
+    from protoclip.models import load_model
+    from test_train_stage import _project
+
+    path = _project(tmp_path, teacher=False)
+    cfg = yaml.safe_load(path.read_text())
+    pcl = {"method": "pcl", "teacher": None, "episode_size": 1000, "epochs": 2.0, "augmentation": "mocov2",
+           "pcl": {"queue_size": 32, "negatives": 2, "num_clusters": [3, 6], "infonce_only_episodes": 1,
+                   "kmeans_iters": 3, "kmeans_redo": 1}}
+    cfg["runs"] = {"pcl": pcl, "pcl_pauc": {**pcl, "pauc": {"enabled": True}}}
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", "--config", str(path), "--run", run]) == 0
+    layout = Layout(tmp_path / "data", tmp_path / "results")
+    model, saved = load_model(layout.model(run))
+    assert saved["method"] == "pcl" and saved["pauc"]["enabled"] == (run == "pcl_pauc")
+    eps = read_log(layout.train_log(run), "episode")
+    assert len(eps) == 2 and eps[1]["pcl_k1"] == 6  # 36 train pairs: one episode per epoch
+    n_steps = len(read_log(layout.train_log(run), "step"))
+    assert main(["train", "--config", str(path), "--run", run, "--resume"]) == 0  # finished: nothing to redo
+    assert len(read_log(layout.train_log(run), "step")) == n_steps
+
+
+def test_experiment_rows_share_the_offline_budget():
+    from protoclip.config import load_config
+
+    repo = Path(__file__).resolve().parents[1]
+    cfg = load_config(repo / "config" / "config.yaml", overrides={
+        "experiments": ["experiments/offline_default.yaml", "experiments/methods_pcl.yaml"]})
+    ref = cfg.run("protoclip_tiny")
+    for name in ("pcl_tiny", "pcl_pauc_tiny", "protoclip_pauc_tiny"):
+        run = cfg.run(name)
+        assert (run.epochs, run.batch_size, run.model, run.head_hidden, run.seed) == (
+            ref.epochs, ref.batch_size, ref.model, ref.head_hidden, ref.seed), name
+    assert cfg.run("pcl_pauc_tiny").pauc.enabled and cfg.run("protoclip_pauc_tiny").pauc.enabled
+    paper = load_config(repo / "config" / "paper_pcl.yaml")
+    run = paper.run("pcl_in1k")
+    assert (run.model, run.epochs, run.batch_size, run.pcl.num_clusters, run.pcl.infonce_only_episodes) == (
+        "RN50", 200.0, 256, [25000, 50000, 100000], 20)
