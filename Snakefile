@@ -12,11 +12,13 @@ include: "workflow/rules/teacher.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/toy.smk"
 
 
 rule all:
     input:
         rules.report.output,
+        rules.toy_nemd.output,
     default_target: True
 
 

@@ -6,7 +6,8 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from protoclip.data.transforms import CROP_SCALE, TwoViews, train_transform
+from protoclip.data.transforms import CROP_SCALE, train_transform
+from protoclip.train.methods.base import MultiView
 
 
 def test_mocov2_steps_and_two_views():
@@ -20,8 +21,8 @@ def test_mocov2_steps_and_two_views():
     assert kinds.index("RandomApply") < kinds.index("RandomHorizontalFlip")  # MoCo v2's order
     img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 48, 3), dtype=np.uint8))
     torch.manual_seed(0)
-    x = TwoViews(t)(img)
-    assert x.shape == (2, 3, 32, 32)
+    x = MultiView(t, t)(img)
+    assert len(x) == 2 and x[0].shape == (3, 32, 32)
     assert not torch.equal(x[0], x[1])  # two independent draws
 
 

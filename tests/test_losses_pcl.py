@@ -194,3 +194,25 @@ def test_queue_enqueue_order_and_wraparound():
     qu2 = FeatureQueue(size=5, dim=2, seed=1)
     qu2.load_state_dict(state)
     assert torch.equal(qu2.queue, qu.queue) and int(qu2.ptr) == 1
+
+
+def test_phi_proto_ce_known_answer_and_mask():
+    from protoclip.losses.pcl import phi_proto_ce, relative_concentration
+
+    h, c = _unit(4, 3, 20), _unit(5, 3, 21)
+    labels = torch.tensor([0, 2, 2, 4])
+    valid = torch.tensor([True, False, True, True, True])
+    phi = torch.tensor([0.5, 1.0, 1.5, 0.8, 1.2], dtype=torch.float64)
+    got = float(phi_proto_ce(h, c, labels, phi, 7.0, valid))
+    ref = 0.0
+    for i in range(4):
+        logits = [7.0 * float(h[i] @ c[j]) / float(phi[j]) for j in range(5) if valid[j]]
+        own = 7.0 * float(h[i] @ c[labels[i]]) / float(phi[labels[i]])
+        ref += -(own - math.log(sum(math.exp(x) for x in logits)))
+    assert got == pytest.approx(ref / 4, rel=1e-10)
+    members = _unit(40, 3, 22)
+    lab = torch.arange(40) % 5
+    rel = relative_concentration(members, c, lab)
+    dist = (members - c[lab]).norm(dim=1)
+    torch.testing.assert_close(rel.double(), concentration(dist, lab, 5, tau=1.0), rtol=1e-6, atol=1e-6)
+    assert float(rel.mean()) == pytest.approx(1.0, rel=1e-6)

@@ -6,6 +6,7 @@
     protoclip evaluate --config config/config.yaml --run protoclip_tiny [--task knn] [--dataset digits]
     protoclip collect  --config config/config.yaml --run protoclip_tiny   # metrics files -> metrics.json
     protoclip report   --config config/config.yaml
+    protoclip toy-nemd --config config/config.yaml  # PAUC's NEMD toy experiment (results/toy/)
     protoclip runs     --config config/config.yaml      # list the configured runs
     protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands
 
@@ -44,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     s = stage("collect", "gather a run's metrics files into results/runs/<run>/metrics.json")
     s.add_argument("--run", required=True)
     stage("report", "regenerate tables and figures from metrics files")
+    stage("toy-nemd", "PAUC's toy experiment: PCL vs PAUC on 3-D blobs, NEMD per class count")
     stage("runs", "print the configured run names, one per line")
     s = stage("dvc-yaml", "write dvc.yaml: the same stage commands as the Snakemake rules")
     s.add_argument("--output", default="dvc.yaml")
@@ -83,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
 
             run_report(cfg)
             log_report(cfg)  # the tables and figures as artifacts of a `report` MLflow run
+        elif args.stage == "toy-nemd":
+            from protoclip.toy.pauc_nemd import run_toy_nemd
+
+            run_toy_nemd(cfg)
         elif args.stage == "runs":
             print("\n".join(cfg.run_names()))
         elif args.stage == "dvc-yaml":

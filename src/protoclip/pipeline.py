@@ -227,6 +227,15 @@ def report_stage(cfg, config_file: str) -> Stage:
                  [Out(_s(lay.tables), directory=True), Out(_s(lay.figures), directory=True)], outs)
 
 
+def toy_stage(cfg, config_file: str) -> Stage:
+    """PAUC's NEMD toy experiment (protoclip.toy.pauc_nemd): needs no data, only the `toy` config section."""
+    from protoclip.toy.pauc_nemd import toy_outputs
+
+    outs = {k: Out(_s(p)) for k, p in toy_outputs(Layout.from_config(cfg)).items()}
+    return Stage("toy_nemd", "toy_nemd", stage_command("toy-nemd", config_file), {},
+                 _params(config_file, "toy"), list(outs.values()), outs)
+
+
 def stages(cfg, config_file: str) -> list[Stage]:
     """Every stage instance of the config, in DAG order."""
     out = [prepare_stage(cfg, config_file)]
@@ -235,6 +244,7 @@ def stages(cfg, config_file: str) -> list[Stage]:
         out.append(train_stage(cfg, config_file, run))
         out += [evaluate_stage(cfg, config_file, run, d) for d in evaluated_sets(cfg)]
         out.append(collect_stage(cfg, config_file, run))
+    out.append(toy_stage(cfg, config_file))
     out.append(report_stage(cfg, config_file))
     return out
 

@@ -14,13 +14,13 @@ crop). Images are converted to RGB first.
 ``mocov2`` (for the image-only methods) is MoCo v2's augmentation, which PCL v2 and PAUC use [pcl-protonce.txt
 Sec. 4; ref-code facebookresearch/moco main_moco.py ``--aug-plus``]: RandomResizedCrop(scale 0.2-1) +
 ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8 + grayscale p=0.2 + Gaussian blur (sigma 0.1-2, p=0.5; kernel ~10%
-of the image side, SimCLR's) + horizontal flip. :class:`TwoViews` draws it twice per image (query, key views).
+of the image side, SimCLR's) + horizontal flip. Two-view methods draw it twice per image
+(``protoclip.train.methods.base.MultiView``).
 """
 from __future__ import annotations
 
 from typing import Callable, Literal
 
-import torch
 from open_clip.transform import (OPENAI_DATASET_MEAN, OPENAI_DATASET_STD, _convert_to_rgb, color_jitter, gray_scale,
                                  image_transform)
 from torchvision import transforms as T
@@ -52,23 +52,9 @@ def train_transform(image_size: int, kind: Kind = "protoclip") -> Callable:
     return T.Compose(steps)
 
 
-class TwoViews:
-    """Two independent draws of ``transform`` on one image, stacked [2, C, H, W] (query view, key view): a batch
-    collates to [B, 2, C, H, W]. Used by the two-view methods (PCL's MoCo views)."""
-
-    def __init__(self, transform: Callable):
-        self.transform = transform
-
-    def __call__(self, image) -> torch.Tensor:
-        return torch.stack([self.transform(image), self.transform(image)])
-
-    def __repr__(self) -> str:
-        return f"TwoViews({self.transform!r})"
-
-
 def eval_transform(image_size: int) -> Callable:
     """Resize (shortest side) + centre crop + normalise: open_clip's inference preprocessing."""
     return image_transform(image_size, is_train=False)
 
 
-__all__ = ["Kind", "train_transform", "eval_transform", "TwoViews", "CROP_SCALE", "JITTER_P"]
+__all__ = ["Kind", "train_transform", "eval_transform", "CROP_SCALE", "JITTER_P"]

@@ -64,6 +64,21 @@ def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
     return [t for t in cfg.tasks if t in possible]
 
 
+IMAGE_ONLY_NA = ("zeroshot", "retrieval")  # tasks that read the text tower
+
+
+def image_only_method(cfg, run: str) -> str | None:
+    """The run's training method if it trains the image tower only (e.g. ``pcl``): its text tower is untrained,
+    so zero-shot and retrieval numbers would be chance; None otherwise (or when the run is not configured)."""
+    try:
+        method = cfg.run(run).method
+    except ConfigError:
+        return None
+    from protoclip.train.methods import method_class
+
+    return method if getattr(method_class(method), "image_only", False) else None
+
+
 def not_applicable(task: str, ds: EvalSet) -> str | None:
     """Why ``task`` does not apply to the loaded set ``ds`` (None: it applies)."""
     labelled = isinstance(ds, LabelledSet)
@@ -278,6 +293,7 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
     model_path = require_path(layout.model(run), f"evaluate run '{run}'")
     extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size, ecfg.num_workers)
     prov = provenance(ecfg.seed)
+    image_only = image_only_method(cfg, run)
     written: list[Path] = []
     with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
         tracker.log_params({"evaluate": {"seed": ecfg.seed, "knn_k": ecfg.knn_k,
@@ -299,6 +315,12 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
                 wanted = []
             runnable = []
             for task in wanted:
+                if image_only and task in IMAGE_ONLY_NA and not not_applicable(task, ds):
+                    reason = f"not applicable: image-only method ({image_only}), the text tower is untrained"
+                    log.info("%s: %s %s", name, task, reason)
+                    written.append(write_json(layout.metrics(run, task, name), {**base, "task": task,
+                                                                                "skipped": reason}))
+                    continue
                 reason = not_applicable(task, ds)
                 if reason:
                     log.info("%s: %s does not apply (%s)", name, task, reason)

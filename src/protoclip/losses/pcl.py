@@ -213,5 +213,28 @@ def protonce(q: torch.Tensor, positions: torch.Tensor, clusterings: Clusterings,
     return {"protonce": torch.stack(losses).mean(), "protonce_acc": torch.tensor(100.0 * correct / len(losses))}
 
 
+
+
+# --------------------------------------------------------------------------- cross-modal bridge (spec 5 item 4)
+@torch.no_grad()
+def relative_concentration(h: torch.Tensor, classifier: torch.Tensor, labels: torch.Tensor,
+                           alpha: float = PHI_ALPHA) -> torch.Tensor:
+    """phi [K] of Eq. 12 (ref-code clip + rescale) with mean 1, for prototypes ``classifier`` [K, d] whose members
+    are the rows of ``h`` [m, d] with ``labels`` [m]: ``||h_i - c_{labels_i}||`` as the member distances."""
+    dist = (h.float() - classifier.float()[labels]).norm(dim=1)
+    return concentration(dist, labels, classifier.shape[0], tau=1.0, alpha=alpha).float()
+
+
+def phi_proto_ce(h: torch.Tensor, classifier: torch.Tensor, labels: torch.Tensor, phi: torch.Tensor,
+                 scale: torch.Tensor | float, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """ProtoNCE over a full prototype classifier [PCL Eq. 10 / 11's prototype term]: ``CE(scale * h . c_j / phi_j,
+    labels)`` with phi of mean 1 (so the learnable ``scale`` = 1/tau sets the mean temperature, as PCL rescales
+    mean phi to tau); prototypes with ``valid`` False are masked out. Mean over the batch."""
+    logits = (F.normalize(h, dim=1) @ classifier.to(h.dtype).T) * scale / phi.to(h.dtype)
+    if valid is not None:
+        logits = logits.masked_fill(~valid.to(logits.device)[None, :], float("-inf"))
+    return F.cross_entropy(logits, labels)
+
+
 __all__ = ["infonce", "concentration", "Clusterings", "build_clusterings", "sample_negatives", "protonce",
-           "PHI_ALPHA", "PHI_CLIP_PERCENTILES"]
+           "relative_concentration", "phi_proto_ce", "PHI_ALPHA", "PHI_CLIP_PERCENTILES"]

@@ -2,7 +2,10 @@
 circle, and the NEMD of each, per number of classes.
 
     protoclip toy-nemd --config config/config.yaml
-    # -> results/figures/fig_pauc_toy.png, results/tables/pauc_toy.csv, results/tables/pauc_toy.md
+    # -> results/toy/fig_pauc_toy.png, results/toy/pauc_toy.csv, results/toy/pauc_toy.md
+
+(``results/toy/``, not ``results/tables`` / ``results/figures``: those directories are the report stage's DVC
+outputs, and DVC outputs may not nest.)
 
 For every class count C in ``toy.n_classes`` (paper: 10..50) the data are ``make_blobs`` in 3-D (spec 3.4 [rec]),
 scaled by 1/center_box; a small MLP 3 -> 2 with l2-normalised output (points on the unit circle, as the paper's figure)
@@ -232,12 +235,18 @@ def _run(tcfg: ToyConfig, layout) -> Path:
             embeddings[(method, c)] = (z, y)
             log.info("toy C=%d %s: %s", c, method, metrics)
     table = pd.DataFrame(rows)
-    out_png = layout.figures / "fig_pauc_toy.png"
-    plot(embeddings, table, tcfg, out_png)
-    with atomic_path(layout.tables / "pauc_toy.csv") as tmp:
+    paths = toy_outputs(layout)
+    plot(embeddings, table, tcfg, paths["figure"])
+    with atomic_path(paths["csv"]) as tmp:
         table.to_csv(tmp, index=False)
-    write_text(layout.tables / "pauc_toy.md", markdown_table(table))
-    return out_png
+    write_text(paths["md"], markdown_table(table))
+    return paths["figure"]
 
 
-__all__ = ["make_blobs3d", "ToyEncoder", "train_toy", "evaluate_toy", "run_toy_nemd", "METHODS"]
+def toy_outputs(layout) -> dict[str, Path]:
+    """The stage's outputs (the Snakemake rule and dvc.yaml list the same paths)."""
+    d = layout.results_dir / "toy"
+    return {"figure": d / "fig_pauc_toy.png", "csv": d / "pauc_toy.csv", "md": d / "pauc_toy.md"}
+
+
+__all__ = ["make_blobs3d", "ToyEncoder", "train_toy", "evaluate_toy", "run_toy_nemd", "toy_outputs", "METHODS"]

@@ -30,6 +30,9 @@ class LossConfig:
     subspheres: int | None = None  # m of PS(n, m) for ps_*; null -> class_tokens (multi-token towers) or 1
     clip_max_logit_scale: float | None = None  # CLIP scale clamp; null -> max_logit_scale, 3.95 for ps_negtrace
     learn_temperature: bool = True  # False: the CLIP logit scale stays at 1 / init_temperature (temperature study)
+    # methods-spec 5 item 4 [rec]: L_Proto as PCL's phi-scaled ProtoNCE over the cross-modal prototypes (hard
+    # targets, per-prototype temperature tau_Proto * phi_j / mean(phi)) instead of Eq. 5's soft targets
+    phi_protonce: bool = False
 
 
 @dataclass
@@ -42,11 +45,48 @@ class NCLIPConfig:
 
 
 @dataclass
+class PCLConfig:
+    """``method: pcl`` (pcl-protonce.txt; methods-spec 4). Paper-scale values; CPU runs override them."""
+
+    tau: float = 0.2  # InfoNCE temperature and mean phi: PCL v2 (MLP head + MoCo v2 aug; v1: 0.1) [Sec. 4.1]
+    momentum: float = 0.999  # key-encoder EMA [Sec. 4.1]
+    queue_size: int = 16000  # r instance negatives [Sec. 4.1] (ref-code: 16384)
+    negatives: int = 16000  # r negative prototypes per clustering, capped at K_min / 2 (spec 4.7.5)
+    # K list: `num_clusters` if given, else dataset size / each entry of `samples_per_cluster`;
+    # paper K = {25k, 50k, 100k} on 1.28M ImageNet images = N / {51.2, 25.6, 12.8} [Sec. 4.1]
+    num_clusters: list[int] | None = None
+    samples_per_cluster: list[float] = field(default_factory=lambda: [51.2, 25.6, 12.8])
+    infonce_only_episodes: int = 20  # warm-up: InfoNCE only for the first 20 epochs (= episodes) [Sec. 4.1]
+    kmeans_iters: int = 20  # ref-code faiss settings (spec 4.7.3)
+    kmeans_redo: int = 5
+    phi_alpha: float = 10.0  # alpha of Eq. 12
+    mask_duplicate_pos: bool = False  # spec 4.2 option; False = ref-code (another sample's positive is a negative)
+    infonce_weight: float = 1.0  # Eq. 11: InfoNCE + ProtoNCE with weight 1 each
+    protonce_weight: float = 1.0
+
+
+@dataclass
+class PAUCConfig:
+    """PAUC regularisers (pauc-nemd.txt Eqs. 4-7; methods-spec 3.3) on ``method: pcl`` or ``protoclip`` h-space."""
+
+    enabled: bool = False
+    alpha: float = 1.0  # alignment weight: not in the paper, spec 3.3 [rec]
+    beta: float = 1.0  # uniformity weight [rec]
+    gamma: float = 0.1  # correlation weight [rec]
+    s: float = 2.0  # alignment exponent [rec]
+    t: float = 2.0  # uniformity kernel, Wang & Isola's t [rec]
+    tau_c: float = 0.1  # softmax over feature dims for the correlation term [rec]
+    align_mode: Literal["anchor", "two_view"] = "anchor"  # spec 3.3 default; two_view needs two views (pcl)
+    unif_log: bool = False  # Eq. 5 has no log; True = Wang & Isola's log
+
+
+@dataclass
 class TrainConfig:
     name: str = "run"  # set from the run's key in the experiment file
     # training method (protoclip.train.methods): clip = same trainer, prototype terms off; nclip / xclip =
-    # nCLIP heads (head_hidden -> head_out units); multi-class-token CLIP = clip with class_tokens > 0
-    method: Literal["clip", "protoclip", "nclip", "xclip"] = "protoclip"
+    # nCLIP heads (head_hidden -> head_out units); multi-class-token CLIP = clip with class_tokens > 0;
+    # pcl = image-only PCL/ProtoNCE (captions ignored)
+    method: Literal["clip", "protoclip", "nclip", "xclip", "pcl"] = "protoclip"
     model: str = "tiny-rn"  # open_clip model config: RN50, RN101, ViT-B-32, or a shipped tiny config
     head_hidden: int = 2048  # projection heads g^I, g^T: SwAV 2-layer MLP
     head_out: int = 128  # d_h (nCLIP: K output units, paper 32768)
@@ -66,10 +106,12 @@ class TrainConfig:
     eps: float = 1e-8  # Table I
     grad_clip: float = 1e5  # max grad norm (Table I)
     lock_image_epoch: float | None = 16.0  # image-encoder LR -> 0 from this epoch (LiT); null = never
-    augmentation: Literal["protoclip", "none", "simclr"] = "protoclip"  # Sec. IV-B3, Table XI
+    augmentation: Literal["protoclip", "none", "simclr", "mocov2"] = "protoclip"  # Sec. IV-B3, Table XI; mocov2: PCL
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     nclip: NCLIPConfig = field(default_factory=NCLIPConfig)
+    pcl: PCLConfig = field(default_factory=PCLConfig)  # method: pcl only
+    pauc: PAUCConfig = field(default_factory=PAUCConfig)  # method: pcl or protoclip
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     device: str = "auto"  # auto: cuda when available
     gpu: bool = False  # declare `resources: gpu=1` for this run in the Snakemake DAG
@@ -104,6 +146,24 @@ class TrainConfig:
             raise ValueError("loss.clip_max_logit_scale must be > 1")
         if min(self.nclip.lambda1, self.nclip.lambda2, self.nclip.weight, self.nclip.clip_weight) < 0:
             raise ValueError("nclip lambdas and weights must be >= 0")
+        p, a = self.pcl, self.pauc
+        if p.tau <= 0 or not 0 <= p.momentum <= 1 or p.queue_size < 1 or p.negatives < 1 or p.phi_alpha <= 0:
+            raise ValueError("pcl.tau, pcl.phi_alpha must be > 0, pcl.momentum in [0, 1], pcl.queue_size and "
+                             "pcl.negatives >= 1")
+        if (p.num_clusters is not None and (not p.num_clusters or min(p.num_clusters) < 1)) or (
+                not p.samples_per_cluster or min(p.samples_per_cluster) < 1):
+            raise ValueError("pcl.num_clusters and pcl.samples_per_cluster must be non-empty lists of values >= 1")
+        if p.infonce_only_episodes < 0 or p.kmeans_iters < 1 or p.kmeans_redo < 1 or min(
+                p.infonce_weight, p.protonce_weight) < 0:
+            raise ValueError("pcl.infonce_only_episodes, pcl weights must be >= 0, pcl.kmeans_iters/redo >= 1")
+        if min(a.alpha, a.beta, a.gamma) < 0 or min(a.s, a.t, a.tau_c) <= 0:
+            raise ValueError("pauc.alpha, beta, gamma must be >= 0 and pauc.s, t, tau_c > 0")
+        if a.enabled and self.method == "clip":
+            raise ValueError("pauc.enabled needs prototypes: method 'pcl' or 'protoclip'")
+        if a.enabled and a.align_mode == "two_view" and self.method != "pcl":
+            raise ValueError("pauc.align_mode 'two_view' needs two views of each image: method 'pcl' only")
+        if self.method == "pcl" and self.lock_image_epoch is not None:
+            raise ValueError("method 'pcl' trains only the image encoder: set lock_image_epoch: null")
         if self.method == "protoclip" and self.loss.proto_weight == 0 and self.loss.external_weight == 0:
             raise ValueError("method 'protoclip' with proto_weight = external_weight = 0 is CLIP: use method 'clip'")
 

@@ -6,5 +6,6 @@ from protoclip.train.methods.base import METHODS, EpisodeData, Method, MultiView
 from protoclip.train.methods import clip as _clip  # noqa: F401  (registers "clip")
 from protoclip.train.methods import protoclip as _protoclip  # noqa: F401  (registers "protoclip")
 from protoclip.train.methods import nclip as _nclip  # noqa: F401  (registers "nclip", "xclip")
+from protoclip.train.methods import pcl as _pcl  # noqa: F401  (registers "pcl")
 
 __all__ = ["METHODS", "EpisodeData", "Method", "MultiView", "build_method", "method_class"]

@@ -5,6 +5,12 @@ Before each episode (Sec. III-D): extract h^I, h^T of the episode's items with t
 (:func:`protoclip.train.episode.extract_features`), run k-means per modality (+ teacher) and PBT on rank 0
 (``protoclip.losses.EpisodePrototypes.build``) and broadcast. L_Proto is per sample, so its per-rank mean
 averaged by DDP is already the global mean; L_CLIP is the global-batch loss of :class:`CLIPMethod`.
+
+Switches from the related methods (methods-spec 5 items 4-5): ``loss.phi_protonce`` replaces L_Proto's soft
+targets by PCL's phi-scaled ProtoNCE over the same cross-modal classifiers (hard targets; phi of every prototype
+from the episode features, mean 1, times the learnable tau_Proto; :func:`protoclip.losses.pcl.phi_proto_ce`), and
+``pauc.enabled`` adds PAUC's regularisers on h^I (batch prototypes of the text-prototype assignments, anchored at
+the image-side classifier) and h^T (image-prototype assignments, text-side classifier), averaged.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, broadcast_object, sync_buffers
@@ -35,6 +42,7 @@ class ProtoCLIPMethod(CLIPMethod):
         from protoclip.losses.proto import ProtoLoss
 
         self._proto_loss = ProtoLoss()
+        self._phi: tuple[torch.Tensor, torch.Tensor] | None = None  # loss.phi_protonce: (image side, text side)
 
     def uses_clip(self) -> bool:
         return self.cfg.loss.clip_weight > 0
@@ -60,6 +68,15 @@ class ProtoCLIPMethod(CLIPMethod):
         prototypes, stats, t_km, t_pbt = build_episode_prototypes(feats, self.cfg, data.info, episode,
                                                                   data.use_teacher)
         prototypes = prototypes.to(data.device) if hasattr(prototypes, "to") else prototypes
+        self._phi = None
+        if self.cfg.loss.phi_protonce:  # same features and prototypes on every rank -> same phi
+            from protoclip.losses.pcl import relative_concentration
+
+            a_t = prototypes.text.assignments.to(data.device)
+            a_i = prototypes.image.assignments.to(data.device)
+            self._phi = (relative_concentration(F.normalize(feats.h_image, dim=1), prototypes.cls_image, a_t),
+                         relative_concentration(F.normalize(feats.h_text, dim=1), prototypes.cls_text, a_i))
+            stats.update({"phi_image_max": float(self._phi[0].max()), "phi_text_max": float(self._phi[1].max())})
         return prototypes, stats, {"extract": t_extract, "kmeans": t_km, "pbt": t_pbt}
 
     def terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
@@ -74,11 +91,38 @@ class ProtoCLIPMethod(CLIPMethod):
         terms.update(self._proto_loss(out["h_image"].float(), out["h_text"].float(), positions, state, scale))
         if state.external is None:
             terms.pop("proto_external", None)  # constant 0 without a teacher: not a term of this run
+        if self.cfg.loss.phi_protonce or self.cfg.pauc.enabled:
+            terms.update(self._pcl_terms(out, positions, state, scale))
+        return terms
+
+    def _pcl_terms(self, out: dict[str, torch.Tensor], positions: torch.Tensor, state: Any,
+                   scale: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The ``phi_protonce`` replacement of ``proto`` and the PAUC terms (module docstring)."""
+        h_i, h_t = F.normalize(out["h_image"].float(), dim=1), F.normalize(out["h_text"].float(), dim=1)
+        pos = positions.to(state.device).long()
+        a_t, a_i = state.text.assignments.to(state.device)[pos], state.image.assignments.to(state.device)[pos]
+        terms: dict[str, torch.Tensor] = {}
+        if self.cfg.loss.phi_protonce:
+            from protoclip.losses.pcl import phi_proto_ce
+
+            if self._phi is None:
+                raise RuntimeError("loss.phi_protonce: no phi for this episode (begin_episode not run)")
+            terms["proto"] = 0.5 * (phi_proto_ce(h_i, state.cls_image, a_t, self._phi[0], scale, state.valid_image)
+                                    + phi_proto_ce(h_t, state.cls_text, a_i, self._phi[1], scale, state.valid_text))
+        if self.cfg.pauc.enabled:
+            from protoclip.losses.pauc import pauc_terms
+
+            a = self.cfg.pauc
+            kw = dict(s=a.s, t=a.t, tau_c=a.tau_c, unif_log=a.unif_log)
+            ti, tt = pauc_terms(h_i, a_t, state.cls_image, **kw), pauc_terms(h_t, a_i, state.cls_text, **kw)
+            terms.update({k: 0.5 * (ti[k] + tt[k]) for k in ti})
         return terms
 
     def weights(self) -> dict[str, float]:
         w = self.cfg.loss
-        return {"clip": w.clip_weight, "proto": w.proto_weight, "proto_external": w.external_weight}
+        a = self.cfg.pauc
+        pauc = {"pauc_align": a.alpha, "pauc_unif": a.beta, "pauc_corr": a.gamma} if a.enabled else {}
+        return {"clip": w.clip_weight, "proto": w.proto_weight, "proto_external": w.external_weight, **pauc}
 
     def diagnostics(self) -> dict[str, float]:
         """Detached per-direction losses and prototype accuracies (%) of the last batch (+ CLIP's statistics)."""

@@ -1,0 +1,202 @@
+"""``method: pcl``: Prototypical Contrastive Learning [pcl-protonce.txt; methods-spec 4], image-only (captions are
+loaded by the shared data set but ignored), optionally with PAUC's regularisers (``pauc.enabled``; methods-spec 3.3).
+
+Mapping onto the episodic trainer (methods-spec 5 item 2): one PCL *epoch* is one *episode*; give the run an
+``episode_size`` >= the data set (it is capped at the data set size) so the E-step clusters the whole data set.
+
+* Online encoder: the model's image tower + image head g^I (MLP -> 128, PCL v2's MLP head), l2-normalised.
+  Key encoder: :class:`protoclip.models.momentum.MomentumEncoder` of the same (EMA ``pcl.momentum``), held by the
+  method (not the saved model) and checkpointed with the queue through :meth:`PCLMethod.state_dict`.
+* Data: every item gives three views (:class:`MultiView`): two draws of ``augmentation`` (use ``mocov2``) for the
+  query and the key, and the evaluation centre crop for the E-step [PCL Sec. 4.1: "center-cropped images"].
+* ``begin_episode`` = E-step, from episode ``pcl.infonce_only_episodes`` on (warm-up: InfoNCE only): momentum
+  features of the centre crops of every episode item (key encoder in eval mode, gathered over DDP ranks),
+  k-means at every K of the K list + phi on rank 0 (:func:`protoclip.losses.pcl.build_clusterings`), broadcast.
+* ``terms``: ``infonce`` (MoCo queue) [Eq. 1], after the warm-up ``protonce`` with r negative prototypes [Eq. 11]
+  and, with PAUC, ``pauc_align`` / ``pauc_unif`` / ``pauc_corr``; ``total`` weights them from the config.
+* ``after_step``: momentum update (equivalent to MoCo's update at the start of the next step) and enqueue of this
+  step's keys (all-gathered under DDP so every rank's queue is the same).
+
+Deviations, documented: MoCo's shuffle-BN is not implemented (the key encoder sees the whole batch in train mode,
+as in single-GPU MoCo re-implementations); the optimiser and LR schedule are the trainer's (AdamW + cosine), not
+PCL's SGD 0.03 with steps at 120/160 (see config/experiments/paper_pcl.yaml).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from protoclip.losses.pauc import pauc_loss
+from protoclip.losses.pcl import Clusterings, build_clusterings, infonce, protonce
+from protoclip.models.momentum import FeatureQueue, MomentumEncoder
+from protoclip.train.config import TrainConfig
+from protoclip.train.distributed import DistInfo, all_gather_cat, broadcast_object, sync_buffers
+from protoclip.train.methods.base import EpisodeData, Method, MultiView, register
+
+log = logging.getLogger(__name__)
+
+
+class ImageEncoder(nn.Module):
+    """h = normalize(g^I(f^I(x))): the PCL encoder inside a ProtoCLIPModel (shares its modules)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.visual, self.head = model.clip.visual, model.image_head
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return F.normalize(self.head(self.visual(images)), dim=-1)
+
+
+def cluster_counts(cfg: TrainConfig, n: int) -> list[int]:
+    """The K list: ``pcl.num_clusters`` or ``n / samples_per_cluster`` (each at least 2, at most n)."""
+    ks = cfg.pcl.num_clusters or [int(round(n / f)) for f in cfg.pcl.samples_per_cluster]
+    return [int(min(max(k, 2), n)) for k in ks]
+
+
+@register("pcl")
+class PCLMethod(Method):
+    image_only = True  # evaluation reports zero-shot / retrieval as not applicable (evaluate.stage)
+
+    def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
+        super().__init__(cfg, info)
+        self._online: ImageEncoder | None = None
+        self._key: MomentumEncoder | None = None
+        self._queue: FeatureQueue | None = None
+        self._pending: dict | None = None
+        self._keys: torch.Tensor | None = None
+        self._diag: dict[str, float] = {}
+
+    # ---- model and data ----
+    @classmethod
+    def train_transform(cls, cfg: TrainConfig, image_size: int) -> Callable:
+        from protoclip.data.transforms import eval_transform, train_transform
+
+        aug = train_transform(image_size, cfg.augmentation)
+        return MultiView(aug, aug, eval_transform(image_size))  # query view, key view, centre crop (E-step)
+
+    def _setup(self, model: nn.Module, device: torch.device) -> None:
+        """Build the key encoder (a copy of the online one) and the queue once; load a resumed state."""
+        if self._key is not None:
+            return
+        self._online = ImageEncoder(model)
+        self._key = MomentumEncoder(self._online, self.cfg.pcl.momentum).to(device)
+        self._queue = FeatureQueue(self.cfg.pcl.queue_size, self.cfg.head_out, seed=self.cfg.seed).to(device)
+        if self._pending is not None:
+            self._key.load_state_dict(self._pending["key_encoder"])
+            self._queue.load_state_dict(self._pending["queue"])
+            self._pending = None
+
+    # ---- per step ----
+    def outputs(self) -> set[str]:
+        return {"h_image", "h_key"}
+
+    def find_unused_parameters(self) -> bool:
+        return True  # the text tower and the temperatures get no gradient
+
+    def forward(self, model: nn.Module, images: Any, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self._key is None:
+            self._setup(model, images[0].device)
+        query, key = images[0], images[1]
+        h = model.image_head(model.encode_image(query))
+        with torch.no_grad():
+            k = self._key(key)
+        return {"h_image": h, "h_key": k.detach()}
+
+    def begin_episode(self, model: nn.Module, data: EpisodeData, episode: int
+                      ) -> tuple[Any, dict[str, float], dict[str, float]]:
+        self._setup(model, data.device)
+        if episode < self.cfg.pcl.infonce_only_episodes:
+            return None, {"pcl_warmup": 1.0}, {}
+        t0 = time.perf_counter()
+        feats = self._extract(data, episode)
+        t_extract = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cl = None
+        if data.info.is_main:
+            ks = cluster_counts(self.cfg, feats.shape[0])
+            # k-means seeds: a pure function of (seed, episode) so a resumed run redraws the same ones
+            cl = build_clusterings(feats, ks, self.cfg.pcl.tau, iters=self.cfg.pcl.kmeans_iters,
+                                   nredo=self.cfg.pcl.kmeans_redo, seed=self.cfg.seed * 100_003 + 1000 * episode,
+                                   backend=self.cfg.kmeans.backend, alpha=self.cfg.pcl.phi_alpha)
+            if data.info.enabled:
+                cl = cl.to("cpu")
+        cl = broadcast_object(cl, data.info).to(data.device)
+        return cl, {"pcl_warmup": 0.0, **cl.stats}, {"extract": t_extract, "kmeans": time.perf_counter() - t0}
+
+    @torch.no_grad()
+    def _extract(self, data: EpisodeData, episode: int) -> torch.Tensor:
+        """Key-encoder features [m, d] of the centre crops of every episode item (eval mode), episode order."""
+        sync_buffers(self._key, data.info)
+        was = self._key.training
+        self._key.eval()
+        feats, poss = [], []
+        try:
+            for images, _tokens, pos in tqdm(data.loader, desc=f"pcl E-step {episode}", leave=False,
+                                             disable=not data.info.is_main):
+                with data.autocast():
+                    feats.append(self._key(images[2].to(data.device, non_blocking=True)).float())
+                poss.append(pos.to(data.device))
+        finally:
+            self._key.train(was)
+        f, pos = all_gather_cat(torch.cat(feats), data.info), all_gather_cat(torch.cat(poss), data.info)
+        out = torch.empty((len(data.indices), f.shape[1]), dtype=torch.float32, device=f.device)
+        out[pos] = f  # DDP padding duplicates write the same row twice
+        return F.normalize(out, dim=1)
+
+    def terms(self, model: nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
+              state: Clusterings | None) -> dict[str, torch.Tensor]:
+        q = F.normalize(out["h_image"].float(), dim=1)
+        k = out["h_key"].float()
+        self._keys = k
+        terms = infonce(q, k, self._queue.keys(), self.cfg.pcl.tau)
+        self._diag = {}
+        if state is not None:
+            pn = protonce(q, positions, state, self.cfg.pcl.negatives, None, self.cfg.pcl.mask_duplicate_pos)
+            terms["protonce"] = pn["protonce"]
+            self._diag["protonce_acc"] = float(pn["protonce_acc"])
+            if self.cfg.pauc.enabled:
+                a = self.cfg.pauc
+                terms.update(pauc_loss(q, positions, state, s=a.s, t=a.t, tau_c=a.tau_c, align_mode=a.align_mode,
+                                       v2=k if a.align_mode == "two_view" else None, unif_log=a.unif_log))
+        return terms
+
+    def weights(self) -> dict[str, float]:
+        p, a = self.cfg.pcl, self.cfg.pauc
+        return {"infonce": p.infonce_weight, "protonce": p.protonce_weight, "pauc_align": a.alpha,
+                "pauc_unif": a.beta, "pauc_corr": a.gamma}
+
+    def total(self, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+        w = self.weights()
+        return sum(w[name] * value for name, value in terms.items() if name in w)
+
+    def diagnostics(self) -> dict[str, float]:
+        return dict(self._diag)
+
+    def after_step(self, model: nn.Module) -> None:
+        self._key.update(self._online)
+        if self._keys is not None:
+            self._queue.enqueue(all_gather_cat(self._keys.detach(), self.info))
+            self._keys = None
+
+    # ---- checkpointed state: key encoder + queue ----
+    def state_dict(self) -> dict[str, Any]:
+        if self._key is None:
+            return dict(self._pending or {})
+        return {"key_encoder": self._key.state_dict(), "queue": self._queue.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        if set(state) != {"key_encoder", "queue"}:
+            raise ValueError(f"method 'pcl': unexpected state keys {sorted(state)}")
+        if self._key is None:
+            self._pending = state
+        else:
+            self._key.load_state_dict(state["key_encoder"])
+            self._queue.load_state_dict(state["queue"])

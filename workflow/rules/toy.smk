@@ -1,0 +1,15 @@
+rule toy_nemd:
+    """PAUC's NEMD toy experiment (pauc-nemd Fig. 2): PCL vs PAUC on 3-D Gaussian blobs, ~1-2 min on 2 CPU cores."""
+    output:
+        **outputs(STAGES["toy_nemd"].targets),
+    conda:
+        "../../environment.yml"
+    log:
+        "logs/toy_nemd.log",
+    benchmark:
+        "benchmarks/toy_nemd.tsv"
+    params:
+        settings=settings(PROJECT.toy),
+        cmd=STAGES["toy_nemd"].cmd,
+    shell:
+        "{params.cmd} 2>&1 | tee {log}"
