@@ -60,7 +60,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Pr
     payload = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file (format={payload.get('format') if isinstance(payload, dict) else None!r})")
-    model = build_model(payload["model_name"], head_hidden=payload["head_hidden"], head_out=payload["head_out"])
+    model = build_model(payload["model_name"], head_hidden=payload["head_hidden"], head_out=payload["head_out"],
+                        embed_dim=payload.get("embed_dim"), context_length=payload.get("context_length"))
     model.load_state_dict(payload["state_dict"], strict=True)
     model.to(device).eval()
     return model, json.loads(payload["config_json"])

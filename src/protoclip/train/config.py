@@ -32,6 +32,8 @@ class TrainConfig:
     name: str = "run"  # set from the run's key in the experiment file
     method: Literal["clip", "protoclip"] = "protoclip"  # clip = same trainer, prototype terms off
     model: str = "tiny-rn"  # open_clip model config: RN50, RN101, ViT-B-32, or a shipped tiny config
+    embed_dim: int | None = None  # d_z; null = open_clip's config (RN50 1024, RN101 512; Table I: RN101 1024)
+    context_length: int | None = None  # text tokens; null = open_clip's config (77; paper Sec. IV-A1: 76)
     head_hidden: int = 2048  # projection heads g^I, g^T: SwAV 2-layer MLP
     head_out: int = 128  # d_h
     data: list[str] = field(default_factory=lambda: ["offline"])  # pretraining sources: 'offline' and/or user_data names

@@ -93,8 +93,10 @@ def train_run(cfg: ProjectConfig, run: str, tracker: Tracker, resume: bool = Fal
     info = env_world()
     seed_everything(tcfg.seed)  # same seed on every rank: identical initial weights
     model = build_model(tcfg.model, head_hidden=tcfg.head_hidden, head_out=tcfg.head_out,
-                        init_temperature=tcfg.loss.init_temperature)
-    dataset, ids = build_dataset(cfg, layout, tcfg, model.image_size, get_tokenizer(tcfg.model))
+                        init_temperature=tcfg.loss.init_temperature, embed_dim=tcfg.embed_dim,
+                        context_length=tcfg.context_length)
+    dataset, ids = build_dataset(cfg, layout, tcfg, model.image_size,
+                                 get_tokenizer(tcfg.model, context_length=model.context_length))
     teacher = load_teacher(layout, tcfg, ids) if uses_teacher(tcfg) else None
     model = train(model, dataset, tcfg, layout, run, teacher=teacher, tracker=tracker, resume=resume)
     out = layout.model(run)
