@@ -41,7 +41,8 @@ class TrainConfig:
     epochs: float = 32.0  # n_epoch; n_episode = epochs * M / episode_size
     episode_size: int = 200_000  # m (Table I)
     batch_size: int = 512  # Table I; per process under DDP (global batch = batch_size x world size, as open_clip)
-    warmup_episodes: int = 40  # Table I
+    warmup_episodes: int = 40  # Table I (stated for m = 200k); used when warmup_samples is null
+    warmup_samples: int | None = None  # warm-up in samples, independent of m (paper configs: 40 x 200k = 8M)
     lr: float = 5e-4  # Table I, cosine decay
     weight_decay: float = 0.5  # Table I; none on temperatures, biases, norms
     betas: tuple[float, float] = (0.9, 0.999)  # Table I
@@ -63,8 +64,8 @@ class TrainConfig:
             raise ValueError("episode_size and batch_size must be >= 1")
         if self.epochs <= 0 or self.lr <= 0 or self.grad_clip <= 0 or self.log_every < 1:
             raise ValueError("epochs, lr, grad_clip must be > 0 and log_every >= 1")
-        if self.warmup_episodes < 0 or self.weight_decay < 0:
-            raise ValueError("warmup_episodes and weight_decay must be >= 0")
+        if self.warmup_episodes < 0 or self.weight_decay < 0 or (self.warmup_samples or 0) < 0:
+            raise ValueError("warmup_episodes, warmup_samples and weight_decay must be >= 0")
         if self.kmeans.images_per_prototype < 1 or self.kmeans.iters < 0 or (
                 self.kmeans.n_clusters is not None and self.kmeans.n_clusters < 1):
             raise ValueError("kmeans.images_per_prototype and kmeans.n_clusters must be >= 1, kmeans.iters >= 0")

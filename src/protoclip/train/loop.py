@@ -167,7 +167,8 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     m = episode_size_for(cfg.episode_size, M)
     sched = Schedule.build(base_lr=cfg.lr, epochs=cfg.epochs, dataset_size=M, episode_size=m,
                            batch_size=cfg.batch_size, warmup_episodes=cfg.warmup_episodes,
-                           lock_image_epoch=cfg.lock_image_epoch, world_size=info.world_size)
+                           lock_image_epoch=cfg.lock_image_epoch, world_size=info.world_size,
+                           warmup_samples=cfg.warmup_samples)
     autocast = autocast_factory(cfg.precision, device)
     run_dir, ckpt_path = layout.run_dir(run), layout.checkpoint(run)
     tlog = TrainLog(layout.train_log(run), enabled=info.is_main)
