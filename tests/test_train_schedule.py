@@ -95,3 +95,23 @@ def test_warmup_in_samples_does_not_depend_on_episode_size():
     # DDP: samples are global, so the steps shrink with the world size
     assert Schedule.build(episode_size=200_000, warmup_samples=8_000_000, world_size=4,
                           **kw).warmup_steps == math.ceil(8_000_000 / 2048)
+
+
+def test_early_stop_rule_known_answers():
+    from protoclip.train.schedule import early_stop_update
+
+    state = None
+    seen = []
+    for v in [3.0, 2.5, 2.6, 2.5, float("nan"), 2.4, 2.45, 2.41, 2.40]:
+        state = early_stop_update(state, v, patience=3, min_delta=0.0)
+        seen.append((state["best"], state["bad"], state["stopped"]))
+    assert seen == [(3.0, 0, False), (2.5, 0, False), (2.5, 1, False), (2.5, 2, False),  # equal is no gain
+                    (2.5, 2, False),  # NaN: neither improves nor counts
+                    (2.4, 0, False), (2.4, 1, False), (2.4, 2, False), (2.4, 3, True)]
+    assert early_stop_update(state, 0.1, patience=3)["stopped"]  # once stopped, stays stopped
+    # min_delta: an improvement must beat the best by more than min_delta
+    s = early_stop_update(None, 1.0, patience=1, min_delta=0.1)
+    assert early_stop_update(s, 0.95, patience=1, min_delta=0.1)["stopped"]
+    assert not early_stop_update(s, 0.85, patience=1, min_delta=0.1)["stopped"]
+    with pytest.raises(ValueError, match="patience"):
+        early_stop_update(None, 1.0, patience=0)

@@ -28,6 +28,20 @@ class LossConfig:
 
 
 @dataclass
+class EarlyStopConfig:
+    """Early stop (ProtoCLIP Sec. IV-A2: "Same as XDC, we employ early stop to prevent over-fitting").
+
+    The paper gives no criterion, metric or patience; these are our choices. The monitored value is an
+    episode record of train_log.jsonl (default: the episode's mean training loss, the one signal every run
+    has without touching evaluation data, so no test-set tuning); see schedule.early_stop_update.
+    """
+    enabled: bool = True  # on, as in the paper
+    metric: str = "mean/loss"  # key of the episode record; lower is better
+    patience: int = 10  # episodes without improvement before stopping (2.5 % of a 400-episode CC run)
+    min_delta: float = 0.0  # an improvement must beat the best value by more than this
+
+
+@dataclass
 class TrainConfig:
     name: str = "run"  # set from the run's key in the experiment file
     method: Literal["clip", "protoclip"] = "protoclip"  # clip = same trainer, prototype terms off
@@ -51,6 +65,7 @@ class TrainConfig:
     lock_image_epoch: float | None = 16.0  # image-encoder LR -> 0 from this epoch (LiT); null = never
     augmentation: Literal["protoclip", "none", "simclr"] = "protoclip"  # Sec. IV-B3, Table XI
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     device: str = "auto"  # auto: cuda when available
@@ -69,6 +84,8 @@ class TrainConfig:
         if self.kmeans.images_per_prototype < 1 or self.kmeans.iters < 0 or (
                 self.kmeans.n_clusters is not None and self.kmeans.n_clusters < 1):
             raise ValueError("kmeans.images_per_prototype and kmeans.n_clusters must be >= 1, kmeans.iters >= 0")
+        if self.early_stop.patience < 1 or self.early_stop.min_delta < 0:
+            raise ValueError("early_stop.patience must be >= 1 and early_stop.min_delta >= 0")
         if self.loss.tau_y <= 0 or self.loss.init_temperature <= 0 or self.loss.max_logit_scale <= 1:
             raise ValueError("loss.tau_y and loss.init_temperature must be > 0, loss.max_logit_scale > 1")
         if min(self.loss.clip_weight, self.loss.proto_weight, self.loss.external_weight) < 0:

@@ -42,11 +42,11 @@ from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import (check_state_finite, kept_checkpoint, load_checkpoint, restore_rng,
                                        save_checkpoint)
 from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo, barrier, env_world, init_from_env, sync_buffers
+from protoclip.train.distributed import DistInfo, barrier, broadcast_object, env_world, init_from_env, sync_buffers
 from protoclip.train.episode import episode_loader, episode_size_for, extract_features, sample_episode
 from protoclip.train.logbook import TrainLog
 from protoclip.train.objective import Objective, build_episode_prototypes
-from protoclip.train.schedule import Schedule
+from protoclip.train.schedule import Schedule, early_stop_update
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
 
     model.to(device)
     optimizer = build_optimizer(model, cfg)
-    start_episode, step, prototypes = 0, 0, None
+    start_episode, step, prototypes, stop_state = 0, 0, None, None
     state = load_checkpoint(ckpt_path, map_location=device) if resume and ckpt_path.exists() else None
     if state is not None and state["extra"].get("config") != resume_key(cfg):
         # the workflow always passes --resume: a changed config must retrain, not continue (or, for a
@@ -186,6 +186,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_episode, step, prototypes = state["episode"], state["step"], state["prototypes"]
+        stop_state = state["extra"].get("early_stop")
         restore_rng(state["rng"])
         tlog.truncate_to(start_episode, step)
         log.info("resumed %s at episode %d / %d (step %d)", run, start_episode, sched.n_episodes, step)
@@ -215,6 +216,8 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     done_here = 0
     for episode in tqdm(range(start_episode, sched.n_episodes), desc=f"train {run}", disable=not info.is_main,
                         initial=start_episode, total=sched.n_episodes):
+        if stop_state is not None and stop_state["stopped"]:  # resuming a run that had stopped early
+            break
         times = {"extract": 0.0, "kmeans": 0.0, "pbt": 0.0, "train": 0.0}
         indices = sample_episode(M, m, cfg.seed, episode)
         loader = episode_loader(dataset, indices, info, cfg.batch_size, cfg.num_workers, device)
@@ -273,14 +276,22 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         # every rank checks (DDP keeps their weights identical), so all stop together instead of waiting at
         # the barrier for a rank 0 that refused to save
         check_state_finite(model, optimizer, step=step - 1, episode=episode, checkpoint=ckpt_path)
+        if cfg.early_stop.enabled:  # decided on rank 0 (episode means are per rank) and shared
+            stop_state = broadcast_object(early_stop_update(stop_state, ep_rec.get(cfg.early_stop.metric),
+                                                            cfg.early_stop.patience, cfg.early_stop.min_delta), info)
         if info.is_main:
             save_checkpoint(ckpt_path, model=model, optimizer=optimizer, episode=episode + 1, step=step,
                             prototypes=prototypes.to("cpu") if hasattr(prototypes, "to") else prototypes,
-                            extra={"run": run, "config": resume_key(cfg)})
+                            extra={"run": run, "config": resume_key(cfg), "early_stop": stop_state})
             tlog.append(ep_rec)
             tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=episode)
         barrier(info)
         done_here += 1
+        if stop_state is not None and stop_state["stopped"]:
+            log.info("early stop after episode %d: %s has not improved on %.6g for %d episodes", episode,
+                     cfg.early_stop.metric, stop_state["best"], stop_state["bad"])
+            tlog.append({"kind": "early_stop", "episode": episode, "step": step, **stop_state})
+            break
         if stop_after_episodes is not None and done_here >= stop_after_episodes:
             break
     return model

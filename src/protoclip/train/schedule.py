@@ -87,6 +87,27 @@ def image_lr_factor(step: int, batch_size: int, dataset_size: int, lock_image_ep
     return 0.0 if epoch_at_step(step, batch_size, dataset_size, world_size) >= lock_image_epoch else 1.0
 
 
+def early_stop_update(state: dict | None, value: float | None, patience: int, min_delta: float = 0.0) -> dict:
+    """One episode of the early-stop rule; returns the new state ``{"best", "bad", "stopped"}`` (JSON-able).
+
+    ProtoCLIP Sec. IV-A2: "Same as XDC, we employ early stop to prevent over-fitting", with no criterion
+    given. Our rule (a choice, documented in TrainConfig.early_stop): stop once the monitored episode value
+    (lower is better) has not improved on its best by more than ``min_delta`` for ``patience`` consecutive
+    episodes. A missing or non-finite value neither improves nor counts as a bad episode.
+    """
+    if patience < 1:
+        raise ValueError(f"patience must be >= 1, got {patience}")
+    new = {"best": None, "bad": 0, "stopped": False, **(state or {})}
+    if value is None or not math.isfinite(value) or new["stopped"]:
+        return new
+    if new["best"] is None or value < new["best"] - min_delta:
+        new["best"], new["bad"] = float(value), 0
+    else:
+        new["bad"] += 1
+    new["stopped"] = new["bad"] >= patience
+    return new
+
+
 @dataclass(frozen=True)
 class Schedule:
     """The resolved schedule of one run (all counts in optimizer steps)."""
