@@ -21,9 +21,11 @@ def steps(tf):
     return tf.transforms
 
 
-@pytest.mark.parametrize("kind,scale,jitter_p", [("simclr", (0.08, 1.0), 0.8), ("protoclip", (0.5, 1.0), 0.2),
-                                                 ("none", (0.9, 1.0), None)])
-def test_train_transform_parameters(kind, scale, jitter_p):
+@pytest.mark.parametrize("kind,scale,jitter_p,blur_p,kernel_224", [
+    ("simclr", (0.08, 1.0), 0.8, 0.5, 23), ("protoclip", (0.5, 1.0), 0.2, 0.2, 21), ("none", (0.9, 1.0), None, None, None)])
+def test_train_transform_parameters(kind, scale, jitter_p, blur_p, kernel_224):
+    # protoclip: megvii-research/protoclip src/open_clip/transform.py ('protoclip-light-augmentation');
+    # simclr: SimCLR appendix A (s = 1, blur p = 0.5, kernel 10 % of the side)
     tf = train_transform(24, kind)
     crop = next(s for s in steps(tf) if isinstance(s, T.RandomResizedCrop))
     assert crop.scale == scale and crop.size == (24, 24)
@@ -35,8 +37,14 @@ def test_train_transform_parameters(kind, scale, jitter_p):
     else:
         assert jit[0].p == jitter_p and gray[0].p == 0.2 and len(flips) == 1
         cj = jit[0].transf
-        assert cj.brightness == (0.6, 1.4) and cj.contrast == (0.6, 1.4) and cj.saturation == (0.6, 1.4)
-        assert cj.hue == (-0.1, 0.1)
+        for rng in (cj.brightness, cj.contrast, cj.saturation):
+            assert rng == pytest.approx((0.2, 1.8))  # strength 0.8
+        assert cj.hue == pytest.approx((-0.2, 0.2))
+        for size, kernel, sigma_max in ((224, kernel_224, 2.0), (24, 3, 2.0 * 24 / 224)):
+            blur = next(s for s in steps(train_transform(size, kind)) if isinstance(s, T.RandomApply)
+                        and isinstance(s.transforms[0], T.GaussianBlur))
+            assert blur.p == blur_p and blur.transforms[0].kernel_size == (kernel, kernel)
+            assert blur.transforms[0].sigma == pytest.approx((0.1 * size / 224, sigma_max))
     norm = steps(tf)[-1]
     assert isinstance(norm, T.Normalize) and tuple(norm.mean) == OPENAI_DATASET_MEAN
 

@@ -195,3 +195,28 @@ def test_tiny_models_are_cpu_sized(name):
         sum(v.float().mean() for v in out.values()).backward()
     gflop_at_128 = counter.get_total_flops() * 16 / 1e9
     assert 10 < gflop_at_128 < 100, gflop_at_128
+
+
+def test_embed_dim_and_context_length_overrides_round_trip(tmp_path):
+    # Table I: RN101's z^I is 1024-d (open_clip: 512); Sec. IV-A1: 76 text tokens (open_clip: 77)
+    from protoclip.models.build import architecture_overrides, model_config
+    rn101 = model_config("RN101")
+    assert rn101["embed_dim"] == 512 and rn101["text_cfg"]["context_length"] == 77  # why the overrides exist
+    assert architecture_overrides(rn101, 1024, 76) == {"embed_dim": 1024,
+                                                      "text_cfg": {**rn101["text_cfg"], "context_length": 76}}
+    assert architecture_overrides(rn101, None, None) == {} == architecture_overrides(rn101, 512, 77)
+    torch.manual_seed(0)
+    model = build_model("tiny-rn", head_hidden=32, head_out=8, embed_dim=96, context_length=20)
+    assert model.embed_dim == 96 and model.context_length == 20
+    tok = get_tokenizer("tiny-rn", context_length=model.context_length)
+    tokens = tok(["a red circle", " ".join(["word"] * 50)])
+    assert tokens.shape == (2, 20) and int(tokens[1, -1]) == tok.eot_token_id
+    model.eval()
+    out = model(torch.randn(2, 3, 64, 64), tokens)
+    assert out["z_image"].shape == (2, 96) and out["z_text"].shape == (2, 96) and out["h_text"].shape == (2, 8)
+    with pytest.raises(ValueError, match=r"tokens must be \[B, 20\]"):
+        model(torch.randn(2, 3, 64, 64), get_tokenizer("tiny-rn")(["a", "b"]))  # tokenizer and tower disagree
+    loaded, _ = load_model(save_model(tmp_path / "m.pt", model, {}))
+    assert (loaded.embed_dim, loaded.context_length) == (96, 20)
+    assert torch.equal(loaded(torch.zeros(1, 3, 64, 64), tokens[:1])["z_text"],
+                       model(torch.zeros(1, 3, 64, 64), tokens[:1])["z_text"])

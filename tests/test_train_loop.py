@@ -295,3 +295,24 @@ def test_check_state_finite_names_optimizer_state(tmp_path):
     (tmp_path / "last.pt").write_bytes(b"x")
     with pytest.raises(NonFiniteStateError, match="at the end of training; m.pt not saved.*kept at .*last.pt"):
         check_state_finite(model, opt, step=None, episode=None, checkpoint=tmp_path / "last.pt", what="m.pt")
+
+
+def test_early_stop_ends_the_run_and_a_resume_does_not_continue_it(tmp_path, pairs):
+    from protoclip.train.config import EarlyStopConfig
+
+    # min_delta larger than any loss change: episode 0 sets the best, episode 1 cannot beat it -> stop
+    cfg = tiny_config(method="clip", early_stop=EarlyStopConfig(enabled=True, patience=1, min_delta=1e9))
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    train(tiny_model(cfg), pairs, cfg, layout, "es")
+    assert [e["episode"] for e in read_log(layout.train_log("es"), "episode")] == [0, 1]  # of 4 scheduled
+    stop = read_log(layout.train_log("es"), "early_stop")
+    assert len(stop) == 1 and stop[0]["episode"] == 1 and stop[0]["bad"] == 1
+    ck = load_checkpoint(layout.checkpoint("es"))
+    assert ck["episode"] == 2 and ck["extra"]["early_stop"]["stopped"]
+    model = train(tiny_model(cfg), pairs, cfg, layout, "es", resume=True)  # the workflow always resumes
+    assert [e["episode"] for e in read_log(layout.train_log("es"), "episode")] == [0, 1]
+    assert all(torch.equal(v, ck["model"][k]) for k, v in model.state_dict().items())
+    # switched off, the same run trains every scheduled episode
+    off = tiny_config(method="clip", early_stop=EarlyStopConfig(enabled=False, patience=1, min_delta=1e9))
+    train(tiny_model(off), pairs, off, layout, "off")
+    assert len(read_log(layout.train_log("off"), "episode")) == 4

@@ -73,3 +73,45 @@ def test_schedule_paper_defaults():
     lock_step = math.ceil(16 * 2_500_000 / 512)  # first step at or after epoch 16
     assert s.image_lr(lock_step - 1) > 0 and s.image_lr(lock_step) == 0.0
     assert s.lr(lock_step) > 0  # only the image groups are locked
+
+
+def test_warmup_in_samples_does_not_depend_on_episode_size():
+    # Fig. 6(a): 1M pairs, 20 epochs, batch 512. Counted in episodes, 40 warm-up episodes at m = 500k are the
+    # whole run (40 episodes) and the LR never decays; counted in samples (40 x 200k) they are 8M samples
+    kw = dict(base_lr=5e-4, epochs=20, dataset_size=1_000_000, batch_size=512,
+              lock_image_epoch=None, warmup_episodes=40)
+    by_episodes = Schedule.build(episode_size=500_000, **kw)
+    assert by_episodes.warmup_steps >= by_episodes.total_steps  # the bug the rule fixes
+    steps = set()
+    for m in (50_000, 100_000, 200_000, 500_000, 1_000_000):
+        s = Schedule.build(episode_size=m, warmup_samples=8_000_000, **kw)
+        steps.add(s.warmup_steps)
+        assert s.warmup_steps == math.ceil(8_000_000 / 512) < s.total_steps
+        assert s.lr(s.total_steps - 1) < 0.01 * 5e-4  # the cosine decays to ~0 at the end
+    assert len(steps) == 1
+    # at m = 200k the rule is Table I's 40 episodes up to rounding of the last batch of each episode
+    t1 = Schedule.build(episode_size=200_000, **kw).warmup_steps
+    assert abs(t1 - math.ceil(8_000_000 / 512)) <= 40
+    # DDP: samples are global, so the steps shrink with the world size
+    assert Schedule.build(episode_size=200_000, warmup_samples=8_000_000, world_size=4,
+                          **kw).warmup_steps == math.ceil(8_000_000 / 2048)
+
+
+def test_early_stop_rule_known_answers():
+    from protoclip.train.schedule import early_stop_update
+
+    state = None
+    seen = []
+    for v in [3.0, 2.5, 2.6, 2.5, float("nan"), 2.4, 2.45, 2.41, 2.40]:
+        state = early_stop_update(state, v, patience=3, min_delta=0.0)
+        seen.append((state["best"], state["bad"], state["stopped"]))
+    assert seen == [(3.0, 0, False), (2.5, 0, False), (2.5, 1, False), (2.5, 2, False),  # equal is no gain
+                    (2.5, 2, False),  # NaN: neither improves nor counts
+                    (2.4, 0, False), (2.4, 1, False), (2.4, 2, False), (2.4, 3, True)]
+    assert early_stop_update(state, 0.1, patience=3)["stopped"]  # once stopped, stays stopped
+    # min_delta: an improvement must beat the best by more than min_delta
+    s = early_stop_update(None, 1.0, patience=1, min_delta=0.1)
+    assert early_stop_update(s, 0.95, patience=1, min_delta=0.1)["stopped"]
+    assert not early_stop_update(s, 0.85, patience=1, min_delta=0.1)["stopped"]
+    with pytest.raises(ValueError, match="patience"):
+        early_stop_update(None, 1.0, patience=0)

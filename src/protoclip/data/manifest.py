@@ -65,7 +65,7 @@ def to_frame(pairs: list[Pair]) -> pd.DataFrame:
 
 
 def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
-    missing = [c for c in COLUMNS if c not in df.columns]
+    missing = [c for c in ("id", "path", "caption", "source", "split") if c not in df.columns]  # what readers use
     if missing:
         raise ValueError(f"manifest is missing columns {missing}")
     if df["id"].duplicated().any():
@@ -84,7 +84,7 @@ def read_manifest(path: str | Path) -> pd.DataFrame:
     except Exception as err:  # noqa: BLE001  pyarrow raises several types for a cut or foreign file
         raise ConfigError(f"{p}: not a readable manifest ({type(err).__name__}: {str(err)[:200]}); rebuild it "
                           "with `protoclip prepare`") from None
-    missing = [c for c in COLUMNS if c not in df.columns]
+    missing = [c for c in ("id", "path", "caption", "source", "split") if c not in df.columns]  # what readers use
     if missing:
         raise ConfigError(f"{p}: not a manifest of this version (missing columns {missing}); rebuild it with "
                           "`protoclip prepare`")

@@ -1,21 +1,31 @@
 """Image transforms for training and evaluation (ProtoCLIP Sec. IV-B3, Table XI).
 
-* ``simclr``: RandomResizedCrop(scale 0.08-1) + horizontal flip + ColorJitter(0.4, 0.4, 0.4, 0.1)
-  with p=0.8 + grayscale p=0.2 (SimCLR's recipe without blur, as the paper describes it);
-* ``protoclip``: the same with crop scale 0.5-1.0 and colour-jitter p=0.2 (the paper's two changes);
-* ``none``: RandomResizedCrop scale 0.9-1.0 only ("No Augmentation" in Table XI, open_clip's default
-  training crop).
+Sources. The paper (Sec. IV-B3) describes the ProtoCLIP augmentation only as SimCLR's with two changes:
+crop scale 0.5-1.0 instead of 0.08-1.0 and colour-jitter probability 0.2 instead of 0.8. The authors'
+code (megvii-research/protoclip, ``src/open_clip/transform.py``, augmentation
+``protoclip-light-augmentation``) fixes the rest, and ``protoclip`` here follows that code:
 
-All end with ToTensor and open_clip's OPENAI_DATASET_MEAN/STD normalisation. The colour-jitter and
-grayscale steps are open_clip's own ``color_jitter`` / ``gray_scale`` (probability wrappers);
-``eval_transform`` is open_clip's ``image_transform(is_train=False)`` (resize shortest side + centre
-crop). Images are converted to RGB first.
+* ``protoclip``: RandomResizedCrop(scale 0.5-1.0, bicubic) + horizontal flip + ColorJitter(0.8, 0.8,
+  0.8, 0.2) with p=0.2 + grayscale p=0.2 + GaussianBlur(kernel 21, sigma 0.1-2.0) with p=0.2 (the
+  authors' code; its blur p=0.2 is a third change to SimCLR's p=0.5 that the paper does not mention);
+* ``simclr``: SimCLR's ImageNet recipe (Chen et al. 2020, appendix A, colour strength s = 1):
+  RandomResizedCrop(scale 0.08-1.0) + flip + ColorJitter(0.8, 0.8, 0.8, 0.2) with p=0.8 + grayscale
+  p=0.2 + GaussianBlur (kernel 10 % of the image side, sigma 0.1-2.0) with p=0.5 ("SimCLR Augmentation"
+  of Table XI; the authors' code does not include it);
+* ``none``: RandomResizedCrop scale 0.9-1.0 only ("No Augmentation" in Table XI; the authors' code and
+  open_clip's default training crop).
+* ``mocov2`` (for the image-only methods): MoCo v2's augmentation, which PCL v2 and PAUC use
+  [pcl-protonce.txt Sec. 4; ref-code facebookresearch/moco main_moco.py ``--aug-plus``]:
+  RandomResizedCrop(scale 0.2-1) + ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8 + grayscale p=0.2 + Gaussian blur
+  (sigma 0.1-2 at 224 px, p=0.5; kernel 10 % of the side, SimCLR's) + horizontal flip, in MoCo's order.
+  Two-view methods draw it twice per image (``protoclip.train.methods.base.MultiView``).
 
-``mocov2`` (for the image-only methods) is MoCo v2's augmentation, which PCL v2 and PAUC use [pcl-protonce.txt
-Sec. 4; ref-code facebookresearch/moco main_moco.py ``--aug-plus``]: RandomResizedCrop(scale 0.2-1) +
-ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8 + grayscale p=0.2 + Gaussian blur (sigma 0.1-2, p=0.5; kernel ~10%
-of the image side, SimCLR's) + horizontal flip. Two-view methods draw it twice per image
-(``protoclip.train.methods.base.MultiView``).
+Blur at other sizes than 224 px: the kernel (21 px at 224 in the authors' code, 10 % of the side in
+SimCLR) and sigma range scale with ``image_size / 224`` so that a 64 px CPU run gets the same relative blur
+(kernel forced odd and >= 3). All end with ToTensor and open_clip's OPENAI_DATASET_MEAN/STD normalisation.
+The colour-jitter and grayscale steps are open_clip's own ``color_jitter`` / ``gray_scale`` (probability
+wrappers); ``eval_transform`` is open_clip's ``image_transform(is_train=False)`` (resize shortest side +
+centre crop). Images are converted to RGB first.
 """
 from __future__ import annotations
 
@@ -28,10 +38,21 @@ from torchvision import transforms as T
 Kind = Literal["protoclip", "none", "simclr", "mocov2"]
 CROP_SCALE = {"simclr": (0.08, 1.0), "protoclip": (0.5, 1.0), "none": (0.9, 1.0), "mocov2": (0.2, 1.0)}
 JITTER_P = {"simclr": 0.8, "protoclip": 0.2, "mocov2": 0.8}
-BLUR_P = {"mocov2": 0.5}  # MoCo v2: GaussianBlur([.1, 2.]) with p=0.5
-BLUR_SIGMA = (0.1, 2.0)
-JITTER = (0.4, 0.4, 0.4, 0.1)  # brightness, contrast, saturation, hue (SimCLR)
-GRAY_P = 0.2
+# brightness, contrast, saturation, hue: SimCLR s = 1 and the authors' code; MoCo v2's weaker jitter
+JITTER = {"simclr": (0.8, 0.8, 0.8, 0.2), "protoclip": (0.8, 0.8, 0.8, 0.2), "mocov2": (0.4, 0.4, 0.4, 0.1)}
+GRAY_P = 0.2  # SimCLR, MoCo v2 and the authors' code
+BLUR_P = {"simclr": 0.5, "protoclip": 0.2, "mocov2": 0.5}  # SimCLR (ImageNet); the authors' code; MoCo v2
+# at 224 px: SimCLR 10 % of the side (odd), also used for MoCo v2's PIL blur; authors' code 21
+BLUR_KERNEL_224 = {"simclr": 23, "protoclip": 21, "mocov2": 23}
+BLUR_SIGMA_224 = (0.1, 2.0)  # SimCLR, MoCo v2 and torchvision's GaussianBlur default (the authors' code)
+
+
+def gaussian_blur(image_size: int, kind: Kind) -> T.RandomApply:
+    """The blur step of ``kind`` at ``image_size`` px (kernel and sigma scaled from 224 px, see module doc)."""
+    scale = image_size / 224
+    kernel = max(3, int(round(BLUR_KERNEL_224[kind] * scale)) | 1)
+    sigma = (BLUR_SIGMA_224[0] * scale, BLUR_SIGMA_224[1] * scale)
+    return T.RandomApply([T.GaussianBlur(kernel, sigma=sigma)], p=BLUR_P[kind])
 
 
 def train_transform(image_size: int, kind: Kind = "protoclip") -> Callable:
@@ -42,12 +63,11 @@ def train_transform(image_size: int, kind: Kind = "protoclip") -> Callable:
                    T.RandomResizedCrop(image_size, scale=CROP_SCALE[kind],
                                        interpolation=T.InterpolationMode.BICUBIC)]
     if kind == "mocov2":  # MoCo v2's order: crop, jitter, grayscale, blur, flip
-        kernel = max(3, int(0.1 * image_size) // 2 * 2 + 1)  # odd, ~10% of the side (SimCLR)
-        steps += [color_jitter(*JITTER, p=JITTER_P[kind]), gray_scale(p=GRAY_P),
-                  T.RandomApply([T.GaussianBlur(kernel, sigma=BLUR_SIGMA)], p=BLUR_P[kind]),
+        steps += [color_jitter(*JITTER[kind], p=JITTER_P[kind]), gray_scale(p=GRAY_P), gaussian_blur(image_size, kind),
                   T.RandomHorizontalFlip()]
     elif kind != "none":
-        steps += [T.RandomHorizontalFlip(), color_jitter(*JITTER, p=JITTER_P[kind]), gray_scale(p=GRAY_P)]
+        steps += [T.RandomHorizontalFlip(), color_jitter(*JITTER[kind], p=JITTER_P[kind]), gray_scale(p=GRAY_P),
+                  gaussian_blur(image_size, kind)]
     steps += [T.ToTensor(), T.Normalize(OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)]
     return T.Compose(steps)
 
@@ -57,4 +77,4 @@ def eval_transform(image_size: int) -> Callable:
     return image_transform(image_size, is_train=False)
 
 
-__all__ = ["Kind", "train_transform", "eval_transform", "CROP_SCALE", "JITTER_P"]
+__all__ = ["Kind", "train_transform", "eval_transform", "gaussian_blur", "CROP_SCALE", "JITTER_P", "BLUR_P"]

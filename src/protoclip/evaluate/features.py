@@ -183,7 +183,7 @@ class FeatureExtractor:
         self._model, config = load_model(self.model_path, self.device)
         self._model.eval()
         self.similarity, self.subspheres = similarity_kind(config) if "method" in config else ("cosine", 1)
-        self.tokenizer = get_tokenizer(self._model.name)
+        self.tokenizer = get_tokenizer(self._model.name, context_length=self._model.context_length)
         self.transform = eval_transform(self._model.image_size)
 
     @property

@@ -53,6 +53,26 @@ def _image_size(cfg: dict) -> int:
     return int(size)
 
 
+def architecture_overrides(cfg: dict, embed_dim: int | None, context_length: int | None) -> dict:
+    """open_clip ``create_model`` keyword overrides for a changed d_z and/or text context length.
+
+    open_clip merges these keys *shallowly* into the model config, so a new context length is passed as a
+    whole ``text_cfg`` with only ``context_length`` changed. Why they exist: ProtoCLIP Table I / Sec. IV-C2
+    give RN101 a 1024-d z^I where open_clip's RN101 config has 512, and Sec. IV-A1 sets the text
+    "max sequence length" to 76 where open_clip (and OpenAI CLIP) use 77.
+    """
+    out: dict = {}
+    if embed_dim is not None and embed_dim != cfg["embed_dim"]:
+        if embed_dim < 1:
+            raise ValueError(f"embed_dim must be >= 1, got {embed_dim}")
+        out["embed_dim"] = int(embed_dim)
+    if context_length is not None and context_length != cfg["text_cfg"].get("context_length", 77):
+        if context_length < 2:
+            raise ValueError(f"context_length must be >= 2 (start and end tokens), got {context_length}")
+        out["text_cfg"] = {**cfg["text_cfg"], "context_length": int(context_length)}
+    return out
+
+
 def build_model(
     name: str,
     head_hidden: int = 2048,
@@ -61,16 +81,23 @@ def build_model(
     device: str | torch.device = "cpu",
     head: str = "swav",
     class_tokens: int = 0,
+    embed_dim: int | None = None,
+    context_length: int | None = None,
 ) -> ProtoCLIPModel:
     """A randomly initialised :class:`ProtoCLIPModel` of open_clip architecture ``name`` (fp32).
 
     ``head``: ``swav`` (ProtoCLIP) or ``nclip`` (nCLIP/xCLIP heads). ``class_tokens`` m >= 1: multi-class-token
-    towers (:mod:`protoclip.models.multitoken`; ViT configs only), z = m tokens x embed_dim; 0 = open_clip's."""
+    towers (:mod:`protoclip.models.multitoken`; ViT configs only), z = m tokens x embed_dim; 0 = open_clip's.
+    ``embed_dim`` (d_z per token) and ``context_length`` override open_clip's config when given (see
+    :func:`architecture_overrides`); the tokenizer must then be built with the same context length
+    (:func:`get_tokenizer` with ``context_length=model.context_length``).
+    """
     cfg = model_config(name)
+    overrides = architecture_overrides(cfg, embed_dim, context_length)
     # pretrained=None and pretrained_image/text False: random init, nothing is fetched
     clip = open_clip.create_model(name, pretrained=None, pretrained_image=False, pretrained_text=False, device=device,
-                                  force_custom_text=class_tokens > 0)
-    embed_dim = cfg["embed_dim"]
+                                  force_custom_text=class_tokens > 0, **overrides)
+    embed_dim = overrides.get("embed_dim", cfg["embed_dim"])
     if class_tokens > 0:
         from protoclip.models.multitoken import make_multitoken
 
@@ -85,8 +112,10 @@ def build_model(
     return model.to(device)
 
 
-def get_tokenizer(name: str) -> Callable[..., torch.Tensor]:
-    """open_clip's tokenizer for ``name`` (BPE for CLIP text towers), context length from the model config."""
+def get_tokenizer(name: str, context_length: int | None = None) -> Callable[..., torch.Tensor]:
+    """open_clip's tokenizer for ``name`` (BPE for CLIP text towers); the context length is the model
+    config's unless given (pass ``model.context_length`` for a model built with an override)."""
     cfg = model_config(name)
-    context_length = int(cfg["text_cfg"].get("context_length", 77))
-    return open_clip.get_tokenizer(name, context_length=context_length)
+    if context_length is None:
+        context_length = int(cfg["text_cfg"].get("context_length", 77))
+    return open_clip.get_tokenizer(name, context_length=int(context_length))

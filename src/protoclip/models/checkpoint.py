@@ -64,8 +64,12 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Pr
     payload = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file (format={payload.get('format') if isinstance(payload, dict) else None!r})")
+    class_tokens = int(payload.get("class_tokens", 0))
     model = build_model(payload["model_name"], head_hidden=payload["head_hidden"], head_out=payload["head_out"],
-                        head=payload.get("head", "swav"), class_tokens=int(payload.get("class_tokens", 0)))
+                        head=payload.get("head", "swav"), class_tokens=class_tokens,
+                        # model.embed_dim is m tokens x d_z for multi-token towers: rebuild from d_z
+                        embed_dim=payload.get("embed_dim") // max(class_tokens, 1) if payload.get("embed_dim") else None,
+                        context_length=payload.get("context_length"))
     model.load_state_dict(payload["state_dict"], strict=True)
     model.to(device).eval()
     return model, json.loads(payload["config_json"])

@@ -57,6 +57,11 @@ class TextTeacher:
     def dim(self) -> int:
         return int(self.model.config.hidden_size)
 
+    @property
+    def max_positions(self) -> int:
+        """The tokenizer's own length limit (CLIP: 77, RoBERTa: 512); a huge sentinel when it has none."""
+        return int(min(getattr(self.tokenizer, "model_max_length", 1 << 30), 1 << 30))
+
     def weights_sha256(self) -> str | None:
         return sha256_file(self.weights) if self.weights is not None and self.weights.is_file() else None
 
@@ -78,7 +83,7 @@ class TextTeacher:
         for start in tqdm(starts, desc=f"teacher {self.name}", unit="batch", disable=not progress or len(starts) < 2):
             idx = order[start:start + batch_size]
             batch = self.tokenizer([captions[i] for i in idx], padding=True, truncation=True,
-                                   max_length=max_length, return_tensors="pt").to(self.device)
+                                   max_length=min(max_length, self.max_positions), return_tensors="pt").to(self.device)
             states = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
             feats = F.normalize(mean_pool(states.float(), batch["attention_mask"]), dim=-1)
             out[idx] = feats.cpu().numpy()
@@ -127,6 +132,11 @@ def load_text_teacher(name: str, device: str = "auto") -> TextTeacher:
             f"not a local directory, and not in the local Hugging Face cache. Fetch it once where there is "
             f"internet (`huggingface-cli download {name}`) or set teacher.name to a local directory. ({err})"
         ) from None
+    if hasattr(model, "text_model") and hasattr(model, "vision_model"):
+        # a dual encoder (e.g. openai/clip-vit-base-patch32, the CLIP ViT-B/32 text teacher of Fig. 6(d)):
+        # keep its text transformer, mean-pooled like every other teacher (the paper does not say how it
+        # pooled CLIP's text tower; CLIP itself projects the end-of-text state)
+        model = model.text_model
     model.requires_grad_(False)
     model.eval().to(dev)
     log.info("teacher %s: %s, hidden %d, on %s", name, type(model).__name__, model.config.hidden_size, dev)

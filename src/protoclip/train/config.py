@@ -81,6 +81,20 @@ class PAUCConfig:
 
 
 @dataclass
+class EarlyStopConfig:
+    """Early stop (ProtoCLIP Sec. IV-A2: "Same as XDC, we employ early stop to prevent over-fitting").
+
+    The paper gives no criterion, metric or patience; these are our choices. The monitored value is an
+    episode record of train_log.jsonl (default: the episode's mean training loss, the one signal every run
+    has without touching evaluation data, so no test-set tuning); see schedule.early_stop_update.
+    """
+    enabled: bool = True  # on, as in the paper
+    metric: str = "mean/loss"  # key of the episode record; lower is better
+    patience: int = 10  # episodes without improvement before stopping (2.5 % of a 400-episode CC run)
+    min_delta: float = 0.0  # an improvement must beat the best value by more than this
+
+
+@dataclass
 class TrainConfig:
     name: str = "run"  # set from the run's key in the experiment file
     # training method (protoclip.train.methods): clip = same trainer, prototype terms off; nclip / xclip =
@@ -88,6 +102,8 @@ class TrainConfig:
     # pcl = image-only PCL/ProtoNCE (captions ignored)
     method: Literal["clip", "protoclip", "nclip", "xclip", "pcl"] = "protoclip"
     model: str = "tiny-rn"  # open_clip model config: RN50, RN101, ViT-B-32, or a shipped tiny config
+    embed_dim: int | None = None  # d_z; null = open_clip's config (RN50 1024, RN101 512; Table I: RN101 1024)
+    context_length: int | None = None  # text tokens; null = open_clip's config (77; paper Sec. IV-A1: 76)
     head_hidden: int = 2048  # projection heads g^I, g^T: SwAV 2-layer MLP
     head_out: int = 128  # d_h (nCLIP: K output units, paper 32768)
     class_tokens: int = 0  # m class tokens per tower (ViT models; temperature paper Multi(n, m)); 0 = open_clip's
@@ -99,7 +115,8 @@ class TrainConfig:
     epochs: float = 32.0  # n_epoch; n_episode = epochs * M / episode_size
     episode_size: int = 200_000  # m (Table I)
     batch_size: int = 512  # Table I; per process under DDP (global batch = batch_size x world size, as open_clip)
-    warmup_episodes: int = 40  # Table I
+    warmup_episodes: int = 40  # Table I (stated for m = 200k); used when warmup_samples is null
+    warmup_samples: int | None = None  # warm-up in samples, independent of m (paper configs: 40 x 200k = 8M)
     lr: float = 5e-4  # Table I, cosine decay
     weight_decay: float = 0.5  # Table I; none on temperatures, biases, norms
     betas: tuple[float, float] = (0.9, 0.999)  # Table I
@@ -108,6 +125,7 @@ class TrainConfig:
     lock_image_epoch: float | None = 16.0  # image-encoder LR -> 0 from this epoch (LiT); null = never
     augmentation: Literal["protoclip", "none", "simclr", "mocov2"] = "protoclip"  # Sec. IV-B3, Table XI; mocov2: PCL
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     nclip: NCLIPConfig = field(default_factory=NCLIPConfig)
     pcl: PCLConfig = field(default_factory=PCLConfig)  # method: pcl only
@@ -131,11 +149,13 @@ class TrainConfig:
             raise ValueError("episode_size and batch_size must be >= 1")
         if self.epochs <= 0 or self.lr <= 0 or self.grad_clip <= 0 or self.log_every < 1:
             raise ValueError("epochs, lr, grad_clip must be > 0 and log_every >= 1")
-        if self.warmup_episodes < 0 or self.weight_decay < 0:
-            raise ValueError("warmup_episodes and weight_decay must be >= 0")
+        if self.warmup_episodes < 0 or self.weight_decay < 0 or (self.warmup_samples or 0) < 0:
+            raise ValueError("warmup_episodes, warmup_samples and weight_decay must be >= 0")
         if self.kmeans.images_per_prototype < 1 or self.kmeans.iters < 0 or (
                 self.kmeans.n_clusters is not None and self.kmeans.n_clusters < 1):
             raise ValueError("kmeans.images_per_prototype and kmeans.n_clusters must be >= 1, kmeans.iters >= 0")
+        if self.early_stop.patience < 1 or self.early_stop.min_delta < 0:
+            raise ValueError("early_stop.patience must be >= 1 and early_stop.min_delta >= 0")
         if self.loss.tau_y <= 0 or self.loss.init_temperature <= 0 or self.loss.max_logit_scale <= 1:
             raise ValueError("loss.tau_y and loss.init_temperature must be > 0, loss.max_logit_scale > 1")
         if min(self.loss.clip_weight, self.loss.proto_weight, self.loss.external_weight) < 0:

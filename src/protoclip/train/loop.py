@@ -42,11 +42,11 @@ from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import (check_state_finite, kept_checkpoint, load_checkpoint, restore_rng,
                                        save_checkpoint)
 from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo, barrier, env_world, init_from_env, sync_buffers
+from protoclip.train.distributed import DistInfo, barrier, broadcast_object, env_world, init_from_env, sync_buffers
 from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
 from protoclip.train.logbook import TrainLog
 from protoclip.train.methods import EpisodeData, Method, build_method
-from protoclip.train.schedule import Schedule
+from protoclip.train.schedule import Schedule, early_stop_update
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,8 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     m = episode_size_for(cfg.episode_size, M)
     sched = Schedule.build(base_lr=cfg.lr, epochs=cfg.epochs, dataset_size=M, episode_size=m,
                            batch_size=cfg.batch_size, warmup_episodes=cfg.warmup_episodes,
-                           lock_image_epoch=cfg.lock_image_epoch, world_size=info.world_size)
+                           lock_image_epoch=cfg.lock_image_epoch, world_size=info.world_size,
+                           warmup_samples=cfg.warmup_samples)
     autocast = autocast_factory(cfg.precision, device)
     run_dir, ckpt_path = layout.run_dir(run), layout.checkpoint(run)
     tlog = TrainLog(layout.train_log(run), enabled=info.is_main)
@@ -178,7 +179,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     model.to(device)
     optimizer = build_optimizer(model, cfg)
     method = build_method(cfg, info)
-    start_episode, step, prototypes = 0, 0, None
+    start_episode, step, prototypes, stop_state = 0, 0, None, None
     state = load_checkpoint(ckpt_path, map_location=device) if resume and ckpt_path.exists() else None
     if state is not None and state["extra"].get("config") != resume_key(cfg):
         # the workflow always passes --resume: a changed config must retrain, not continue (or, for a
@@ -190,6 +191,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         optimizer.load_state_dict(state["optimizer"])
         start_episode, step, prototypes = state["episode"], state["step"], state["prototypes"]
         method.load_state_dict(state["extra"].get("method", {}))
+        stop_state = state["extra"].get("early_stop")
         restore_rng(state["rng"])
         tlog.truncate_to(start_episode, step)
         log.info("resumed %s at episode %d / %d (step %d)", run, start_episode, sched.n_episodes, step)
@@ -218,6 +220,8 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     done_here = 0
     for episode in tqdm(range(start_episode, sched.n_episodes), desc=f"train {run}", disable=not info.is_main,
                         initial=start_episode, total=sched.n_episodes):
+        if stop_state is not None and stop_state["stopped"]:  # resuming a run that had stopped early
+            break
         indices = sample_episode(M, m, cfg.seed, episode)
         loader = episode_loader(dataset, indices, info, cfg.batch_size, cfg.num_workers, device)
         prototypes, ep_stats, times = method.begin_episode(
@@ -267,14 +271,23 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         # every rank checks (DDP keeps their weights identical), so all stop together instead of waiting at
         # the barrier for a rank 0 that refused to save
         check_state_finite(model, optimizer, step=step - 1, episode=episode, checkpoint=ckpt_path)
+        if cfg.early_stop.enabled:  # decided on rank 0 (episode means are per rank) and shared
+            stop_state = broadcast_object(early_stop_update(stop_state, ep_rec.get(cfg.early_stop.metric),
+                                                            cfg.early_stop.patience, cfg.early_stop.min_delta), info)
         if info.is_main:
             save_checkpoint(ckpt_path, model=model, optimizer=optimizer, episode=episode + 1, step=step,
                             prototypes=prototypes.to("cpu") if hasattr(prototypes, "to") else prototypes,
-                            extra={"run": run, "config": resume_key(cfg), "method": method.state_dict()})
+                            extra={"run": run, "config": resume_key(cfg), "method": method.state_dict(),
+                                   "early_stop": stop_state})
             tlog.append(ep_rec)
             tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=episode)
         barrier(info)
         done_here += 1
+        if stop_state is not None and stop_state["stopped"]:
+            log.info("early stop after episode %d: %s has not improved on %.6g for %d episodes", episode,
+                     cfg.early_stop.metric, stop_state["best"], stop_state["bad"])
+            tlog.append({"kind": "early_stop", "episode": episode, "step": step, **stop_state})
+            break
         if stop_after_episodes is not None and done_here >= stop_after_episodes:
             break
     return model

@@ -16,7 +16,12 @@ Conventions (choices where the paper is silent, each tested in tests/test_train_
   open_clip); a short last batch is kept, so every sampled item is trained on.
 * warm-up + cosine: the formula of open_clip's ``cosine_lr`` (the codebase ProtoCLIP is built on):
   ``base * (step + 1) / warmup`` during warm-up, then ``0.5 * (1 + cos(pi * e / es)) * base``.
-  The warm-up length is ``warmup_episodes * steps_per_episode`` optimizer steps.
+  The warm-up length is ``ceil(warmup_samples / (batch * world))`` optimizer steps when
+  ``warmup_samples`` is set, else ``warmup_episodes * steps_per_episode``. Table I's "40 warm-up
+  episodes" are stated for m = 200k; counted in episodes, the warm-up would grow with m (at m = 500k,
+  Fig. 6(a), a 20-epoch run on 1M pairs has 40 episodes: all warm-up, the LR never decays). The paper
+  configs therefore fix the warm-up in samples, 40 x 200k = 8M (``warmup_samples: 8000000``), which
+  is Table I's warm-up at m = 200k and the same amount of data for every episode size.
 * epoch of a step (for locked-image tuning) = ``step * batch * world / M``: samples seen so far
   over the data set size; the image-encoder LR is zero for every step whose epoch is >= lock epoch.
 """
@@ -58,6 +63,17 @@ def warmup_cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: 
     return 0.5 * (1.0 + math.cos(math.pi * progress)) * base_lr
 
 
+def warmup_steps(warmup_episodes: int, steps_per_ep: int, warmup_samples: int | None, batch_size: int,
+                 world_size: int = 1) -> int:
+    """Warm-up length in optimizer steps: ``ceil(warmup_samples / (batch * world))`` when ``warmup_samples``
+    is given (independent of the episode size), else ``warmup_episodes * steps_per_episode``."""
+    if warmup_samples is not None:
+        if warmup_samples < 0:
+            raise ValueError(f"warmup_samples must be >= 0, got {warmup_samples}")
+        return math.ceil(warmup_samples / (batch_size * world_size))
+    return warmup_episodes * steps_per_ep
+
+
 def epoch_at_step(step: int, batch_size: int, dataset_size: int, world_size: int = 1) -> float:
     """Epochs of data seen before optimizer step ``step``: ``step * batch * world / M``."""
     return step * batch_size * world_size / dataset_size
@@ -69,6 +85,27 @@ def image_lr_factor(step: int, batch_size: int, dataset_size: int, lock_image_ep
     if lock_image_epoch is None:
         return 1.0
     return 0.0 if epoch_at_step(step, batch_size, dataset_size, world_size) >= lock_image_epoch else 1.0
+
+
+def early_stop_update(state: dict | None, value: float | None, patience: int, min_delta: float = 0.0) -> dict:
+    """One episode of the early-stop rule; returns the new state ``{"best", "bad", "stopped"}`` (JSON-able).
+
+    ProtoCLIP Sec. IV-A2: "Same as XDC, we employ early stop to prevent over-fitting", with no criterion
+    given. Our rule (a choice, documented in TrainConfig.early_stop): stop once the monitored episode value
+    (lower is better) has not improved on its best by more than ``min_delta`` for ``patience`` consecutive
+    episodes. A missing or non-finite value neither improves nor counts as a bad episode.
+    """
+    if patience < 1:
+        raise ValueError(f"patience must be >= 1, got {patience}")
+    new = {"best": None, "bad": 0, "stopped": False, **(state or {})}
+    if value is None or not math.isfinite(value) or new["stopped"]:
+        return new
+    if new["best"] is None or value < new["best"] - min_delta:
+        new["best"], new["bad"] = float(value), 0
+    else:
+        new["bad"] += 1
+    new["stopped"] = new["bad"] >= patience
+    return new
 
 
 @dataclass(frozen=True)
@@ -91,11 +128,14 @@ class Schedule:
 
     @classmethod
     def build(cls, *, base_lr: float, epochs: float, dataset_size: int, episode_size: int, batch_size: int,
-              warmup_episodes: int, lock_image_epoch: float | None, world_size: int = 1) -> "Schedule":
+              warmup_episodes: int, lock_image_epoch: float | None, world_size: int = 1,
+              warmup_samples: int | None = None) -> "Schedule":
         spe = steps_per_episode(episode_size, batch_size, world_size)
         return cls(base_lr=base_lr, dataset_size=dataset_size, episode_size=episode_size, batch_size=batch_size,
                    world_size=world_size, n_episodes=n_episodes(epochs, dataset_size, episode_size),
-                   steps_per_episode=spe, warmup_steps=warmup_episodes * spe, lock_image_epoch=lock_image_epoch)
+                   steps_per_episode=spe,
+                   warmup_steps=warmup_steps(warmup_episodes, spe, warmup_samples, batch_size, world_size),
+                   lock_image_epoch=lock_image_epoch)
 
     def lr(self, step: int) -> float:
         """LR of every non-image parameter group at ``step``."""

@@ -102,7 +102,8 @@ def train_run(cfg: ProjectConfig, run: str, tracker: Tracker, resume: bool = Fal
     info = env_world()
     seed_everything(tcfg.seed)  # same seed on every rank: identical initial weights
     model = method_class(tcfg.method).build_model(tcfg)
-    dataset, ids = build_dataset(cfg, layout, tcfg, model.image_size, get_tokenizer(tcfg.model))
+    dataset, ids = build_dataset(cfg, layout, tcfg, model.image_size,
+                                 get_tokenizer(tcfg.model, context_length=model.context_length))
     if info.rank == 0:
         log_training_data(cfg, layout, tcfg, tracker)
     teacher = load_teacher(layout, tcfg, ids) if tcfg.reads_teacher() else None
