@@ -96,7 +96,7 @@ def outputs(root: Path) -> dict[str, bytes]:
     out = {}
     for top in ("data/prepared", "results/runs", "results/tables"):
         for p in sorted((root / top).rglob("*")):
-            if p.is_file():
+            if p.is_file() and "checkpoints" not in p.parts:  # work in progress of --resume, not an output
                 out[str(p.relative_to(root))] = p.read_bytes()
     return out
 

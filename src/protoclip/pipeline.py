@@ -149,7 +149,8 @@ def eval_inputs(cfg, dataset: str) -> list[str]:
 # --------------------------------------------------------------------------- outputs (wildcard-safe)
 # These take names only, so the .smk rules can call them with "{run}" / "{dataset}" wildcards.
 def train_outs(lay: Layout, run: str) -> dict[str, Out]:
-    return {"model": Out(_s(lay.model(run))), "log": Out(_s(lay.train_log(run)))}
+    return {"model": Out(_s(lay.model(run))), "log": Out(_s(lay.train_log(run))),
+            "config": Out(_s(lay.run_dir(run) / "config.yaml"))}
 
 
 def eval_outs(lay: Layout, run: str, dataset: str) -> dict[str, Out]:
