@@ -5,7 +5,7 @@ CORES  ?= all
 BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint dry-run clean-results
+.PHONY: run pull checkout test lint dry-run clean-results
 
 # Create the virtual environment and install the package (re-done only when pyproject.toml changes).
 $(STAMP): pyproject.toml
@@ -15,8 +15,22 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: the whole Snakemake DAG on the offline default (prepare, teacher, train, evaluate, report).
+# On success the Snakefile's `onsuccess` records every output in dvc.lock (`dvc commit`): commit dvc.lock,
+# `dvc push` to share data and results.
 run: $(STAMP)
 	PATH=$(BIN):$$PATH snakemake --cores $(CORES) --resources gpu=0 --rerun-incomplete
+
+# After a fresh clone (or `git checkout` of another commit): data and results from the DVC remote / cache,
+# then Snakemake's file times and metadata set to match (README "DVC and Snakemake"), so `make run` reruns
+# nothing. Refuses when the outputs do not match dvc.lock (then `make run` recomputes what changed).
+pull: $(STAMP)
+	PATH=$(BIN):$$PATH dvc pull
+	$(MAKE) checkout
+
+checkout: $(STAMP)
+	PATH=$(BIN):$$PATH dvc checkout
+	PATH=$(BIN):$$PATH dvc status --quiet || { echo "outputs differ from dvc.lock: run 'make run'"; exit 1; }
+	PATH=$(BIN):$$PATH snakemake --touch --forceall --cores 1 --quiet
 
 # The tests (what CI runs through .ci/run).
 test: $(STAMP)

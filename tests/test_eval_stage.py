@@ -15,7 +15,8 @@ from protoclip.config import ConfigError, PathsConfig, ProjectConfig
 from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import LabelledSet, load_eval_set
 from protoclip.evaluate.features import FeatureExtractor, encode_images
-from protoclip.evaluate.stage import not_applicable, run_evaluate, static_tasks, summary_table
+from protoclip.evaluate.stage import not_applicable, run_collect, run_evaluate, static_tasks, summary_table
+from protoclip.hashing import sha256_file
 from protoclip.layout import Layout
 
 models = pytest.importorskip("protoclip.models")
@@ -89,7 +90,7 @@ def test_run_evaluate_end_to_end(project):
               ("clustering", "heldout_pairs"), ("nemd", "heldout_pairs"), ("tsne", "heldout_pairs"),
               ("retrieval", "coco")} | {(t, "cifar10") for t in
                                        ("zeroshot", "linear", "knn", "clustering", "nemd", "tsne")}
-    files = {(p.parent.name, p.stem) for p in (layout.run_dir(RUN) / "metrics").glob("*/*.json")}
+    files = {(task, ds) for task, ds, _ in layout.metrics_files(RUN)}
     assert files == expect
     assert layout.metrics_summary(RUN) in written
     for task, ds in expect:
@@ -116,7 +117,7 @@ def test_run_evaluate_end_to_end(project):
         if task == "nemd":
             assert 0.0 <= m["nemd"] <= 2.0 and 0.0 <= m["z_image"]["nemd"] <= 2.0
         if task == "tsne":
-            assert Path(m["figure"]).name == f"tsne_{ds}.png" and Path(m["figure"]).stat().st_size > 0
+            assert Path(m["figure"]) == layout.tsne_figure(RUN, ds) and Path(m["figure"]).stat().st_size > 0
     zs = json.loads(layout.metrics(RUN, "zeroshot", "digits").read_text())["metrics"]
     assert zs["n_classes"] == 10 and zs["top1"] <= zs["top5"]
     summary = json.loads(layout.metrics_summary(RUN).read_text())
@@ -158,21 +159,28 @@ def test_subset_logs_through_tracker(project, monkeypatch):
     calls = []
 
     @contextmanager
-    def fake_tracked_run(cfg_, run, stage):
-        calls.append((run, stage))
+    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
+        calls.append((run, model_sha256))
         yield tracker
 
-    monkeypatch.setattr("protoclip.evaluate.stage.tracked_run", fake_tracked_run)
+    monkeypatch.setattr("protoclip.evaluate.stage.evaluation_run", fake_evaluation_run)
     written = run_evaluate(cfg, RUN, tasks=["knn", "retrieval"], datasets=["digits", "heldout_pairs"])
-    assert calls == [(RUN, "evaluate")]
+    # the MLflow run is the one of the evaluated model (found by its sha256)
+    assert calls == [(RUN, sha256_file(layout.model(RUN)))]
+    # a job per set writes only its set's files; `protoclip collect` writes metrics.json
     assert {p.relative_to(layout.run_dir(RUN)).as_posix() for p in written} == {
-        "metrics/knn/digits.json", "metrics/knn/heldout_pairs.json", "metrics/retrieval/heldout_pairs.json",
-        "metrics.json"}
+        "eval/digits/knn.json", "eval/heldout_pairs/knn.json", "eval/heldout_pairs/retrieval.json"}
+    assert not layout.metrics_summary(RUN).exists()
+    assert json.loads(layout.eval_tasks(RUN, "heldout_pairs").read_text())["tasks"] == {"knn": "ran", "retrieval": "ran"}
+    run_collect(cfg, RUN)
+    summary = json.loads(layout.metrics_summary(RUN).read_text())
+    assert summary["knn"]["digits"]["top1"] == json.loads(layout.metrics(RUN, "knn", "digits").read_text())[
+        "metrics"]["top1"] and "top1" in summary["knn"]["heldout_pairs"]
+    # sets with no evaluation folder are reported skipped, with the reason
+    assert summary["zeroshot"]["cifar10"] == {"skipped": "skipped: cifar10 path not configured"}
     knn = json.loads(layout.metrics(RUN, "knn", "digits").read_text())["metrics"]
     assert tracker.metrics["eval/knn/digits/top1"] == knn["top1"]
     assert "eval/retrieval/heldout_pairs/image_to_text_R_at_1" in tracker.metrics  # '@' is not allowed in MLflow
-    assert str(layout.metrics_summary(RUN)) in tracker.artifacts
-    assert len(tracker.tags["protoclip.evaluate.model_sha256"]) == 64
 
 
 def test_unknown_names(project):
@@ -241,11 +249,12 @@ def test_heldout_without_labels_runs_retrieval_only(project, monkeypatch):
     df.to_parquet(layout.manifest)
 
     @contextmanager
-    def fake_tracked_run(cfg_, run, stage):
+    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
         yield RecordingTracker()
 
-    monkeypatch.setattr("protoclip.evaluate.stage.tracked_run", fake_tracked_run)
+    monkeypatch.setattr("protoclip.evaluate.stage.evaluation_run", fake_evaluation_run)
     written = run_evaluate(cfg, RUN, tasks=["knn", "clustering", "retrieval"], datasets=["heldout_pairs"])
-    assert {p.relative_to(layout.run_dir(RUN)).as_posix() for p in written} == {
-        "metrics/retrieval/heldout_pairs.json", "metrics.json"}
-    assert (layout.run_dir(RUN) / "figures").is_dir()  # a DVC output, present even without t-SNE
+    assert {p.relative_to(layout.run_dir(RUN)).as_posix() for p in written} == {"eval/heldout_pairs/retrieval.json"}
+    status = json.loads(layout.eval_tasks(RUN, "heldout_pairs").read_text())["tasks"]
+    assert status == {"retrieval": "ran", "knn": "not applicable: no train split",
+                      "clustering": "not applicable: empty test split"}

@@ -25,6 +25,7 @@ def make_project(tmp_path):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"metrics": metrics, "run": run}))
         skip = lay.metrics(run, "zeroshot", "cifar10")
+        skip.parent.mkdir(parents=True, exist_ok=True)
         skip.write_text(json.dumps({"skipped": "skipped: cifar10 not found at /nope"}))
         log = lay.train_log(run)
         log.write_text("\n".join(json.dumps({"kind": "step", "step": s, "loss": 5.0 - s}) for s in range(3))

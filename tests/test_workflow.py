@@ -1,4 +1,6 @@
-"""The Snakemake DAG and dvc.yaml run the same stage commands; the workflow lints clean."""
+"""The Snakemake DAG and dvc.yaml run the same stage commands on the same files; config overrides take effect
+in every command or stop the run naming the key; the workflow lints clean."""
+import json
 import re
 import subprocess
 import sys
@@ -23,18 +25,81 @@ def test_dvc_yaml_is_generated_from_the_config(monkeypatch):
     assert (REPO / "dvc.yaml").read_text() == expected, "dvc.yaml is stale: run `protoclip dvc-yaml`"
 
 
-def test_snakemake_and_dvc_run_the_same_commands():
-    dry = snakemake("-n", "-p", "--forceall", "--cores", "1")
+def dry_jobs(*args: str) -> dict[str, dict[str, list[str]]]:
+    """``snakemake -n -p`` -> {stage command: {"input": [...], "output": [...]}} of every job."""
+    dry = snakemake("-n", "-p", "--cores", "1", *args)
     assert dry.returncode == 0, dry.stderr + dry.stdout
-    # each rule's shell command is '<stage command> 2>&1 | tee <log>'
-    smk = {re.sub(r" 2>&1 \| tee \S+$", "", line.split("Shell command: ", 1)[1].strip())
-           for line in (dry.stdout + dry.stderr).splitlines() if "Shell command: protoclip" in line}
-    dvc = {stage["cmd"] for stage in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].values()}
-    assert smk == dvc
+    jobs = {}
+    for block in (dry.stdout + dry.stderr).split("\nrule ")[1:]:
+        fields = dict(re.findall(r"^    (input|output): (.*)$", block, flags=re.M))
+        cmd = re.search(r"^(?:Shell command: )?(protoclip .*?)(?: 2>&1 \| tee \S+)?$", block, flags=re.M)
+        if cmd:
+            jobs[cmd.group(1).strip()] = {k: v.split(", ") for k, v in fields.items()}
+    return jobs
+
+
+def test_snakemake_and_dvc_run_the_same_commands_on_the_same_files():
+    jobs = dry_jobs("--forceall")
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert set(jobs) == {stage["cmd"] for stage in stages.values()}
+    for stage in stages.values():
+        job = jobs[stage["cmd"]]
+        # inputs: DVC's deps are Snakemake's plus the code
+        assert sorted(job.get("input", [])) == sorted(d for d in stage["deps"] if d != "src/protoclip"), stage["cmd"]
+        assert "src/protoclip" in stage["deps"]
+        # outputs: each Snakemake output is (inside) a DVC out, each DVC out holds a Snakemake output
+        outs = [Path(o if isinstance(o, str) else next(iter(o))) for o in stage.get("outs", []) + stage.get("metrics", [])]
+        made = [Path(o) for o in job["output"]]
+        assert all(any(m == o or o in m.parents for o in outs) for m in made), (stage["cmd"], made, outs)
+        assert all(any(m == o or o in m.parents for m in made) for o in outs), (stage["cmd"], made, outs)
     cfg = load_config(REPO / CONFIG)
-    for run in cfg.run_names():  # every configured run is trained and evaluated
-        assert f"protoclip train --config {CONFIG} --run {run} --resume" in smk
-        assert f"protoclip evaluate --config {CONFIG} --run {run}" in smk
+    for run in cfg.run_names():  # every configured run is trained, evaluated per set and collected
+        assert f"protoclip train --config {CONFIG} --run {run} --resume" in jobs
+        assert f"protoclip evaluate --config {CONFIG} --run {run} --dataset heldout_pairs" in jobs
+        assert f"protoclip collect --config {CONFIG} --run {run}" in jobs
+
+
+def test_one_evaluation_job_per_run_and_existing_set(tmp_path):
+    ext = tmp_path / "cifar10"
+    ext.mkdir()
+    conf = tmp_path / "c.yaml"
+    conf.write_text(yaml.safe_dump({"evaluate": {"datasets": {"cifar10": {"kind": "torchvision", "path": str(ext)},
+                                                              "dtd": {"kind": "torchvision", "path": str(tmp_path / "no")}}}}))
+    jobs = dry_jobs("--forceall", "--configfile", str(conf))
+    evals = sorted(c.split("--dataset ")[1] for c in jobs if c.startswith("protoclip evaluate") and "--run clip_tiny" in c)
+    assert evals == ["cifar10", "digits", "fashion_mnist", "heldout_pairs"]  # dtd's path does not exist: no job
+    cifar = next(j for c, j in jobs.items() if c.endswith("--run clip_tiny --dataset cifar10"))
+    assert str(ext) in cifar["input"]  # a set added later is an input: its job appears, the others stay
+
+
+def test_config_override_reaches_every_command():
+    jobs = dry_jobs("--forceall", "--config", 'paths={"results_dir": "elsewhere"}')
+    resolved = REPO / ".snakemake/protoclip/config.yaml"
+    assert all(f"--config {resolved.relative_to(REPO)}" in cmd for cmd in jobs), list(jobs)
+    data = yaml.safe_load(resolved.read_text())
+    assert data["paths"]["results_dir"] == "elsewhere" and data["paths"]["data_dir"] == "data"
+    cfg = load_config(resolved)  # experiments still resolve (relative to the resolved file)
+    assert cfg.run_names() == load_config(REPO / CONFIG).run_names()
+    outputs = [o for j in jobs.values() for o in j["output"]]
+    assert "elsewhere/runs/clip_tiny/model.pt" in outputs and not any(o.startswith("results/") for o in outputs)
+
+
+def test_configfile_override_merges_onto_the_default(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"runs": {"solo": {"method": "clip", "teacher": None}}}))
+    conf = tmp_path / "other.yaml"
+    conf.write_text(yaml.safe_dump({"experiments": [exp.name], "teacher": {"pca_dim": 32}}))
+    jobs = dry_jobs("--forceall", "--configfile", str(conf))
+    assert "protoclip train --config .snakemake/protoclip/config.yaml --run solo --resume" in jobs
+    cfg = load_config(REPO / ".snakemake/protoclip/config.yaml")
+    assert cfg.run_names() == ["solo"] and cfg.teacher.pca_dim == 32
+    assert cfg.evaluate.datasets.keys() == load_config(REPO / CONFIG).evaluate.datasets.keys()  # from the default
+
+
+def test_bad_override_stops_naming_the_key():
+    dry = snakemake("-n", "--cores", "1", "--config", 'train={"lrr": 0.1}')
+    assert dry.returncode != 0
+    assert "unknown key 'train.lrr'" in dry.stdout + dry.stderr
 
 
 def test_dvc_outputs_do_not_overlap():
@@ -65,5 +130,6 @@ def test_gpu_runs_request_a_gpu(tmp_path):
     out = dry.stdout + dry.stderr
     assert dry.returncode == 0, out
     jobs = out.split("rule train:")[1:]
+    assert jobs
     res = {re.search(r"run=(\w+)", j).group(1): re.search(r"gpu=(\d)", j).group(1) for j in jobs}
     assert res == {"big": "1", "small": "0"}

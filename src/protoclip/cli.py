@@ -80,10 +80,12 @@ def main(argv: list[str] | None = None) -> int:
 
             run_collect(cfg, args.run)
         elif args.stage == "report":
+            from protoclip.layout import Layout
             from protoclip.report.tables import run_report
             from protoclip.tracking import log_report
 
             run_report(cfg)
+            Layout.from_config(cfg).figures.mkdir(parents=True, exist_ok=True)  # an output even with no figure
             log_report(cfg)  # the tables and figures as artifacts of a `report` MLflow run
         elif args.stage == "toy-nemd":
             from protoclip.toy.pauc_nemd import run_toy_nemd

@@ -52,6 +52,11 @@ class Stage:
     outs: list[Out] = field(default_factory=list)  # DVC outs (and metrics)
     targets: dict[str, Out] = field(default_factory=dict)  # Snakemake outputs by name, each inside an out
 
+    @property
+    def benchmark(self) -> str:
+        """Snakemake's benchmark file of the job (the rules' ``benchmark:`` pattern gives this name)."""
+        return f"benchmarks/{self.name}.tsv"
+
     def inputs(self) -> dict[str, list[str]]:
         """Snakemake ``input:`` (for ``unpack``)."""
         return {k: v for k, v in self.deps.items() if v}
@@ -144,7 +149,8 @@ def eval_inputs(cfg, dataset: str) -> list[str]:
 # --------------------------------------------------------------------------- outputs (wildcard-safe)
 # These take names only, so the .smk rules can call them with "{run}" / "{dataset}" wildcards.
 def train_outs(lay: Layout, run: str) -> dict[str, Out]:
-    return {"model": Out(_s(lay.model(run))), "log": Out(_s(lay.train_log(run)))}
+    return {"model": Out(_s(lay.model(run))), "log": Out(_s(lay.train_log(run))),
+            "config": Out(_s(lay.run_dir(run) / "config.yaml"))}
 
 
 def eval_outs(lay: Layout, run: str, dataset: str) -> dict[str, Out]:
@@ -220,7 +226,7 @@ def collect_stage(cfg, config_file: str, run: str) -> Stage:
 def report_stage(cfg, config_file: str) -> Stage:
     lay = Layout.from_config(cfg)
     runs = cfg.run_names()
-    outs = {"index": Out(_s(lay.tables / "index.md"))}
+    outs = {"index": Out(_s(lay.tables / "index.md")), "figures": Out(_s(lay.figures), directory=True)}
     return Stage("report", "report", stage_command("report", config_file),
                  {"summaries": [_s(lay.metrics_summary(r)) for r in runs],
                   "train_logs": [_s(lay.train_log(r)) for r in runs]}, [],
@@ -317,8 +323,8 @@ def restamp(stage_list: list[Stage]) -> None:
     now = time.time()
     for i, st in enumerate(stage_list):
         t = now - (len(stage_list) - i) * 0.01
-        for o in st.targets.values():
-            p = Path(o.path)
+        # Snakemake counts a job's benchmark file among its outputs' times (workflow/rules: benchmarks/<stage>.tsv)
+        for p in [Path(o.path) for o in st.targets.values()] + [Path(st.benchmark)]:
             files = [p] + (sorted(p.rglob("*")) if p.is_dir() else [])
             for f in files:
                 if f.exists():

@@ -261,7 +261,6 @@ def run_collect(cfg, run: str) -> Path:
     appears as ``{"skipped": "skipped: <set> not found at <path>"}`` under each of its tasks.
     """
     layout = Layout.from_config(cfg)
-    cfg.run(run)  # unknown run -> ConfigError
     summary = collect_run_metrics(layout, run)
     for name, ds_cfg in cfg.evaluate.datasets.items():
         if not layout.eval_dir(run, name).is_dir():
