@@ -183,3 +183,50 @@ def test_run_train_nclip_from_config_and_model_file(tmp_path):
     assert model.head == "nclip" and model.image_head.out_dim == 32
     assert similarity_kind(saved) == ("nclip_ce", 1)
     assert read_log(Layout.from_config(cfg).train_log("n"), "episode")[-1]["mean/nclip_he"] > 0
+
+
+@pytest.mark.parametrize("kind", ["nclip", "multitoken"])
+def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
+    """model.pt -> FeatureExtractor -> the stage's zero-shot and retrieval tasks score with the method's own
+    similarity (nCLIP -CE / summed per-token cosine), checked against scores computed here from the model."""
+    import numpy as np
+
+    from protoclip.config import to_dict
+    from protoclip.data.transforms import eval_transform
+    from protoclip.evaluate.config import EvaluateConfig
+    from protoclip.evaluate.datasets import ArraySplit, CaptionSet, LabelledSet
+    from protoclip.evaluate.features import FeatureExtractor
+    from protoclip.evaluate.stage import task_retrieval, task_zeroshot
+    from protoclip.losses.distances import neg_distance
+    from protoclip.losses.nclip import nclip_similarity
+    from protoclip.models import get_tokenizer, save_model
+
+    cfg = _cfg("nclip" if kind == "nclip" else "multitoken")
+    model = _model(cfg).eval()
+    save_model(tmp_path / "m.pt", model, to_dict(cfg))
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 255, (6, 64, 64, 3), dtype=np.uint8)
+    test = ArraySplit(imgs, np.array([0, 1, 2, 0, 1, 2]))
+    caps = CaptionSet("caps", ArraySplit(imgs[:3], np.arange(3)), [["a red cat"], ["a blue car"], ["a green tree"]])
+    ds = LabelledSet("toy", ["cat", "car", "tree"], ["a photo of a {}.", "a {}."], test, captions=caps)
+    f = FeatureExtractor(tmp_path / "m.pt", device="cpu", batch_size=4).features(tmp_path / "f.npz", ds)
+    assert str(f["similarity"]) == ("nclip_ce" if kind == "nclip" else "product_sphere")
+    # oracle: encode here, score by the method's similarity, prompt-ensemble per the spec
+    tok, tf = get_tokenizer(cfg.model), eval_transform(model.image_size)
+    with torch.no_grad():
+        x = torch.stack([tf(test[i][0]) for i in range(6)])
+        zi = model.encode_image(x)
+        prompts = [t.format(c) for c in ds.classnames for t in ds.templates]
+        zt = model.encode_text(tok(prompts))
+        if kind == "nclip":
+            q = torch.softmax(model.text_head(zt), 1).reshape(3, 2, -1).mean(1)
+            scores = nclip_similarity(torch.log_softmax(model.image_head(zi), 1), q.log())
+        else:
+            scores = neg_distance(zi, zt, "ps_negtrace", 4).reshape(6, 3, 2).mean(2)  # logits averaged
+    got = torch.from_numpy(f["test_s"] @ f["zeroshot_classifier_s"].T)
+    torch.testing.assert_close(got, scores.float(), atol=1e-4, rtol=1e-4)  # the cached dot product is the score
+    want = 100.0 * float((scores.argmax(1) == torch.tensor([0, 1, 2, 0, 1, 2])).float().mean())
+    m, what, _ = task_zeroshot(f, ds, EvaluateConfig(), tmp_path)
+    assert m["top1"] == pytest.approx(want) and ("nclip_ce" in what or "product_sphere" in what)
+    r, what, _ = task_retrieval(f, caps, EvaluateConfig(), tmp_path)
+    assert "similarity" in what and 0.0 <= r["mean_recall"] <= 100.0

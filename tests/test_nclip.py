@@ -144,3 +144,30 @@ def test_head_layers_and_non_affine_last_bn():
     out = head.train()(torch.randn(10, 8))
     assert out.shape == (10, 32)
     assert torch.allclose(out.mean(0), torch.zeros(32), atol=1e-5)  # BN without affine: zero-mean units
+
+
+@pytest.mark.slow
+def test_ddp_batch_mean_is_global_with_gradient(tmp_path):
+    """Two gloo ranks with half a batch each: H(pbar) is the whole batch's, the per-rank CE/EH means average to
+    the whole batch's, and each rank's feature gradient is world x the single-process one (DDP then averages)."""
+    import sys
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from train_fixtures import free_port, global_nclip_worker
+
+    mp.spawn(global_nclip_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    g = torch.Generator().manual_seed(0)
+    hi = torch.randn(8, 6, generator=g).requires_grad_(True)
+    ht = torch.randn(8, 6, generator=g).requires_grad_(True)
+    oracle = NCLIPLoss(0.5, 1.5)(hi, ht)
+    oracle["nclip"].backward()
+    got = [torch.load(tmp_path / f"nclip{r}.pt") for r in range(2)]
+    for r in range(2):
+        torch.testing.assert_close(got[r]["terms"]["nclip_he"], oracle["nclip_he"].detach())
+        torch.testing.assert_close(got[r]["gi"], 2 * hi.grad[r * 4:(r + 1) * 4])
+        torch.testing.assert_close(got[r]["gt"], 2 * ht.grad[r * 4:(r + 1) * 4])
+    for k in ("nclip_ce", "nclip_eh", "nclip"):
+        torch.testing.assert_close((got[0]["terms"][k] + got[1]["terms"][k]) / 2, oracle[k].detach())

@@ -124,3 +124,28 @@ def global_clip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         torch.save({"loss": terms["clip"].detach(), "gi": zi_r.grad, "gt": zt_r.grad}, f"{out_dir}/clip{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def global_nclip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Rank ``rank`` computes L_nCLIP on its half of a fixed batch (pbar over both ranks); dumps terms and grads."""
+    import os
+
+    import torch.distributed as dist
+
+    from protoclip.losses.nclip import NCLIPLoss
+    from protoclip.train.distributed import init_from_env
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    info = init_from_env(torch.device("cpu"))
+    try:
+        g = torch.Generator().manual_seed(0)
+        hi, ht = torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g)
+        part = slice(rank * 4, (rank + 1) * 4)
+        hi_r, ht_r = hi[part].clone().requires_grad_(True), ht[part].clone().requires_grad_(True)
+        terms = NCLIPLoss(0.5, 1.5, world_size=info.world_size)(hi_r, ht_r)
+        terms["nclip"].backward()
+        torch.save({"terms": {k: v.detach() for k, v in terms.items()}, "gi": hi_r.grad, "gt": ht_r.grad},
+                   f"{out_dir}/nclip{rank}.pt")
+    finally:
+        dist.destroy_process_group()

@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     stage("prepare", "download pinned packages, build the offline default data and eval sets")
     s = stage("teacher", "cache PCA-reduced external-teacher caption features")
     s.add_argument("--name", help="teacher model name or path (default: teacher.name of the config)")
-    s = stage("train", "train one configured run (CLIP or ProtoCLIP)")
+    s = stage("train", "train one configured run (clip, protoclip, nclip, xclip, ...)")
     s.add_argument("--run", required=True, help="run name from the experiment files")
     s.add_argument("--resume", action="store_true", help="continue from the last complete episode")
     s = stage("evaluate", "evaluate a trained run")
