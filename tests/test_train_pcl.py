@@ -40,7 +40,7 @@ def pcl_config(**kw):
                kmeans_iters=5, kmeans_redo=2)
     pcl.update(kw.pop("pcl", {}))
     pauc = kw.pop("pauc", {})
-    cfg = tiny_config(method="pcl", episode_size=64, epochs=3.0, augmentation="mocov2", **kw)
+    cfg = tiny_config(**{"method": "pcl", "episode_size": 64, "epochs": 3.0, "augmentation": "mocov2", **kw})
     return dataclasses.replace(cfg, pcl=PCLConfig(**pcl), pauc=PAUCConfig(**pauc))
 
 
@@ -225,3 +225,44 @@ def test_experiment_rows_share_the_offline_budget():
     run = paper.run("pcl_in1k")
     assert (run.model, run.epochs, run.batch_size, run.pcl.num_clusters, run.pcl.infonce_only_episodes) == (
         "RN50", 200.0, 256, [25000, 50000, 100000], 20)
+
+
+def pcl_ddp_worker(rank: int, world: int, port: int, out_dir: str, cfg) -> None:
+    """One torchrun-like rank of a tiny PCL run; dumps weights and the method state (key encoder, queue)."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    torch.manual_seed(cfg.seed)
+    model = tiny_model(cfg, seed=cfg.seed)
+    layout = Layout(f"{out_dir}/data", f"{out_dir}/results")
+    try:
+        train(model, ThreeViews(n=32), cfg, layout, "ddp")
+        state = load_checkpoint(layout.checkpoint("ddp")) if rank == 0 else None
+        torch.save({"state": model.state_dict(), "ck": state}, f"{out_dir}/rank{rank}.pt")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_pcl_under_ddp_two_ranks_end_identical(tmp_path):
+    import torch.multiprocessing as mp
+
+    from train_fixtures import free_port
+
+    cfg = pcl_config(episode_size=32, batch_size=8, epochs=2.0, pauc={"enabled": True})
+    mp.spawn(pcl_ddp_worker, args=(2, free_port(), str(tmp_path), cfg), nprocs=2, join=True)
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
+    for k, v in r0["state"].items():
+        assert torch.equal(v, r1["state"][k]), k
+    ck = r0["ck"]
+    assert ck["prototypes"].assignments[0].shape == (32,)  # E-step over all 32 items, gathered from both ranks
+    queue = ck["extra"]["method"]["queue"]
+    assert int(queue["ptr"]) == (2 * 2 * 16) % 40  # 2 episodes x 2 steps x 16 keys (8 per rank, all-gathered)
+    steps = read_log(tmp_path / "results" / "runs" / "ddp" / "train_log.jsonl", "step")
+    assert len(steps) == 4 and "protonce" in steps[-1] and "pauc_unif" in steps[-1]
