@@ -92,3 +92,26 @@ def test_linear_eval_dispatches_on_train_size_and_rejects_bad_input():
         linear_probe(xtr, np.zeros(60, int), xte, yte)
     with pytest.raises(ValueError, match="2-D"):
         linear_probe(xtr[:, 0], ytr, xte, yte)
+
+
+def test_warm_started_search_matches_cold_start_reference():
+    # overlapping Gaussian classes (not separable: a finite optimum at every C). The warm-started search must
+    # pick the same C as cold-started fits written directly with sklearn, and reach the same test accuracy
+    rng = np.random.default_rng(3)
+    means = rng.normal(scale=1.5, size=(4, 10))
+    y = rng.integers(0, 4, 700)
+    x = means[y] + rng.normal(size=(700, 10))
+    xtr, ytr, xte, yte = x[:500], y[:500], x[500:], y[500:]
+    out = linear_probe(xtr, ytr, xte, yte, max_iter=5000)
+    fit_idx, val_idx = split_validation(ytr, 0.2, seed=0)
+
+    def cold_val(C):
+        clf = LogisticRegression(C=C, max_iter=5000, tol=1e-8).fit(xtr[fit_idx], ytr[fit_idx])
+        return float((clf.predict(xtr[val_idx]) == ytr[val_idx]).mean())
+
+    ref_C, ref_tried = search_C(cold_val)
+    assert out["C"] == pytest.approx(ref_C)
+    assert out["val_top1"] == pytest.approx(100 * ref_tried[ref_C])
+    ref = LogisticRegression(C=ref_C, max_iter=5000, tol=1e-8).fit(xtr, ytr)
+    assert out["top1"] == pytest.approx(100 * (ref.predict(xte) == yte).mean(), abs=0.5)
+    assert linear_probe(xtr, ytr, xte, yte, max_iter=5000, warm_start=False) == pytest.approx(out, abs=0.5)
