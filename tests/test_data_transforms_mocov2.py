@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 from torchvision import transforms as T
@@ -17,7 +18,8 @@ def test_mocov2_steps_and_two_views():
     assert crop.scale == (0.2, 1.0) == CROP_SCALE["mocov2"]
     blur = next(s for s in t.transforms if isinstance(s, T.RandomApply))
     assert blur.p == 0.5 and isinstance(blur.transforms[0], T.GaussianBlur)
-    assert blur.transforms[0].sigma == (0.1, 2.0)
+    # MoCo v2's sigma 0.1-2 at 224 px, scaled to the image size like every blur here (data/transforms.py)
+    assert blur.transforms[0].sigma == pytest.approx((0.1 * 32 / 224, 2.0 * 32 / 224))
     assert kinds.index("RandomApply") < kinds.index("RandomHorizontalFlip")  # MoCo v2's order
     img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 48, 3), dtype=np.uint8))
     torch.manual_seed(0)

@@ -237,16 +237,16 @@ def test_non_finite_gradient_stops_before_the_update(tmp_path, pairs, monkeypatc
 def _poison_after_update(monkeypatch, at_call: int):
     """Make the ``at_call``-th optimizer update (0-based) write a NaN into a weight, after the loss and
     gradient checks have passed: what a broken update does that no loss check sees."""
-    real = loop_mod.Objective.clamp
+    real = CLIPMethod.after_step  # runs right after each optimizer.step()
     calls = {"n": 0}
 
-    def clamp(self, model):
+    def after_step(self, model):
         real(self, model)
         if calls["n"] == at_call:
             with torch.no_grad():
                 next(p for n, p in model.named_parameters() if n.startswith("text_head"))[0].fill_(float("nan"))
         calls["n"] += 1
-    monkeypatch.setattr(loop_mod.Objective, "clamp", clamp)
+    monkeypatch.setattr(CLIPMethod, "after_step", after_step)
 
 
 def test_non_finite_weights_are_never_saved_as_a_good_checkpoint(tmp_path, pairs, monkeypatch):
