@@ -94,7 +94,7 @@ def test_pauc_gradient_directions():
         with torch.no_grad():
             x -= 0.1 * x.grad
             x.grad = None
-    assert float(pauc_terms(x, a, c)["pauc_unif"]) < float(pauc_terms(v, a, c)["pauc_unif"])
+    assert float(pauc_terms(x.detach(), a, c)["pauc_unif"]) < float(pauc_terms(v, a, c)["pauc_unif"])
     x = v.clone().requires_grad_(True)
     pauc_terms(x, a, c)["pauc_align"].backward()
     with torch.no_grad():
