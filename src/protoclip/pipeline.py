@@ -33,7 +33,7 @@ def _run_params(cfg, run: str, config_file: str) -> list:
     """DVC params of a run: the train defaults plus the run's own override block."""
     overrides_file = cfg._runs[run][1]
     params: list = [{config_file: ["train"]}]
-    key = f"runs.{run}"
+    key = f"runs.{cfg.run_base(run)}"  # a `seeds:` run is declared once, under its base name
     if overrides_file == config_file:
         params[0][config_file].append(key)
     else:
@@ -83,7 +83,7 @@ def dvc_stages(cfg, config_file: str) -> dict:
     stages["report"] = {
         "cmd": stage_command("report", config_file),
         "deps": [s(lay.metrics_summary(r)) for r in cfg.run_names()] + [s(lay.train_log(r)) for r in cfg.run_names()],
-        "outs": [s(lay.tables), s(lay.figures)],
+        "outs": [s(lay.tables), s(lay.figures), s(lay.results_dir / "report")],  # report/: target captions
     }
     return stages
 
