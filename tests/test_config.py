@@ -18,10 +18,10 @@ def write(tmp_path: Path, data: dict, name: str = "config.yaml") -> Path:
 
 def test_shipped_config_is_valid_and_defines_runs():
     cfg = load_config(REPO / "config" / "config.yaml")
-    assert {"clip_tiny", "protoclip_tiny"} <= set(cfg.run_names())
-    clip, proto = cfg.run("clip_tiny"), cfg.run("protoclip_tiny")
-    assert clip.method == "clip" and proto.method == "protoclip"
-    assert clip.name == "clip_tiny"
+    assert {"clip_tiny_s0", "protoclip_tiny_s2"} <= set(cfg.run_names())  # main runs: 3 seeds each
+    clip, proto = cfg.run("clip_tiny_s0"), cfg.run("protoclip_tiny_s2")
+    assert clip.method == "clip" and proto.method == "protoclip" and proto.seed == 2
+    assert clip.name == "clip_tiny_s0"
     # overrides win, untouched defaults come from the paper's Table I
     assert proto.episode_size == 1024 and proto.weight_decay == 0.5 and proto.loss.tau_y == 0.01
 

@@ -188,7 +188,7 @@ def teacher_stage(cfg, config_file: str, teacher: str) -> Stage:
 def _run_params(cfg, run: str, config_file: str) -> list:
     """DVC params of a run: the train defaults plus the run's own override block."""
     overrides_file = cfg._runs[run][1]
-    key = f"runs.{run}"
+    key = f"runs.{cfg.run_base(run)}"  # a `seeds:` run is declared once, under its base name
     if Path(overrides_file) == Path(config_file):
         return _params(config_file, "train", key)
     return _params(config_file, "train") + _params(overrides_file, key)
@@ -205,32 +205,55 @@ def train_stage(cfg, config_file: str, run: str) -> Stage:
                  _run_params(cfg, run, config_file), list(outs.values()), outs)
 
 
-def evaluate_stage(cfg, config_file: str, run: str, dataset: str) -> Stage:
+def evaluate_stage(cfg, config_file: str, run: str, dataset: str, tasks: list[str] | None = None) -> Stage:
+    """One (run, set) evaluation job; ``tasks``: only these (what the run's paper targets show), None = all."""
     lay = Layout.from_config(cfg)
     outs = eval_outs(lay, run, dataset)
+    task_args = "".join(f" --task {t}" for t in tasks or [])
     return Stage(f"evaluate_{run}_{dataset}", "evaluate",
-                 stage_command("evaluate", config_file, f"--run {run} --dataset {dataset}"),
+                 stage_command("evaluate", config_file, f"--run {run} --dataset {dataset}{task_args}"),
                  {"model": [_s(lay.model(run))], "data": eval_inputs(cfg, dataset)},
                  _params(config_file, f"evaluate.datasets.{dataset}",
                          *(f"evaluate.{f.name}" for f in fields(EvaluateConfig) if f.name != "datasets")),
                  list(outs.values()), outs)
 
 
-def collect_stage(cfg, config_file: str, run: str) -> Stage:
+def evaluations(cfg) -> dict[str, dict[str, list[str] | None]]:
+    """{run: {set: tasks or None (all)}}: the evaluation jobs of the DAG. A run that paper targets show is
+    evaluated only on the sets and tasks those targets read (protoclip.report.targets.evaluation_requests);
+    a run no target shows gets every task on every evaluated set."""
+    from protoclip.report.targets import evaluation_requests
+
+    sets = evaluated_sets(cfg)
+    requests = evaluation_requests(cfg)
+    out: dict[str, dict[str, list[str] | None]] = {}
+    for run in cfg.run_names():
+        if run in requests:
+            out[run] = {d: list(tasks) for d, tasks in requests[run].items() if d in sets}
+        else:
+            out[run] = {d: None for d in sets}
+    return out
+
+
+def collect_stage(cfg, config_file: str, run: str, datasets: list[str]) -> Stage:
     lay = Layout.from_config(cfg)
     outs = collect_outs(lay, run)
     return Stage(f"collect_{run}", "collect", stage_command("collect", config_file, f"--run {run}"),
-                 {"evals": [_s(lay.eval_dir(run, d)) for d in evaluated_sets(cfg)]}, [], list(outs.values()), outs)
+                 {"evals": [_s(lay.eval_dir(run, d)) for d in datasets]}, [], list(outs.values()), outs)
 
 
 def report_stage(cfg, config_file: str) -> Stage:
+    """Every declared paper target (protoclip.report.targets.target_outputs: tables, figures, captions)."""
+    from protoclip.report.targets import target_outputs
+
     lay = Layout.from_config(cfg)
     runs = cfg.run_names()
-    outs = {"index": Out(_s(lay.tables / "index.md")), "figures": Out(_s(lay.figures), directory=True)}
+    outs = {f"file{i}": Out(_s(p)) for i, p in enumerate(target_outputs(cfg))}
     return Stage("report", "report", stage_command("report", config_file),
                  {"summaries": [_s(lay.metrics_summary(r)) for r in runs],
                   "train_logs": [_s(lay.train_log(r)) for r in runs]}, [],
-                 [Out(_s(lay.tables), directory=True), Out(_s(lay.figures), directory=True)], outs)
+                 [Out(_s(lay.tables), directory=True), Out(_s(lay.figures), directory=True),
+                  Out(_s(lay.results_dir / "report"), directory=True)], outs)  # report/: target captions
 
 
 def toy_stage(cfg, config_file: str) -> Stage:
@@ -246,10 +269,10 @@ def stages(cfg, config_file: str) -> list[Stage]:
     """Every stage instance of the config, in DAG order."""
     out = [prepare_stage(cfg, config_file)]
     out += [teacher_stage(cfg, config_file, t) for t in teachers(cfg)]
-    for run in cfg.run_names():
+    for run, jobs in evaluations(cfg).items():
         out.append(train_stage(cfg, config_file, run))
-        out += [evaluate_stage(cfg, config_file, run, d) for d in evaluated_sets(cfg)]
-        out.append(collect_stage(cfg, config_file, run))
+        out += [evaluate_stage(cfg, config_file, run, d, tasks) for d, tasks in jobs.items()]
+        out.append(collect_stage(cfg, config_file, run, list(jobs)))
     out.append(toy_stage(cfg, config_file))
     out.append(report_stage(cfg, config_file))
     return out

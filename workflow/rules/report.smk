@@ -1,9 +1,18 @@
+# `protoclip report`: every declared paper target (config/experiments/*.yaml `target:` blocks) as tables and
+# figures, each flagged for `snakemake --report results/report.html` with its generated caption
+# (results/report/<id>.rst: the paper's caption, source, our config and the column mapping).
+from protoclip.report import targets as report_targets
+
+report: "../report/workflow.rst"
+
+
 rule report:
-    """Tables (csv/md/tex) and figures regenerated from every run's metrics files."""
+    """Paper tables (csv/md/tex/html, ours beside the paper's numbers) and figures from the runs' results."""
     input:
         unpack(stage_inputs(lambda wc: "report")),
     output:
-        **outputs(STAGES["report"].targets),
+        # the same files as protoclip.pipeline.report_stage (target_outputs), tables/figures flagged for the report
+        **report_targets.snakemake_outputs(PROJECT, report),
     conda:
         "../../environment.yml"
     log:

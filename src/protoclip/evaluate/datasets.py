@@ -308,7 +308,9 @@ def load_heldout_pairs(layout: Layout, manifest: Path | None = None) -> Labelled
     def split(rows) -> FileSplit:
         return FileSplit(list(rows["path"]), [index[c] for c in rows["label"]])
 
-    return LabelledSet(name=HELDOUT, classnames=label_words(classnames), templates=list(HELDOUT_TEMPLATES),
+    # no coarse labels (e.g. user pairs): no class names, so no zero-shot (retrieval still runs)
+    return LabelledSet(name=HELDOUT, classnames=label_words(classnames),
+                       templates=list(HELDOUT_TEMPLATES) if classnames else [],
                        test=split(lab_test),
                        train=split(lab_train) if len(lab_train) else None, captions=captions,
                        source=_fingerprint(manifest))

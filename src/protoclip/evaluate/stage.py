@@ -254,16 +254,24 @@ def missing_reason(name: str, ds_cfg: EvalDatasetConfig, layout: Layout) -> str:
     return f"skipped: {name} not found at {Path(ds_cfg.path).expanduser()}"
 
 
+def _data_exists(name: str, ds_cfg: EvalDatasetConfig, layout: Layout) -> bool:
+    if ds_cfg.kind == "offline" and not ds_cfg.path:
+        return (layout.manifest if name == HELDOUT else layout.eval_set(name)).exists()
+    return bool(ds_cfg.path) and Path(ds_cfg.path).expanduser().exists()
+
+
 def run_collect(cfg, run: str) -> Path:
     """Gather every metrics file of ``run`` into ``results/runs/<run>/metrics.json`` and print the summary.
 
-    A configured set with no evaluation folder (the workflow gives no job to a set whose path does not exist)
-    appears as ``{"skipped": "skipped: <set> not found at <path>"}`` under each of its tasks.
+    A configured set with no evaluation folder because its data is missing (the workflow gives no job to a
+    set whose path does not exist) appears as ``{"skipped": "skipped: <set> not found at <path>"}`` under each
+    of its tasks. A set whose data exists but that no paper target of this run shows (so no job evaluated it)
+    is simply absent.
     """
     layout = Layout.from_config(cfg)
     summary = collect_run_metrics(layout, run)
     for name, ds_cfg in cfg.evaluate.datasets.items():
-        if not layout.eval_dir(run, name).is_dir():
+        if not layout.eval_dir(run, name).is_dir() and not _data_exists(name, ds_cfg, layout):
             for task in static_tasks(name, ds_cfg):
                 summary.setdefault(task, {})[name] = {"skipped": missing_reason(name, ds_cfg, layout)}
     out = write_json(layout.metrics_summary(run), summary)

@@ -74,7 +74,7 @@ def plot_bars(cfg, results: Results, target: TargetConfig, out: Path) -> None:
         ax.text(i, means[i], "n/a" if c.mean is None else f"{c.mean:.1f}\n({c.n} seed{'s' if c.n != 1 else ''})",
                 ha="center", va="bottom", fontsize=8)
     ax.set_xticks(x, [r.label for r in rows], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel(f"{col.label} ({'+'.join(sets)})", fontsize=9)
+    ax.set_ylabel(f"{col.task} {col.metric} ({'+'.join(sets)})", fontsize=9)
     ax.set_xlabel(target.xlabel)
     ax.set_title(f"{target.id}: ours ({Path(cfg.source).name})", fontsize=10)
     fig.tight_layout()
@@ -159,7 +159,8 @@ def plot_time_split(cfg, results: Results, target: TargetConfig, out: Path) -> N
     plt = _plt()
     rows = [r for r in target.rows if r.run]
     colors = {"extract": "#dd8452", "kmeans": "#55a868", "pbt": "#c44e52", "train": "#4c72b0"}
-    fig, ax = plt.subplots(figsize=(8, 1.2 * len(rows) + 1.5))
+    fig, ax = plt.subplots(figsize=(8, 1.2 * len(rows) + 1.8))
+    totals = {}
     for i, r in enumerate(rows):
         times = [t for run in cfg.run_group(r.run) if (t := results.stage_times(run))]
         if not times:
@@ -168,6 +169,7 @@ def plot_time_split(cfg, results: Results, target: TargetConfig, out: Path) -> N
         epochs = cfg.run(cfg.run_group(r.run)[0]).epochs
         per_epoch = {s: float(np.mean([t[s] for t in times])) / epochs for s in STAGES}
         total, left = sum(per_epoch.values()), 0.0
+        totals[cfg.run(cfg.run_group(r.run)[0]).method] = total
         for s in STAGES:
             w = per_epoch[s]
             ax.barh(i, w, left=left, color=colors[s], label=s if i == 0 else None)
@@ -176,7 +178,14 @@ def plot_time_split(cfg, results: Results, target: TargetConfig, out: Path) -> N
             left += w
     ax.set_yticks(range(len(rows)), [r.label for r in rows])
     ax.set_xlabel("measured seconds per epoch (mean over seeds)")
-    ax.set_title(f"{target.id}: episodic training time split, ours ({Path(cfg.source).name})", fontsize=10)
+    extra = ""
+    if totals.get("clip") and "protoclip" in totals:
+        extra = f"; ours: ProtoCLIP takes {100 * (totals['protoclip'] / totals['clip'] - 1):+.1f}% time per epoch vs CLIP"
+    paper = paper_numbers(target.paper_key).get("values", {}).get("ProtoCLIP", {})
+    if paper:
+        extra += (f"\npaper (Fig. 9, 8x 2080Ti): extract {paper['extract %']}%, k-means {paper['kmeans %']}%, "
+                  f"+{paper['additional time vs CLIP %']}% per epoch vs CLIP")
+    ax.set_title(f"{target.id}: episodic training time split, ours ({Path(cfg.source).name}){extra}", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     _save(fig, out)

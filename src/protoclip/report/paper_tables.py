@@ -22,10 +22,10 @@ from protoclip.report.values import Cell, Results, paper_numbers, paper_value
 OURS, PAPER = "ours", "paper"
 
 
-def _fmt_paper(v) -> str:
+def _fmt_paper(v, decimals: int = 2) -> str:
     if v is None:
         return "-"
-    return f"{v:g}" if isinstance(v, (int, float)) else str(v)
+    return f"{v:.{decimals}f}" if isinstance(v, (int, float)) else str(v)
 
 
 def run_label(cfg, base: str | None) -> str:
@@ -68,14 +68,15 @@ def build_table(cfg, results: Results, target: TargetConfig) -> tuple[pd.DataFra
             else:
                 cell = results.cell(row.run, col, sets)
             pv = paper_value(entry, row.paper_key, col.paper_key)
-            line[(col.label, OURS)] = cell.fmt() if row.run else ""
-            line[(col.label, PAPER)] = _fmt_paper(pv)
+            digits = 3 if col.metric in ("ari", "ami") else 2
+            line[(col.label, OURS)] = cell.fmt(digits) if row.run else ""
+            line[(col.label, PAPER)] = _fmt_paper(pv, entry.get("decimals", 2))
             long.append({"target": target.id, "row": row.label, "column": col.label, "run": row.run or "",
                          "datasets": "+".join(sets), "ours_mean": cell.mean, "ours_std": cell.std,
-                         "ours_seeds": cell.n, "ours_text": cell.fmt() if row.run else "",
+                         "ours_seeds": cell.n, "ours_text": cell.fmt(digits) if row.run else "",
                          "paper": pv if pv is not None else ""})
         data.append(line)
-    table = pd.DataFrame(data, index=pd.Index([r.label for r in target.rows], name="row"))
+    table = pd.DataFrame(data, index=pd.Index([r.label for r in target.rows], name=target.id))
     table.columns = pd.MultiIndex.from_tuples(table.columns)
     cap = [f"{target.id.replace('_', ' ')} (paper: {target.caption})"]
     if entry:
@@ -110,7 +111,7 @@ def write_table(cfg, results: Results, target: TargetConfig) -> tuple[str, str, 
     with atomic_path(tex) as tmp:
         table.to_latex(tmp, caption=caption, label=f"tab:{target.id}", multicolumn=True, escape=True)
     write_text(htm, f"<p><b>{html.escape(target.id)}.</b> {html.escape(caption)}</p>\n"
-               + table.to_html(classes="paper-table", border=1, na_rep="-") + "\n")
+               + table.to_html(classes="paper-table", border=1, na_rep="-", index_names=False) + "\n")
     return body, caption, long
 
 

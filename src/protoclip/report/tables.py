@@ -59,21 +59,21 @@ def collect_metrics(layout: Layout, runs: list[str]) -> pd.DataFrame:
 def task_table(long: pd.DataFrame, task: str) -> tuple[pd.DataFrame, list[str]]:
     """One task as rows (dataset, metric) x columns (runs), plus the skip lines of its missing sets.
 
-    Values are formatted to 4 significant digits; a skipped set shows ``skipped`` in its headline row.
+    Values are formatted to 4 significant digits; skipped sets have no row (the index lists them once).
     """
+    skipped = sorted(set(long.loc[(long.task == task) & (long.metric == "skipped"), "note"]))
     sub = long[(long.task == task) & (long.metric != "skipped")]  # skipped sets: listed once in the index
     if sub.empty:
         return pd.DataFrame(), []
     rank = {m: i for i, m in enumerate(HEADLINE[task])}
     cells: dict[tuple[str, str], dict[str, str]] = {}
     for r in sub.itertuples():
-        metric = HEADLINE[task][0] if r.metric == "skipped" else r.metric
-        cells.setdefault((r.dataset, metric), {})[r.run] = "skipped" if r.metric == "skipped" else f"{r.value:.4g}"
+        metric = r.metric
+        cells.setdefault((r.dataset, metric), {})[r.run] = f"{r.value:.4g}"
     index = sorted(cells, key=lambda dm: (dm[0], rank.get(dm[1], 99)))
     runs = list(dict.fromkeys(sub.run))
     table = pd.DataFrame([[cells[i].get(run, "") for run in runs] for i in index], columns=runs,
                          index=pd.MultiIndex.from_tuples(index, names=["dataset", "metric"]))
-    skipped = sorted(set(sub.loc[sub.metric == "skipped", "note"]))
     return table, skipped
 
 

@@ -189,6 +189,26 @@ def target_outputs(cfg) -> list[Path]:
     return out
 
 
+def snakemake_outputs(cfg, report) -> dict:
+    """Named outputs of the report rule: per target its table (.html) or figure (.png) wrapped in Snakemake's
+    ``report(path, caption=, category=, labels=)``, its other files, and its caption file (written by the rule;
+    absolute, as Snakemake joins caption paths to the rule file's folder)."""
+    import os
+
+    out: dict = {"index": str(index_path(cfg.paths.results_dir))}
+    for t in targets(cfg):
+        paths = [str(p) for p in output_paths(cfg.paths.results_dir, t)]
+        caption = caption_path(cfg.paths.results_dir, t)
+        flag = {"caption": os.path.abspath(caption), "labels": {"target": t.id}}
+        if t.kind == "table":
+            out[t.id] = report(paths[3], category="Tables", **flag)
+            out[f"{t.id}_files"] = paths[:3]
+        else:
+            out[t.id] = report(paths[0], category="Figures", **flag)
+        out[f"{t.id}_caption"] = str(caption)
+    return out
+
+
 def evaluation_requests(cfg) -> dict[str, dict[str, list[str]]]:
     """{run (expanded name): {dataset: sorted tasks}}: what the targets show, so the DAG evaluates only that.
 
@@ -206,4 +226,4 @@ def evaluation_requests(cfg) -> dict[str, dict[str, list[str]]]:
 
 
 __all__ = ["ColumnConfig", "RowConfig", "TargetConfig", "targets", "target_outputs", "output_paths", "caption_path", "index_path",
-           "evaluation_requests", "first_configured", "EVAL_TASKS"]
+           "evaluation_requests", "first_configured", "snakemake_outputs", "EVAL_TASKS"]
