@@ -221,15 +221,17 @@ def evaluate_stage(cfg, config_file: str, run: str, dataset: str, tasks: list[st
 def evaluations(cfg) -> dict[str, dict[str, list[str] | None]]:
     """{run: {set: tasks or None (all)}}: the evaluation jobs of the DAG. A run that paper targets show is
     evaluated only on the sets and tasks those targets read (protoclip.report.targets.evaluation_requests);
-    a run no target shows gets every task on every evaluated set."""
-    from protoclip.report.targets import evaluation_requests
+    a run no target shows gets every task on every evaluated set. A run a target shows but whose targets read
+    no evaluation (a temperature-study figure) gets none."""
+    from protoclip.report.targets import evaluation_requests, targets
 
     sets = evaluated_sets(cfg)
     requests = evaluation_requests(cfg)
+    shown = {run for t in targets(cfg) for base in t.runs() for run in cfg.run_group(base)}
     out: dict[str, dict[str, list[str] | None]] = {}
     for run in cfg.run_names():
-        if run in requests:
-            out[run] = {d: list(tasks) for d, tasks in requests[run].items() if d in sets}
+        if run in shown:  # e.g. a temperature-study run: its figure reads the train log only
+            out[run] = {d: list(tasks) for d, tasks in requests.get(run, {}).items() if d in sets}
         else:
             out[run] = {d: None for d in sets}
     return out

@@ -191,7 +191,21 @@ def plot_time_split(cfg, results: Results, target: TargetConfig, out: Path) -> N
     _save(fig, out)
 
 
-PLOTS = {"bars": plot_bars, "scaling": plot_scaling, "tsne": plot_tsne, "time_split": plot_time_split}
+def plot_temperature_rows(cfg, results: Results, target: TargetConfig, out: Path) -> None:
+    """The temperature study (protoclip.report.temperature): one curve per row's run (first seed)."""
+    from protoclip.report.temperature import plot_temperature
+
+    logs = {f"{r.label} ({run})": results.layout.train_log(run)
+            for r in target.rows if r.run and (group := cfg.run_group(r.run)) for run in group[:1]}
+    if not plot_temperature(logs, out):
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(6, 2))
+        _empty(ax, "no run of this figure logged a CLIP logit scale")
+        _save(fig, out)
+
+
+PLOTS = {"bars": plot_bars, "scaling": plot_scaling, "tsne": plot_tsne, "time_split": plot_time_split,
+         "temperature": plot_temperature_rows}
 
 
 def write_figure(cfg, results: Results, target: TargetConfig) -> tuple[Path, str]:

@@ -95,8 +95,9 @@ class TargetConfig:
     columns: list[ColumnConfig] = field(default_factory=list)
     paper: str | None = None  # key in paper_numbers.yaml (default: id); "-" = no paper numbers
     # figures: bars (one bar per row, first column), scaling (x = row.x, log axis), tsne (first two rows'
-    # runs side by side on the same points of `tsne_dataset`), time_split (stacked stage times per row)
-    plot: Literal["table", "bars", "scaling", "tsne", "time_split"] = "table"
+    # runs side by side on the same points of `tsne_dataset`), time_split (stacked stage times per row),
+    # temperature (the rows' learned logit scale, equilibrium statistic and gradient norm over training)
+    plot: Literal["table", "bars", "scaling", "tsne", "time_split", "temperature"] = "table"
     xlabel: str = ""  # figure x-axis label
     reference_run: str | list[str] | None = None  # "epochs" column: Rel. in units of this run's epoch time
     tsne_dataset: list[str] = field(default_factory=list)  # tsne: paper set, then stand-ins (first with features)
@@ -110,7 +111,7 @@ class TargetConfig:
         if self.kind == "table" and self.plot != "table":
             raise ValueError(f"target {self.id}: a table has plot 'table', got '{self.plot}'")
         if self.kind == "figure" and self.plot == "table":
-            raise ValueError(f"target {self.id}: a figure needs plot bars|scaling|tsne|time_split")
+            raise ValueError(f"target {self.id}: a figure needs plot bars|scaling|tsne|time_split|temperature")
         if self.plot in ("bars", "scaling", "table") and not self.columns:
             raise ValueError(f"target {self.id}: needs at least one column")
         if self.plot == "scaling" and any(r.x is None for r in self.rows if r.run):

@@ -1,7 +1,7 @@
 """Numbers behind the paper targets: the paper's (transcribed, package data) and ours (metrics files, logs).
 
 * :func:`paper_numbers` reads ``paper_numbers.yaml`` (table / figure -> cite, where, rows, text);
-* :class:`Results` reads ``results/runs/<run>/metrics/<task>/<set>.json`` and ``train_log.jsonl`` and gives a
+* :class:`Results` reads ``results/runs/<run>/eval/<set>/<task>.json`` (and the skip lines of ``metrics.json``) and ``train_log.jsonl`` and gives a
   target cell as mean, std and number of seeds over a run group (``seeds:`` runs), plus the data sets used;
 * :func:`stage_times` sums a run's measured episode stage times (``time/extract``, ``time/kmeans``,
   ``time/pbt``, ``time/train`` of the ``episode`` records).
@@ -134,10 +134,17 @@ class Results:
         """{data set: skip line} over every run's metrics files (listed once in the index)."""
         out: dict[str, str] = {}
         for run in self.cfg.run_names():
-            for path in sorted((self.layout.run_dir(run) / "metrics").glob("*/*.json")):
+            # sets whose data is missing get no evaluation job: `collect` writes their skip line into metrics.json
+            summary = self.layout.metrics_summary(run)
+            per_task = json.loads(summary.read_text()) if summary.exists() else {}
+            for per_set in per_task.values():
+                for dataset, m in per_set.items():
+                    if isinstance(m, dict) and "skipped" in m:
+                        out.setdefault(dataset, m["skipped"])
+            for _task, dataset, path in self.layout.metrics_files(run):
                 data = json.loads(path.read_text())
                 if "skipped" in data:
-                    out.setdefault(path.stem, data["skipped"])
+                    out.setdefault(dataset, data["skipped"])
         return dict(sorted(out.items()))
 
     def chance(self, datasets: list[str], runs: list[str]) -> dict[str, float]:
