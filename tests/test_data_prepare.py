@@ -184,3 +184,14 @@ def test_stale_temp_files_of_killed_writes_are_cleaned_at_start(world):
     prepare.run_prepare(cfg)  # up to date, but the leftovers go
     assert not any(p.exists() for p in leftovers) and all(p.exists() for p in keep)
     assert clean_stale_temps(layout.prepared) == []
+
+
+def test_reader_rules_version_rebuilds_user_data_only(world, monkeypatch):
+    from protoclip.data import userdata
+    cfg, layout = world
+    with_user = prepare.fingerprint(cfg.prepare, layout)
+    offline = PrepareConfig(**{**cfg.prepare.__dict__, "user_data": []})
+    offline_fp = prepare.fingerprint(offline, layout)
+    monkeypatch.setattr(userdata, "RULES_VERSION", userdata.RULES_VERSION + 1)
+    assert prepare.fingerprint(cfg.prepare, layout) != with_user  # kept/dropped rows may differ: rebuild
+    assert prepare.fingerprint(offline, layout) == offline_fp  # nothing to rebuild without user data

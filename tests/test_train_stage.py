@@ -89,3 +89,15 @@ def test_resolve_sources_expands_offline(tmp_path):
     cfg = load_config(_project(tmp_path, teacher=False))
     tcfg = cfg.run("clip")
     assert resolve_sources(cfg, tcfg) == ["tuxpaint"]  # default data: ['offline']
+
+
+def test_empty_manifest_given_to_train_is_one_line_exit_2(tmp_path, capsys):
+    from protoclip.cli import main
+
+    path = _project(tmp_path, teacher=False)
+    layout = Layout.from_config(load_config(path))
+    write_manifest(to_frame([]), layout.manifest)  # e.g. every user row was dropped by prepare
+    assert main(["train", "--config", str(path), "--run", "clip"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("protoclip train:")]  # not MLflow's
+    assert len(err) == 1 and str(layout.manifest) in err[0] and "no pairs" in err[0] and "Traceback" not in err[0]
+    assert not layout.model("clip").exists()

@@ -56,6 +56,8 @@ def fingerprint(p: PrepareConfig, layout: Layout) -> str:
             stats.append([str(f), st.st_size if st else None, st.st_mtime_ns if st else None])
     blob = {"version": FORMAT_VERSION, "prepare": to_dict(p),
             "packages": debs.expected_hashes(layout, needed_packages(p)), "user_data": stats}
+    if p.user_data:  # the readers' rules changed what is kept: rebuild user data, not the offline-only default
+        blob["user_data_rules"] = userdata.RULES_VERSION
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 

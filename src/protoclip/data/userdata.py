@@ -41,6 +41,7 @@ from protoclip.data.manifest import Pair
 
 log = logging.getLogger(__name__)
 
+RULES_VERSION = 2  # bump when what the readers keep or drop changes (part of prepare's fingerprint)
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SEP = "::"  # path = "<shard>::<member>"
 
