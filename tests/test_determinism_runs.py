@@ -65,13 +65,13 @@ def test_two_evaluations_write_identical_metrics_files(tmp_path):
     torch.manual_seed(0)
     models.save_model(layout.model(RUN), models.build_model("tiny-rn", head_hidden=32, head_out=16),
                       {"model": "tiny-rn"})
-    metrics_dir = layout.run_dir(RUN) / "metrics"
+    run_dir = layout.run_dir(RUN)
     outputs = []
     for _ in range(2):
-        for folder in ("metrics", "features", "figures"):  # nothing cached: extraction runs again too
-            shutil.rmtree(layout.run_dir(RUN) / folder, ignore_errors=True)
+        shutil.rmtree(run_dir / "eval", ignore_errors=True)  # nothing cached: extraction runs again too
         run_evaluate(cfg, RUN)
-        outputs.append({p.relative_to(metrics_dir): p.read_bytes() for p in sorted(metrics_dir.rglob("*.json"))})
+        files = sorted(run_dir.glob("eval/*/*.json")) + [layout.metrics_summary(RUN)]
+        outputs.append({p.relative_to(run_dir): p.read_bytes() for p in files})
     assert len(outputs[0]) >= 12  # every task on both sets, plus the summary
     assert outputs[0].keys() == outputs[1].keys()
     for name in outputs[0]:
