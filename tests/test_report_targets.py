@@ -25,7 +25,8 @@ from protoclip.report.values import paper_numbers, stage_times
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_TXT = Path("/work/shared/papers/protoclip.txt")
 ALL_TARGETS = ["table_III", "table_IV", "table_V", "table_VI", "table_VII", "table_VIII", "table_X", "table_XI",
-               "table_XII", "fig_6a", "fig_6b", "fig_6c", "fig_6d", "fig_7", "fig_8", "fig_9"]
+               "table_XII", "fig_6a", "fig_6b", "fig_6c", "fig_6d", "fig_7", "fig_8", "fig_9", "table_methods",
+               "fig_temperature"]
 
 
 def write(path: Path, data) -> Path:
@@ -56,6 +57,7 @@ def synthesize(cfg) -> None:
     """Metrics files (the paper sets skipped, as offline), train logs, and feature caches for every run."""
     layout = Layout.from_config(cfg)
     metrics = {"zeroshot": ["top1", "top5"], "linear": ["top1"], "knn": ["top1"], "clustering": ["ari", "ami"],
+               "nemd": ["nemd"],
                "retrieval": ["mean_recall"] + [f"{d}_R@{k}" for d in ("image_to_text", "text_to_image")
                                                for k in (1, 5, 10)]}
     offline = {"heldout_pairs", "fashion_mnist", "digits"}

@@ -53,10 +53,17 @@ def test_snakemake_and_dvc_run_the_same_commands_on_the_same_files():
         assert all(any(m == o or o in m.parents for o in outs) for m in made), (stage["cmd"], made, outs)
         assert all(any(m == o or o in m.parents for m in made) for o in outs), (stage["cmd"], made, outs)
     cfg = load_config(REPO / CONFIG)
-    for run in cfg.run_names():  # every configured run is trained, evaluated per set and collected
+    for run in cfg.run_names():  # every configured run is trained, evaluated on what its targets show, collected
         assert f"protoclip train --config {CONFIG} --run {run} --resume" in jobs
-        assert f"protoclip evaluate --config {CONFIG} --run {run} --dataset heldout_pairs" in jobs
         assert f"protoclip collect --config {CONFIG} --run {run}" in jobs
+    from protoclip.pipeline import evaluations
+
+    for run, sets in evaluations(cfg).items():
+        for dataset, tasks in sets.items():
+            tail = "".join(f" --task {t}" for t in tasks or [])
+            assert f"protoclip evaluate --config {CONFIG} --run {run} --dataset {dataset}{tail}" in jobs
+    assert evaluations(cfg)["clip_tiny_s0"]["fashion_mnist"]  # the main runs are evaluated ...
+    assert evaluations(cfg)["temp_sphere_init1"] == {}  # ... a temperature-study run only trains
 
 
 def test_one_evaluation_job_per_run_and_existing_set(tmp_path):
@@ -65,10 +72,14 @@ def test_one_evaluation_job_per_run_and_existing_set(tmp_path):
     conf = tmp_path / "c.yaml"
     conf.write_text(yaml.safe_dump({"evaluate": {"datasets": {"cifar10": {"kind": "torchvision", "path": str(ext)},
                                                               "dtd": {"kind": "torchvision", "path": str(tmp_path / "no")}}}}))
+    exp = tmp_path / "exp.yaml"  # a run no target shows: every task on every set whose data exists
+    exp.write_text(yaml.safe_dump({"runs": {"solo": {"method": "clip", "teacher": None}}}))
+    conf.write_text(yaml.safe_dump({"experiments": [exp.name], "evaluate": {"datasets": {
+        "cifar10": {"kind": "torchvision", "path": str(ext)}, "dtd": {"kind": "torchvision", "path": str(tmp_path / "no")}}}}))
     jobs = dry_jobs("--forceall", "--configfile", str(conf))
-    evals = sorted(c.split("--dataset ")[1] for c in jobs if c.startswith("protoclip evaluate") and "--run clip_tiny" in c)
+    evals = sorted(c.split("--dataset ")[1] for c in jobs if c.startswith("protoclip evaluate") and "--run solo " in c)
     assert evals == ["cifar10", "digits", "fashion_mnist", "heldout_pairs"]  # dtd's path does not exist: no job
-    cifar = next(j for c, j in jobs.items() if c.endswith("--run clip_tiny --dataset cifar10"))
+    cifar = next(j for c, j in jobs.items() if c.endswith("--run solo --dataset cifar10"))
     assert str(ext) in cifar["input"]  # a set added later is an input: its job appears, the others stay
 
 
@@ -81,7 +92,7 @@ def test_config_override_reaches_every_command():
     cfg = load_config(resolved)  # experiments still resolve (relative to the resolved file)
     assert cfg.run_names() == load_config(REPO / CONFIG).run_names()
     outputs = [o for j in jobs.values() for o in j["output"]]
-    assert "elsewhere/runs/clip_tiny/model.pt" in outputs and not any(o.startswith("results/") for o in outputs)
+    assert "elsewhere/runs/clip_tiny_s0/model.pt" in outputs and not any(o.startswith("results/") for o in outputs)
 
 
 def test_configfile_override_merges_onto_the_default(tmp_path):
