@@ -2,6 +2,7 @@
 # here, before any job runs) and the stages (protoclip.pipeline: each rule's inputs, outputs and command, the
 # same ones dvc.yaml holds).
 import json
+import sys
 
 from protoclip.config import load_config, to_dict
 from protoclip.layout import Layout
