@@ -104,6 +104,7 @@ def open_clip_step_fn(args, device: torch.device):
 
     torch.manual_seed(0)
     model = open_clip.create_model(args.model, pretrained=None, device=device)
+    model.output_dict = True  # forward -> {"image_features", "text_features", "logit_scale"} (open_clip_train)
     model.train()
 
     def exclude(n, p):  # open_clip_train/main.py
