@@ -115,3 +115,13 @@ def test_warm_started_search_matches_cold_start_reference():
     ref = LogisticRegression(C=ref_C, max_iter=5000, tol=1e-8).fit(xtr, ytr)
     assert out["top1"] == pytest.approx(100 * (ref.predict(xte) == yte).mean(), abs=0.5)
     assert linear_probe(xtr, ytr, xte, yte, max_iter=5000, warm_start=False) == pytest.approx(out, abs=0.5)
+
+
+def test_warm_start_with_a_class_missing_from_the_fit_split():
+    # class 3 has one sample: the stratified split cannot keep it in the fit split, so the final refit on all
+    # of train has one class more than the searched fits and must start cold (not from a wrong-shaped coef)
+    rng = np.random.default_rng(4)
+    y = np.concatenate([rng.integers(0, 3, 59), [3]])
+    x = rng.normal(size=(60, 5)) + y[:, None]
+    out = linear_probe(x, y, x, y, C_grid=[0.1, 1.0])
+    assert 0.0 <= out["top1"] <= 100.0 and out["C"] in (0.1, 1.0)

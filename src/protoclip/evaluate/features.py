@@ -81,7 +81,7 @@ def image_batches(split: ImageSplit, transform: Callable, batch_size: int,
         yield torch.stack(xs), torch.tensor(ys)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no autograd bookkeeping at all (no_grad still tracks versions): same values
 def encode_images(
     model: Any,
     split: ImageSplit,
@@ -111,7 +111,7 @@ def make_text_encoder(model: Any, tokenizer: Callable, device: torch.device,
                       batch_size: int = 256) -> Callable[[list[str]], torch.Tensor]:
     """``encode_text(list[str]) -> z^T [n, d]`` (CPU float tensor), batched, no grad."""
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def encode(texts: list[str]) -> torch.Tensor:
         out = [model.encode_text(tokenizer(texts[i:i + batch_size]).to(device)).float().cpu()
                for i in range(0, len(texts), batch_size)]

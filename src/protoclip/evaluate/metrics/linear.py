@@ -146,13 +146,18 @@ def linear_probe(
 
     fits: dict[float, Init] = {}  # log10 C -> solution on the fit split
     xfit, yfit = xtr[fit_idx], ytr[fit_idx]
+    fit_classes = np.unique(yfit)
 
-    def nearest(e: float) -> Init | None:  # the fitted C closest in log space (ties: the smaller C)
-        return fits[min(fits, key=lambda k: (abs(k - e), k))] if warm_start and fits else None
+    def nearest(e: float, classes: np.ndarray) -> Init | None:
+        """The solution at the fitted C closest in log space (ties: the smaller C), if its classes match
+        (a rare class can be missing from the fit split: the refit on all of train then starts cold)."""
+        if not warm_start or not fits or not np.array_equal(classes, fit_classes):
+            return None
+        return fits[min(fits, key=lambda k: (abs(k - e), k))]
 
     def val_accuracy(C: float) -> float:
         e = math.log10(C)
-        clf = _fit_logreg(xfit, yfit, C, max_iter, seed, init=nearest(e))
+        clf = _fit_logreg(xfit, yfit, C, max_iter, seed, init=nearest(e, fit_classes))
         fits[e] = (clf.coef_, clf.intercept_)
         pbar.update(1)
         return float((clf.predict(xtr[val_idx]) == ytr[val_idx]).mean())
@@ -161,7 +166,7 @@ def linear_probe(
         best_C, tried = search_C(val_accuracy, C_grid, steps_per_decade)
         pbar.close()
         log.info("linear probe: best C=%.3g (val acc %.4f) after %d fits", best_C, tried[best_C], len(tried))
-        clf = _fit_logreg(xtr, ytr, best_C, max_iter, seed, init=nearest(math.log10(best_C)))
+        clf = _fit_logreg(xtr, ytr, best_C, max_iter, seed, init=nearest(math.log10(best_C), np.unique(ytr)))
     top1 = 100.0 * float((clf.predict(xte) == yte).mean())
     return {"top1": top1, "C": float(best_C), "val_top1": 100.0 * tried[best_C]}
 

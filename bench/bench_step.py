@@ -1,0 +1,216 @@
+"""Our CLIP training step vs open_clip's own, measured side by side in one run (issue 12).
+
+* ``ours``: protoclip's real trainer (:func:`protoclip.train.loop.train`, ``method: clip``) on in-memory pairs
+  (a tensor data set read by a DataLoader, ``num_workers`` 0): time per optimizer step from the episodes'
+  ``time/train`` in ``train_log.jsonl`` (episode 0 dropped: allocator and cuDNN warm-up).
+* ``open_clip``: the same architecture built by open_clip alone, ``open_clip.loss.ClipLoss`` and
+  ``torch.optim.AdamW`` with open_clip_train's weight-decay groups and logit-scale clamp, over the same
+  DataLoader (``open_clip_train``'s ``train_one_epoch`` body without its logging), and once more on
+  pre-stacked tensors already on the device (``open_clip (tensors)``: the compute-only bound).
+* ``ours (shards)``: our trainer reading PNG images from webdataset shards (``shard.tar::member`` manifest
+  paths, our ``ImageTextDataset`` + the ProtoCLIP augmentation) with ``--workers`` DataLoader workers. The
+  fraction of step time spent waiting for data is ``1 - t(in-memory) / t(shards)``.
+
+The methods are interleaved (``--repeats`` rounds of each) in one process so that a busy machine slows them
+alike; the ratios are what to read, the absolute numbers depend on the machine's load.
+
+    python bench/bench_step.py                                           # CPU: tiny-rn 64 px, batch 128
+    python bench/bench_step.py --model RN50 --batch 512 --steps 20 --workers 8   # GPU (bf16 autocast)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import statistics
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from protoclip.layout import Layout
+from protoclip.models import build_model, get_tokenizer
+from protoclip.train.config import LossConfig, TrainConfig
+from protoclip.train.loop import train
+
+WORDS = "red green blue cat dog car tree house sun moon boat bird small large old new".split()
+
+
+class TensorPairs(Dataset):
+    """n fixed random images and captions held in memory: ``[i] -> (image, tokens, id)``."""
+
+    def __init__(self, n: int, image_size: int, tokenizer, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.images = torch.randn(n, 3, image_size, image_size, generator=g)
+        rng = np.random.default_rng(seed)
+        self.tokens = tokenizer([" ".join(rng.choice(WORDS, size=5)) for _ in range(n)])
+        self.ids = [f"s{i:07d}" for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int):
+        return self.images[i], self.tokens[i], self.ids[i]
+
+
+def write_shards(root: Path, n: int, size: int, per_shard: int = 256, seed: int = 0) -> pd.DataFrame:
+    """n PNG images (coloured boxes on white, ``size`` px) in webdataset tars; a manifest frame of their paths."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in range(math.ceil(n / per_shard)):
+        shard = root / f"{s:05d}.tar"
+        with tarfile.open(shard, "w") as tar:
+            for i in range(s * per_shard, min(n, (s + 1) * per_shard)):
+                a = np.full((size, size, 3), 255, np.uint8)
+                x, y = rng.integers(0, size // 2, 2)
+                a[y:y + size // 3, x:x + size // 3] = rng.integers(0, 255, 3)
+                buf = io.BytesIO()
+                Image.fromarray(a).save(buf, format="PNG")
+                info = tarfile.TarInfo(f"{i:07d}.png")
+                info.size = len(buf.getvalue())
+                tar.addfile(info, io.BytesIO(buf.getvalue()))
+                rows.append({"id": f"{i:07d}", "path": f"{shard}::{i:07d}.png",
+                             "caption": " ".join(rng.choice(WORDS, size=5))})
+    return pd.DataFrame(rows)
+
+
+def ours(args, dataset: Dataset, out: Path, tag: str, workers: int) -> float:
+    """Seconds per optimizer step of protoclip's trainer (CLIP), mean over episodes 1.."""
+    cfg = TrainConfig(name=tag, method="clip", model=args.model, teacher=None, head_hidden=args.head_hidden,
+                      epochs=1.0, episode_size=args.batch * args.steps, batch_size=args.batch, warmup_episodes=1,
+                      lock_image_epoch=None, num_workers=workers, device=args.device, precision="auto", seed=0,
+                      loss=LossConfig(external_weight=0.0))
+    torch.manual_seed(0)
+    model = build_model(cfg.model, head_hidden=cfg.head_hidden, head_out=cfg.head_out)
+    layout = Layout(out / "data", out / "results")
+    train(model, dataset, cfg, layout, tag)
+    recs = [json.loads(line) for line in layout.train_log(tag).read_text().splitlines()]
+    eps = [r for r in recs if r.get("kind") == "episode"][1:]
+    return sum(r["time/train"] for r in eps) / sum(r["n_steps"] for r in eps)
+
+
+def open_clip_step_fn(args, device: torch.device):
+    """open_clip_train's step: forward, ClipLoss, backward, AdamW, logit_scale clamp to [0, ln 100]."""
+    import open_clip
+    from open_clip.loss import ClipLoss
+
+    torch.manual_seed(0)
+    model = open_clip.create_model(args.model, pretrained=None, device=device)
+    model.output_dict = True  # forward -> {"image_features", "text_features", "logit_scale"} (open_clip_train)
+    model.train()
+
+    def exclude(n, p):  # open_clip_train/main.py
+        return p.ndim < 2 or "bn" in n or "ln" in n or "bias" in n or "logit_scale" in n
+
+    named = list(model.named_parameters())
+    opt = torch.optim.AdamW([
+        {"params": [p for n, p in named if exclude(n, p) and p.requires_grad], "weight_decay": 0.0},
+        {"params": [p for n, p in named if not exclude(n, p) and p.requires_grad], "weight_decay": 0.5},
+    ], lr=5e-4, betas=(0.9, 0.999), eps=1e-8)
+    loss_fn = ClipLoss()
+    bf16 = device.type == "cuda"
+
+    def step(images: torch.Tensor, texts: torch.Tensor) -> None:
+        images, texts = images.to(device, non_blocking=True), texts.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            out = model(images, texts)
+            loss = loss_fn(**out, output_dict=True)["contrastive_loss"]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            model.logit_scale.clamp_(0, math.log(100))
+
+    return step
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def theirs(args, dataset: Dataset, device: torch.device, from_loader: bool) -> float:
+    """Seconds per step of open_clip's step (episode-0-like warm-up of 2 steps excluded)."""
+    step = open_clip_step_fn(args, device)
+    loader = DataLoader(dataset, batch_size=args.batch, shuffle=False, num_workers=0, drop_last=True,
+                        pin_memory=device.type == "cuda")
+    if from_loader:
+        batches = iter(loader)
+        warm = [next(batches) for _ in range(2)]
+        for images, texts, _ in warm:
+            step(images, texts)
+        sync(device)
+        t0, n = time.perf_counter(), 0
+        for images, texts, _ in batches:
+            step(images, texts)
+            n += 1
+        sync(device)
+        return (time.perf_counter() - t0) / max(n, 1)
+    images, texts, _ = next(iter(loader))
+    images, texts = images.to(device), texts.to(device)
+    for _ in range(2):
+        step(images, texts)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step(images, texts)
+    sync(device)
+    return (time.perf_counter() - t0) / args.steps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="tiny-rn")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--steps", type=int, default=4, help="optimizer steps per episode (ours: 3 episodes, 1st dropped)")
+    p.add_argument("--head-hidden", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=2, help="interleaved rounds of every method")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the shard variant")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: leave torch's default)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from protoclip.devices import resolve_device
+    from protoclip.data.pairs import ImageTextDataset
+    from protoclip.data.transforms import train_transform
+
+    device = resolve_device(args.device)
+    tok = get_tokenizer(args.model)
+    size = build_model(args.model, head_hidden=0).image_size
+    n = 3 * args.batch * args.steps  # 3 episodes of `steps` steps: 1 epoch
+    mem = TensorPairs(n, size, tok)
+    times: dict[str, list[float]] = {"ours": [], "open_clip": [], "open_clip (tensors)": [], "ours (shards)": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "shards").mkdir()
+        shards = ImageTextDataset(write_shards(tmp / "shards", n, size), train_transform(size, "protoclip"), tok)
+        for r in range(args.repeats):
+            times["ours"].append(ours(args, mem, tmp / f"m{r}", f"mem{r}", workers=0))
+            times["open_clip"].append(theirs(args, mem, device, from_loader=True))
+            times["open_clip (tensors)"].append(theirs(args, mem, device, from_loader=False))
+            times["ours (shards)"].append(ours(args, shards, tmp / f"s{r}", f"shards{r}", workers=args.workers))
+    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    prec = "bf16 autocast" if device.type == "cuda" else "fp32"
+    print(f"\nCLIP training step: {args.model} {size}px, batch {args.batch}, {prec}, on {dev}; "
+          f"median of {args.repeats} interleaved rounds; torch {torch.__version__}")
+    print(f"{'path':<22} {'s/step':>8} {'samples/s':>10} {'ours / this speed':>18}")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k, v in med.items():
+        print(f"{k:<22} {v:>8.3f} {args.batch / v:>10.1f} {v / med['ours']:>17.2f}x")
+    print(f"ours vs open_clip (same DataLoader): {med['open_clip'] / med['ours']:.2f}x open_clip's speed "
+          f"(target >= 1.0)")
+    wait = max(0.0, 1.0 - med["ours"] / med["ours (shards)"])
+    print(f"ours reading shards with {args.workers} workers: {100 * wait:.0f}% of step time waiting for data")
+
+
+if __name__ == "__main__":
+    main()
