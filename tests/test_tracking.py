@@ -107,3 +107,22 @@ def test_report_run_holds_tables_as_artifacts(tmp_path):
     assert c.get_run(run_id).data.tags["protoclip.kind"] == "report"
     assert sorted(a.path for a in c.list_artifacts(run_id, "tables")) == ["tables/index.md", "tables/knn.csv"]
     assert log_report(cfg) != run_id  # every report is its own run
+
+
+def _open_store(uri: str) -> str:
+    from types import SimpleNamespace
+
+    from protoclip.tracking import _mlflow
+
+    cfg = SimpleNamespace(paths=SimpleNamespace(mlflow_uri=uri, mlflow_experiment="race"))
+    return _mlflow(cfg).get_experiment_by_name("race").experiment_id
+
+
+def test_parallel_jobs_open_a_fresh_sqlite_store_together(tmp_path):
+    """Snakemake starts several jobs at once on a new results folder: each must get the one experiment."""
+    import multiprocessing as mp
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with mp.get_context("spawn").Pool(3) as pool:
+        ids = pool.map(_open_store, [uri] * 3)
+    assert len(set(ids)) == 1

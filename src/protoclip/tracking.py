@@ -107,6 +107,22 @@ class MlflowTracker(Tracker):
         self._mlflow.log_input(ds, context=context)
 
 
+@contextmanager
+def _file_lock(path: Path | None) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (POSIX flock) for the block; no-op for None."""
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _mlflow(cfg):
     """The configured mlflow module (tracking URI set, experiment created with its kind tag), or None."""
     try:
@@ -115,18 +131,24 @@ def _mlflow(cfg):
         log.warning("mlflow not importable: metrics are written to files only")
         return None
     uri = cfg.paths.mlflow_uri
+    lock_path = None
     if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        db = Path(uri[len("sqlite:///"):])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = db.with_name(db.name + ".lock")
     mlflow.set_tracking_uri(uri)
-    client = mlflow.tracking.MlflowClient()
-    exp = client.get_experiment_by_name(cfg.paths.mlflow_experiment)
-    if exp is None:
-        exp_id = client.create_experiment(cfg.paths.mlflow_experiment, tags=EXPERIMENT_KIND)
-    else:
-        exp_id = exp.experiment_id
-        for k, v in EXPERIMENT_KIND.items():
-            if exp.tags.get(k) != v:
-                client.set_experiment_tag(exp_id, k, v)
+    # Parallel Snakemake jobs open a fresh SQLite store at the same moment; MLflow's schema creation is not safe
+    # against that ("index ... already exists"), so the first connection and the experiment are made under a lock
+    with _file_lock(lock_path):
+        client = mlflow.tracking.MlflowClient()
+        exp = client.get_experiment_by_name(cfg.paths.mlflow_experiment)
+        if exp is None:
+            exp_id = client.create_experiment(cfg.paths.mlflow_experiment, tags=EXPERIMENT_KIND)
+        else:
+            exp_id = exp.experiment_id
+            for k, v in EXPERIMENT_KIND.items():
+                if exp.tags.get(k) != v:
+                    client.set_experiment_tag(exp_id, k, v)
     mlflow.set_experiment(experiment_id=exp_id)
     return mlflow
 
