@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_eval_stage import RUN, RecordingTracker, one_thread, project  # noqa: E402,F401  (fixtures)
 
-from protoclip.evaluate.stage import image_only_method, run_evaluate  # noqa: E402
+from protoclip.evaluate.stage import image_only_method, run_collect, run_evaluate  # noqa: E402
 
 
 @pytest.mark.slow
@@ -22,11 +22,12 @@ def test_image_only_run_reports_text_tasks_not_applicable(project, monkeypatch):
     assert image_only_method(cfg, RUN) == "pcl"
 
     @contextmanager
-    def fake_tracked_run(cfg_, run, stage):
+    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
         yield RecordingTracker()
 
-    monkeypatch.setattr("protoclip.evaluate.stage.tracked_run", fake_tracked_run)
+    monkeypatch.setattr("protoclip.evaluate.stage.evaluation_run", fake_evaluation_run)
     run_evaluate(cfg, RUN, tasks=["knn", "retrieval", "zeroshot"], datasets=["digits", "heldout_pairs"])
+    run_collect(cfg, RUN)  # per-set evaluations leave metrics.json to `collect`
     for task, name in (("retrieval", "heldout_pairs"), ("zeroshot", "digits")):
         rec = json.loads(layout.metrics(RUN, task, name).read_text())
         assert rec["skipped"].startswith("not applicable: image-only method (pcl)") and "metrics" not in rec

@@ -127,7 +127,9 @@ def run_report(cfg) -> Path:
     layout = Layout.from_config(cfg)
     runs = cfg.run_names()
     long = collect_metrics(layout, runs)
-    layout.tables.mkdir(parents=True, exist_ok=True)
+    # the stage's DVC outputs exist even when a config declares no target (dvc commit needs every out)
+    for folder in (layout.tables, layout.figures, Path(cfg.paths.results_dir) / "report"):
+        folder.mkdir(parents=True, exist_ok=True)
     results = Results(cfg)
     lines = ["# Results", "", f"Config: `{cfg.source}`. Runs: {', '.join(runs)}. Regenerate with "
              "`protoclip report`. Paper numbers: transcribed in `protoclip/report/paper_numbers.yaml` (table, "

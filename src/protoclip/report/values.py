@@ -138,7 +138,7 @@ class Results:
             summary = self.layout.metrics_summary(run)
             per_task = json.loads(summary.read_text()) if summary.exists() else {}
             for per_set in per_task.values():
-                for dataset, m in per_set.items():
+                for dataset, m in (per_set.items() if isinstance(per_set, dict) else ()):
                     if isinstance(m, dict) and "skipped" in m:
                         out.setdefault(dataset, m["skipped"])
             for _task, dataset, path in self.layout.metrics_files(run):
