@@ -220,3 +220,30 @@ def test_embed_dim_and_context_length_overrides_round_trip(tmp_path):
     assert (loaded.embed_dim, loaded.context_length) == (96, 20)
     assert torch.equal(loaded(torch.zeros(1, 3, 64, 64), tokens[:1])["z_text"],
                        model(torch.zeros(1, 3, 64, 64), tokens[:1])["z_text"])
+
+
+@pytest.mark.parametrize("name,class_tokens", [("tiny-rn", 0), ("tiny-vit", 0), ("tiny-vit", 4)])
+def test_image_size_override_round_trip(tmp_path, name, class_tokens):
+    # the offline default trains the 64 px tiny configs at 32 px (train.image_size)
+    from protoclip.models.build import architecture_overrides, model_config
+    cfg = model_config(name)
+    assert architecture_overrides(cfg, None, None, 32) == {"vision_cfg": {**cfg["vision_cfg"], "image_size": 32}}
+    assert architecture_overrides(cfg, None, None, 64) == {}  # the config's own size: nothing to override
+    torch.manual_seed(0)
+    model = build_model(name, head_hidden=32, head_out=8, image_size=32, class_tokens=class_tokens).eval()
+    assert model.image_size == 32
+    tokens = get_tokenizer(name)(["a red circle", "a blue square"])
+    out = model(torch.randn(2, 3, 32, 32), tokens)
+    assert out["z_image"].shape == (2, 128 * max(class_tokens, 1)) and torch.isfinite(out["z_image"]).all()
+    with pytest.raises(Exception):  # the 64 px input the tower was not built for
+        model(torch.randn(2, 3, 64, 64), tokens)
+    loaded, _ = load_model(save_model(tmp_path / "m.pt", model, {}))
+    x = torch.randn(1, 3, 32, 32)
+    assert loaded.image_size == 32 and torch.equal(loaded(x, tokens[:1])["z_image"], model(x, tokens[:1])["z_image"])
+
+
+def test_image_size_override_must_fit_the_architecture():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        build_model("tiny-vit", image_size=36)  # patch 8
+    with pytest.raises(ValueError, match="multiple of 32"):
+        build_model("tiny-rn", image_size=48)  # ModifiedResNet downsamples 32x

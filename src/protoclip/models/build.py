@@ -53,13 +53,15 @@ def _image_size(cfg: dict) -> int:
     return int(size)
 
 
-def architecture_overrides(cfg: dict, embed_dim: int | None, context_length: int | None) -> dict:
-    """open_clip ``create_model`` keyword overrides for a changed d_z and/or text context length.
+def architecture_overrides(cfg: dict, embed_dim: int | None, context_length: int | None,
+                           image_size: int | None = None) -> dict:
+    """open_clip ``create_model`` keyword overrides for a changed d_z, text context length and/or input size.
 
-    open_clip merges these keys *shallowly* into the model config, so a new context length is passed as a
-    whole ``text_cfg`` with only ``context_length`` changed. Why they exist: ProtoCLIP Table I / Sec. IV-C2
-    give RN101 a 1024-d z^I where open_clip's RN101 config has 512, and Sec. IV-A1 sets the text
-    "max sequence length" to 76 where open_clip (and OpenAI CLIP) use 77.
+    open_clip merges these keys *shallowly* into the model config, so a new context length (image size) is
+    passed as a whole ``text_cfg`` (``vision_cfg``) with only that key changed. Why they exist: ProtoCLIP
+    Table I / Sec. IV-C2 give RN101 a 1024-d z^I where open_clip's RN101 config has 512, Sec. IV-A1 sets the
+    text "max sequence length" to 76 where open_clip (and OpenAI CLIP) use 77, and the offline default trains
+    the tiny configs at 32 px on 2 CPU cores (README "Budget").
     """
     out: dict = {}
     if embed_dim is not None and embed_dim != cfg["embed_dim"]:
@@ -70,6 +72,13 @@ def architecture_overrides(cfg: dict, embed_dim: int | None, context_length: int
         if context_length < 2:
             raise ValueError(f"context_length must be >= 2 (start and end tokens), got {context_length}")
         out["text_cfg"] = {**cfg["text_cfg"], "context_length": int(context_length)}
+    if image_size is not None and image_size != _image_size(cfg):
+        vision = cfg["vision_cfg"]
+        # ModifiedResNet downsamples 32x (attention pool over (size/32)^2 positions); a ViT needs whole patches
+        step = vision["patch_size"] if vision.get("patch_size") else 32
+        if image_size < step or image_size % step:
+            raise ValueError(f"image_size must be a positive multiple of {step} for this architecture, got {image_size}")
+        out["vision_cfg"] = {**vision, "image_size": int(image_size)}
     return out
 
 
@@ -83,17 +92,18 @@ def build_model(
     class_tokens: int = 0,
     embed_dim: int | None = None,
     context_length: int | None = None,
+    image_size: int | None = None,
 ) -> ProtoCLIPModel:
     """A randomly initialised :class:`ProtoCLIPModel` of open_clip architecture ``name`` (fp32).
 
     ``head``: ``swav`` (ProtoCLIP) or ``nclip`` (nCLIP/xCLIP heads). ``class_tokens`` m >= 1: multi-class-token
     towers (:mod:`protoclip.models.multitoken`; ViT configs only), z = m tokens x embed_dim; 0 = open_clip's.
-    ``embed_dim`` (d_z per token) and ``context_length`` override open_clip's config when given (see
+    ``embed_dim`` (d_z per token), ``context_length`` and ``image_size`` override open_clip's config when given (see
     :func:`architecture_overrides`); the tokenizer must then be built with the same context length
     (:func:`get_tokenizer` with ``context_length=model.context_length``).
     """
     cfg = model_config(name)
-    overrides = architecture_overrides(cfg, embed_dim, context_length)
+    overrides = architecture_overrides(cfg, embed_dim, context_length, image_size)
     # pretrained=None and pretrained_image/text False: random init, nothing is fetched
     clip = open_clip.create_model(name, pretrained=None, pretrained_image=False, pretrained_text=False, device=device,
                                   force_custom_text=class_tokens > 0, **overrides)
@@ -104,7 +114,7 @@ def build_model(
         clip = make_multitoken(clip, class_tokens).to(device)
         embed_dim *= class_tokens
     model = ProtoCLIPModel(
-        clip, name=name, embed_dim=embed_dim, image_size=_image_size(cfg),
+        clip, name=name, embed_dim=embed_dim, image_size=_image_size({**cfg, **overrides}),
         head_hidden=head_hidden, head_out=head_out, init_temperature=init_temperature, head=head,
     )
     model.class_tokens = int(class_tokens)

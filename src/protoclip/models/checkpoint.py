@@ -69,7 +69,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Pr
                         head=payload.get("head", "swav"), class_tokens=class_tokens,
                         # model.embed_dim is m tokens x d_z for multi-token towers: rebuild from d_z
                         embed_dim=payload.get("embed_dim") // max(class_tokens, 1) if payload.get("embed_dim") else None,
-                        context_length=payload.get("context_length"))
+                        context_length=payload.get("context_length"), image_size=payload.get("image_size"))
     model.load_state_dict(payload["state_dict"], strict=True)
     model.to(device).eval()
     return model, json.loads(payload["config_json"])

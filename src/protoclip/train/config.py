@@ -104,6 +104,7 @@ class TrainConfig:
     model: str = "tiny-rn"  # open_clip model config: RN50, RN101, ViT-B-32, or a shipped tiny config
     embed_dim: int | None = None  # d_z; null = open_clip's config (RN50 1024, RN101 512; Table I: RN101 1024)
     context_length: int | None = None  # text tokens; null = open_clip's config (77; paper Sec. IV-A1: 76)
+    image_size: int | None = None  # input px; null = open_clip's config (224; tiny configs 64, offline default 32)
     head_hidden: int = 2048  # projection heads g^I, g^T: SwAV 2-layer MLP
     head_out: int = 128  # d_h (nCLIP: K output units, paper 32768)
     class_tokens: int = 0  # m class tokens per tower (ViT models; temperature paper Multi(n, m)); 0 = open_clip's

@@ -92,7 +92,7 @@ class Method:
         model = build_model(cfg.model, head_hidden=cfg.head_hidden, head_out=cfg.head_out,
                             init_temperature=cfg.loss.init_temperature, head=cls.head,
                             class_tokens=cfg.class_tokens, embed_dim=cfg.embed_dim,
-                            context_length=cfg.context_length)
+                            context_length=cfg.context_length, image_size=cfg.image_size)
         if not cfg.loss.learn_temperature:  # temperature study: the CLIP scale fixed at its init
             model.logit_scale.requires_grad_(False)
         return model
