@@ -14,11 +14,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -qq -e .  # -qq: errors only (the local wheel index prints a warning per package)
 	touch $(STAMP)
 
-# The main job: the whole Snakemake DAG on the offline default (prepare, teacher, train, evaluate, report).
+# The main job: the whole Snakemake DAG on the offline default (prepare, teacher, train, evaluate, report), then
+# the HTML report of every table and figure (results/report.html; rebuilt only when the tables changed).
 # On success the Snakefile's `onsuccess` records every output in dvc.lock (`dvc commit`): commit dvc.lock,
 # `dvc push` to share data and results.
 run: $(STAMP)
 	PATH=$(BIN):$$PATH snakemake --cores $(CORES) --resources gpu=0 --rerun-incomplete
+	test results/report.html -nt results/tables/index.md || PATH=$(BIN):$$PATH snakemake --report results/report.html
 
 # After a fresh clone (or `git checkout` of another commit): data and results from the DVC remote / cache,
 # then Snakemake's file times and metadata set to match (README "DVC and Snakemake"), so `make run` reruns
