@@ -1,4 +1,6 @@
 """Strict config loading: unknown keys, wrong types and missing paths stop with key and file named."""
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -165,3 +167,30 @@ def test_non_finite_numbers_are_rejected_naming_the_key(tmp_path, text, key):
         load_config(path)
     msg = str(err.value)
     assert f"'{key}'" in msg and "finite" in msg and str(path) in msg
+
+
+def test_progress_bars_update_every_30s_in_log_files(monkeypatch):
+    """Rule logs (`| tee`) are not terminals: the CLI sets TQDM_MININTERVAL before tqdm is imported (tqdm reads
+    TQDM_* defaults at import), so a log holds a few progress frames instead of ten per second."""
+    import io
+    import subprocess
+    import sys
+
+    from protoclip.cli import progress_for_logs
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
+    assert not progress_for_logs(Tty()) and "TQDM_MININTERVAL" not in os.environ
+    snippet = ("from protoclip.cli import progress_for_logs; progress_for_logs(); import time; from tqdm import tqdm\n"
+               "for _ in tqdm(range(20)): time.sleep(0.02)")  # 0.4 s of work, the bar on stderr (a pipe here)
+
+    def frames(**env) -> int:
+        out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, check=True,
+                             env={**os.environ, **env})
+        return out.stderr.count("it/s]")  # one per frame (text mode turns the frames' \r into newlines)
+
+    assert frames() <= 3  # the first and the final frame only
+    assert frames(TQDM_MININTERVAL="0.01") >= 10  # a user's own setting wins: frequent updates, as logs had before

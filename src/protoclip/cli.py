@@ -17,6 +17,7 @@ the key or path, with exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import logging
 import sys
 
@@ -52,8 +53,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+LOG_PROGRESS_INTERVAL = "30"  # seconds between progress-bar updates when stderr is a log file, not a terminal
+
+
+def progress_for_logs(stream=None) -> bool:
+    """When ``stream`` (stderr) is not a terminal (a Snakemake rule's ``| tee`` log, a SLURM log), tqdm bars
+    update every 30 s instead of ten times a second, so a rule log holds a few progress lines, not thousands
+    of carriage-return frames (tqdm >= 4.66 reads ``TQDM_*`` defaults from the environment; an explicit
+    ``TQDM_MININTERVAL`` wins). Returns whether it applied."""
+    stream = sys.stderr if stream is None else stream
+    if getattr(stream, "isatty", lambda: False)():
+        return False
+    os.environ.setdefault("TQDM_MININTERVAL", LOG_PROGRESS_INTERVAL)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    progress_for_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
         cfg = load_config(args.config)
