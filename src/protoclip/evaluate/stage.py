@@ -18,12 +18,14 @@ tsne        z^I of the test split (Fig. 8)                metrics.embedding_plot
 =========== ============================================ ====================================================
 
 it writes ``results/runs/<run>/eval/<set>/<task>.json`` (metrics, run, dataset, task, sizes, feature kind,
-provenance, and the probe subsample when ``max_train`` / ``max_test`` cut the set's splits), logs the numbers into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws t-SNE
-plots to ``results/runs/<run>/eval/<set>/tsne.png``, records what each task did in ``eval/<set>/tasks.json``
-and prints a summary table. The workflow runs one job per (run, set) (``--dataset``); ``protoclip collect``
-(or an evaluation of every set) gathers every metrics file of the run into ``results/runs/<run>/metrics.json``. A task that does not apply to a set
-(retrieval without captions, zero-shot without templates, probes without a train split) is not run. A
-set that is not configured or not found writes ``{"skipped": "skipped: <set> not found at <path>"}``
+provenance, and the probe subsample when ``max_train`` / ``max_test`` cut the set's splits), logs the numbers
+into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws t-SNE plots to
+``results/runs/<run>/eval/<set>/tsne.png``, records what each task did in ``eval/<set>/tasks.json`` and prints
+a summary table. The workflow runs one job per (run, set) (``--dataset``); ``protoclip collect`` (or an
+evaluation of every set) gathers every metrics file of the run into ``results/runs/<run>/metrics.json``. A
+task that does not apply to a set (retrieval without captions, zero-shot without templates, probes without a
+train split) is not run. A set that is not configured or not found writes
+``{"skipped": "skipped: <set> not found at <path>"}``
 into each of its metrics files, so tables show why a cell is empty.
 """
 from __future__ import annotations
