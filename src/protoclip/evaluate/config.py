@@ -16,8 +16,18 @@ class EvalDatasetConfig:
     kind: Literal["offline", "torchvision", "folder", "wds", "coco"]
     path: str | None = None  # root folder / shard folder / COCO root; null = not configured (reported skipped)
     tasks: list[str] = field(default_factory=lambda: list(TASKS))  # tasks run on this set (if they apply)
+    # Probe on a fixed subsample (issue: budget): null = the whole split; N = a seeded subset of at most N
+    # images of the split (class-stratified when the labels are known without decoding images, else uniform;
+    # seeded by evaluate.seed and the set's name, never by the run), the same images for every run so runs
+    # stay comparable. A split of at most N images is used whole. See datasets.subsample_set.
+    max_train: int | None = None  # train split (linear / k-NN probes)
+    max_test: int | None = None  # test split (zero-shot, probes, clustering, NEMD, t-SNE); not caption retrieval
 
     def validate(self) -> None:
+        for key in ("max_train", "max_test"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ValueError(f"{key} must be >= 1 or null (the whole split), got {value}")
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown:
             raise ValueError(f"unknown evaluation task '{unknown[0]}' (known: {', '.join(TASKS)})")

@@ -23,8 +23,12 @@ Kinds (``EvalDatasetConfig.kind``):
 * ``coco``: COCO captions (Karpathy 5k test split from ``dataset_coco.json`` when present, else
   ``annotations/captions_val2017.json`` with ``val2017/``).
 
+``max_train`` / ``max_test`` of a set's config cut a labelled set's splits to a fixed seeded subsample
+(:func:`subsample_set`: class-stratified when the labels are known without decoding, uniform otherwise, the
+same images for every run; webdataset splits stay whole); caption sets are never cut.
+
     from protoclip.evaluate.datasets import load_eval_set
-    ds = load_eval_set("cifar10", cfg.evaluate.datasets["cifar10"], Layout.from_config(cfg))
+    ds = load_eval_set("cifar10", cfg.evaluate.datasets["cifar10"], Layout.from_config(cfg), seed=cfg.evaluate.seed)
 """
 from __future__ import annotations
 
@@ -32,8 +36,9 @@ import json
 import logging
 import re
 import tarfile
+import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -93,6 +98,9 @@ class LabelledSet:
     train: ImageSplit | None = None
     captions: CaptionSet | None = None  # heldout_pairs carries its retrieval pairs here
     source: str = ""
+    # the probe subsample in use (subsample_set): max_train / max_test / seed and, per split, n / of / how;
+    # None = whole splits (no max configured). Recorded in the metrics files and the feature cache key.
+    subsample: dict[str, Any] | None = None
 
     def __len__(self) -> int:
         return len(self.test)
@@ -194,6 +202,103 @@ class WdsSplit:
             "webp;jpg;jpeg;png", "cls")
         for img, y in pipeline:
             yield to_rgb(img), int(y)
+
+
+@dataclass
+class SubsetSplit(_Indexed):
+    """Items ``indices`` of a map-style split (torchvision or another :class:`_Indexed`), in that order."""
+    split: Any
+    indices: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        return self.split[int(self.indices[i])]
+
+
+# --------------------------------------------------------------------------- probe subsample
+# A fixed, documented subsample of a labelled set's splits (EvalDatasetConfig.max_train / max_test). Our
+# choice for the offline budget (issue: budget), not a paper protocol: the paper probes whole sets. The
+# indices depend only on (evaluate.seed, the set's name, the split, the split's labels / size, the max), never
+# on the run or the model, so every run is probed on the same images and runs stay comparable.
+def cheap_labels(split: Any) -> np.ndarray | None:
+    """The labels of a split when known without decoding an image (arrays, file lists, torchvision sets that
+    keep ``targets`` / ``_labels`` / ``labels``), else None."""
+    if isinstance(split, (ArraySplit, FileSplit)):
+        return np.asarray(split.labels, dtype=np.int64)
+    if isinstance(split, TorchvisionSplit):
+        for attr in ("targets", "_labels", "labels"):
+            labels = getattr(split.dataset, attr, None)
+            if labels is not None and len(labels) == len(split.dataset):
+                try:
+                    return np.asarray(labels, dtype=np.int64).reshape(len(split.dataset))
+                except (TypeError, ValueError):  # e.g. non-integer targets: fall back to uniform
+                    return None
+    return None
+
+
+def stratified_indices(labels: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` indices into ``labels``, per class in proportion to its count, sorted (original order).
+
+    Per-class quotas by the largest-remainder method (floor of ``n * n_c / N``, the images left over go to the
+    classes with the largest fractional parts, ties to the lower class id), so each class's count is within 1
+    of proportional; the images of each class are a seeded draw without replacement.
+    """
+    labels = np.asarray(labels)
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = n * counts / counts.sum()
+    quota = np.floor(exact).astype(np.int64)
+    left = n - int(quota.sum())
+    order = np.lexsort((np.arange(len(classes)), -(exact - quota)))  # largest remainder first, stable
+    quota[order[:left]] += 1
+    picked = [rng.choice(np.flatnonzero(labels == c), size=int(q), replace=False)
+              for c, q in zip(classes, quota) if q > 0]
+    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
+
+
+def subsample_indices(name: str, which: str, n_total: int, n: int, seed: int,
+                      labels: np.ndarray | None = None) -> np.ndarray:
+    """The fixed subsample of split ``which`` ("train" / "test") of set ``name``: class-stratified when
+    ``labels`` are given, else uniform; sorted; seeded by ``[seed, crc32(name), crc32(which)]`` only."""
+    rng = np.random.default_rng([int(seed), zlib.crc32(name.encode()), zlib.crc32(which.encode())])
+    if labels is not None:
+        return stratified_indices(labels, n, rng)
+    return np.sort(rng.choice(n_total, size=n, replace=False))
+
+
+def _subsample_split(name: str, which: str, split: ImageSplit, n: int | None,
+                     seed: int) -> tuple[ImageSplit, dict[str, Any]]:
+    total = len(split)
+    if n is None or total <= n:
+        return split, {"n": total, "of": total, "how": "whole"}
+    if isinstance(split, WdsSplit):  # iterable shards: no random access, and the first N may be class-sorted
+        log.warning("%s: max_%s = %d is not supported for webdataset shards; the whole %s split (%d images) "
+                    "is used", name, which, n, which, total)
+        return split, {"n": total, "of": total, "how": "whole (webdataset: subsample unsupported)"}
+    labels = cheap_labels(split)
+    idx = subsample_indices(name, which, total, n, seed, labels)
+    how = "class-stratified" if labels is not None else "uniform"
+    if isinstance(split, ArraySplit):
+        out: ImageSplit = ArraySplit(split.images[idx], split.labels[idx])
+    elif isinstance(split, FileSplit):
+        out = FileSplit([split.paths[i] for i in idx], [split.labels[i] for i in idx])
+    else:
+        out = SubsetSplit(split, idx)
+    return out, {"n": len(idx), "of": total, "how": how}
+
+
+def subsample_set(ds: LabelledSet, max_train: int | None, max_test: int | None, seed: int) -> LabelledSet:
+    """``ds`` with its train / test splits cut to the fixed subsample (captions untouched); ``ds.subsample``
+    records what was used. Without a max it is returned as is (``subsample`` None)."""
+    if max_train is None and max_test is None:
+        return ds
+    info: dict[str, Any] = {"max_train": max_train, "max_test": max_test, "seed": int(seed)}
+    test, info["test"] = _subsample_split(ds.name, "test", ds.test, max_test, seed)
+    train = None
+    if ds.train is not None:
+        train, info["train"] = _subsample_split(ds.name, "train", ds.train, max_train, seed)
+    return replace(ds, train=train, test=test, subsample=info)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -496,12 +601,21 @@ LOADERS: dict[str, Callable[[str, Path], EvalSet]] = {
 }
 
 
-def load_eval_set(name: str, cfg: EvalDatasetConfig, layout: Layout) -> EvalSet | Skipped:
+def load_eval_set(name: str, cfg: EvalDatasetConfig, layout: Layout, seed: int = 0) -> EvalSet | Skipped:
     """Open data set ``name``; a path that is not configured or not found gives :class:`Skipped`.
 
     A path that exists but whose files torchvision cannot find (``RuntimeError: Dataset not found``) is
     also reported as not found; malformed data (wrong class counts, missing arrays) raises ``ValueError``.
+    A labelled set's splits are cut to ``cfg.max_train`` / ``cfg.max_test`` (:func:`subsample_set`, seeded by
+    ``seed`` = ``evaluate.seed`` and the set's name).
     """
+    ds = _open_eval_set(name, cfg, layout)
+    if isinstance(ds, LabelledSet):
+        return subsample_set(ds, cfg.max_train, cfg.max_test, seed)
+    return ds
+
+
+def _open_eval_set(name: str, cfg: EvalDatasetConfig, layout: Layout) -> EvalSet | Skipped:
     if cfg.kind == "offline":
         path = Path(cfg.path) if cfg.path else (layout.manifest if name == HELDOUT else layout.eval_set(name))
         if not path.exists():

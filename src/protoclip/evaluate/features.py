@@ -12,8 +12,9 @@ stored as a dot product: ``test_s`` / ``zeroshot_classifier_s`` and ``caption_im
 plus ``similarity`` (the kind); the evaluation stage then uses those with ``normalize=False``.
 
 The arrays live in ``results/runs/<run>/features/<set>.npz`` (written atomically) with a ``meta_json``
-entry; the cache is reused only when the model file's sha256, the data source, the split sizes and the
-class names / templates are unchanged, so a retrained ``model.pt`` invalidates it.
+entry; the cache is reused only when the model file's sha256, the data source, the split sizes, the probe
+subsample (``max_train`` / ``max_test`` / seed) and the class names / templates are unchanged, so a retrained
+``model.pt`` or a changed subsample invalidates it.
 
     ex = FeatureExtractor(layout.model(run), device="auto", batch_size=256)
     feats = ex.features(layout.features(run, "cifar10"), dataset)   # dict of numpy arrays
@@ -202,6 +203,8 @@ class FeatureExtractor:
         if isinstance(ds, LabelledSet):
             key.update(n_test=len(ds.test), n_train=len(ds.train) if ds.train is not None else 0,
                        classnames=_text_hash(ds.classnames), templates=_text_hash(ds.templates))
+            if ds.subsample is not None:  # a changed max / seed picks other images at the same sizes
+                key["subsample"] = ds.subsample
             caps = ds.captions
         else:
             caps = ds

@@ -18,12 +18,14 @@ tsne        z^I of the test split (Fig. 8)                metrics.embedding_plot
 =========== ============================================ ====================================================
 
 it writes ``results/runs/<run>/eval/<set>/<task>.json`` (metrics, run, dataset, task, sizes, feature kind,
-provenance), logs the numbers into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws t-SNE
-plots to ``results/runs/<run>/eval/<set>/tsne.png``, records what each task did in ``eval/<set>/tasks.json``
-and prints a summary table. The workflow runs one job per (run, set) (``--dataset``); ``protoclip collect``
-(or an evaluation of every set) gathers every metrics file of the run into ``results/runs/<run>/metrics.json``. A task that does not apply to a set
-(retrieval without captions, zero-shot without templates, probes without a train split) is not run. A
-set that is not configured or not found writes ``{"skipped": "skipped: <set> not found at <path>"}``
+provenance, and the probe subsample when ``max_train`` / ``max_test`` cut the set's splits), logs the numbers
+into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws t-SNE plots to
+``results/runs/<run>/eval/<set>/tsne.png``, records what each task did in ``eval/<set>/tasks.json`` and prints
+a summary table. The workflow runs one job per (run, set) (``--dataset``); ``protoclip collect`` (or an
+evaluation of every set) gathers every metrics file of the run into ``results/runs/<run>/metrics.json``. A
+task that does not apply to a set (retrieval without captions, zero-shot without templates, probes without a
+train split) is not run. A set that is not configured or not found writes
+``{"skipped": "skipped: <set> not found at <path>"}``
 into each of its metrics files, so tables show why a cell is empty.
 """
 from __future__ import annotations
@@ -311,7 +313,7 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
             status: dict[str, str] = {}
             ds_cfg = ecfg.datasets[name]
             wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
-            ds = load_eval_set(name, ds_cfg, layout) if wanted else None
+            ds = load_eval_set(name, ds_cfg, layout, seed=ecfg.seed) if wanted else None
             base = {"run": run, "dataset": name}
             if isinstance(ds, Skipped):
                 log.warning(ds.reason)
@@ -346,13 +348,17 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
                 metrics, kind, sizes = TASK_FUNCS[task](feats, ds, ecfg, fig)
                 record = {**base, "task": task, "metrics": metrics, **sizes, "features": kind,
                           "model_sha256": extractor.model_sha256, "source": ds.source, "provenance": prov}
+                if task != "retrieval" and getattr(ds, "subsample", None) is not None:
+                    record["subsample"] = ds.subsample  # the fixed probe subsample (datasets.subsample_set)
                 written.append(write_json(layout.metrics(run, task, name), record))
                 status[task] = "ran"
                 tracker.log_metrics(_numbers(metrics, f"eval/{task}/{name}/"))
                 if task == "tsne":
                     tracker.log_artifact(fig, f"figures/{name}")
-            write_json(layout.eval_tasks(run, name), {"run": run, "dataset": name, "tasks": status,
-                                                      "model_sha256": extractor.model_sha256})
+            tasks_record = {"run": run, "dataset": name, "tasks": status, "model_sha256": extractor.model_sha256}
+            if getattr(ds, "subsample", None) is not None:
+                tasks_record["subsample"] = ds.subsample
+            write_json(layout.eval_tasks(run, name), tasks_record)
         if datasets is None:
             written.append(run_collect(cfg, run))
             tracker.log_artifact(layout.metrics_summary(run), "metrics")
