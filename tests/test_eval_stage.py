@@ -258,3 +258,15 @@ def test_heldout_without_labels_runs_retrieval_only(project, monkeypatch):
     status = json.loads(layout.eval_tasks(RUN, "heldout_pairs").read_text())["tasks"]
     assert status == {"retrieval": "ran", "knn": "not applicable: no train split",
                       "clustering": "not applicable: empty test split"}
+
+
+def test_collect_starts_without_torch():
+    """`protoclip collect` runs once per run on the main node: its imports must not pull torch / open_clip
+    (~8 s per job on 2 cores, 48 jobs in the offline default)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from protoclip.evaluate.stage import run_collect; "
+            "print(sorted(m for m in ('torch', 'open_clip', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -5,28 +5,22 @@
     ds = ImageTextDataset(df, train_transform(64, "protoclip"), open_clip.get_tokenizer("RN50"))
     image, tokens, sample_id = ds[0]
 
-Paths are plain files or ``<shard.tar>::<member>`` (webdataset user data); tar members are read by
-random access through a per-worker cache of open ``TarFile`` objects (their member index is built
-once per shard and process).
+Paths are plain files or ``<shard.tar>::<member>`` (webdataset user data), read by
+:mod:`protoclip.data.reading` (a per-worker cache of open ``TarFile`` objects).
 """
 from __future__ import annotations
 
-import io
-import os
-import tarfile
 from pathlib import Path
 from typing import Callable, Iterable
 
 import pandas as pd
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 
 from protoclip.config import ConfigError
+from protoclip.data.reading import SEP, TarCache, read_image  # noqa: F401  (re-exported)
 from protoclip.data.manifest import read_manifest
 from protoclip.layout import Layout
-
-SEP = "::"
 
 
 def load_manifest(layout: Layout, sources: Iterable[str] | None = None, split: str | None = None) -> pd.DataFrame:
@@ -50,37 +44,6 @@ def load_manifest(layout: Layout, sources: Iterable[str] | None = None, split: s
     df = df.copy()
     df["path"] = [p if Path(p.split(SEP, 1)[0]).is_absolute() else str(root / p) for p in df["path"]]
     return df.reset_index(drop=True)
-
-
-class TarCache:
-    """Open tar files per process (a DataLoader worker gets its own after fork/spawn)."""
-
-    def __init__(self) -> None:
-        self.pid = None
-        self.tars: dict[str, tarfile.TarFile] = {}
-
-    def read(self, shard: str, member: str) -> bytes:
-        if self.pid != os.getpid():
-            self.pid, self.tars = os.getpid(), {}
-        tar = self.tars.get(shard)
-        if tar is None:
-            tar = self.tars[shard] = tarfile.open(shard)
-        f = tar.extractfile(member)
-        if f is None:
-            raise FileNotFoundError(f"{shard}{SEP}{member}")
-        return f.read()
-
-
-def read_image(path: str, tars: TarCache | None = None) -> Image.Image:
-    """Open a manifest path (file or ``shard.tar::member``) as an RGB PIL image."""
-    if SEP in path:
-        shard, member = path.split(SEP, 1)
-        data = (tars or TarCache()).read(shard, member)
-        img = Image.open(io.BytesIO(data))
-    else:
-        img = Image.open(path)
-    img.load()
-    return img.convert("RGB")
 
 
 class ImageTextDataset(Dataset):

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from protoclip.data.pairs import SEP, TarCache, read_image
+from protoclip.data.reading import SEP, TarCache, read_image
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.prompts import canonical, has_prompts, load_prompts
 from protoclip.layout import Layout

@@ -43,7 +43,6 @@ from protoclip.atomic import write_json
 from protoclip.config import ConfigError, require_path
 from protoclip.evaluate.config import TASKS, EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set
-from protoclip.evaluate.features import FeatureExtractor
 from protoclip.layout import Layout
 from protoclip.provenance import provenance
 from protoclip.tracking import evaluation_run
@@ -300,6 +299,8 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
         raise ConfigError(f"{cfg.source}: data set '{bad[0]}' is not under evaluate.datasets "
                           f"(configured: {', '.join(ecfg.datasets) or 'none'})")
     model_path = require_path(layout.model(run), f"evaluate run '{run}'")
+    from protoclip.evaluate.features import FeatureExtractor  # torch + open_clip: not needed by `collect`
+
     extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size, ecfg.num_workers)
     prov = provenance(ecfg.seed)
     image_only = image_only_method(cfg, run)
