@@ -20,7 +20,8 @@ only the data and the sizes:
 
 The numbers mean nothing; the test checks that every declared table and figure is produced, with our numbers
 (where its runs are trained) and the paper's, that a second run has nothing to do, and that the HTML report has the targets. Chromium
-rendering of the report is tested in tests/test_report_html.py. About 10-15 minutes on 2 busy cores.
+rendering of the report is tested in tests/test_report_html.py. Cost (95 jobs): measured 27 min wall on the
+shared 2-core dev machine under a load of ~5 (22 min user + 4 min sys CPU), so about 13-14 min on 2 idle cores.
 """
 from __future__ import annotations
 
@@ -98,8 +99,8 @@ def fixture_labelled_set(path: Path) -> Path:
 # The experiment files whose runs the test trains: every method and model (tiny RN, tiny ViT, multi-token; CLIP,
 # ProtoCLIP, nCLIP, xCLIP, PCL, PAUC), the main runs with their 3 seeds (Tables IV-VIII, XII, Figs. 7-9), a
 # bars figure and the temperature runs: 22 of the 48 runs. The other files are listed under `targets:`, so
-# their tables and figures are still written (their rows read "not configured"). All 48 runs would take
-# about 20 minutes on 2 idle cores, mostly process start-up of ~200 jobs (measured: issue 8 report).
+# their tables and figures are still written (their rows read "not configured"). All 48 runs are 205 jobs, about
+# twice the CPU (each job pays ~10 s of torch / open_clip / MLflow start-up): ~30 min on 2 idle cores.
 TRAINED = ["experiments/table_V.yaml", "experiments/methods.yaml", "experiments/methods_pcl.yaml",
            "experiments/fig_6d.yaml", "experiments/temperature.yaml"]
 
