@@ -162,3 +162,18 @@ def test_webdataset_cut_shard_keeps_what_it_can_and_counts_the_rest(tmp_path):
     pairs, drops = scan_wds(UserDataConfig(name="w", format="wds", path=str(tmp_path / "cut.tar")))
     # either tarfile lists the whole shard up front and refuses it, or it lists the readable members
     assert (not pairs and dict(drops) == {"undecodable_shard": 1}) or (pairs and "undecodable_shard" not in drops)
+
+
+def test_csv_label_column_gives_coarse_labels(tmp_path):
+    make_png(tmp_path / "a.png", "red", "circle")
+    make_png(tmp_path / "b.png", "blue", "square")
+    (tmp_path / "p.csv").write_text("filepath,caption,kind\na.png,a red circle, round \nb.png,a blue square,\n")
+    pairs, drops = scan_csv(UserDataConfig(name="l", format="csv", path=str(tmp_path / "p.csv"), label_key="kind"))
+    assert [(p.caption, p.label) for p in pairs] == [("a red circle", "round"), ("a blue square", "")] and not drops
+    unlabelled, _ = scan_csv(UserDataConfig(name="l", format="csv", path=str(tmp_path / "p.csv")))
+    assert [p.label for p in unlabelled] == ["", ""]
+    with pytest.raises(ValueError, match="no column 'label'"):
+        scan_csv(UserDataConfig(name="l", format="csv", path=str(tmp_path / "p.csv"), label_key="label"))
+    from protoclip.data.config import PrepareConfig
+    with pytest.raises(ValueError, match="label_key applies to csv/tsv"):
+        PrepareConfig(user_data=[UserDataConfig(name="w", format="wds", path="x.tar", label_key="k")]).validate()

@@ -144,3 +144,26 @@ def test_gpu_runs_request_a_gpu(tmp_path):
     assert jobs
     res = {re.search(r"run=(\w+)", j).group(1): re.search(r"gpu=(\d)", j).group(1) for j in jobs}
     assert res == {"big": "1", "small": "0"}
+
+
+def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_path, monkeypatch):
+    """`--configfile sub/x.yaml` whose `targets:` (and `experiments:`) name files next to it: the merged config
+    written under .snakemake/ still finds them (config/paper.yaml style, README "The paper configuration")."""
+    from protoclip.pipeline import resolve_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config" / "experiments").mkdir(parents=True)
+    exp = {"target": {"id": "t_only", "kind": "table", "caption": "c", "rows": [{"label": "A", "run": "a"}],
+                      "columns": [{"label": "L", "task": "linear", "offline": ["digits"]}]},
+           "runs": {"a": {"method": "clip", "teacher": None}}}
+    (tmp_path / "config" / "experiments" / "t.yaml").write_text(yaml.safe_dump(exp))
+    (tmp_path / "config" / "experiments" / "r.yaml").write_text(yaml.safe_dump({"runs": {"b": {"method": "clip"}}}))
+    (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump({"experiments": []}))
+    cli = {"experiments": ["experiments/r.yaml"], "targets": ["experiments/t.yaml"]}
+    (tmp_path / "config" / "over.yaml").write_text(yaml.safe_dump(cli))
+    path = resolve_config(cli, "config/config.yaml", ["config/over.yaml"], {})
+    assert path == ".snakemake/protoclip/config.yaml"
+    data = yaml.safe_load(Path(path).read_text())
+    assert data["targets"] == ["../../config/experiments/t.yaml"]
+    cfg = load_config(path)
+    assert cfg.run_names() == ["b"] and list(cfg._targets) == ["t_only"]  # the target, without its runs

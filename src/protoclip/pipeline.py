@@ -360,6 +360,10 @@ def restamp(stage_list: list[Stage]) -> None:
 RESOLVED_CONFIG = ".snakemake/protoclip/config.yaml"
 
 
+# config keys that list files relative to the config file that lists them (protoclip.config.load_config)
+PATH_LIST_KEYS = ("experiments", "targets")
+
+
 def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_config: dict,
                    resolved_path: str = RESOLVED_CONFIG) -> str:
     """The config file every rule's command passes to ``protoclip``: Snakemake's own merged ``config``.
@@ -368,7 +372,7 @@ def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_co
     adds nothing to ``default_file``, the default file itself is used (the commands in dvc.yaml). Otherwise the
     merged config is written to ``resolved_path`` (rewritten only when it changes) and every command reads it,
     so an override takes effect in every stage, or fails validation there with the key named. Relative
-    ``experiments`` entries keep meaning "relative to the file that listed them" (rewritten relative to the
+    ``experiments`` and ``targets`` entries keep meaning "relative to the file that listed them" (rewritten relative to the
     resolved file; from ``--config``: relative to the working directory).
     """
     import yaml
@@ -379,18 +383,20 @@ def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_co
     if merged == base:
         return default_file
     data = dict(merged)
-    if "experiments" in data:
+    out_dir = Path(resolved_path).parent.resolve()
+    for key in PATH_LIST_KEYS:
+        if key not in data:
+            continue
         origin = Path(default_file).parent
-        if "experiments" in cli_config:
+        if key in cli_config:
             origin = Path(".")
         else:
             for f in reversed(cli_files):
-                if "experiments" in (read_yaml(f) or {}):
+                if key in (read_yaml(f) or {}):
                     origin = Path(f).parent
                     break
-        out_dir = Path(resolved_path).parent.resolve()
-        data["experiments"] = [e if Path(e).is_absolute() else os.path.relpath((origin / e).resolve(), out_dir)
-                               for e in data["experiments"]]
+        data[key] = [e if Path(e).is_absolute() else os.path.relpath((origin / e).resolve(), out_dir)
+                     for e in data[key]]
     text = ("# Written by workflow/rules/common.smk: the project config merged with the command line's\n"
             "# --configfile / --config overrides. Every rule's command reads this file.\n"
             + yaml.safe_dump(data, sort_keys=False))

@@ -13,6 +13,9 @@ class UserDataConfig:
     path: str  # CSV/TSV file, or a shard pattern such as /data/cc3m/{00000..00331}.tar
     img_key: str = "filepath"  # CSV/TSV column of image paths (relative paths resolve against the file's folder)
     caption_key: str = "caption"  # CSV/TSV column of captions
+    # CSV/TSV column of coarse labels (class names, folders ...: the held-out pairs' zero-shot and linear
+    # probes, as the offline sources' labels); null: the pairs are unlabelled (retrieval only)
+    label_key: str | None = None
     split: Literal["train", "heldout", "auto"] = "auto"  # auto: split with the same seeded rule as the default data
 
 
@@ -38,6 +41,9 @@ class PrepareConfig:
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         names = [u.name for u in self.user_data]
+        for u in self.user_data:
+            if u.label_key and u.format == "wds":
+                raise ValueError(f"user_data '{u.name}': label_key applies to csv/tsv files, not wds shards")
         if len(set(names)) != len(names) or set(names) & set(self.offline_sources):
             raise ValueError(f"user_data names must be unique and differ from offline sources, got {names}")
         if self.image_size < 8:

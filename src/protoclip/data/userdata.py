@@ -3,7 +3,9 @@
 * CSV/TSV (``format: csv | tsv``): one row per pair, image path in column ``img_key`` (open_clip's
   ``--csv-img-key``, default ``filepath``) and caption in ``caption_key`` (``--csv-caption-key``,
   default ``caption``). Relative image paths resolve against the CSV's folder. Sample id =
-  ``<name>/<filepath as written>``.
+  ``<name>/<filepath as written>``. Optional ``label_key``: a column of coarse labels (our addition, not
+  open_clip's) that the held-out pairs' zero-shot and linear probes use, as the offline sources' folders;
+  an empty cell leaves that pair unlabelled.
 * webdataset (``format: wds``): ``path`` is a shard pattern with brace ranges
   (``/data/cc3m/{00000..00331}.tar``); members sharing a key (the member path up to the first dot of
   its file name, webdataset's rule) form a sample; the image is the ``jpg``/``jpeg``/``png``/``webp``
@@ -134,11 +136,12 @@ def scan_csv(cfg: UserDataConfig) -> tuple[list[Pair], collections.Counter]:
             columns = next(reader, None) or []
         except csv.Error as err:
             raise ConfigError(f"{path}: user data '{cfg.name}': unreadable header line ({err})") from None
-        for key in (cfg.img_key, cfg.caption_key):
+        for key in (cfg.img_key, cfg.caption_key) + ((cfg.label_key,) if cfg.label_key else ()):
             if key not in columns:
                 shown = ", ".join(repr(c[:40]) for c in columns[:20]) or "none: empty file"
                 raise ConfigError(f"{path}: user data '{cfg.name}': no column '{key}' (columns: {shown})")
         i_img, i_cap = columns.index(cfg.img_key), columns.index(cfg.caption_key)
+        i_lab = columns.index(cfg.label_key) if cfg.label_key else None
         for row in tqdm(_csv_rows(reader, drops), desc=cfg.name, leave=False):
             if len(row) != len(columns):  # a stray delimiter or a cut line: the columns cannot be trusted
                 drops["extra_fields" if len(row) > len(columns) else "missing_fields"] += 1
@@ -166,7 +169,8 @@ def scan_csv(cfg: UserDataConfig) -> tuple[list[Pair], collections.Counter]:
             if reason:
                 drops[reason] += 1
                 continue
-            pairs.append(Pair(sid, str(img.resolve()), caption, cfg.name, "", hashlib.sha256(data).hexdigest(),
+            label = row[i_lab].strip() if i_lab is not None else ""  # empty: this pair is unlabelled
+            pairs.append(Pair(sid, str(img.resolve()), caption, cfg.name, label, hashlib.sha256(data).hexdigest(),
                               split=_pair_split(cfg)))
     return pairs, drops
 
