@@ -214,12 +214,13 @@ def test_experiment_rows_share_the_offline_budget():
 
     repo = Path(__file__).resolve().parents[1]
     cfg = load_config(repo / "config" / "config.yaml", overrides={
-        "experiments": ["experiments/offline_default.yaml", "experiments/methods_pcl.yaml"]})
-    ref = cfg.run("protoclip_tiny")
+        "experiments": ["experiments/methods.yaml", "experiments/methods_pcl.yaml"]})
+    ref = cfg.run("methods_protoclip")  # the methods table's budget (its other rows use the tiny ViT)
     for name in ("pcl_tiny", "pcl_pauc_tiny", "protoclip_pauc_tiny"):
         run = cfg.run(name)
-        assert (run.epochs, run.batch_size, run.model, run.head_hidden, run.seed) == (
-            ref.epochs, ref.batch_size, ref.model, ref.head_hidden, ref.seed), name
+        assert (run.epochs, run.batch_size, run.head_hidden, run.seed, run.image_size) == (
+            ref.epochs, ref.batch_size, ref.head_hidden, ref.seed, ref.image_size), name
+        assert run.model == "tiny-rn", name
     assert cfg.run("pcl_pauc_tiny").pauc.enabled and cfg.run("protoclip_pauc_tiny").pauc.enabled
     paper = load_config(repo / "config" / "paper_pcl.yaml")
     run = paper.run("pcl_in1k")
