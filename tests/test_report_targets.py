@@ -102,7 +102,7 @@ def test_shipped_config_declares_every_paper_target_and_unique_outputs():
     assert cfg.run_names().count("t3_protoclip") == 1
     # an ablation run is evaluated only on what its figure shows
     assert evaluation_requests(cfg)["f6c_images_per_prototype_5"] == {
-        "cifar10": ["linear"], "cifar100": ["linear"], "digits": ["linear"], "heldout_pairs": ["linear"],
+        "cifar10": ["linear"], "cifar100": ["linear"], "digits": ["linear"],
         "stl10": ["linear"]}
 
 
