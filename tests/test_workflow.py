@@ -64,6 +64,11 @@ def test_snakemake_and_dvc_run_the_same_commands_on_the_same_files():
             assert f"protoclip evaluate --config {CONFIG} --run {run} --dataset {dataset}{tail}" in jobs
     assert evaluations(cfg)["clip_tiny_s0"]["fashion_mnist"]  # the main runs are evaluated ...
     assert evaluations(cfg)["temp_sphere_init1"] == {}  # ... a temperature-study run only trains
+    # `collect` reports a set whose data is missing as "not found": even with no evaluation to wait for, it runs
+    # after `prepare` made the offline sets (it used to run first and list digits / Fashion-MNIST as not found)
+    collect = jobs[f"protoclip collect --config {CONFIG} --run temp_sphere_init1"]["input"]
+    assert {"data/prepared/manifest.parquet", "data/prepared/eval/digits.npz",
+            "data/prepared/eval/fashion_mnist.npz"} <= set(collect)
 
 
 def test_one_evaluation_job_per_run_and_existing_set(tmp_path):

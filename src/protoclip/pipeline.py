@@ -238,10 +238,16 @@ def evaluations(cfg) -> dict[str, dict[str, list[str] | None]]:
 
 
 def collect_stage(cfg, config_file: str, run: str, datasets: list[str]) -> Stage:
+    """``metrics.json`` of ``run``. Besides its evaluation folders it depends on the prepared data: `collect`
+    reports a configured set as "not found" when its data is missing, so it must run after `prepare` made it
+    (a run that no target evaluates, e.g. the temperature runs, would otherwise be collected before `prepare`
+    finished and list the offline sets as not found)."""
     lay = Layout.from_config(cfg)
     outs = collect_outs(lay, run)
+    data = [_s(lay.manifest)] + [_s(lay.eval_set(n)) for n in cfg.prepare.eval_sets]
     return Stage(f"collect_{run}", "collect", stage_command("collect", config_file, f"--run {run}"),
-                 {"evals": [_s(lay.eval_dir(run, d)) for d in datasets]}, [], list(outs.values()), outs)
+                 {"evals": [_s(lay.eval_dir(run, d)) for d in datasets], "data": data}, [],
+                 list(outs.values()), outs)
 
 
 def report_stage(cfg, config_file: str) -> Stage:
