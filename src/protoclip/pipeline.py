@@ -161,6 +161,11 @@ def collect_outs(lay: Layout, run: str) -> dict[str, Out]:
     return {"summary": Out(_s(lay.metrics_summary(run)), metric=True)}
 
 
+def prepare_outs(lay: Layout, cfg) -> dict[str, Out]:
+    outs = {"manifest": Out(_s(lay.manifest)), "report": Out(_s(lay.prepare_report))}
+    return outs | {f"eval_{name}": Out(_s(lay.eval_set(name))) for name in cfg.prepare.eval_sets}
+
+
 def teacher_outs(lay: Layout, teacher_file: str) -> dict[str, Out]:
     base = lay.data_dir / "teacher" / teacher_file
     return {"features": Out(_s(base.with_suffix(".npz"))), "meta": Out(_s(base.with_suffix(".json")))}
@@ -169,9 +174,7 @@ def teacher_outs(lay: Layout, teacher_file: str) -> dict[str, Out]:
 # --------------------------------------------------------------------------- stages
 def prepare_stage(cfg, config_file: str) -> Stage:
     lay = Layout.from_config(cfg)
-    targets = {"manifest": Out(_s(lay.manifest)), "report": Out(_s(lay.prepare_report))}
-    for name in cfg.prepare.eval_sets:
-        targets[f"eval_{name}"] = Out(_s(lay.eval_set(name)))
+    targets = prepare_outs(lay, cfg)
     user = [_s(Path(u.path)) for u in cfg.prepare.user_data if "{" not in str(u.path) and Path(u.path).exists()]
     return Stage("prepare", "prepare", stage_command("prepare", config_file), {"user_data": user},
                  _params(config_file, "prepare"), [Out(_s(lay.prepared), directory=True)], targets)
@@ -244,7 +247,7 @@ def collect_stage(cfg, config_file: str, run: str, datasets: list[str]) -> Stage
     finished and list the offline sets as not found)."""
     lay = Layout.from_config(cfg)
     outs = collect_outs(lay, run)
-    data = [_s(lay.manifest)] + [_s(lay.eval_set(n)) for n in cfg.prepare.eval_sets]
+    data = [o.path for o in prepare_outs(lay, cfg).values()]
     return Stage(f"collect_{run}", "collect", stage_command("collect", config_file, f"--run {run}"),
                  {"evals": [_s(lay.eval_dir(run, d)) for d in datasets], "data": data}, [],
                  list(outs.values()), outs)
