@@ -247,3 +247,47 @@ def test_image_size_override_must_fit_the_architecture():
         build_model("tiny-vit", image_size=36)  # patch 8
     with pytest.raises(ValueError, match="multiple of 32"):
         build_model("tiny-rn", image_size=48)  # ModifiedResNet downsamples 32x
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_trimmed_text_tower_equals_open_clip_values_and_gradients(name):
+    """encode_text on CPU runs only up to the batch's last EOT (models.model.encode_text_trimmed): the same z^T and
+    the same gradients as open_clip's full-context encode_text, also when one caption fills the context."""
+    from protoclip.models.model import encode_text_trimmed, trims_text
+
+    torch.manual_seed(0)
+    model = build_model(name, head_hidden=64, head_out=16)
+    assert trims_text(model.clip)
+    tok = get_tokenizer(name)
+    short = tok(["a red truck", "x", "an emoji of a smiling face with open mouth"])
+    full = tok(["word " * 60, "a dog"])  # truncated to the context: EOT at the last position
+    for tokens in (short, full):
+        n = int(tokens.argmax(-1).max()) + 1
+        assert (n < tokens.shape[1]) == (tokens is short)
+        ref_model = build_model(name, head_hidden=64, head_out=16)
+        ref_model.load_state_dict(model.state_dict())
+        z = model.encode_text(tokens)
+        ref = ref_model.clip.encode_text(tokens)  # open_clip's own, every position
+        torch.testing.assert_close(z, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(encode_text_trimmed(model.clip, tokens), ref, rtol=1e-5, atol=1e-5)
+        w = torch.randn_like(z)
+        (z * w).sum().backward()
+        (ref * w).sum().backward()
+        grads = dict(ref_model.named_parameters())
+        checked = 0
+        for pname, p in model.named_parameters():
+            g_ref = grads[pname].grad
+            if g_ref is None or not g_ref.abs().sum():
+                assert p.grad is None or not p.grad.abs().sum(), pname  # no gradient where open_clip has none
+                continue
+            # float32: attention over 26 vs 32 positions sums in another order, so compare by relative norm
+            assert ((p.grad - g_ref).norm() / g_ref.norm()).item() < 1e-4, pname
+            checked += 1
+        assert checked > 10
+        model.zero_grad()
+
+
+def test_trimming_only_for_plain_clip_text_towers():
+    from protoclip.models.model import trims_text
+
+    assert not trims_text(build_model("tiny-vit", head_hidden=64, head_out=16, class_tokens=2).clip)

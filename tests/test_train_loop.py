@@ -1,6 +1,7 @@
 """End-to-end tiny runs of the episodic trainer: CLIP, NaN stop, resume equivalence, optimizer groups."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -316,3 +317,50 @@ def test_early_stop_ends_the_run_and_a_resume_does_not_continue_it(tmp_path, pai
     off = tiny_config(method="clip", early_stop=EarlyStopConfig(enabled=False, patience=1, min_delta=1e9))
     train(tiny_model(off), pairs, off, layout, "off")
     assert len(read_log(layout.train_log("off"), "episode")) == 4
+
+
+def test_checkpoint_interval_skips_episode_saves_and_a_crash_resumes_from_the_last_one(tmp_path, pairs, monkeypatch):
+    """checkpoint_interval_s: episodes ending sooner than that after the last save write no checkpoint; the final
+    episode always does. A run that crashes in episode 2 with only episode 0's checkpoint resumes from it and
+    reaches the uninterrupted weights and log."""
+    import protoclip.train.loop as loop_mod
+    from protoclip.train import checkpoint as ck_mod
+
+    cfg = tiny_config(method="clip", epochs=2.0, checkpoint_interval_s=3600.0)  # 4 episodes
+    saved: list[int] = []
+    real_save = ck_mod.save_checkpoint
+
+    def recording_save(path, **kw):
+        saved.append(kw["episode"])
+        return real_save(path, **kw)
+
+    monkeypatch.setattr(loop_mod, "save_checkpoint", recording_save)
+    full = train(tiny_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
+    assert saved == [4]  # only after the final episode
+    saved.clear()
+    # interval 0: every episode (what the crash below needs as its last good state: episode 0's)
+    layout = Layout(tmp_path / "d", tmp_path / "b")
+    every = dataclasses.replace(cfg, checkpoint_interval_s=0.0)
+    train(tiny_model(cfg), pairs, every, layout, "r", stop_after_episodes=1)
+    assert saved == [1]
+    saved.clear()
+    real = CLIPMethod.terms
+    calls = {"n": 0}
+
+    def crash(self, *a):
+        calls["n"] += 1
+        if calls["n"] == 5:  # second step of episode 2 (episodes 1 and 2 are not checkpointed at 3600 s)
+            raise KeyboardInterrupt
+        return real(self, *a)
+
+    monkeypatch.setattr(CLIPMethod, "terms", crash)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_model(cfg), pairs, cfg, layout, "r", resume=True)
+    assert saved == [] and load_checkpoint(layout.checkpoint("r"))["episode"] == 1
+    monkeypatch.setattr(CLIPMethod, "terms", real)
+    resumed = train(tiny_model(cfg, seed=99), pairs, cfg, layout, "r", resume=True)
+    assert saved == [4]
+    _assert_same_weights(full, resumed)
+    log_a = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
+    log_b = read_log(layout.train_log("r"), "step")
+    assert [s["loss"] for s in log_a] == [s["loss"] for s in log_b]

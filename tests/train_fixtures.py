@@ -43,6 +43,7 @@ def tiny_config(**overrides) -> TrainConfig:
     base = TrainConfig(name="t", method="protoclip", model="tiny-rn", head_hidden=32, head_out=16, teacher=None,
                        epochs=2.0, episode_size=32, batch_size=16, warmup_episodes=1, lr=1e-3,
                        lock_image_epoch=None, num_workers=0, device="cpu", precision="fp32", seed=0,
+                       checkpoint_interval_s=0.0,  # every episode: the resume / NaN tests stop at episode ends
                        kmeans=KMeansConfig(backend="torch", images_per_prototype=4, iters=5),
                        loss=LossConfig(external_weight=0.0))
     base = dataclasses.replace(base, loss=dataclasses.replace(base.loss, **loss),

@@ -67,6 +67,38 @@ class NCLIPHead(nn.Sequential):
 HEADS = {"swav": ProjectionHead, "nclip": NCLIPHead}  # TrainConfig/method -> head class
 
 
+# ---- text tower on the batch's own length (CPU speed, exact)
+# open_clip's CLIP.encode_text runs all `context_length` positions, padding included. Its text transformer is
+# causal and pools at the EOT token (`text_pool_type == "argmax"`: EOT has the highest id), so the pooled feature
+# depends only on the positions up to EOT: running the first L = (last EOT position in the batch) + 1 positions
+# gives the same z^T and the same gradients (the cut positions never reach the output). We do this on CPU only:
+# there the offline captions' batches need ~26 of 32 positions (median over batches of 128), the text tower is
+# most of a tiny model's step, and reading L costs nothing; on a GPU it would cost a host sync per step.
+# tests/test_models.py checks values and gradients against open_clip's own encode_text.
+def trims_text(clip: nn.Module) -> bool:
+    """Whether ``clip`` is open_clip's plain CLIP with a causal, EOT-pooled text tower (trimming is exact)."""
+    from open_clip.model import CLIP
+
+    return (type(clip) is CLIP and getattr(clip, "text_pool_type", None) == "argmax"
+            and getattr(clip, "attn_mask", None) is not None)
+
+
+def encode_text_trimmed(clip: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """open_clip ``CLIP.encode_text(tokens, normalize=False)`` (3.3.0, model.py) on the first L positions only."""
+    from open_clip.transformer import text_global_pool
+
+    n = int(tokens.argmax(dim=-1).max()) + 1  # EOT position of the longest caption, + 1
+    text = tokens[:, :n]
+    cast_dtype = clip.transformer.get_cast_dtype()
+    x = clip.token_embedding(text).to(cast_dtype) + clip.positional_embedding[:n].to(cast_dtype)
+    x = clip.transformer(x, attn_mask=clip.attn_mask[:n, :n])
+    x = clip.ln_final(x)
+    x = text_global_pool(x, text, clip.text_pool_type, eos_token_id=getattr(clip, "text_eos_id", None))
+    if clip.text_projection is not None:
+        x = clip.text_projection(x) if isinstance(clip.text_projection, nn.Linear) else x @ clip.text_projection
+    return x
+
+
 class ProtoCLIPModel(nn.Module):
     """open_clip CLIP (``.clip``) + heads ``.image_head`` (g^I) and ``.text_head`` (g^T) + two temperatures.
 
@@ -118,6 +150,8 @@ class ProtoCLIPModel(nn.Module):
         """z^T [B, embed_dim], not normalised."""
         if tokens.dim() != 2 or tokens.shape[1] != self.context_length:
             raise ValueError(f"tokens must be [B, {self.context_length}] for model '{self.name}', got {list(tokens.shape)}")
+        if tokens.device.type == "cpu" and trims_text(self.clip):
+            return encode_text_trimmed(self.clip, tokens)
         return self.clip.encode_text(tokens, normalize=False)
 
     def forward(self, images: torch.Tensor | None = None, tokens: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

@@ -138,7 +138,7 @@ class TrainForward(torch.nn.Module):
 
 
 # settings that do not change the result: a checkpoint written with other values may be resumed
-RESUME_INDIFFERENT = ("num_workers", "log_every", "gpu", "device")
+RESUME_INDIFFERENT = ("num_workers", "log_every", "gpu", "device", "checkpoint_interval_s")
 
 
 def resume_key(cfg: TrainConfig) -> dict:
@@ -221,6 +221,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
             find_unused_parameters=method.find_unused_parameters())
     model.train()
     done_here = 0
+    last_save = time.monotonic()
     for episode in tqdm(range(start_episode, sched.n_episodes), desc=f"train {run}", disable=not info.is_main,
                         initial=start_episode, total=sched.n_episodes):
         if stop_state is not None and stop_state["stopped"]:  # resuming a run that had stopped early
@@ -271,17 +272,24 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         ep_rec = {"kind": "episode", "episode": episode, "step": step, "n_steps": n_steps,
                   **{f"mean/{k}": v / max(n_steps, 1) for k, v in sums.items()}, **ep_stats,
                   **{f"time/{k}": v for k, v in times.items()}}
-        # every rank checks (DDP keeps their weights identical), so all stop together instead of waiting at
-        # the barrier for a rank 0 that refused to save
-        check_state_finite(model, optimizer, step=step - 1, episode=episode, checkpoint=ckpt_path)
         if cfg.early_stop.enabled:  # decided on rank 0 (episode means are per rank) and shared
             stop_state = broadcast_object(early_stop_update(stop_state, ep_rec.get(cfg.early_stop.metric),
                                                             cfg.early_stop.patience, cfg.early_stop.min_delta), info)
-        if info.is_main:
+        stopping = (episode + 1 == sched.n_episodes or (stop_state is not None and stop_state["stopped"])
+                    or (stop_after_episodes is not None and done_here + 1 >= stop_after_episodes))
+        # the same decision on every rank (rank 0's clock), so that all check and wait at the barrier together
+        save = broadcast_object(stopping or time.monotonic() - last_save >= cfg.checkpoint_interval_s, info)
+        if save:
+            # every rank checks (DDP keeps their weights identical), so all stop together instead of waiting at
+            # the barrier for a rank 0 that refused to save
+            check_state_finite(model, optimizer, step=step - 1, episode=episode, checkpoint=ckpt_path)
+        if info.is_main and save:
             save_checkpoint(ckpt_path, model=model, optimizer=optimizer, episode=episode + 1, step=step,
                             prototypes=prototypes.to("cpu") if hasattr(prototypes, "to") else prototypes,
                             extra={"run": run, "config": resume_key(cfg), "method": method.state_dict(),
                                    "early_stop": stop_state})
+            last_save = time.monotonic()
+        if info.is_main:
             tlog.append(ep_rec)
             tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=episode)
         barrier(info)
