@@ -23,5 +23,6 @@ rule all:
 
 
 onsuccess:
+    # record in dvc.lock what this invocation's jobs made (finished jobs), plus stages the lock lacks
     pipeline.dvc_commit(PROJECT, CONFIG_FILE, DEFAULT_CONFIG,
-                        made={str(f) for job in workflow.dag.jobs for f in job.output})
+                        made={str(f) for job in workflow.dag.jobs if workflow.dag.finished(job) for f in job.output})

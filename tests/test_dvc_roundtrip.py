@@ -9,6 +9,7 @@ skipped).
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -159,3 +160,11 @@ def test_snakemake_outputs_are_dvc_tracked_and_survive_push_clone_pull(tmp_path,
     dry = snakemake(clone, "-n")
     jobs = dry.stdout.split("Job stats:")[1].split("total")[0]
     assert "evaluate        1" in jobs and "train" not in jobs, jobs
+
+    # ... and running it records just the jobs that ran (onsuccess commits what this run made, not every stage)
+    sh(clone, sys.executable, "-m", "protoclip.cli", "dvc-yaml", "--config", "config/config.yaml")
+    run = snakemake(clone)
+    ran = re.findall(r"dvc\.lock records (\d+) stage", run.stderr)
+    assert ran == ["3"], (ran, run.stderr[-2000:])  # evaluate (held-out pairs), collect, report
+    assert "Data and pipelines are up to date" in dvc(clone, "status").stdout
+    assert "Nothing to be done" in snakemake(clone, "-n").stdout

@@ -172,3 +172,37 @@ def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_
     assert data["targets"] == ["../../config/experiments/t.yaml"]
     cfg = load_config(path)
     assert cfg.run_names() == ["b"] and list(cfg._targets) == ["t_only"]  # the target, without its runs
+
+
+def test_stages_to_commit_takes_what_ran_what_the_lock_lacks_and_their_downstream(tmp_path, monkeypatch):
+    """onsuccess commits only the stages whose jobs ran, plus stages missing from dvc.lock and everything
+    downstream of them; stages whose outputs or inputs do not exist are never committed."""
+    from protoclip.pipeline import Out, Stage, stages_to_commit
+
+    monkeypatch.chdir(tmp_path)
+
+    def stage(name, deps, outs):
+        for o in outs:
+            Path(o).parent.mkdir(parents=True, exist_ok=True)
+            Path(o).write_text(name)
+        return Stage(name=name, rule=name, cmd=name, deps={"in": deps}, outs=[Out(o) for o in outs],
+                     targets={"out": Out(outs[0])})
+
+    prep = stage("prepare", [], ["data/prepared/manifest.parquet"])
+    train_a = stage("train_a", ["data/prepared/manifest.parquet"], ["runs/a/model.pt"])
+    eval_a = stage("evaluate_a", ["runs/a/model.pt"], ["runs/a/eval.json"])
+    train_b = stage("train_b", ["data/prepared/manifest.parquet"], ["runs/b/model.pt"])
+    eval_b = stage("evaluate_b", ["runs/b/model.pt"], ["runs/b/eval.json"])
+    report = stage("report", ["runs/a/eval.json", "runs/b/eval.json"], ["tables/t.md"])
+    dag = [prep, train_a, eval_a, train_b, eval_b, report]
+    everything = {s.name for s in dag}
+
+    # an incremental run that redid evaluate_b (and so report): just those two
+    assert stages_to_commit(dag, {"runs/b/eval.json", "tables/t.md"}, everything) == ["evaluate_b", "report"]
+    # nothing ran, all recorded: nothing to commit
+    assert stages_to_commit(dag, set(), everything) == []
+    # train_a missing from the lock (e.g. an earlier run under overrides): it and its downstream, in DAG order
+    assert stages_to_commit(dag, set(), everything - {"train_a"}) == ["train_a", "evaluate_a", "report"]
+    # made=None: every stage whose files exist; a missing output keeps a stage (and nothing else) out
+    Path("runs/b/eval.json").unlink()
+    assert stages_to_commit(dag, None, set()) == ["prepare", "train_a", "evaluate_a", "train_b"]

@@ -311,14 +311,17 @@ def dvc_yaml_text(cfg, config_file: str) -> str:
 
 # --------------------------------------------------------------------------- DVC records what Snakemake made
 def dvc_commit(cfg, config_file: str, default_config: str, made: set[str] | None = None,
-               dvc_yaml: str = "dvc.yaml") -> list[str]:
-    """``dvc commit --force`` the stages whose Snakemake targets this run made or confirmed up to date
-    (``made``: every output path of the Snakemake DAG; None: any stage whose outputs all exist).
+               dvc_yaml: str = "dvc.yaml", lock: str = "dvc.lock") -> list[str]:
+    """``dvc commit --force`` the stages whose Snakemake jobs this run executed (``made``: the output paths of
+    those jobs; None: every stage whose outputs exist), plus any stage that dvc.lock does not record yet (and the
+    stages downstream of it), then put their file times back in DAG order.
 
     Called by the Snakefile's ``onsuccess:`` handler, so that after ``snakemake`` dvc.lock records every output
-    (``dvc status`` clean, ``dvc repro`` does nothing, ``dvc push`` uploads them). Skipped, with a message, when
-    the commands read overridden config (dvc.yaml describes ``default_config``), when the folder is not a DVC
-    repository, or when dvc.yaml is stale (``protoclip dvc-yaml`` rewrites it).
+    (``dvc status`` clean, ``dvc repro`` does nothing, ``dvc push`` uploads them). Stages that did not run keep
+    their lock entries and file times: an incremental run that changed one evaluation commits that job, its
+    collect and the report, not the whole DAG (rehashing and restamping every output took minutes). Skipped, with
+    a message, when the commands read overridden config (dvc.yaml describes ``default_config``), when the folder
+    is not a DVC repository, or when dvc.yaml is stale (``protoclip dvc-yaml`` rewrites it).
     """
     import subprocess
     import sys
@@ -333,21 +336,48 @@ def dvc_commit(cfg, config_file: str, default_config: str, made: set[str] | None
         print(f"protoclip: {dvc_yaml} is stale, dvc.lock not updated: run `protoclip dvc-yaml --config "
               f"{config_file}` and commit it", file=sys.stderr)
         return []
-    names = []
-    for st in stages(cfg, config_file):
-        targets = [o.path for o in st.targets.values()]
-        if made is not None and not all(_s(t) in made for t in targets):
-            continue
-        if all(Path(o.path).exists() for o in st.outs) and all(Path(p).exists() for ps in st.deps.values() for p in ps):
-            names.append(st.name)
+    names = stages_to_commit(stages(cfg, config_file), made, locked_stages(lock))
     if names:
         subprocess.run([sys.executable, "-m", "dvc", "commit", "--force", "--quiet", *names], check=True)
-        print(f"protoclip: dvc.lock records {len(names)} stage(s)", file=sys.stderr)
+        print(f"protoclip: dvc.lock records {len(names)} stage(s) this run made or dvc.lock lacked", file=sys.stderr)
         # `dvc commit` moves each changed output into its cache and copies it back with a new file time, in its
         # own order: put the times back in DAG order, or Snakemake (which always reruns a job whose input is
         # newer than its output, whatever --rerun-triggers says) would rerun the next stages
         restamp([st for st in stages(cfg, config_file) if st.name in names])
     return names
+
+
+def locked_stages(lock: str | Path = "dvc.lock") -> set[str]:
+    """The stage names dvc.lock records (empty when there is none)."""
+    import yaml
+
+    path = Path(lock)
+    if not path.is_file():
+        return set()
+    return set((yaml.safe_load(path.read_text()) or {}).get("stages", {}) or {})
+
+
+def stages_to_commit(stage_list: list[Stage], made: set[str] | None, locked: set[str]) -> list[str]:
+    """Names, in DAG order, of the stages to ``dvc commit``: those whose Snakemake targets are all in ``made`` (the
+    jobs that ran; None: all), those dvc.lock lacks, and every stage downstream of those two kinds, each only when
+    its outputs and inputs exist (a set whose data is missing has no output to record). The downstream closure
+    keeps file times in DAG order after :func:`restamp` (Snakemake reruns downstream jobs itself, so it adds
+    nothing after a normal run; it matters for a stage committed only because the lock lacked it)."""
+    def exists(st: Stage) -> bool:
+        return all(Path(o.path).exists() for o in st.outs) and all(Path(p).exists() for ps in st.deps.values() for p in ps)
+
+    def ran(st: Stage) -> bool:
+        return made is None or all(_s(t.path) in made for t in st.targets.values())
+
+    chosen: set[str] = set()
+    out_paths: dict[str, list[str]] = {st.name: [_s(o.path) for o in st.outs] for st in stage_list}
+    for st in stage_list:  # stage_list is in DAG order: a stage's producers come before it
+        deps = [_s(p) for ps in st.deps.values() for p in ps]
+        upstream = any(dep == out or dep.startswith(out + os.sep)
+                       for name in chosen for out in out_paths[name] for dep in deps)
+        if (ran(st) or st.name not in locked or upstream) and exists(st):
+            chosen.add(st.name)
+    return [st.name for st in stage_list if st.name in chosen]
 
 
 def restamp(stage_list: list[Stage]) -> None:
