@@ -239,6 +239,6 @@ def test_config_yaml_sets_the_offline_fashion_mnist_subsample():
     root = Path(__file__).resolve().parents[1]
     for name in ("config.yaml", "ci.yaml"):
         fm = load_config(root / "config" / name).evaluate.datasets["fashion_mnist"]
-        assert (fm.kind, fm.max_train, fm.max_test) == ("offline", 10000, 5000), name
+        assert (fm.kind, fm.max_train, fm.max_test) == ("offline", 5000, 5000), name
     paper = load_config(root / "config" / "paper.yaml").evaluate.datasets
     assert all(d.max_train is None and d.max_test is None for d in paper.values())  # paper: whole sets
