@@ -8,7 +8,8 @@ model's ``*_decay`` groups), warm-up + cosine LR, the image groups' LR zeroed fr
 grad-norm clipping, ``Method.after_step`` after every step (logit-scale clamps), bf16 autocast on CUDA (fp32 on CPU).
 
 Outputs under ``layout.run_dir(run)``: ``config.yaml`` and ``train_log.jsonl`` from the start, and
-``checkpoints/last.pt`` at every episode end (atomic). ``resume=True`` continues from the checkpoint and
+``checkpoints/last.pt`` at episode ends (atomic; at most every ``checkpoint_interval_s`` seconds, and always after
+the final episode). ``resume=True`` continues from the checkpoint and
 reaches the same weights as an uninterrupted run. A non-finite loss term stops the run with
 :class:`NonFiniteLossError` naming step and term, non-finite weights or optimizer state before a save with
 :class:`~protoclip.train.checkpoint.NonFiniteStateError`; the last checkpoint is left as it was.
