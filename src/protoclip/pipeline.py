@@ -336,7 +336,8 @@ def dvc_commit(cfg, config_file: str, default_config: str, made: set[str] | None
         print(f"protoclip: {dvc_yaml} is stale, dvc.lock not updated: run `protoclip dvc-yaml --config "
               f"{config_file}` and commit it", file=sys.stderr)
         return []
-    names = stages_to_commit(stages(cfg, config_file), made, locked_stages(lock))
+    stage_list = stages(cfg, config_file)
+    names = stages_to_commit(stage_list, made, locked_stages(lock))
     if names:
         subprocess.run([sys.executable, "-c", "import sys; from protoclip.pipeline import dvc_commit_stages; "
                         "dvc_commit_stages(sys.argv[1:])", *names], check=True)
@@ -344,7 +345,7 @@ def dvc_commit(cfg, config_file: str, default_config: str, made: set[str] | None
         # `dvc commit` moves each changed output into its cache and copies it back with a new file time, in its
         # own order: put the times back in DAG order, or Snakemake (which always reruns a job whose input is
         # newer than its output, whatever --rerun-triggers says) would rerun the next stages
-        restamp([st for st in stages(cfg, config_file) if st.name in names])
+        restamp([st for st in stage_list if st.name in names])
     return names
 
 
