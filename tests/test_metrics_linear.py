@@ -125,3 +125,43 @@ def test_warm_start_with_a_class_missing_from_the_fit_split():
     x = rng.normal(size=(60, 5)) + y[:, None]
     out = linear_probe(x, y, x, y, C_grid=[0.1, 1.0])
     assert 0.0 <= out["top1"] <= 100.0 and out["C"] in (0.1, 1.0)
+
+
+def offset_gaussians(rng, n: int, k: int = 5, d: int = 16, offset: float = 25.0):
+    """Overlapping classes riding on a large common component, like the offline models' un-normalised z^I."""
+    means = rng.normal(scale=0.8, size=(k, d))
+    common = offset * np.ones(d) / np.sqrt(d)
+    y = rng.integers(0, k, n)
+    return common + means[y] + rng.normal(size=(n, d)), y
+
+
+def test_centring_is_an_exact_reparametrisation():
+    # the intercept is not penalised, so fits on x and on x - m reach the same optimum: equal coef_, intercepts
+    # differing by coef_ @ m, equal predictions (both fitted here to tight convergence)
+    rng = np.random.default_rng(5)
+    x, y = offset_gaussians(rng, 400)
+    m = x.mean(axis=0)
+    for C in (0.01, 1.0):
+        raw = LogisticRegression(C=C, max_iter=100_000, tol=1e-12).fit(x, y)
+        cen = LogisticRegression(C=C, max_iter=100_000, tol=1e-12).fit(x - m, y)
+        np.testing.assert_allclose(cen.coef_, raw.coef_, atol=1e-4)
+        np.testing.assert_allclose(cen.intercept_ - cen.coef_ @ m, raw.intercept_, atol=1e-3)
+        assert (cen.predict(x - m) == raw.predict(x)).all()
+
+
+def test_centred_probe_matches_the_converged_raw_probe():
+    # linear_probe (centred, max_iter 1000) against sklearn on the raw features run to convergence: same
+    # validation and test accuracy at each C; the raw fit stopped at 1000 iterations is what centring fixes
+    rng = np.random.default_rng(6)
+    x, y = offset_gaussians(rng, 900)
+    xtr, ytr, xte, yte = x[:600], y[:600], x[600:], y[600:]
+    fit_idx, val_idx = split_validation(ytr, 0.2, seed=0)
+    for C in (0.1, 10.0):
+        out = linear_probe(xtr, ytr, xte, yte, C_grid=[C])
+        ref_fit = LogisticRegression(C=C, max_iter=100_000, tol=1e-12).fit(xtr[fit_idx], ytr[fit_idx])
+        ref = LogisticRegression(C=C, max_iter=100_000, tol=1e-12).fit(xtr, ytr)
+        assert out["val_top1"] == pytest.approx(100 * (ref_fit.predict(xtr[val_idx]) == ytr[val_idx]).mean())
+        assert out["top1"] == pytest.approx(100 * (ref.predict(xte) == yte).mean())
+    raw = LogisticRegression(C=10.0, max_iter=1000).fit(xtr, ytr)
+    cen = LogisticRegression(C=10.0, max_iter=1000).fit(xtr - xtr.mean(axis=0), ytr)
+    assert cen.n_iter_[0] < raw.n_iter_[0]  # the conditioning gain, on this fixture

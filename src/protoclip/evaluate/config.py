@@ -42,6 +42,7 @@ class EvaluateConfig:
     knn_k: int = 20  # DINO / paper Sec. IV-C3: k = 20
     knn_temperature: float = 0.07  # DINO's temperature-weighted vote
     linear_max_iter: int = 1000  # L-BFGS iterations (CLIP protocol, paper Sec. IV-C2)
+    linear_center: bool = True  # L-BFGS on features minus their train mean: same optimum, converges (linear.py)
     linear_sgd_above: int = 100_000  # more training samples -> SGD probe (paper: SGD for ImageNet, L-BFGS else)
     nemd_max_pairs: int = 5000  # NEMD cost control: random subset of class pairs (methods-spec 3.4.8)
     tsne_max_points: int = 5000  # t-SNE (paper Fig. 8) on a seeded subsample of at most this many test images

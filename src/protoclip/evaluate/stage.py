@@ -144,7 +144,8 @@ def task_linear(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> Tas
     if len(f["train_y"]) > cfg.linear_sgd_above:  # paper: SGD for ImageNet, L-BFGS for the small sets
         m = {**sgd_linear_probe(*args, seed=cfg.seed, num_classes=len(ds.classnames)), "solver": "sgd"}
     else:
-        m = {**linear_probe(*args, seed=cfg.seed, max_iter=cfg.linear_max_iter), "solver": "lbfgs"}
+        m = {**linear_probe(*args, seed=cfg.seed, max_iter=cfg.linear_max_iter, center=cfg.linear_center),
+             "solver": "lbfgs", "centred": cfg.linear_center}
     return m, "z_image (not normalised)", _sizes(f, train=True)
 
 
