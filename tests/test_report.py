@@ -55,3 +55,21 @@ def test_run_report_writes_every_format_and_the_loss_plot(tmp_path):
     losses = pd.read_csv(lay.tables / "train_loss.csv")
     assert list(losses.columns) == ["run", "step", "loss"] and len(losses) == 6  # episode lines excluded
     assert (lay.figures / "train_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_not_applicable_cells_read_na_and_stay_out_of_the_skipped_list(tmp_path):
+    # an image-only run's zero-shot is "not applicable" (a property of the run): its cell says so, and the index's
+    # skipped-data-set list holds only sets that are missing, not the run's inapplicable tasks
+    from protoclip.report.targets import ColumnConfig
+    from protoclip.report.values import Results
+
+    cfg, lay = make_project(tmp_path)
+    for task in ("zeroshot", "clustering"):
+        lay.metrics("b", task, "digits").write_text(json.dumps(
+            {"run": "b", "task": task, "skipped": "not applicable: image-only method (pcl), the text tower is untrained"}))
+    res = Results(cfg)
+    zs = ColumnConfig(label="zero-shot", task="zeroshot", datasets=["digits"])
+    assert res.cell("b", zs, ["digits"]).fmt() == "n/a: image-only method (pcl)"
+    assert res.cell("a", zs, ["digits"]).fmt() == "12.50 (1 seed)"
+    assert res.cell("a", zs, ["cifar10"]).fmt() == "no result"  # a missing set stays "no result"
+    assert res.skipped() == {"cifar10": "skipped: cifar10 not found at /nope"}

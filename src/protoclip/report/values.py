@@ -24,6 +24,9 @@ from protoclip.layout import Layout
 from protoclip.report.targets import ColumnConfig, TargetConfig
 
 STAGES = ("extract", "kmeans", "pbt", "train")  # the episode stages the trainer times (train/loop.py)
+# evaluate.stage's prefix for a task that does not apply to a run (e.g. zero-shot of an image-only PCL run): a
+# property of the run, not a missing data set, so its cells read "n/a: <why>" and the index does not list it
+NOT_APPLICABLE = "not applicable: "
 
 
 @lru_cache(maxsize=1)
@@ -126,6 +129,11 @@ class Results:
             if vals and all(v is not None for v in vals):
                 per_run.append(float(np.mean(vals)))
         if not per_run:
+            reasons = {m["skipped"] for r in runs for d in datasets
+                       if (m := self.metrics(r, column.task, d)) and "skipped" in m}
+            if reasons and all(x.startswith(NOT_APPLICABLE) for x in reasons):
+                why = sorted(reasons)[0][len(NOT_APPLICABLE):].split(",")[0]  # "image-only method (pcl)"
+                return Cell(note=f"n/a: {why}")
             return Cell(note="no result")
         m, s = mean_std(per_run)
         return Cell(mean=m, std=s, n=len(per_run))
@@ -139,11 +147,11 @@ class Results:
             per_task = json.loads(summary.read_text()) if summary.exists() else {}
             for per_set in per_task.values():
                 for dataset, m in (per_set.items() if isinstance(per_set, dict) else ()):
-                    if isinstance(m, dict) and "skipped" in m:
+                    if isinstance(m, dict) and "skipped" in m and not m["skipped"].startswith(NOT_APPLICABLE):
                         out.setdefault(dataset, m["skipped"])
             for _task, dataset, path in self.layout.metrics_files(run):
                 data = json.loads(path.read_text())
-                if "skipped" in data:
+                if "skipped" in data and not data["skipped"].startswith(NOT_APPLICABLE):
                     out.setdefault(dataset, data["skipped"])
         return dict(sorted(out.items()))
 
