@@ -60,6 +60,12 @@ class Layout:
     def eval_set(self, name: str) -> Path:
         return self.prepared / "eval" / f"{name}.npz"
 
+    def prepared_files(self, eval_sets: list[str]) -> dict[str, Path]:
+        """What ``prepare`` writes and later stages read: the manifest, its report, one npz per offline eval set
+        (the prepare stage's up-to-date check and the workflow's outputs / collect's deps)."""
+        return {"manifest": self.manifest, "report": self.prepare_report,
+                **{f"eval_{name}": self.eval_set(name) for name in eval_sets}}
+
     def teacher_features(self, teacher: str) -> Path:
         return self.data_dir / "teacher" / f"{safe_name(teacher)}.npz"
 

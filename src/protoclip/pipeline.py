@@ -162,8 +162,7 @@ def collect_outs(lay: Layout, run: str) -> dict[str, Out]:
 
 
 def prepare_outs(lay: Layout, cfg) -> dict[str, Out]:
-    outs = {"manifest": Out(_s(lay.manifest)), "report": Out(_s(lay.prepare_report))}
-    return outs | {f"eval_{name}": Out(_s(lay.eval_set(name))) for name in cfg.prepare.eval_sets}
+    return {key: Out(_s(path)) for key, path in lay.prepared_files(cfg.prepare.eval_sets).items()}
 
 
 def teacher_outs(lay: Layout, teacher_file: str) -> dict[str, Out]:

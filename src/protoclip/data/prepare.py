@@ -61,13 +61,9 @@ def fingerprint(p: PrepareConfig, layout: Layout) -> str:
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
-def _outputs(p: PrepareConfig, layout: Layout) -> list[Path]:
-    return [layout.manifest, layout.prepare_report, *[layout.eval_set(n) for n in p.eval_sets]]
-
-
 def is_up_to_date(p: PrepareConfig, layout: Layout) -> bool:
     fp = fingerprint_path(layout)
-    if not fp.exists() or not all(o.exists() for o in _outputs(p, layout)):
+    if not fp.exists() or not all(o.exists() for o in layout.prepared_files(p.eval_sets).values()):
         return False
     return json.loads(fp.read_text()).get("fingerprint") == fingerprint(p, layout)
 
