@@ -3,8 +3,8 @@
 All run :func:`protoclip.evaluate.metrics.linear.linear_probe` (CLIP's protocol: C searched on a held-out
 validation split with the parametric binary search, refit on all of train, test once): the new defaults
 (features centred, warm-started fits, 1 BLAS/OpenMP thread), the same on raw features, cold starts with 1
-thread, and the reference as before issue 12 (raw, cold starts, the libraries' default threads). Printed: wall time of each, the ratios, and the results
-(chosen C, validation and test top-1), which should agree within noise.
+thread, and the reference as before issue 12 (raw, cold starts, the libraries' default threads). Printed: wall
+time of each, the ratios, and the results (chosen C, validation and test top-1), which should agree within noise.
 
 Features: ``--features`` a cached evaluation file ``results/runs/<run>/features/<set>.npz`` (keys
 ``train_z, train_y, test_z, test_y``); else Fashion-MNIST from the Debian package unpacked at

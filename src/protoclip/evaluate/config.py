@@ -5,6 +5,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 TASKS = ("zeroshot", "linear", "knn", "retrieval", "clustering", "nemd", "tsne")
+# prefix of the skip line of a task that does not apply to a run or set (e.g. zero-shot of an image-only PCL run):
+# the report reads it as "n/a", not as a missing data set
+NOT_APPLICABLE = "not applicable: "
 
 
 @dataclass

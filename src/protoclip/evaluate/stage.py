@@ -41,7 +41,7 @@ import numpy as np
 
 from protoclip.atomic import write_json
 from protoclip.config import ConfigError, require_path
-from protoclip.evaluate.config import TASKS, EvalDatasetConfig, EvaluateConfig
+from protoclip.evaluate.config import NOT_APPLICABLE, TASKS, EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set
 from protoclip.layout import Layout
 from protoclip.provenance import provenance
@@ -327,7 +327,7 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
             runnable = []
             for task in wanted:
                 if image_only and task in IMAGE_ONLY_NA and not not_applicable(task, ds):
-                    reason = f"not applicable: image-only method ({image_only}), the text tower is untrained"
+                    reason = f"{NOT_APPLICABLE}image-only method ({image_only}), the text tower is untrained"
                     log.info("%s: %s %s", name, task, reason)
                     written.append(write_json(layout.metrics(run, task, name), {**base, "task": task,
                                                                                 "skipped": reason}))
@@ -335,7 +335,7 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
                 reason = not_applicable(task, ds)
                 if reason:
                     log.info("%s: %s does not apply (%s)", name, task, reason)
-                    status[task] = f"not applicable: {reason}"
+                    status[task] = f"{NOT_APPLICABLE}{reason}"
                 else:
                     runnable.append(task)
             feats = extractor.features(layout.features(run, name), ds) if runnable else {}

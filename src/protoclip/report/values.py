@@ -20,13 +20,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from protoclip.evaluate.config import NOT_APPLICABLE  # a run's inapplicable task: cells read n/a
 from protoclip.layout import Layout
 from protoclip.report.targets import ColumnConfig, TargetConfig
 
 STAGES = ("extract", "kmeans", "pbt", "train")  # the episode stages the trainer times (train/loop.py)
-# evaluate.stage's prefix for a task that does not apply to a run (e.g. zero-shot of an image-only PCL run): a
-# property of the run, not a missing data set, so its cells read "n/a: <why>" and the index does not list it
-NOT_APPLICABLE = "not applicable: "
 
 
 @lru_cache(maxsize=1)
