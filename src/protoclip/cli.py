@@ -9,6 +9,10 @@
     protoclip toy-nemd --config config/config.yaml  # PAUC's NEMD toy experiment (results/toy/)
     protoclip runs     --config config/config.yaml      # list the configured runs
     protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands
+    protoclip launch   --config config/config.yaml --gpus 2 -- <command>   # a command on 2 free GPUs
+
+`train` and `evaluate` place themselves on free GPUs first (protoclip.launch): a run with ``gpu: k`` takes k
+GPU slots and restarts as k torchrun ranks.
 
 Stages are pure functions of (config, inputs) -> outputs; this module only parses the command line,
 loads and validates the config, and turns a config error or a missing input into a one-line message naming
@@ -21,7 +25,9 @@ import os
 import logging
 import sys
 
+from protoclip import launch
 from protoclip.config import ConfigError, load_config
+from protoclip.gpu_slots import SlotError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     stage("runs", "print the configured run names, one per line")
     s = stage("dvc-yaml", "write dvc.yaml: the same stage commands as the Snakemake rules")
     s.add_argument("--output", default="dvc.yaml")
+    s = stage("launch", "run a command on free GPU slots (CUDA_VISIBLE_DEVICES set for its process tree)")
+    s.add_argument("--gpus", type=int, required=True, help="GPUs the command needs (0: it sees none)")
+    s.add_argument("command", nargs=argparse.REMAINDER, help="-- command and its arguments")
     return p
 
 
@@ -69,6 +78,7 @@ def progress_for_logs(stream=None) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     progress_for_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -85,10 +95,14 @@ def main(argv: list[str] | None = None) -> int:
                 cfg.teacher.name = args.name
             run_teacher(cfg)
         elif args.stage == "train":
+            k = launch.train_gpus(cfg.run(args.run))
+            placement = launch.place(cfg.gpus, k, ranks=max(k, 1), who=f"train {args.run}")  # noqa: F841 (holds)
+            launch.exec_ranks(placement, argv)  # k > 1: becomes torchrun with k ranks of this same command
             from protoclip.train.stage import run_train
 
             run_train(cfg, args.run, resume=args.resume)
         elif args.stage == "evaluate":
+            placement = launch.place(cfg.gpus, launch.evaluate_gpus(cfg, args.run), who=f"evaluate {args.run}")  # noqa: F841
             from protoclip.evaluate.stage import run_evaluate
 
             run_evaluate(cfg, args.run, tasks=args.task, datasets=args.dataset)
@@ -115,6 +129,16 @@ def main(argv: list[str] | None = None) -> int:
             from protoclip.pipeline import dvc_yaml_text
 
             write_text(args.output, dvc_yaml_text(cfg, args.config))
+        elif args.stage == "launch":
+            command = args.command[1:] if args.command[:1] == ["--"] else args.command
+            if not command:
+                print("protoclip launch: no command given (protoclip launch --gpus K -- <command>)", file=sys.stderr)
+                return 2
+            placement = launch.place(cfg.gpus, args.gpus, who=" ".join(command)[:200])  # noqa: F841 (holds)
+            launch.exec_command(command)  # the slots' lock files stay open in it (and its children)
+    except SlotError as err:
+        print(f"protoclip {args.stage}: GPU placement: {err}", file=sys.stderr)
+        return 2
     except ConfigError as err:
         print(f"protoclip {args.stage}: config error: {err}", file=sys.stderr)
         return 2

@@ -217,6 +217,7 @@ def read_yaml(path: str | Path) -> dict:
 
 # --------------------------------------------------------------------------- project config
 from protoclip.data.config import PrepareConfig  # noqa: E402  (sections live with their packages)
+from protoclip.gpu_slots import GpuSlotsConfig  # noqa: E402
 from protoclip.evaluate.config import EvaluateConfig  # noqa: E402
 from protoclip.teacher.config import TeacherConfig  # noqa: E402
 from protoclip.toy.config import ToyConfig  # noqa: E402
@@ -240,6 +241,7 @@ class ProjectConfig:
     train: TrainConfig = field(default_factory=TrainConfig)  # defaults every run starts from
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     toy: ToyConfig = field(default_factory=ToyConfig)  # PAUC's NEMD toy experiment (protoclip toy-nemd)
+    gpus: GpuSlotsConfig = field(default_factory=GpuSlotsConfig)  # which GPU ids jobs run on (protoclip.gpu_slots)
     experiments: list[str] = field(default_factory=list)  # experiment files (relative to this config)
     # files whose `target:` block only is read (their runs are not): a config with its own runs of the same
     # names (config/paper.yaml) reuses the offline default's target declarations this way

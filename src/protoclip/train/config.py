@@ -133,7 +133,9 @@ class TrainConfig:
     pauc: PAUCConfig = field(default_factory=PAUCConfig)  # method: pcl or protoclip
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     device: str = "auto"  # auto: cuda when available
-    gpu: bool = False  # declare `resources: gpu=1` for this run in the Snakemake DAG
+    # GPUs of the run: false = CPU (the job sees no GPU), true = 1, k = k GPUs, one torchrun rank each. The DAG
+    # declares `resources: gpu=k`; protoclip.launch places the job on k free GPUs (protoclip.gpu_slots)
+    gpu: bool | int = False
     num_workers: int = 2  # DataLoader workers (extraction and training passes)
     seed: int = 0  # seeds weights, episode draws (seed, episode) and k-means inits (seed, episode)
     log_every: int = 1  # write a `step` line to train_log.jsonl every n optimizer steps (episode means use all)
@@ -148,7 +150,16 @@ class TrainConfig:
         stage inputs, the train stage and the loop): a ProtoCLIP run with a teacher and L_Proto^external on."""
         return self.method == "protoclip" and self.teacher is not None and self.loss.external_weight > 0
 
+    def n_gpus(self) -> int:
+        """GPUs (= DDP ranks when > 1) the run's train job takes: 0, 1 or k."""
+        return int(self.gpu)
+
     def validate(self) -> None:
+        if self.n_gpus() < 0:
+            raise ValueError(f"gpu must be true, false or a number of GPUs >= 1, got {self.gpu}")
+        if self.device.startswith("cuda") and self.n_gpus() == 0:
+            raise ValueError(f"device '{self.device}' needs `gpu: true` (or a number of GPUs): a run without "
+                             "GPUs is placed on the CPU")
         if not 0.0 < self.subset_fraction <= 1.0:
             raise ValueError(f"subset_fraction must be in (0, 1], got {self.subset_fraction}")
         if self.episode_size < 1 or self.batch_size < 1:

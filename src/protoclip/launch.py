@@ -1,0 +1,111 @@
+"""Place a job on its GPUs, then run it: one process, or k torchrun ranks on k GPUs.
+
+Every GPU-using stage goes through here before it touches CUDA (``protoclip train`` and ``protoclip
+evaluate`` call :func:`place` first; ``protoclip launch`` runs any command the same way, used by tests and
+by hand):
+
+    protoclip launch --config config/config.yaml --gpus 2 -- nvidia-smi    # a command on 2 free GPUs
+    protoclip train --config config/config.yaml --run clip_4gpu           # a run with `gpu: 4` -> torchrun
+
+* a job that declares no GPU (``gpu: false``) gets ``CUDA_VISIBLE_DEVICES=""``: it runs on the CPU and
+  cannot take a GPU that the allocator gave another job (``device: auto`` resolves to cpu);
+* a job that needs k GPUs takes k slots (:mod:`protoclip.gpu_slots`, waiting while they are busy) and sets
+  ``CUDA_VISIBLE_DEVICES`` to them for its whole process tree; the lock files stay open in the job's
+  processes (inherited across ``exec``), so the slots are freed exactly when the job's processes are gone,
+  SIGKILL included;
+* inside a SLURM job (policy ``inherit``) the allocator steps aside: SLURM's ``--gpus`` already chose the
+  devices and set ``CUDA_VISIBLE_DEVICES``; only the count is checked;
+* k > 1 training: the process replaces itself with ``torchrun --standalone --nproc_per_node k`` running the
+  same ``protoclip`` command, one rank per GPU (``LOCAL_RANK`` picks ``cuda:<local rank>`` among the visible
+  ones; see protoclip.train.loop). The ranks see torchrun's ``LOCAL_RANK`` and are not placed again.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from protoclip.gpu_slots import GpuSlotsConfig, Held, SlotError, acquire, effective_policy, visible_ids
+
+CVD = "CUDA_VISIBLE_DEVICES"
+
+
+def train_gpus(tcfg) -> int:
+    """GPUs a run's train job takes (``gpu:`` of the run): the Snakemake ``resources: gpu`` and the ranks."""
+    return tcfg.n_gpus()
+
+
+def evaluate_gpus(cfg, run: str) -> int:
+    """GPUs an evaluation job of ``run`` takes: 1 when ``evaluate.device`` is cuda, or auto and the run is a GPU
+    run (one GPU however many the run trained on: evaluation is one process), else 0."""
+    device = cfg.evaluate.device
+    if device.startswith("cuda"):
+        return 1
+    return 1 if device == "auto" and cfg.run(run).n_gpus() > 0 else 0
+
+
+def under_torchrun(env: dict | None = None) -> bool:
+    """Whether this process is a rank of torchrun (``LOCAL_RANK`` set): whoever started torchrun placed it."""
+    env = os.environ if env is None else env
+    return "LOCAL_RANK" in env
+
+
+@dataclass
+class Placement:
+    """Where a job runs: the ``CUDA_VISIBLE_DEVICES`` it got, how many ranks, and the slots it holds."""
+
+    visible: str  # value of CUDA_VISIBLE_DEVICES for the job
+    ranks: int  # processes to start (1: this one)
+    held: Held | None = None  # None: no slot taken (CPU job, SLURM placement, already a torchrun rank)
+
+
+def place(cfg: GpuSlotsConfig, n_gpus: int, ranks: int = 1, who: str = "", env: dict | None = None) -> Placement:
+    """Reserve the job's GPUs and set ``CUDA_VISIBLE_DEVICES`` in ``env`` (default: this process's).
+
+    ``n_gpus``: 0 = CPU job; ``ranks``: processes the job will run (1, or ``n_gpus`` for torchrun). Call before
+    CUDA is initialised. A torchrun rank is left as it is (its launcher placed the job).
+    """
+    env = os.environ if env is None else env
+    if n_gpus < 0 or ranks < 1:
+        raise ValueError(f"n_gpus must be >= 0 and ranks >= 1, got {n_gpus}, {ranks}")
+    if under_torchrun(env):
+        return Placement(env.get(CVD, ""), 1)
+    if n_gpus == 0:
+        env[CVD] = ""  # a CPU job sees no GPU, so it cannot take one from a GPU job
+        return Placement("", ranks)
+    if effective_policy(cfg, env) == "inherit":
+        have = visible_ids(env)
+        if len(have) < n_gpus:
+            raise SlotError(f"the job asks for {n_gpus} GPU(s) but its allocation shows {len(have)} "
+                            f"({CVD}={env.get(CVD, '<unset>')}); request them with SLURM --gpus / resources gpu")
+        env[CVD] = ",".join(have[:n_gpus])
+        return Placement(env[CVD], ranks)
+    held = acquire(cfg, n_gpus, who=who, env=env)
+    held.inheritable()
+    env[CVD] = held.env_value()
+    return Placement(env[CVD], ranks, held)
+
+
+def torchrun_argv(nproc: int, protoclip_args: list[str]) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc_per_node k -m protoclip.cli <args>`` (this
+    interpreter: the ranks run the same environment as the launcher, whatever PATH says)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "protoclip.cli", *protoclip_args]
+
+
+def exec_ranks(placement: Placement, protoclip_args: list[str]) -> None:
+    """Replace this process with torchrun when the job has more than one rank (never returns then)."""
+    if placement.ranks > 1:
+        argv = torchrun_argv(placement.ranks, protoclip_args)
+        print(f"protoclip: {CVD}={placement.visible}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os.execv(argv[0], argv)
+
+
+def exec_command(command: list[str]) -> None:
+    """Replace this process with ``command`` (its environment already placed); never returns."""
+    if not command:
+        raise ValueError("no command given after --")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(command[0], command)
