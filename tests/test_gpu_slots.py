@@ -16,7 +16,7 @@ import pytest
 
 from protoclip.config import ConfigError, load_config
 from protoclip.gpu_slots import GpuSlotsConfig, SlotError, acquire, configured_ids, try_acquire, visible_ids
-from protoclip.launch import evaluate_gpus, place, torchrun_argv
+from protoclip.launch import evaluate_gpus, place, torchrun_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,9 +138,7 @@ def test_visible_ids_and_slurm_placement_steps_aside(tmp_path):
     assert place(cfg, 2, ranks=2, env=env).ranks == 1 and env["CUDA_VISIBLE_DEVICES"] == "0,1"
     env = {"CUDA_VISIBLE_DEVICES": "0,1"}
     assert place(cfg, 0, env=env).visible == "" and env["CUDA_VISIBLE_DEVICES"] == ""
-    argv = torchrun_argv(4, ["train", "--run", "r"])
-    assert argv[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "protoclip.cli",
-                        "train", "--run", "r"]
+    assert torchrun_args(4) == ["--standalone", "--nproc_per_node=4", "-m", "protoclip.cli"]
 
 
 def _config(tmp_path, text: str):

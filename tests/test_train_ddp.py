@@ -17,8 +17,8 @@ from protoclip.train.logbook import read_log  # noqa: E402
 
 @pytest.mark.slow
 def test_two_ranks_gloo_end_identical(tmp_path):
-    # 1 episode of all 32 items; each rank takes 16 in batches of 8 -> 2 optimizer steps
-    cfg = tiny_config(epochs=1.0, episode_size=32, batch_size=8)
+    # 1 episode of all 32 items; global batch 16: each rank takes 16 items in batches of 8 -> 2 optimizer steps
+    cfg = tiny_config(epochs=1.0, episode_size=32, batch_size=16)
     mp.spawn(ddp_worker, args=(2, free_port(), str(tmp_path), cfg), nprocs=2, join=True)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)

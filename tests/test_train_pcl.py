@@ -255,7 +255,7 @@ def test_pcl_under_ddp_two_ranks_end_identical(tmp_path):
 
     from train_fixtures import free_port
 
-    cfg = pcl_config(episode_size=32, batch_size=8, epochs=2.0, pauc={"enabled": True})
+    cfg = pcl_config(episode_size=32, batch_size=16, epochs=2.0, pauc={"enabled": True})  # global: 8 a rank
     mp.spawn(pcl_ddp_worker, args=(2, free_port(), str(tmp_path), cfg), nprocs=2, join=True)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)

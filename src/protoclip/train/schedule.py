@@ -10,10 +10,15 @@ epoch 16 of 32 and locked-image tuning (LiT) continues for the remaining epochs.
 
 Conventions (choices where the paper is silent, each tested in tests/test_train_schedule.py):
 
+* ``batch_size`` of the config is the *global* batch B (the papers' "batch size": the N of ProtoCLIP's
+  Eq. 1, nCLIP's "4096 distributed across 32 GPUs"), so that a run means the same training on any number
+  of GPUs: each of the k ranks takes ``B / k`` (:func:`per_rank_batch`; B must be a multiple of k), and the
+  contrastive terms gather the k parts back into the B x B problem. Below, ``batch`` is that per-rank
+  batch and ``batch * world`` = B.
 * ``n_episodes = ceil(epochs * M / m)``: rounding up so that at least ``epochs`` epochs are seen.
 * ``steps_per_episode = ceil(ceil(m / world) / batch)``: every rank takes ``ceil(m / world)`` of the
-  episode's items (``DistributedSampler`` padding) in batches of ``batch_size`` (per process, as in
-  open_clip); a short last batch is kept, so every sampled item is trained on.
+  episode's items (``DistributedSampler`` padding) in batches of ``batch`` = B / world; a short last
+  batch is kept, so every sampled item is trained on. With world | m this is ``ceil(m / B)`` on any world.
 * warm-up + cosine: the formula of open_clip's ``cosine_lr`` (the codebase ProtoCLIP is built on):
   ``base * (step + 1) / warmup`` during warm-up, then ``0.5 * (1 + cos(pi * e / es)) * base``.
   The warm-up length is ``ceil(warmup_samples / (batch * world))`` optimizer steps when
@@ -39,6 +44,17 @@ def n_episodes(epochs: float, dataset_size: int, episode_size: int) -> int:
         raise ValueError(f"epochs must be > 0, got {epochs}")
     # round() first: 4 * 1000 / 1000 may be 4.000000000000001 in floating point
     return max(1, math.ceil(round(epochs * dataset_size / episode_size, 9)))
+
+
+def per_rank_batch(global_batch: int, world_size: int) -> int:
+    """Each rank's batch of a global batch ``B`` on ``world_size`` ranks: ``B / world_size`` (exact: a batch
+    that does not split evenly would change the contrastive problem's size on some ranks)."""
+    if global_batch < 1 or world_size < 1:
+        raise ValueError(f"batch_size ({global_batch}) and world size ({world_size}) must be >= 1")
+    if global_batch % world_size:
+        raise ValueError(f"batch_size {global_batch} (the global batch) is not a multiple of the {world_size} "
+                         "ranks (GPUs) of the run")
+    return global_batch // world_size
 
 
 def steps_per_episode(episode_size: int, batch_size: int, world_size: int = 1) -> int:
@@ -115,7 +131,7 @@ class Schedule:
     base_lr: float
     dataset_size: int  # M
     episode_size: int  # m (already capped at M)
-    batch_size: int  # per process
+    batch_size: int  # per rank (the config's global batch / world_size: per_rank_batch)
     world_size: int
     n_episodes: int
     steps_per_episode: int

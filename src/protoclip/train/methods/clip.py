@@ -5,7 +5,7 @@ The distance is pluggable (``loss.distance``, :mod:`protoclip.losses.distances`)
 
 Under DDP (``info.enabled``) L_CLIP contrasts the *global* batch: open_clip's ``ClipLoss`` all-gathers the
 normalised features of every rank with gradient, so each rank computes the loss of the whole
-``batch_size * world`` batch and, after DDP's gradient averaging, the update equals a single process's on that
+global ``batch_size`` batch (B / world per rank, protoclip.train.schedule.per_rank_batch) and, after DDP's gradient averaging, the update equals a single process's on that
 batch (open_clip's multi-GPU recipe, which the authors' code uses).
 """
 from __future__ import annotations
