@@ -17,7 +17,6 @@ tiny-vit (LayerNorm) with single-Linear heads. Images are uniform colours, so th
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +31,8 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import WORDS  # noqa: E402
+
+from protoclip.gpu_slots import GpuSlotsConfig, try_acquire  # noqa: E402
 
 RUN = {"model": "tiny-vit", "image_size": 32, "head_hidden": 0, "head_out": 16, "augmentation": "none",
        "epochs": 2.0, "episode_size": 16, "batch_size": 8, "warmup_episodes": 1, "lr": 1e-3,
@@ -140,21 +141,52 @@ def test_two_ranks_through_torchrun_train_the_one_process_weights(config, method
     assert (tmp_path / "locks" / "gpu0.slot0.lock").exists()  # the 2-GPU run held fake GPUs 0 and 1
 
 
+def children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc: torchrun's ranks are children of its agent)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped counts as dead)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.mark.slow
 def test_two_rank_protoclip_resumes_after_sigkill_like_one_process(config):
     tmp_path = config.parent
     trained(config, "protoclip_2")  # uninterrupted
     ckpt = tmp_path / "results" / "runs" / "protoclip_2k" / "checkpoints" / "last.pt"
-    proc = subprocess.Popen(train_cmd(config, "protoclip_2k"), env=env(), cwd=tmp_path, start_new_session=True,
+    proc = subprocess.Popen(train_cmd(config, "protoclip_2k"), env=env(), cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         end = time.monotonic() + 240
         while not ckpt.exists() and proc.poll() is None and time.monotonic() < end:
             time.sleep(0.02)
         assert ckpt.exists(), "no checkpoint before the run ended"
+        ranks = children(proc.pid)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks at once, as a preempted node would
+        # SIGKILL of the launcher only (it holds the slots and is torchrun's agent; torchrun starts each rank
+        # in a session of its own): the ranks must die with it, not train on as orphans on freed GPUs
+        proc.kill()
         proc.wait()
+    end = time.monotonic() + 30
+    while any(alive(p) for p in ranks) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert len(ranks) >= 2 and not any(alive(p) for p in ranks)
+    slots = GpuSlotsConfig(ids=[0, 1], lock_dir=str(tmp_path / "locks"))
+    assert try_acquire(slots, 2, ["0", "1"]) is not None  # both fake GPUs free again
     assert not (tmp_path / "results" / "runs" / "protoclip_2k" / "model.pt").exists()  # killed mid-run
     resumed = train(config, "protoclip_2k")  # the same command: --resume continues the checkpoint
     assert "resumed protoclip_2k at episode" in resumed.stderr

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from protoclip.gpu_slots import GpuSlotsConfig, Held, SlotError, acquire, effective_policy, visible_ids
 
 CVD = "CUDA_VISIBLE_DEVICES"
+LAUNCHER_PID = "PROTOCLIP_LAUNCHER_PID"  # set for the ranks run_ranks starts: the process holding their slots
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def train_gpus(tcfg) -> int:
@@ -70,6 +72,7 @@ def place(cfg: GpuSlotsConfig, n_gpus: int, ranks: int = 1, who: str = "", env: 
     if n_gpus < 0 or ranks < 1:
         raise ValueError(f"n_gpus must be >= 0 and ranks >= 1, got {n_gpus}, {ranks}")
     if under_torchrun(env):
+        die_with_launcher(env)
         return Placement(env.get(CVD, ""), 1)
     if n_gpus == 0:
         env[CVD] = ""  # a CPU job sees no GPU, so it cannot take one from a GPU job
@@ -85,6 +88,25 @@ def place(cfg: GpuSlotsConfig, n_gpus: int, ranks: int = 1, who: str = "", env: 
     held.inheritable()
     env[CVD] = held.env_value()
     return Placement(env[CVD], ranks, held)
+
+
+def die_with_launcher(env: dict | None = None) -> None:
+    """In a rank that :func:`run_ranks` started: have the kernel SIGKILL this process when the launcher dies.
+
+    torchrun starts each rank in a session of its own, so a SIGKILL of the launcher (OOM killer, a node agent)
+    would leave the ranks training on GPUs whose slots the launcher's death just freed. Linux only (prctl);
+    elsewhere, and in ranks of a torchrun that protoclip did not start, nothing is done.
+    """
+    env = os.environ if env is None else env
+    pid = env.get(LAUNCHER_PID)
+    if not pid or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != int(pid):  # the launcher died before prctl took effect
+        os._exit(1)
 
 
 def torchrun_args(nproc: int) -> list[str]:
@@ -104,6 +126,7 @@ def run_ranks(placement: Placement, protoclip_args: list[str]) -> int:
 
     args = get_args_parser().parse_args(torchrun_args(placement.ranks))
     args.training_script_args = list(protoclip_args)
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the ranks die with this process (die_with_launcher)
     print(f"protoclip: {CVD}={placement.visible}: torch.distributed.run {' '.join(torchrun_args(placement.ranks))} "
           f"{' '.join(protoclip_args)}", file=sys.stderr, flush=True)
     try:
