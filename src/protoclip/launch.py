@@ -10,15 +10,15 @@ by hand):
 * a job that declares no GPU (``gpu: false``) gets ``CUDA_VISIBLE_DEVICES=""``: it runs on the CPU and
   cannot take a GPU that the allocator gave another job (``device: auto`` resolves to cpu);
 * a job that needs k GPUs takes k slots (:mod:`protoclip.gpu_slots`, waiting while they are busy) and sets
-  ``CUDA_VISIBLE_DEVICES`` to them for its whole process tree; the lock files stay open in the job's
-  processes (inherited across ``exec``), so the slots are freed exactly when the job's processes are gone,
-  SIGKILL included;
+  ``CUDA_VISIBLE_DEVICES`` to them for its whole process tree; the lock files stay open in the job's process
+  (and, being inheritable, in what it forks or ``exec``s: DataLoader workers, ``protoclip launch``'s command),
+  so the slots are freed exactly when the job's processes are gone, SIGKILL included;
 * inside a SLURM job (policy ``inherit``) the allocator steps aside: SLURM's ``--gpus`` already chose the
   devices and set ``CUDA_VISIBLE_DEVICES``; only the count is checked;
 * k > 1 training: the process becomes ``torchrun --standalone --nproc_per_node k`` (torch.distributed.run's
-  agent) running the same ``protoclip`` command, one rank per GPU (``LOCAL_RANK`` picks ``cuda:<local rank>``
-  among the visible ones; see protoclip.train.loop). The ranks see torchrun's ``LOCAL_RANK`` and are not
-  placed again.
+  agent, holding the slots) running the same ``protoclip`` command, one rank per GPU (``LOCAL_RANK`` picks
+  ``cuda:<local rank>`` among the visible ones; see protoclip.train.loop). The ranks see torchrun's
+  ``LOCAL_RANK`` and are not placed again; the kernel kills them if the agent dies (:func:`die_with_launcher`).
 """
 from __future__ import annotations
 
