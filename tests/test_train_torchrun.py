@@ -181,7 +181,8 @@ def test_two_rank_protoclip_resumes_after_sigkill_like_one_process(config):
         # in a session of its own): the ranks must die with it, not train on as orphans on freed GPUs
         proc.kill()
         proc.wait()
-    end = time.monotonic() + 30
+    # orphans would go on training: still alive here, or (fast machine) done and model.pt written below
+    end = time.monotonic() + 10
     while any(alive(p) for p in ranks) and time.monotonic() < end:
         time.sleep(0.05)
     assert len(ranks) >= 2 and not any(alive(p) for p in ranks)
