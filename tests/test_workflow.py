@@ -138,17 +138,22 @@ def test_snakemake_lint_is_clean():
 def test_gpu_runs_request_a_gpu(tmp_path):
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump({"runs": {"big": {"method": "clip", "gpu": True},
+                                            "wide": {"method": "clip", "gpu": 4, "batch_size": 128},
                                             "small": {"method": "clip"}}}))
     conf = tmp_path / "config.yaml"
     conf.write_text(yaml.safe_dump({"experiments": [str(exp)], "prepare": {"eval_sets": ["digits"]}}))
-    dry = snakemake("-n", "--forceall", "--cores", "1", "--configfile", str(conf), "--resources", "gpu=1",
-                    "--", "results/runs/big/model.pt", "results/runs/small/model.pt")
+    dry = snakemake("-n", "--forceall", "--cores", "1", "--configfile", str(conf), "--resources", "gpu=4",
+                    "--", *(f"results/runs/{r}/eval/digits" for r in ("big", "wide", "small")))
     out = dry.stdout + dry.stderr
     assert dry.returncode == 0, out
-    jobs = out.split("rule train:")[1:]
-    assert jobs
-    res = {re.search(r"run=(\w+)", j).group(1): re.search(r"gpu=(\d)", j).group(1) for j in jobs}
-    assert res == {"big": "1", "small": "0"}
+
+    def gpus(rule: str) -> dict[str, str]:
+        jobs = out.split(f"rule {rule}:")[1:]
+        return {re.search(r"run=(\w+)", j).group(1): re.search(r"gpu=(\d)", j).group(1) for j in jobs}
+
+    # a `gpu: 4` run's train job takes 4 slots (torchrun, 4 ranks); its evaluation, one process, takes 1
+    assert gpus("train") == {"big": "1", "wide": "4", "small": "0"}
+    assert gpus("evaluate") == {"big": "1", "wide": "1", "small": "0"}
 
 
 def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_path, monkeypatch):

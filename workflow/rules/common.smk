@@ -6,7 +6,7 @@ import sys
 
 from protoclip.config import load_config, to_dict
 from protoclip.layout import Layout
-from protoclip import pipeline
+from protoclip import launch, pipeline
 
 DEFAULT_CONFIG = "config/config.yaml"
 # Snakemake's `config` is the Snakefile's configfile extended by every --configfile, then by --config. The

@@ -15,7 +15,7 @@ rule evaluate:
         run="|".join(RUNS) or "NO_RUNS",
         dataset="|".join(DATASETS) or "NO_DATASETS",
     resources:
-        gpu=lambda wc: 1 if PROJECT.run(wc.run).gpu else 0,
+        gpu=lambda wc: launch.evaluate_gpus(PROJECT, wc.run),  # one GPU for a GPU run's evaluation
     params:
         settings=lambda wc: settings({**to_dict(PROJECT.evaluate), "datasets": PROJECT.evaluate.datasets[wc.dataset]}),
         cmd=stage_cmd(lambda wc: f"evaluate_{wc.run}_{wc.dataset}"),

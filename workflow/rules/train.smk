@@ -13,7 +13,8 @@ rule train:
     wildcard_constraints:
         run="|".join(RUNS) or "NO_RUNS",
     resources:
-        gpu=lambda wc: 1 if PROJECT.run(wc.run).gpu else 0,
+        # a run's `gpu: k`: k GPU slots (protoclip.launch places the job on k free ids; k > 1 runs torchrun)
+        gpu=lambda wc: launch.train_gpus(PROJECT.run(wc.run)),
     params:
         settings=lambda wc: settings(PROJECT.run(wc.run)),
         cmd=stage_cmd(lambda wc: f"train_{wc.run}"),
