@@ -160,5 +160,7 @@ def test_gpu_config_is_validated_with_the_key_named(tmp_path):
     assert [evaluate_gpus(cfg, r) for r in "abc"] == [1, 1, 0]  # evaluation is one process
     with pytest.raises(ConfigError, match="gpu must be true, false or a number"):
         _config(tmp_path, "runs: {a: {gpu: -1}}\n").run("a")
+    with pytest.raises(ConfigError, match="batch_size 510 .* must be a multiple of gpu: 4"):
+        _config(tmp_path, "runs: {a: {gpu: 4, batch_size: 510}}\n").run("a")
     with pytest.raises(ConfigError, match="device 'cuda' needs `gpu: true`"):
         _config(tmp_path, "runs: {a: {device: cuda}}\n").run("a")
