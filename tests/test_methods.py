@@ -25,15 +25,17 @@ NEW = {  # the tiny settings of each new method
 }
 
 
-def test_registry_names_match_config_literal():
-    import typing
-
+def test_registry_holds_the_shipped_methods_and_the_config_checks_names_against_it():
+    from protoclip.config import ConfigError, build
     from protoclip.train.config import TrainConfig
 
-    assert set(typing.get_args(typing.get_type_hints(TrainConfig)["method"])) == set(METHODS) >= {
-        "clip", "protoclip", "nclip", "xclip"}
+    assert set(METHODS) >= {"clip", "protoclip", "nclip", "xclip", "pcl"}
+    for name in ("clip", "protoclip", "nclip", "xclip"):
+        assert build(TrainConfig, {"method": name}).method == name
     with pytest.raises(ValueError, match="unknown training method"):
         method_class("nope")
+    with pytest.raises(ConfigError, match="method: unknown training method 'nope'"):
+        build(TrainConfig, {"method": "nope"})
 
 
 def test_method_outputs_weights_and_similarity():
@@ -169,8 +171,7 @@ def test_run_train_nclip_from_config_and_model_file(tmp_path):
     from test_train_stage import _project
 
     from protoclip.config import load_config
-    from protoclip.evaluate.features import similarity_kind
-    from protoclip.models import load_model
+    from protoclip.models import load_model, read_eval_spec
     from protoclip.train.stage import run_train
 
     path = _project(tmp_path, teacher=False)
@@ -181,7 +182,8 @@ def test_run_train_nclip_from_config_and_model_file(tmp_path):
     out = run_train(cfg, "n")
     model, saved = load_model(out)
     assert model.head == "nclip" and model.image_head.out_dim == 32
-    assert similarity_kind(saved) == ("nclip_ce", 1)
+    spec = read_eval_spec(out)
+    assert (spec.method, spec.similarity, spec.subspheres, spec.image_only) == ("nclip", "nclip_ce", 1, False)
     assert read_log(Layout.from_config(cfg).train_log("n"), "episode")[-1]["mean/nclip_he"] > 0
 
 
@@ -203,7 +205,7 @@ def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
 
     cfg = _cfg("nclip" if kind == "nclip" else "multitoken")
     model = _model(cfg).eval()
-    save_model(tmp_path / "m.pt", model, to_dict(cfg))
+    save_model(tmp_path / "m.pt", model, to_dict(cfg), eval_spec=method_class(cfg.method).eval_spec(cfg))
     rng = np.random.default_rng(0)
     imgs = rng.integers(0, 255, (6, 64, 64, 3), dtype=np.uint8)
     test = ArraySplit(imgs, np.array([0, 1, 2, 0, 1, 2]))

@@ -68,16 +68,11 @@ def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
 IMAGE_ONLY_NA = ("zeroshot", "retrieval")  # tasks that read the text tower
 
 
-def image_only_method(cfg, run: str) -> str | None:
-    """The run's training method if it trains the image tower only (e.g. ``pcl``): its text tower is untrained,
-    so zero-shot and retrieval numbers would be chance; None otherwise (or when the run is not configured)."""
-    try:
-        method = cfg.run(run).method
-    except ConfigError:
-        return None
-    from protoclip.train.methods import method_class
-
-    return method if getattr(method_class(method), "image_only", False) else None
+def image_only_method(spec) -> str | None:
+    """The training method of a model if it trained the image tower only (e.g. ``pcl``): its text tower is
+    untrained, so zero-shot and retrieval numbers would be chance; None otherwise. ``spec``: the model file's
+    ``protoclip.models.EvalSpec`` (written by the method at save time, not read from the project config)."""
+    return (spec.method or "unknown method") if spec.image_only else None
 
 
 def not_applicable(task: str, ds: EvalSet) -> str | None:
@@ -304,7 +299,7 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
 
     extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size, ecfg.num_workers)
     prov = provenance(ecfg.seed)
-    image_only = image_only_method(cfg, run)
+    image_only = image_only_method(extractor.spec)
     written: list[Path] = []
     with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
         tracker.log_params({"evaluate": {"seed": ecfg.seed, "knn_k": ecfg.knn_k,

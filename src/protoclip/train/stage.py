@@ -111,7 +111,7 @@ def train_run(cfg: ProjectConfig, run: str, tracker: Tracker, resume: bool = Fal
     out = layout.model(run)
     check_state_finite(model, None, step=None, episode=None, checkpoint=layout.checkpoint(run), what=str(out))
     if info.rank == 0:
-        save_model(out, model, to_dict(tcfg))
+        save_model(out, model, to_dict(tcfg), eval_spec=method_class(tcfg.method).eval_spec(tcfg))
         # evaluate finds this MLflow run by the sha256 of the model it evaluates (protoclip.tracking)
         tracker.set_tags({"protoclip.model_sha256": sha256_file(out)})
         for path in (layout.run_dir(run) / "config.yaml", layout.train_log(run)):
