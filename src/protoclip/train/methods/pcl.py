@@ -135,12 +135,6 @@ class PCLMethod(Method):
     def _extract(self, data: EpisodeData, episode: int) -> torch.Tensor:
         """Key-encoder features [m, d] of the centre crops of every episode item (eval mode), episode order."""
         import torch
-
-        with torch.no_grad():
-            return self._extract_features(data, episode)
-
-    def _extract_features(self, data: EpisodeData, episode: int) -> torch.Tensor:
-        import torch
         import torch.nn.functional as F
         from tqdm.auto import tqdm
 
@@ -151,11 +145,12 @@ class PCLMethod(Method):
         self._key.eval()
         feats, poss = [], []
         try:
-            for images, _tokens, pos in tqdm(data.loader, desc=f"pcl E-step {episode}", leave=False,
-                                             disable=not data.info.is_main):
-                with data.autocast():
-                    feats.append(self._key(images[2].to(data.device, non_blocking=True)).float())
-                poss.append(pos.to(data.device))
+            with torch.no_grad():  # the key encoder is frozen: these features and their gather need no graph
+                for images, _tokens, pos in tqdm(data.loader, desc=f"pcl E-step {episode}", leave=False,
+                                                 disable=not data.info.is_main):
+                    with data.autocast():
+                        feats.append(self._key(images[2].to(data.device, non_blocking=True)).float())
+                    poss.append(pos.to(data.device))
         finally:
             self._key.train(was)
         f, pos = all_gather_cat(torch.cat(feats), data.info), all_gather_cat(torch.cat(poss), data.info)
