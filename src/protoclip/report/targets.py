@@ -97,13 +97,13 @@ class TargetConfig:
     columns: list[ColumnConfig] = field(default_factory=list)
     paper: str | None = None  # key in paper_numbers.yaml (default: id); "-" = no paper numbers
     # figures: bars (one bar per row, first column), scaling (x = row.x, log axis), tsne (first two rows'
-    # runs side by side on the same points of `tsne_dataset`), time_split (stacked stage times per row),
+    # runs side by side on the same points of `tsne_dataset`), time_split (stacked phase times per row),
     # temperature (the rows' learned logit scale, equilibrium statistic and gradient norm over training)
     plot: Literal["table", "bars", "scaling", "tsne", "time_split", "temperature"] = "table"
     xlabel: str = ""  # figure x-axis label
     reference_run: str | list[str] | None = None  # "epochs" column: Rel. in units of this run's epoch time
     tsne_dataset: list[str] = field(default_factory=list)  # tsne: paper set, then stand-ins (first with features)
-    tsne_max_points: int = 1000  # tsne: seeded subsample, the same points for both runs (~1 min on 2 cores)
+    tsne_max_points: int = 1000  # tsne: seeded subsample, the same points for both runs
 
     def validate(self) -> None:
         import re
