@@ -151,7 +151,7 @@ def test_toy_method_trains_and_evaluates_through_the_normal_path(tmp_path, monke
     from protoclip.evaluate.config import NOT_APPLICABLE, EvalDatasetConfig, EvaluateConfig
     from protoclip.evaluate.stage import run_evaluate
     from protoclip.layout import Layout
-    from protoclip.train.logbook import read_log
+    from protoclip.records import read_train_log as read_log
     from protoclip.train.stage import run_train
 
     torch.set_num_threads(1)

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import RandomPairs, one_thread, tiny_config  # noqa: E402
 
 from protoclip.layout import Layout  # noqa: E402
-from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.records import read_train_log  # noqa: E402
 from protoclip.train.loop import train  # noqa: E402
 from protoclip.train.methods import METHODS, build_method, method_class  # noqa: E402
 
@@ -141,20 +141,20 @@ def test_new_methods_resume_bit_identically(tmp_path, name):
     resumed = train(_model(cfg, seed=99), pairs, cfg, layout, "r", resume=True)
     sa, sb = full.state_dict(), resumed.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-    log_a = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
-    log_b = read_log(layout.train_log("r"), "step")
+    log_a = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
+    log_b = read_train_log(layout.train_log("r"), "step")
     assert [s["loss"] for s in log_a] == [s["loss"] for s in log_b]
-    eps = read_log(layout.train_log("r"), "episode")
+    eps = read_train_log(layout.train_log("r"), "episode")
     keys = {"nclip": ["mean/nclip_kl", "mean/nclip_eh", "mean/nclip_he", "mean/nclip_row_std_image",
                       "mean/nclip_col_std_text", "mean/nclip_acc_same_argmax", "mean/clip_acc"],
             "xclip": ["mean/clip", "mean/nclip", "mean/clip_acc", "mean/nclip_kl"],
             "multitoken": ["mean/clip", "mean/equilibrium", "mean/clip_scale", "mean/clip_acc_i2t"]}[name]
     assert all(k in eps[-1] for k in keys), set(keys) - set(eps[-1])
     if name == "xclip":
-        steps = read_log(layout.train_log("r"), "step")
+        steps = read_train_log(layout.train_log("r"), "step")
         assert all(s["loss"] == pytest.approx(0.2 * s["clip"] + s["nclip"], rel=1e-5) for s in steps)
     if name == "multitoken":  # the Multi(n, m) clamp (3.95) holds from the first step (init 1/0.07 = 14.3)
-        assert all(s["clip_scale"] <= 3.95 + 1e-4 for s in read_log(layout.train_log("r"), "step")[1:])
+        assert all(s["clip_scale"] <= 3.95 + 1e-4 for s in read_train_log(layout.train_log("r"), "step")[1:])
 
 
 @pytest.mark.slow
@@ -184,7 +184,7 @@ def test_run_train_nclip_from_config_and_model_file(tmp_path):
     assert model.head == "nclip" and model.image_head.out_dim == 32
     spec = read_eval_spec(out)
     assert (spec.method, spec.similarity, spec.subspheres, spec.image_only) == ("nclip", "nclip_ce", 1, False)
-    assert read_log(Layout.from_config(cfg).train_log("n"), "episode")[-1]["mean/nclip_he"] > 0
+    assert read_train_log(Layout.from_config(cfg).train_log("n"), "episode")[-1]["mean/nclip_he"] > 0
 
 
 @pytest.mark.parametrize("kind", ["nclip", "multitoken"])

@@ -12,9 +12,9 @@ similarity is also
 stored as a dot product: ``test_s`` / ``zeroshot_classifier_s`` and ``caption_image_s`` / ``caption_text_s``
 plus ``similarity`` (the kind); the evaluation stage then uses those with ``normalize=False``.
 
-The arrays live in ``results/runs/<run>/eval/<set>/features.npz`` (``Layout.features``, written atomically)
-with a ``meta_json`` entry; the cache is reused only when the model file's sha256, the data source, the split
-sizes, the probe subsample (``max_train`` / ``max_test`` / seed) and the class names / templates are unchanged, so a retrained
+The arrays live in ``results/runs/<run>/eval/<set>/features.npz`` (written atomically) with a ``meta_json``
+entry; the cache is reused only when the model file's sha256, the data source, the split sizes, the probe
+subsample (``max_train`` / ``max_test`` / seed) and the class names / templates are unchanged, so a retrained
 ``model.pt`` or a changed subsample invalidates it.
 
     ex = FeatureExtractor(layout.model(run), device="auto", batch_size=256)
