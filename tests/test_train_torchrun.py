@@ -74,7 +74,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def train_cmd(config: Path, run: str) -> list[str]:
-    """The train rule's command (protoclip.pipeline.train_stage), run with this interpreter."""
+    """The train rule's command (protoclip.dag.stages.train_stage), run with this interpreter."""
     return [sys.executable, "-m", "protoclip.cli", "train", "--config", str(config), "--run", run, "--resume"]
 
 
