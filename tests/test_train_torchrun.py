@@ -120,9 +120,9 @@ def assert_same_weights(a: dict, b: dict, atol: float = ATOL, rtol: float = RTOL
 
 
 def start_record(tmp_path: Path, run: str) -> dict:
-    from protoclip.train.logbook import read_log
+    from protoclip.records import read_train_log
 
-    return read_log(tmp_path / "results" / "runs" / run / "train_log.jsonl", "start")[-1]
+    return read_train_log(tmp_path / "results" / "runs" / run / "train_log.jsonl", "start")[-1]
 
 
 @pytest.mark.slow
