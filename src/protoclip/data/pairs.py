@@ -63,10 +63,13 @@ class StringColumn:
 
     def __init__(self, values: Sequence[str] | pd.Series):
         arr = pa.array(pd.Series(values, dtype="string").fillna(""), type=pa.large_string())
-        arr = pa.concat_arrays([arr]) if arr.offset else arr  # a sliced array: rebase its offsets
+        if isinstance(arr, pa.ChunkedArray):  # pandas' Arrow-backed strings come chunked
+            arr = arr.combine_chunks()
         _validity, offsets, data = arr.buffers()
-        self.offsets = np.frombuffer(offsets, dtype=np.int64)[: len(arr) + 1].copy()
-        self.data = np.frombuffer(data, dtype=np.uint8).copy() if data is not None else np.zeros(0, np.uint8)
+        offs = np.frombuffer(offsets, dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1]  # a slice starts later
+        raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        self.offsets = offs - offs[0]  # copies: nothing of Arrow's buffers stays referenced
+        self.data = raw[offs[0]: offs[-1]].copy()
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
