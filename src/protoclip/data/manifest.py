@@ -9,7 +9,7 @@ Columns (docs/architecture.md): ``id`` (unique), ``path`` (a file, or ``shard.ta
 from __future__ import annotations
 
 import collections
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -64,7 +64,8 @@ def deduplicate(pairs: list[Pair]) -> tuple[list[Pair], dict[str, collections.Co
 
 def to_frame(pairs: list[Pair]) -> pd.DataFrame:
     """Pairs -> manifest frame (string columns, in ``COLUMNS`` order)."""
-    return pd.DataFrame([asdict(p) for p in pairs], columns=COLUMNS).astype(
+    # column by column (not dataclasses.asdict per pair, a recursive deep copy: ~5 s per million pairs)
+    return pd.DataFrame({c: [getattr(p, c) for p in pairs] for c in COLUMNS}, columns=COLUMNS).astype(
         {c: "int64" if c in INT_COLUMNS else "string" for c in COLUMNS})
 
 
