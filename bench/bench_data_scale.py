@@ -60,6 +60,15 @@ def uss_mib(pid: int | None = None) -> float:
         return kb / 1024
 
 
+def vm_hwm_mib() -> float:
+    """This process's peak RSS in MiB (VmHWM: unlike ru_maxrss it does not carry over the peak of the process
+    that forked and exec'd us, here the benchmark with torch loaded)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 # --------------------------------------------------------------------------- prepare (child process)
 def prepare_child(pattern: str, out: str, workers: int) -> None:
     """Run the real prepare stage on the shards alone; print one JSON line of timings and peak RSS."""
@@ -80,7 +89,7 @@ def prepare_child(pattern: str, out: str, workers: int) -> None:
     print(json.dumps({"wall_s": wall, "kept": report["total"]["kept"], "dropped": report["total"]["dropped"],
                       # CPU seconds of the stage and its scan workers (imports excluded: measured from the start)
                       "cpu_s": own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime - cpu0,
-                      "rss_main_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "rss_main_mib": vm_hwm_mib(),
                       "rss_worker_max_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 
 
