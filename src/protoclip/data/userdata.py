@@ -264,9 +264,9 @@ def scan_shard(shard: str, name: str, split: str = "") -> ShardScan:
             cut_key = None
             if cut:
                 last = _key_ext(members[-1].name)[0]
-                whole = cut == "header" and "txt" in samples[last] and any(e in samples[last] for e in IMAGE_EXTS)
-                if whole:
-                    drops["unreadable_member"] += 1
+                got = samples.get(last, {})  # not samples[last]: the defaultdict would add an empty sample
+                if cut == "header" and "txt" in got and any(e in got for e in IMAGE_EXTS) or not got:
+                    drops["unreadable_member"] += 1  # a whole sample (kept), or the cut after a non-file member
                 else:
                     cut_key = last
                 log.warning("user data '%s': shard %s is cut after %d members; the samples before the cut are "
@@ -275,9 +275,11 @@ def scan_shard(shard: str, name: str, split: str = "") -> ShardScan:
                 log.warning("user data '%s': shard %s repeats %d keys (first: %s)", name, sp, len(repeated),
                             sorted(repeated)[0])
             resolved = str(sp.resolve())
-            outcomes = [(f"{name}/{sp.name}/{key}", *_sample(f, samples[key], key in repeated, key == cut_key,
-                                                              f"{name}/{sp.name}/{key}", resolved, name, split))
-                        for key in sorted(samples)]
+            outcomes = []
+            for key in sorted(samples):
+                sid = f"{name}/{sp.name}/{key}"  # one string object for the outcome and the pair (pickled once)
+                outcomes.append((sid, *_sample(f, samples[key], key in repeated, key == cut_key, sid, resolved, name,
+                                               split)))
     except (tarfile.TarError, OSError, EOFError) as err:
         log.warning("user data '%s': cannot read shard %s: %s", name, sp, err)
         drops["undecodable_shard"] += 1
