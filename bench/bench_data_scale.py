@@ -286,18 +286,21 @@ def text_report(info: dict, results: dict) -> str:
     lines = [f"# bench_data_scale.py: {info['date_utc']} UTC on {info['host']} ({info['cpus']} CPUs, {info['cpu']}), "
              f"Python {info['python']}", f"# load average at start: {info['loadavg_at_start']} "
              f"(other sessions' work ran on the machine at the same time)", f"# args: {info['args']}", ""]
-    lines.append(f"{'pairs':>9} {'prepare s':>10} {'ms/pair':>8} {'CPU ms/pair':>12} {'serial ms/pair':>15} {'RSS main':>9} "
+    lines.append(f"{'pairs':>9} {'prepare s':>10} {'ms/pair':>8} {'CPU ms/pair':>12} {'serial ms/pair':>15} "
+                 f"{'RSS main':>9} "
                  f"{'RSS wkr':>8} {'USS+ flat':>10} {'USS+ lists':>11} {'/1M flat':>9} {'/1M lists':>10}")
     for n in sorted(results, key=int):
         r = results[n]
         p, mem = r["prepare"], r["memory"]
         serial = r.get("prepare_serial", {}).get("ms_per_pair")
         lines.append(f"{int(n):>9} {p['wall_s']:>10.1f} {p['ms_per_pair']:>8.3f} {p['cpu_ms_per_pair']:>12.3f} "
-                     f"{(f'{serial:.3f}' if serial else '-'):>15} {p['rss_main_mib']:>8.0f}M {p['rss_worker_max_mib']:>7.0f}M "
+                     f"{(f'{serial:.3f}' if serial else '-'):>15} {p['rss_main_mib']:>8.0f}M "
+                     f"{p['rss_worker_max_mib']:>7.0f}M "
                      f"{mem['flat']['growth_mib']:>9.1f}M {mem['lists']['growth_mib']:>10.1f}M "
                      f"{mem['flat']['growth_mib_per_1m_rows']:>8.1f}M {mem['lists']['growth_mib_per_1m_rows']:>9.1f}M")
     lines.append("")
-    lines.append(f"{'pairs':>9} {'workers':>8} {'ours s/s':>9} {'wds s/s':>8} {'ours/wkr':>9} {'wds/wkr':>8} {'ratio':>6}"
+    lines.append(f"{'pairs':>9} {'workers':>8} {'ours s/s':>9} {'wds s/s':>8} {'ours/wkr':>9} {'wds/wkr':>8} "
+                 f"{'ratio':>6}"
                  f"  (median of runs)")
     for n in sorted(results, key=int):
         for w, lr in sorted(results[n]["loader"].items(), key=lambda kv: int(kv[0])):
@@ -355,7 +358,8 @@ def main(argv: list[str] | None = None) -> None:
                                                             args.repeats).items()}
                        if "loader" not in args.skip else {})
         print(f"{n}: loader {r['loader']}", flush=True)
-        r["episode"] = episode_cost(df, args.image_size, args.episode, args.workers) if "episode" not in args.skip else {}
+        r["episode"] = (episode_cost(df, args.image_size, args.episode, args.workers)
+                        if "episode" not in args.skip else {})
         print(f"{n}: episode {r['episode']}", flush=True)
         results[str(n)] = r
     out = HERE / "results" / f"data_scale_{tag}"
