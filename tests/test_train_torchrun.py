@@ -16,6 +16,7 @@ tiny-vit (LayerNorm) with single-Linear heads. Images are uniform colours, so th
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -56,7 +57,9 @@ def project(tmp_path: Path) -> Path:
         colour = tuple(int(c) for c in rng.integers(0, 255, 3))
         Image.new("RGB", (32, 32), colour).save(img_dir / f"{i}.png")
         pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
-                          source="tuxpaint", label="", sha256=f"{i:064d}", split="heldout" if i >= 32 else "train"))
+                          source="tuxpaint", label="",
+                          sha256=hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest(),
+                          split="heldout" if i >= 32 else "train"))
     write_manifest(to_frame(pairs), layout.manifest)
     runs = {}
     for method in ("clip", "protoclip"):
