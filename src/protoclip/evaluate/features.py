@@ -127,7 +127,9 @@ def make_text_encoder(model: Any, tokenizer: Callable, device: torch.device,
 #   negative trace); prompts are ensembled by averaging the per-prompt scores (paper Sec. 5.2 averages
 #   logits, not embeddings: spec 2.5 / 2.7.7), i.e. the mean of the chunk-normalised text embeddings.
 # "nclip_ce": s = 1/2 (p_I . log p_T + p_T . log p_I), p = softmax of the nCLIP head (paper: -L_CE;
-#   spec 1.7.4), prompts ensembled by averaging the probability vectors (spec 1.7.4).
+#   spec 1.7.4), prompts ensembled by averaging the probability vectors (spec 1.7.4). Carried as
+#   log-probabilities (log_softmax; the ensemble mean by logsumexp), never log(softmax): softmax underflows
+#   in float32 once head logits are sharp (spec 1.7.7).
 # The non-cosine kinds are written as a dot product of an image embedding and a text embedding
 # (``*_s`` arrays; metrics called with normalize=False).
 def similarity_kind(config: dict) -> tuple[str, int]:
@@ -147,21 +149,30 @@ def similarity_embeddings(kind: str, side: str, z: torch.Tensor, h: torch.Tensor
     if kind == "product_sphere":
         return pre if pre is not None else similarity_pre(kind, z, h, subspheres)
     if kind == "nclip_ce":
-        p = pre if pre is not None else similarity_pre(kind, z, h, subspheres)
-        logp = p.clamp_min(1e-30).log()
+        logp = pre if pre is not None else similarity_pre(kind, z, h, subspheres)
+        p = logp.exp()
         return 0.5 * torch.cat([p, logp], 1) if side == "image" else torch.cat([logp, p], 1)  # dot = s
     raise ValueError(f"no dot-product embedding for similarity {kind!r}")
 
 
 def similarity_pre(kind: str, z: torch.Tensor, h: torch.Tensor | None, subspheres: int = 1) -> torch.Tensor:
-    """What a prompt ensemble averages: chunk-normalised z (product sphere) or the head softmax p (nCLIP)."""
+    """What a prompt ensemble averages (:func:`ensemble_pre`): chunk-normalised z (product sphere) or the
+    log-probabilities log p of the head softmax (nCLIP)."""
     from protoclip.losses.distances import product_sphere
 
     if kind == "product_sphere":
         return product_sphere(z.float(), subspheres).flatten(1)
     if kind == "nclip_ce":
-        return torch.softmax(h.float(), dim=1)
+        return torch.log_softmax(h.float(), dim=1)
     raise ValueError(f"unknown similarity {kind!r}")
+
+
+def ensemble_pre(kind: str, pre: torch.Tensor) -> torch.Tensor:
+    """[n_prompts, D] -> [1, D]: the mean over prompts of the chunk-normalised z, or for nCLIP the log of the
+    mean probability vector, log(1/n sum_k p_k) = logsumexp_k(log p_k) - log n (exact where p underflows)."""
+    if kind == "nclip_ce":
+        return torch.logsumexp(pre, 0, keepdim=True) - float(np.log(pre.shape[0]))
+    return pre.mean(0, keepdim=True)
 
 
 class FeatureExtractor:
@@ -276,7 +287,7 @@ class FeatureExtractor:
 
         rows = []
         for c in tqdm(ds.classnames, desc=f"{ds.name} {self.similarity} classifier", leave=False):
-            pre = self._text_pre([_fill(t, c) for t in ds.templates]).mean(0, keepdim=True)  # prompt ensemble
+            pre = ensemble_pre(self.similarity, self._text_pre([_fill(t, c) for t in ds.templates]))
             rows.append(similarity_embeddings(self.similarity, "text", None, None, self.subspheres, pre=pre))
         return {"test_s": self._image_s(test_z, test_h), "zeroshot_classifier_s": torch.cat(rows).numpy(),
                 "similarity": np.array(self.similarity)}
