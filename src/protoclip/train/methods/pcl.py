@@ -33,7 +33,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from protoclip.losses.pauc import pauc_loss
-from protoclip.losses.pcl import Clusterings, build_clusterings, infonce, protonce
+from protoclip.losses.pcl import Clusterings, build_clusterings, capped_negatives, infonce, protonce
 from protoclip.models.momentum import FeatureQueue, MomentumEncoder
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, all_gather_cat, broadcast_object, sync_buffers
@@ -157,7 +157,8 @@ class PCLMethod(Method):
         terms = infonce(q, k, self._queue.keys(), self.cfg.pcl.tau)
         self._diag = {}
         if state is not None:
-            pn = protonce(q, positions, state, self.cfg.pcl.negatives, None, self.cfg.pcl.mask_duplicate_pos)
+            pn = protonce(q, positions, state, capped_negatives(self.cfg.pcl.negatives, state), None,
+                          self.cfg.pcl.mask_duplicate_pos)
             terms["protonce"] = pn["protonce"]
             self._diag["protonce_acc"] = float(pn["protonce_acc"])
             if self.cfg.pauc.enabled:
