@@ -165,3 +165,11 @@ def test_centred_probe_matches_the_converged_raw_probe():
     raw = LogisticRegression(C=10.0, max_iter=1000).fit(xtr, ytr)
     cen = LogisticRegression(C=10.0, max_iter=1000).fit(xtr - xtr.mean(axis=0), ytr)
     assert cen.n_iter_[0] < raw.n_iter_[0]  # the conditioning gain, on this fixture
+
+
+def test_fit_split_with_a_single_class_is_one_clear_error():
+    """y = [0, 0, 1] with half held out: the fit split keeps one sample, one class; sklearn would raise from
+    deep inside LogisticRegression.fit."""
+    x = np.array([[0.0, 1.0], [0.1, 0.9], [1.0, 0.0]])
+    with pytest.raises(ValueError, match=r"linear probe: the fit split \(1 of 3 training samples .* single class"):
+        linear_probe(x, np.array([0, 0, 1]), x, np.array([0, 0, 1]), val_fraction=0.5)
