@@ -9,7 +9,8 @@ captions of ``heldout_pairs``): ``z^I`` of its images, ``z^T`` of every caption 
 When the run's method scores image-text pairs other than by the cosine of z (nCLIP's -CE, multi-token CLIP's
 summed per-token cosine: :func:`similarity_kind` from the saved config), the method's similarity is also
 stored as a dot product: ``test_s`` / ``zeroshot_classifier_s`` and ``caption_image_s`` / ``caption_text_s``
-plus ``similarity`` (the kind); the evaluation stage then uses those with ``normalize=False``.
+plus ``similarity`` (the kind) and ``subspheres`` (m); the evaluation stage then uses those with
+``normalize=False``.
 
 The arrays live in ``results/runs/<run>/features/<set>.npz`` (written atomically) with a ``meta_json``
 entry; the cache is reused only when the model file's sha256, the data source, the split sizes, the probe
@@ -41,7 +42,7 @@ from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # 2: + the method's similarity embeddings (*_s)
+CACHE_VERSION = 3  # 2: + the method's similarity embeddings (*_s); 3: nCLIP *_s from log_softmax, + subspheres
 
 
 def _text_hash(items: Iterable[str]) -> str:
@@ -290,12 +291,12 @@ class FeatureExtractor:
             pre = ensemble_pre(self.similarity, self._text_pre([_fill(t, c) for t in ds.templates]))
             rows.append(similarity_embeddings(self.similarity, "text", None, None, self.subspheres, pre=pre))
         return {"test_s": self._image_s(test_z, test_h), "zeroshot_classifier_s": torch.cat(rows).numpy(),
-                "similarity": np.array(self.similarity)}
+                "similarity": np.array(self.similarity), "subspheres": np.array(self.subspheres)}
 
     def _similarity_captions(self, z: np.ndarray, h: np.ndarray, texts: list[str]) -> dict[str, np.ndarray]:
         text_s = similarity_embeddings(self.similarity, "text", None, None, self.subspheres, pre=self._text_pre(texts))
         return {"caption_image_s": self._image_s(z, h), "caption_text_s": text_s.numpy(),
-                "similarity": np.array(self.similarity)}
+                "similarity": np.array(self.similarity), "subspheres": np.array(self.subspheres)}
 
 
 __all__ = ["FeatureExtractor", "encode_images", "make_text_encoder", "resolve_device", "sha256_file"]

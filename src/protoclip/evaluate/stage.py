@@ -15,6 +15,8 @@ retrieval   z^I vs z^T of captions (IV-C4, Table VIII)    metrics.retrieval.retr
 clustering  z^I of the test split (IV-G3, Table XII)      metrics.clustering.cluster_scores
 nemd        h^I (and z^I) of the test split (PAUC)        metrics.nemd.nemd_report
 tsne        z^I of the test split (Fig. 8)                metrics.embedding_plots.tsne_plot
+temperature caption pairs, the run's similarity; token     metrics.temperature (temperature paper Fig. 1,
+            subsets of a multi-token run's zero-shot      Fig. 8, Table 11; evaluate.temperature settings)
 =========== ============================================ ====================================================
 
 it writes ``results/runs/<run>/eval/<set>/<task>.json`` (metrics, run, dataset, task, sizes, feature kind,
@@ -50,7 +52,7 @@ from protoclip.tracking import evaluation_run
 log = logging.getLogger(__name__)
 
 HEADLINE = {"zeroshot": "top1", "linear": "top1", "knn": "top1", "retrieval": "mean_recall",
-            "clustering": "ami", "nemd": "nemd", "tsne": "n_points"}
+            "clustering": "ami", "nemd": "nemd", "tsne": "n_points", "temperature": "equilibrium_scale"}
 
 
 # --------------------------------------------------------------------------- applicability
@@ -65,7 +67,7 @@ def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
     return [t for t in cfg.tasks if t in possible]
 
 
-IMAGE_ONLY_NA = ("zeroshot", "retrieval")  # tasks that read the text tower
+IMAGE_ONLY_NA = ("zeroshot", "retrieval", "temperature")  # tasks that read the text tower
 
 
 def image_only_method(cfg, run: str) -> str | None:
@@ -85,6 +87,9 @@ def not_applicable(task: str, ds: EvalSet) -> str | None:
     labelled = isinstance(ds, LabelledSet)
     if task == "retrieval":
         return None if isinstance(ds, CaptionSet) or (labelled and ds.captions is not None) else "no captions"
+    if task == "temperature":  # caption pairs (Fig. 1, 8) and / or a zero-shot set (Table 11's token subsets)
+        pairs = isinstance(ds, CaptionSet) or (labelled and ds.captions is not None)
+        return None if pairs or (labelled and ds.templates and len(ds.test)) else "no captions or prompt templates"
     if not labelled:
         return "no class labels"
     if task == "zeroshot" and not ds.templates:
@@ -195,9 +200,42 @@ def task_tsne(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskR
     return m, "z_image (L2-normalised)", _sizes(f)
 
 
+def task_temperature(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
+    from protoclip.evaluate.metrics import temperature as tm
+
+    t, kind = cfg.temperature, str(f.get("similarity", "cosine"))
+    if kind not in ("cosine", "product_sphere"):  # nCLIP's -CE is no distance: Eq. 1 / Fig. 8 do not apply
+        return {"not_applicable": f"similarity {kind} is not a distance"}, f"{kind} similarity", {}
+    m: dict[str, Any] = {}
+    sizes: dict[str, int] = {}
+    what = []
+    if "caption_image_z" in f:
+        # one positive pair per image: its first caption; the run's similarity as a dot product
+        t2i = np.asarray(f["caption_text_to_image"])
+        images, first_text = np.unique(t2i, return_index=True)
+        if kind == "cosine":
+            img = f["caption_image_z"] / np.linalg.norm(f["caption_image_z"], axis=1, keepdims=True)
+            txt = f["caption_text_z"] / np.linalg.norm(f["caption_text_z"], axis=1, keepdims=True)
+        else:
+            img, txt = f["caption_image_s"], f["caption_text_s"]
+        img, txt = img[images], txt[first_text]
+        m.update(tm.equilibrium_sweep(img, txt, t.scales(), t.batch_sizes, t.shuffle_shares, seed=cfg.seed))
+        m["histograms"] = tm.distance_histograms(img, txt, t.histogram_bins, t.histogram_max_points, seed=cfg.seed)
+        sizes["n_pairs"] = int(len(images))
+        what.append(f"caption pairs (first caption per image), {kind} similarity")
+    tokens = int(f["subspheres"]) if "subspheres" in f else 1
+    if kind == "product_sphere" and tokens > 1 and "test_s" in f:
+        m["tokens"] = tokens
+        m["token_subsets"] = tm.token_subset_zeroshot(f["test_s"], f["zeroshot_classifier_s"], f["test_y"], tokens,
+                                                      t.token_subsets, t.token_draws, seed=cfg.seed)
+        sizes["n_test"] = int(len(f["test_y"]))
+        what.append(f"token subsets of the {tokens} tokens (zero-shot, prompt-averaged)")
+    return m, "; ".join(what) or "nothing applies (single-token run without caption pairs)", sizes
+
+
 TASK_FUNCS: dict[str, Callable[..., TaskResult]] = {
     "zeroshot": task_zeroshot, "linear": task_linear, "knn": task_knn, "retrieval": task_retrieval,
-    "clustering": task_clustering, "nemd": task_nemd, "tsne": task_tsne,
+    "clustering": task_clustering, "nemd": task_nemd, "tsne": task_tsne, "temperature": task_temperature,
 }
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-EVAL_TASKS = ("zeroshot", "linear", "knn", "retrieval", "clustering", "nemd", "tsne")
+EVAL_TASKS = ("zeroshot", "linear", "knn", "retrieval", "clustering", "nemd", "tsne", "temperature")
 SPECIAL_TASKS = ("epochs",)  # computed from train logs, not metrics files
 
 
