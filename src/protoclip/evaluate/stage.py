@@ -59,7 +59,7 @@ HEADLINE = {"zeroshot": "top1", "linear": "top1", "knn": "top1", "retrieval": "m
 def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
     """The configured tasks that can apply to a set of this kind (used for sets that are skipped)."""
     if cfg.kind == "coco":
-        possible = {"retrieval"}
+        possible = {"retrieval", "temperature"}
     elif cfg.kind == "offline" and name == HELDOUT:
         possible = set(TASKS)  # coarse labels in words have prompt templates (datasets.HELDOUT_TEMPLATES)
     else:
@@ -114,6 +114,13 @@ def too_small(task: str, feats: dict[str, np.ndarray]) -> str | None:
         return "t-SNE needs at least 3 test images"
     if task in ("linear", "knn") and len(np.unique(feats["train_y"])) < 2:
         return "the train split has fewer than 2 classes"
+    if task == "temperature":
+        kind = str(feats.get("similarity", "cosine"))
+        if kind not in ("cosine", "product_sphere"):  # nCLIP's -CE is no distance: Eq. 1 / Fig. 8 do not apply
+            return f"the {kind} similarity is not a distance"
+        tokens = int(feats["subspheres"]) if "subspheres" in feats else 1
+        if "caption_image_z" not in feats and not (tokens > 1 and "test_s" in feats):
+            return "no caption pairs, and a single-token run has no token subsets"
     return None
 
 
@@ -203,9 +210,7 @@ def task_tsne(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskR
 def task_temperature(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics import temperature as tm
 
-    t, kind = cfg.temperature, str(f.get("similarity", "cosine"))
-    if kind not in ("cosine", "product_sphere"):  # nCLIP's -CE is no distance: Eq. 1 / Fig. 8 do not apply
-        return {"not_applicable": f"similarity {kind} is not a distance"}, f"{kind} similarity", {}
+    t, kind = cfg.temperature, str(f.get("similarity", "cosine"))  # cosine / product_sphere (too_small)
     m: dict[str, Any] = {}
     sizes: dict[str, int] = {}
     what = []
@@ -230,7 +235,7 @@ def task_temperature(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> Ta
                                                       t.token_subsets, t.token_draws, seed=cfg.seed)
         sizes["n_test"] = int(len(f["test_y"]))
         what.append(f"token subsets of the {tokens} tokens (zero-shot, prompt-averaged)")
-    return m, "; ".join(what) or "nothing applies (single-token run without caption pairs)", sizes
+    return m, "; ".join(what), sizes
 
 
 TASK_FUNCS: dict[str, Callable[..., TaskResult]] = {
