@@ -206,3 +206,31 @@ def test_evaluation_score_exact_for_sharp_head_logits():
     want = 0.5 * (lp_i.exp() @ lp_t.T + lp_i @ lp_t.exp().T)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-3)
     assert torch.equal(got.argmax(1), want.argmax(1))
+
+
+def test_zeroshot_logs_the_image_as_target_variant(tmp_path):
+    """task_zeroshot of an nCLIP run adds image_as_target: top-k of p_I . log p_T (image distribution as the
+    target, spec 1.7.4), here against a float64 argmax; the headline stays the symmetric score."""
+    import numpy as np
+
+    from protoclip.evaluate.config import EvaluateConfig
+    from protoclip.evaluate.features import ensemble_pre, similarity_embeddings, similarity_pre
+    from protoclip.evaluate.stage import task_zeroshot
+
+    g = torch.Generator().manual_seed(8)
+    hi, ht = 3 * torch.randn(40, 16, generator=g), 3 * torch.randn(6, 2, 16, generator=g)
+    y = torch.randint(0, 6, (40,), generator=g)
+    cls = torch.cat([similarity_embeddings("nclip_ce", "text", None, None,
+                                           pre=ensemble_pre("nclip_ce", similarity_pre("nclip_ce", None, ht[c])))
+                     for c in range(6)])
+    f = {"test_s": similarity_embeddings("nclip_ce", "image", None, hi).numpy(), "test_y": y.numpy(),
+         "zeroshot_classifier_s": cls.numpy(), "similarity": np.array("nclip_ce")}
+    ds = type("DS", (), {"classnames": list("abcdef"), "templates": ["{}", "a {}"]})()
+    m, _, _ = task_zeroshot(f, ds, EvaluateConfig(), tmp_path)
+    p_i = torch.softmax(hi.double(), 1)
+    logq = torch.softmax(ht.double(), 2).mean(1).log()
+    want_target = 100.0 * float(((p_i @ logq.T).argmax(1) == y).double().mean())
+    want_sym = 100.0 * float((nclip_similarity(p_i.log(), logq).argmax(1) == y).double().mean())
+    assert m["image_as_target"]["top1"] == pytest.approx(want_target) and m["top1"] == pytest.approx(want_sym)
+    text_target = 100.0 * float(((p_i.log() @ logq.exp().T).argmax(1) == y).double().mean())
+    assert len({want_target, want_sym, text_target}) == 3  # the fixture tells the three scores apart

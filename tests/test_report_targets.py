@@ -57,7 +57,7 @@ def synthesize(cfg) -> None:
     """Metrics files (the paper sets skipped, as offline), train logs, and feature caches for every run."""
     layout = Layout.from_config(cfg)
     metrics = {"zeroshot": ["top1", "top5"], "linear": ["top1"], "knn": ["top1"], "clustering": ["ari", "ami"],
-               "nemd": ["nemd"],
+               "nemd": ["nemd"], "temperature": ["n_pairs", "tokens"],
                "retrieval": ["mean_recall"] + [f"{d}_R@{k}" for d in ("image_to_text", "text_to_image")
                                                for k in (1, 5, 10)]}
     offline = {"heldout_pairs", "fashion_mnist", "digits"}

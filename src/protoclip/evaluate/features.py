@@ -168,6 +168,14 @@ def similarity_pre(kind: str, z: torch.Tensor, h: torch.Tensor | None, subsphere
     raise ValueError(f"unknown similarity {kind!r}")
 
 
+def nclip_image_as_target(image_s: np.ndarray, text_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """From the nCLIP dot-product embeddings (image 1/2 [p, log p], text [log q, q]) the pair whose dot product is
+    the image-as-target score p_I . log p_T (the paper's L_CE with the image distribution as the target; spec
+    1.7.4 asks to log it beside the symmetric score)."""
+    k = image_s.shape[1] // 2
+    return 2.0 * image_s[:, :k], text_s[:, :k]
+
+
 def ensemble_pre(kind: str, pre: torch.Tensor) -> torch.Tensor:
     """[n_prompts, D] -> [1, D]: the mean over prompts of the chunk-normalised z, or for nCLIP the log of the
     mean probability vector, log(1/n sum_k p_k) = logsumexp_k(log p_k) - log n (exact where p underflows)."""

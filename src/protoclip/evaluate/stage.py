@@ -142,6 +142,11 @@ def task_zeroshot(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> T
     if "test_s" in f:  # the method's own similarity as a dot product (evaluate.features.similarity_embeddings)
         m = zeroshot_classify(f["test_s"], f["zeroshot_classifier_s"], f["test_y"], normalize=False)
         what = f"{str(f['similarity'])} similarity (image vs prompt-ensembled text)"
+        if str(f["similarity"]) == "nclip_ce":  # spec 1.7.4: also the image-as-target score p_I . log p_T
+            from protoclip.evaluate.features import nclip_image_as_target
+
+            xi, wt = nclip_image_as_target(f["test_s"], f["zeroshot_classifier_s"])
+            m["image_as_target"] = zeroshot_classify(xi, wt, f["test_y"], normalize=False)
     else:
         m = zeroshot_classify(f["test_z"], f["zeroshot_classifier"], f["test_y"])
         what = "z_image (L2-normalised) vs prompt-ensembled z_text"
