@@ -229,7 +229,10 @@ def task_temperature(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> Ta
         else:
             img, txt = f["caption_image_s"], f["caption_text_s"]
         img, txt = img[images], txt[first_text]
-        m.update(tm.equilibrium_sweep(img, txt, t.scales(), t.batch_sizes, t.shuffle_shares, seed=cfg.seed))
+        from protoclip.devices import resolve_device
+
+        m.update(tm.equilibrium_sweep(img, txt, t.scales(), t.batch_sizes, t.shuffle_shares, seed=cfg.seed,
+                                      device=resolve_device(cfg.device)))
         m["histograms"] = tm.distance_histograms(img, txt, t.histogram_bins, t.histogram_max_points, seed=cfg.seed)
         sizes["n_pairs"] = int(len(images))
         what.append(f"caption pairs (first caption per image), {kind} similarity")
