@@ -1,6 +1,7 @@
 """`run_train` on a fixture project (64 random PNGs + captions, a random teacher cache): outputs and errors."""
 from __future__ import annotations
 
+import hashlib
 import math
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from train_fixtures import WORDS, one_thread  # noqa: E402
 from protoclip.config import ConfigError, load_config  # noqa: E402
 from protoclip.data.manifest import Pair, to_frame, write_manifest  # noqa: E402
 from protoclip.layout import Layout  # noqa: E402
-from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.records import read_train_log  # noqa: E402
 from protoclip.train.stage import resolve_sources, run_train  # noqa: E402
 
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -37,7 +38,9 @@ def _project(tmp_path: Path, n: int = 40, teacher: bool = True) -> Path:
         Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(img_dir / f"{i}.png")
         split = "heldout" if i >= n - 4 else "train"
         pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
-                          source="tuxpaint", label="", sha256=f"{i:064d}", split=split))
+                          source="tuxpaint", label="",
+                          sha256=hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest(),
+                          split=split))
     write_manifest(to_frame(pairs), layout.manifest)
     if teacher:
         ids = np.array([p.id for p in pairs][::-1])  # cache order differs from the manifest's
@@ -67,7 +70,7 @@ def test_run_train_protoclip_writes_outputs_and_mlflow(tmp_path):
     model, saved_cfg = load_model(out)
     assert saved_cfg["method"] == "protoclip" and saved_cfg["teacher"] == "toy-teacher"
     assert yaml.safe_load((layout.run_dir("proto") / "config.yaml").read_text())["episode_size"] == 32
-    steps = read_log(layout.train_log("proto"), "step")
+    steps = read_train_log(layout.train_log("proto"), "step")
     assert len(steps) == 4  # 36 train pairs (4 held out), m = 32: ceil(36/32) = 2 episodes x 32/16 steps
     assert all(math.isfinite(s["proto_external"]) for s in steps)
     import mlflow
