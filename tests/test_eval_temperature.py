@@ -33,9 +33,10 @@ def _features(tmp_path, cfg):
     from protoclip.config import to_dict
     from protoclip.evaluate.features import FeatureExtractor
     from protoclip.models import save_model
+    from protoclip.train.methods import method_class
 
     model = _model(cfg).eval()
-    save_model(tmp_path / "m.pt", model, to_dict(cfg))
+    save_model(tmp_path / "m.pt", model, to_dict(cfg), eval_spec=method_class(cfg.method).eval_spec(cfg))
     ds, imgs = _toy_set()
     return model, ds, imgs, FeatureExtractor(tmp_path / "m.pt", device="cpu", batch_size=4).features(
         tmp_path / "f.npz", ds)
