@@ -26,7 +26,7 @@ from protoclip.layout import Layout  # noqa: E402
 from protoclip.train.checkpoint import CheckpointError, resume_key, resume_point, save_checkpoint  # noqa: E402
 from protoclip.train.distributed import DistInfo  # noqa: E402
 from protoclip.train.episode import rank_positions  # noqa: E402
-from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.records import read_train_log  # noqa: E402
 from protoclip.train.loop import train  # noqa: E402
 from protoclip.train.methods.clip import CLIPMethod  # noqa: E402
 from protoclip.train.schedule import trained_batches_per_episode  # noqa: E402
@@ -294,6 +294,6 @@ def test_world_size_and_batches_are_logged_and_saved_with_the_run(tmp_path):
     layout = Layout(tmp_path / "d", tmp_path / "r")
     rec = Recorder()
     train(tiny_model(cfg), RandomPairs(n=16), cfg, layout, "w", tracker=rec)
-    start = read_log(layout.train_log("w"), "start")[0]["schedule"]
+    start = read_train_log(layout.train_log("w"), "start")[0]["schedule"]
     assert (start["world_size"], start["per_rank_batch"], start["global_batch"]) == (1, 4, 4)
     assert rec.params["world"] == {"world_size": 1, "per_rank_batch": 4, "global_batch": 4}

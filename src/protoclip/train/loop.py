@@ -52,13 +52,13 @@ from protoclip.devices import resolve_device
 from protoclip.layout import Layout
 from protoclip.losses.proto import NonFiniteFeaturesError
 from protoclip.provenance import provenance
+from protoclip.records import TrainLog
 from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import (TrainingStopped, check_state_finite, kept_checkpoint, restore_rng,
                                        resume_key, resume_point, save_checkpoint)
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, barrier, broadcast_object, env_world, init_from_env, sync_buffers
 from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
-from protoclip.train.logbook import TrainLog
 from protoclip.train.methods import EpisodeData, Method, build_method
 from protoclip.train.schedule import Schedule, early_stop_update, trained_batches_per_episode
 
@@ -357,7 +357,7 @@ def wrap_for_ddp(model: torch.nn.Module, method: Method, device: torch.device, i
     return net
 
 
-def log_start(s: Session, progress: Progress, config: dict, run_dir: Path) -> None:
+def log_start(s: Session, progress: Progress, config: dict, config_path: Path) -> None:
     """``config.yaml``, the log's ``start`` record (provenance, resolved schedule and world size) and the MLflow
     params, at every (re)start."""
     world = world_record(s.cfg, s.info)
@@ -365,7 +365,7 @@ def log_start(s: Session, progress: Progress, config: dict, run_dir: Path) -> No
              world["per_rank_batch"], world["global_batch"])
     prov = provenance(s.cfg.seed)
     if s.info.is_main:
-        write_config(run_dir / "config.yaml", config)
+        write_config(config_path, config)
     sched = s.sched
     s.tlog.append({"kind": "start", "episode": progress.episode, "step": progress.step, "provenance": prov,
                    "schedule": {"dataset_size": sched.dataset_size, "episode_size": sched.episode_size,
@@ -443,6 +443,6 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     s = Session(cfg, run, model, wrap_for_ddp(model, method, device, info), optimizer, method, sched, dataset,
                 teacher, cfg.reads_teacher() and teacher is not None, info, device,
                 autocast_factory(cfg.precision, device), tlog, tracker or Tracker(), layout.checkpoint(run), key)
-    log_start(s, progress, config, layout.run_dir(run))
+    log_start(s, progress, config, layout.run_config(run))
     run_episodes(s, progress, stop_after_episodes)
     return model

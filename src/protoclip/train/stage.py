@@ -118,10 +118,10 @@ def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict |
     out = layout.model(run)
     check_state_finite(model, None, step=None, episode=None, checkpoint=layout.checkpoint(run), what=str(out))
     if info.rank == 0:
-        save_model(out, model, config)
+        save_model(out, model, config, eval_spec=method_class(tcfg.method).eval_spec(tcfg))
         # evaluate finds this MLflow run by the sha256 of the model it evaluates (protoclip.tracking)
         tracker.set_tags({"protoclip.model_sha256": sha256_file(out)})
-        for path in (layout.run_dir(run) / "config.yaml", layout.train_log(run)):
+        for path in (layout.run_config(run), layout.train_log(run)):
             tracker.log_artifact(path)
         log.info("run %s: model written to %s", run, out)
     return out
@@ -141,7 +141,7 @@ def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tra
 
 def train_outputs(layout: Layout, run: str) -> list[Path]:
     """Every file the train stage writes for ``run`` (their killed writes' temp files are cleaned at start)."""
-    return [layout.run_dir(run) / "config.yaml", layout.train_log(run), layout.model(run), layout.checkpoint(run),
+    return [layout.run_config(run), layout.train_log(run), layout.model(run), layout.checkpoint(run),
             layout.mlflow_run_file(run)]
 
 
