@@ -6,6 +6,7 @@ pairs; the stage-level cases fail before any training step, so they take about a
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 import sys
@@ -58,7 +59,8 @@ def _project(tmp_path: Path, **train) -> Path:
     for i in range(12):
         Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(img_dir / f"{i}.png")
         pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
-                          source="tuxpaint", label="", sha256=f"{i:064d}", split="train"))
+                          source="tuxpaint", label="", split="train",
+                          sha256=hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest()))
     write_manifest(to_frame(pairs), layout.manifest)
     cfg = {"paths": {"data_dir": str(layout.data_dir), "results_dir": str(layout.results_dir),
                      "mlflow_uri": MLFLOW_URI, "mlflow_experiment": "test"},
