@@ -22,6 +22,7 @@ import logging
 import sys
 
 from protoclip.config import ConfigError, load_config
+from protoclip.errors import UserError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except FileNotFoundError as err:  # a configured input (user data, teacher cache, model) is missing
         print(f"protoclip {args.stage}: input not found: {err}", file=sys.stderr)
+        return 2
+    except UserError as err:  # an unreadable checkpoint, a training stopped on NaN/Inf, ...: one line, no traceback
+        print(f"protoclip {args.stage}: {err.kind}: {err}", file=sys.stderr)
         return 2
     return 0
 
