@@ -145,7 +145,10 @@ def test_centring_is_an_exact_reparametrisation():
         raw = LogisticRegression(C=C, max_iter=100_000, tol=1e-12).fit(x, y)
         cen = LogisticRegression(C=C, max_iter=100_000, tol=1e-12).fit(x - m, y)
         np.testing.assert_allclose(cen.coef_, raw.coef_, atol=1e-4)
-        np.testing.assert_allclose(cen.intercept_ - cen.coef_ @ m, raw.intercept_, atol=1e-3)
+        # the raw fit's intercept rides on the offset-25 direction, the ill-conditioned one: lbfgs stops there
+        # ~1e-4 relative short of the optimum, by an amount that differs between BLAS builds / CPUs (seen
+        # 2.4e-3 absolute on intercepts ~35 on one instance), so the intercepts are compared relatively
+        np.testing.assert_allclose(cen.intercept_ - cen.coef_ @ m, raw.intercept_, rtol=2e-4, atol=1e-3)
         assert (cen.predict(x - m) == raw.predict(x)).all()
 
 
