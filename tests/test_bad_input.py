@@ -111,6 +111,19 @@ def test_good_neighbours_of_the_bad_values_load(tmp_path):
         load_config(path).run("r")
 
 
+@pytest.mark.parametrize("section,key,value", [
+    ("evaluate", "device", "gpu"), ("teacher", "device", "GPU"), ("evaluate", "seed", -1), ("teacher", "seed", -1),
+    ("toy", "seed", -1), ("evaluate", "nemd_max_pairs", 0), ("evaluate", "tsne_max_points", 0),
+    ("toy", "kmeans_redo", 0), ("prepare", "openclipart_max_keywords", -1),
+])
+def test_bad_values_of_other_sections_name_the_key(tmp_path, section, key, value):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({section: {key: value}}))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"{section}." in str(err.value) and key in str(err.value) and str(path) in str(err.value)
+
+
 MODEL_CASES = [  # (build_model keyword arguments, checked at load as these run keys)
     dict(name="tiny-rn", image_size=48), dict(name="tiny-rn", image_size=64), dict(name="tiny-rn", image_size=32),
     dict(name="tiny-vit", image_size=60), dict(name="tiny-vit", image_size=24),
