@@ -12,7 +12,8 @@
         <task>.json                     metrics of one task (also logged to the run's MLflow run)
         features.npz                    cached evaluation features
         tsne.png                        t-SNE figure (when the task ran)
-        tasks.json                      what each configured task did on this set (ran / skipped / not applicable)
+        tasks.json                      what each configured task did on this set (ran / skipped / not applicable);
+                                        written last: the folder's completion marker (protoclip.completion)
     results/runs/<run>/metrics.json     all of a run's metrics in one file (`protoclip collect`)
     results/tables/, results/figures/   report outputs
 """
@@ -110,10 +111,16 @@ class Layout:
         return self.eval_dir(run, dataset) / f"{task}.json"
 
     def metrics_files(self, run: str) -> list[tuple[str, str, Path]]:
-        """``(task, dataset, path)`` of every metrics file of ``run`` on disk, sorted."""
+        """``(task, dataset, path)`` of every metrics file of ``run`` on disk, sorted: only those that the
+        completion marker of their folder vouches for; a folder without one (an evaluation killed half-way) or
+        with a file changed since is a one-line ``IncompleteOutputError`` naming it (protoclip.completion)."""
         from protoclip.evaluate.config import TASKS
 
-        found = sorted(self.run_dir(run).glob("eval/*/*.json"), key=lambda p: (p.stem, p.parent.name))
+        from protoclip.completion import complete_files
+
+        found = [p for folder in sorted(self.run_dir(run).glob("eval/*/")) if folder.is_dir()
+                 for p in complete_files(folder, folder / "tasks.json")]
+        found.sort(key=lambda p: (p.stem, p.parent.name))
         return [(p.stem, p.parent.name, p) for p in found if p.stem in TASKS]
 
     @property

@@ -21,7 +21,9 @@ it writes ``results/runs/<run>/eval/<set>/<task>.json`` (metrics, run, dataset, 
 provenance, and the probe subsample when ``max_train`` / ``max_test`` cut the set's splits), logs the numbers
 into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws t-SNE plots to
 ``results/runs/<run>/eval/<set>/tsne.png``, records what each task did in ``eval/<set>/tasks.json`` and prints
-a summary table. The workflow runs one job per (run, set) (``--dataset``); ``protoclip collect`` (or an
+a summary table. ``tasks.json`` is written last and lists the sha256 of every metrics file of the folder: it is
+the folder's completion marker (protoclip.completion), deleted (with the temp files of killed writes) when an
+evaluation of the set starts, so ``collect`` and ``report`` never read a folder killed half-way as complete. The workflow runs one job per (run, set) (``--dataset``); ``protoclip collect`` (or an
 evaluation of every set) gathers every metrics file of the run into ``results/runs/<run>/metrics.json``. A
 task that does not apply to a set (retrieval without captions, zero-shot without templates, probes without a
 train split) is not run. A set that is not configured or not found writes
@@ -30,7 +32,6 @@ into each of its metrics files, so tables show why a cell is empty.
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -39,7 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from protoclip import completion
 from protoclip.atomic import write_json
+from protoclip.completion import read_record
 from protoclip.config import ConfigError, require_path
 from protoclip.evaluate.config import NOT_APPLICABLE, TASKS, EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set
@@ -206,7 +209,7 @@ def collect_run_metrics(layout: Layout, run: str) -> dict[str, dict[str, Any]]:
     """{task: {set: metrics dict or {"skipped": line}}} from every metrics file of ``run``."""
     out: dict[str, dict[str, Any]] = {}
     for task, dataset, path in layout.metrics_files(run):
-        data = json.loads(path.read_text())
+        data = read_record(path)
         out.setdefault(task, {})[dataset] = (
             {"skipped": data["skipped"]} if "skipped" in data else data.get("metrics", {}))
     return out
@@ -262,6 +265,17 @@ def _data_exists(name: str, ds_cfg: EvalDatasetConfig, layout: Layout) -> bool:
     return bool(ds_cfg.path) and Path(ds_cfg.path).expanduser().exists()
 
 
+def _still_valid(old_marker: dict | None, folder: Path, model_sha256: str) -> list[Path]:
+    """Metrics files of an earlier complete evaluation of this folder that stay valid beside this one's (an
+    evaluation of some tasks only, ``--task``): intact since and of the same model."""
+    keep = []
+    for name in completion.vouched(old_marker, folder):
+        path = folder / name
+        if read_record(path).get("model_sha256") == model_sha256:
+            keep.append(path)
+    return keep
+
+
 def run_collect(cfg, run: str) -> Path:
     """Gather every metrics file of ``run`` into ``results/runs/<run>/metrics.json`` and print the summary.
 
@@ -311,7 +325,11 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
                                          "knn_temperature": ecfg.knn_temperature}})
         for name in names:
             # the job's output folder (a DVC out and a Snakemake directory): present even when no task runs
-            layout.eval_dir(run, name).mkdir(parents=True, exist_ok=True)
+            folder = layout.eval_dir(run, name)
+            folder.mkdir(parents=True, exist_ok=True)
+            # incomplete until tasks.json is written last: a kill from here on is never read as complete
+            old_marker = completion.start(folder, layout.eval_tasks(run, name))
+            first = len(written)
             status: dict[str, str] = {}
             ds_cfg = ecfg.datasets[name]
             wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
@@ -360,7 +378,8 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
             tasks_record = {"run": run, "dataset": name, "tasks": status, "model_sha256": extractor.model_sha256}
             if getattr(ds, "subsample", None) is not None:
                 tasks_record["subsample"] = ds.subsample
-            write_json(layout.eval_tasks(run, name), tasks_record)
+            files = written[first:] + _still_valid(old_marker, folder, extractor.model_sha256)
+            completion.finish(layout.eval_tasks(run, name), tasks_record, files)
         if datasets is None:
             written.append(run_collect(cfg, run))
             tracker.log_artifact(layout.metrics_summary(run), "metrics")

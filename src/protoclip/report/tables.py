@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from protoclip.atomic import atomic_path, write_text
+from protoclip.completion import read_record
 from protoclip.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def collect_metrics(layout: Layout, runs: list[str]) -> pd.DataFrame:
     rows = []
     for run in runs:
         for task, dataset, path in layout.metrics_files(run):
-            data = json.loads(path.read_text())
+            data = read_record(path)
             if "skipped" in data:
                 rows.append({"run": run, "task": task, "dataset": dataset, "metric": "skipped",
                              "value": float("nan"), "note": data["skipped"]})

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from protoclip.completion import complete_files, read_record
 from protoclip.evaluate.config import NOT_APPLICABLE  # a run's inapplicable task: cells read n/a
 from protoclip.layout import Layout
 from protoclip.report.targets import ColumnConfig, TargetConfig
@@ -88,10 +89,17 @@ class Results:
         key = (run, task, dataset)
         if key not in self._cache:
             path = self.layout.metrics(run, task, dataset)
-            data = json.loads(path.read_text()) if path.exists() else None
+            # only a file its folder's completion marker vouches for (an incomplete folder: one-line error)
+            data = read_record(path) if path.exists() and path in self._complete(run, dataset) else None
             if data is not None:
                 data = {"skipped": data["skipped"]} if "skipped" in data else data.get("metrics", {})
             self._cache[key] = data
+        return self._cache[key]
+
+    def _complete(self, run: str, dataset: str) -> list[Path]:
+        key = ("complete", run, dataset)
+        if key not in self._cache:
+            self._cache[key] = complete_files(self.layout.eval_dir(run, dataset), self.layout.eval_tasks(run, dataset))
         return self._cache[key]
 
     def value(self, run: str, task: str, dataset: str, metric: str) -> float | None:
@@ -142,13 +150,13 @@ class Results:
         for run in self.cfg.run_names():
             # sets whose data is missing get no evaluation job: `collect` writes their skip line into metrics.json
             summary = self.layout.metrics_summary(run)
-            per_task = json.loads(summary.read_text()) if summary.exists() else {}
+            per_task = read_record(summary) if summary.exists() else {}
             for per_set in per_task.values():
                 for dataset, m in (per_set.items() if isinstance(per_set, dict) else ()):
                     if isinstance(m, dict) and "skipped" in m and not m["skipped"].startswith(NOT_APPLICABLE):
                         out.setdefault(dataset, m["skipped"])
             for _task, dataset, path in self.layout.metrics_files(run):
-                data = json.loads(path.read_text())
+                data = read_record(path)
                 if "skipped" in data and not data["skipped"].startswith(NOT_APPLICABLE):
                     out.setdefault(dataset, data["skipped"])
         return dict(sorted(out.items()))
