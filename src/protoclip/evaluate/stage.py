@@ -285,6 +285,7 @@ def run_collect(cfg, run: str) -> Path:
     is simply absent.
     """
     layout = Layout.from_config(cfg)
+    completion.clean_temps_of(layout.metrics_summary(run))  # a killed collect's half-written metrics.json
     summary = collect_run_metrics(layout, run)
     for name, ds_cfg in cfg.evaluate.datasets.items():
         if not layout.eval_dir(run, name).is_dir() and not _data_exists(name, ds_cfg, layout):
