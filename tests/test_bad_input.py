@@ -290,3 +290,30 @@ def test_evaluate_with_a_truncated_model_exits_2_with_one_line(model_file, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert err and "model file error" in err[-1] and str(run_dir / "model.pt") in err[-1]
     assert not any("Traceback" in line for line in err)
+
+
+# --------------------------------------------------------------------------- the CLI guard
+def test_cli_turns_any_user_error_into_one_line_and_keeps_bugs_as_tracebacks(tmp_path, capsys, monkeypatch):
+    import protoclip.toy.pauc_nemd as toy
+    from protoclip.errors import UserError
+
+    class SomeDataError(UserError):  # any stage's own user-error class
+        kind = "data error"
+
+    path = tmp_path / "config.yaml"
+    path.write_text("paths: {results_dir: %s}\n" % (tmp_path / "results"))
+
+    def bad_input(cfg, layout=None):
+        raise SomeDataError("data/x.csv: line 3: an unterminated quote\n(the rest of the file would be one caption)")
+
+    monkeypatch.setattr(toy, "run_toy_nemd", bad_input)
+    assert main(["toy-nemd", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("protoclip toy-nemd: data error: data/x.csv: line 3:"), err
+
+    def bug(cfg, layout=None):
+        raise KeyError("a bug, not the user's input")
+
+    monkeypatch.setattr(toy, "run_toy_nemd", bug)
+    with pytest.raises(KeyError):
+        main(["toy-nemd", "--config", str(path)])
