@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -88,8 +89,9 @@ def completed(built):
 
 
 def evaluate_killed_at(cfg, kill_task: str, inside_write: bool) -> None:
-    """Run evaluate in a forked child that SIGKILLs itself when ``kill_task``'s metrics file is written
-    (inside the atomic write when ``inside_write``: its temp file is left behind)."""
+    """Run evaluate in a forked child that SIGKILLs itself when it comes to write ``kill_task``'s metrics file:
+    after the file's temp was written, before the rename (``inside_write``: the temp file is left behind), or
+    before the write starts. ``atomic_path`` is what every writer of the stage goes through."""
     import protoclip.atomic as atomic
     import protoclip.evaluate.stage as stage
 
@@ -97,20 +99,21 @@ def evaluate_killed_at(cfg, kill_task: str, inside_write: bool) -> None:
     if pid == 0:  # child: never returns
         try:
             torch.set_num_threads(1)
-            real = atomic.write_json
+            real = atomic.atomic_path
 
-            def write_json(path, obj):
-                if Path(path).stem == kill_task:
-                    if inside_write:
-                        with atomic.atomic_path(path) as tmp:
-                            tmp.write_text(json.dumps(obj)[:40])  # half a file in the temp
-                            os.kill(os.getpid(), signal.SIGKILL)
+            @contextmanager
+            def atomic_path(path):
+                if Path(path).name != f"{kill_task}.json":
+                    with real(path) as tmp:
+                        yield tmp
+                    return
+                if not inside_write:
                     os.kill(os.getpid(), signal.SIGKILL)
-                return real(path, obj)
+                with real(path) as tmp:
+                    yield tmp
+                    os.kill(os.getpid(), signal.SIGKILL)  # the temp is written; the rename never happens
 
-            for module in (atomic, stage):
-                if hasattr(module, "write_json"):
-                    setattr(module, "write_json", write_json)
+            atomic.atomic_path = atomic_path
             stage.run_evaluate(cfg, RUN, datasets=["digits"])
         finally:
             os._exit(3)  # not killed: the test fails on the status below
@@ -176,6 +179,7 @@ def test_evaluating_some_tasks_keeps_the_others_complete(completed):
 
     cfg_path, cfg, layout = completed
     run_evaluate(cfg, RUN, tasks=["knn"], datasets=["digits"])
-    assert {t for t, _, _ in layout.metrics_files(RUN)} == set(TASKS)
+    assert main(["collect", "--config", str(cfg_path), "--run", RUN]) == 0
+    assert set(json.loads(layout.metrics_summary(RUN).read_text())) == set(TASKS)
     marker = json.loads(layout.eval_tasks(RUN, "digits").read_text())
     assert marker["tasks"] == {"knn": "ran"} and set(marker["complete_files"]) == {f"{t}.json" for t in TASKS}

@@ -4,7 +4,7 @@ other jobs (one teacher job per teacher in ``data/teacher/``) leaves theirs alon
 
 The leftovers are made for real: a forked child enters ``atomic_path`` on the output, writes half of it and
 SIGKILLs itself. The stage is then started and stopped right after its clean-up (a sentinel exception from its
-next step), so each test takes well under a second and needs no trained model.
+next step; collect, with nothing to collect, runs whole), so each test needs no trained model.
 """
 from __future__ import annotations
 
@@ -55,15 +55,13 @@ def cfg(tmp_path):
     return load_config(path)
 
 
-def test_collect_removes_a_killed_metrics_summary_write(cfg, monkeypatch):
+def test_collect_removes_a_killed_metrics_summary_write(cfg):
     import protoclip.evaluate.stage as stage
 
     layout = Layout.from_config(cfg)
     left = killed_write(layout.metrics_summary("r"))
-    monkeypatch.setattr(stage, "collect_run_metrics", stop)
-    with pytest.raises(Stop):
-        stage.run_collect(cfg, "r")
-    assert not left.exists()
+    stage.run_collect(cfg, "r")  # nothing evaluated: an empty summary, written for real
+    assert not left.exists() and layout.metrics_summary("r").is_file()
 
 
 def test_report_removes_killed_writes_in_its_folders(cfg, monkeypatch):
