@@ -3,11 +3,11 @@
 * ``bars`` (Fig. 6a-d): one bar per row (its run group's first-column value, error bar = std over seeds);
 * ``scaling`` (Fig. 7): every column against ``row.x`` (corpus fraction) on a log axis;
 * ``tsne`` (Fig. 8): t-SNE of the two rows' image features side by side, on the SAME points: the cached
-  features ``results/runs/<run>/features/<set>.npz`` (``test_z``, ``test_y``) of each row's first seed run,
+  features ``results/runs/<run>/eval/<set>/features.npz`` (``test_z``, ``test_y``) of each row's first seed run,
   one seeded subsample of the test split shared by both (t-SNE of each run's features is separate: the
   embeddings differ, the points are the same), k-means ARI / AMI of our clustering metrics in the titles;
-* ``time_split`` (Fig. 9): each row's measured stage time per epoch (feature extraction, k-means, PBT,
-  training) from its train log, stacked, with the share of each stage.
+* ``time_split`` (Fig. 9): each row's measured phase time per epoch (feature extraction, k-means, PBT,
+  training) from its train log, stacked, with the share of each phase.
 
 The paper's statements about the figure (its bars are not printed as numbers) go into the caption.
 """
@@ -20,7 +20,7 @@ import numpy as np
 
 from protoclip.atomic import atomic_path
 from protoclip.report.targets import TargetConfig
-from protoclip.report.values import STAGES, Results, paper_numbers
+from protoclip.report.values import PHASES, Results, paper_numbers
 
 log = logging.getLogger(__name__)
 
@@ -162,15 +162,15 @@ def plot_time_split(cfg, results: Results, target: TargetConfig, out: Path) -> N
     fig, ax = plt.subplots(figsize=(8, 1.2 * len(rows) + 1.8))
     totals = {}
     for i, r in enumerate(rows):
-        times = [t for run in cfg.run_group(r.run) if (t := results.stage_times(run))]
+        times = [t for run in cfg.run_group(r.run) if (t := results.phase_times(run))]
         if not times:
             ax.text(0, i, f"{r.label}: no train log", va="center")
             continue
         epochs = cfg.run(cfg.run_group(r.run)[0]).epochs
-        per_epoch = {s: float(np.mean([t[s] for t in times])) / epochs for s in STAGES}
+        per_epoch = {s: float(np.mean([t[s] for t in times])) / epochs for s in PHASES}
         total, left = sum(per_epoch.values()), 0.0
         totals[cfg.run(cfg.run_group(r.run)[0]).method] = total
-        for s in STAGES:
+        for s in PHASES:
             w = per_epoch[s]
             ax.barh(i, w, left=left, color=colors[s], label=s if i == 0 else None)
             if total > 0 and w / total > 0.04:
@@ -209,7 +209,7 @@ PLOTS = {"bars": plot_bars, "scaling": plot_scaling, "tsne": plot_tsne, "time_sp
 
 
 def write_figure(cfg, results: Results, target: TargetConfig) -> tuple[Path, str]:
-    out = Path(cfg.paths.results_dir) / "figures" / f"{target.id}.png"
+    out = results.layout.target_files(target.id, target.kind)[0]
     PLOTS[target.plot](cfg, results, target, out)
     return out, caption(cfg, results, target)
 

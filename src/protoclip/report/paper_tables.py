@@ -16,7 +16,8 @@ import html
 import pandas as pd
 
 from protoclip.atomic import atomic_path, write_text
-from protoclip.report.targets import TargetConfig, output_paths
+from protoclip.layout import Layout
+from protoclip.report.targets import TargetConfig
 from protoclip.report.values import Cell, Results, paper_numbers, paper_value
 
 OURS, PAPER = "ours", "paper"
@@ -102,7 +103,7 @@ def _markdown(table: pd.DataFrame) -> str:
 def write_table(cfg, results: Results, target: TargetConfig) -> tuple[str, str, list[dict]]:
     """Write ``<id>.{csv,md,tex,html}``; returns (markdown, caption, long records)."""
     table, caption, long = build_table(cfg, results, target)
-    csv, md, tex, htm = output_paths(cfg.paths.results_dir, target)
+    csv, md, tex, htm = Layout.from_config(cfg).target_files(target.id, target.kind)
     csv.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(csv) as tmp:
         table.to_csv(tmp)

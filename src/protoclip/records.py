@@ -1,0 +1,188 @@
+"""The result files' formats, written and read only here: metrics files, tasks.json, metrics.json, train log.
+
+* ``results/runs/<run>/eval/<set>/<task>.json``: one evaluation task's record. A task that ran has
+  ``metrics`` (plus run, dataset, task, sizes, feature kind, provenance); a task that did not has
+  ``skipped``, a one-line reason: ``skipped: <set> not found at <path>`` (the set's data is missing) or
+  ``not applicable: <why>`` (:data:`NOT_APPLICABLE`, e.g. zero-shot of an image-only run). Read back with
+  :func:`read_metrics`, "not run" has one shape: ``{"skipped": line}``; a file that does not exist reads None.
+* ``results/runs/<run>/eval/<set>/tasks.json``: what each configured task did on the set (``ran``,
+  a skip line, ``not applicable: ...`` or ``not run: ...``), the model's sha256 and the probe subsample. It is
+  the folder's completion marker (:mod:`protoclip.completion`): deleted when an evaluation of the set starts,
+  written last with the sha256 of every metrics file it vouches for. Metrics files are listed only through it
+  (:func:`metrics_files`, :func:`set_results`): a folder killed half-way, or a file changed since, is a
+  one-line error naming it, never a partial result; a 0-byte or cut file is one line naming it too.
+* ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or {"skipped": line}}}`` of the whole run
+  (``protoclip collect``; the DVC metrics file).
+* ``results/runs/<run>/train_log.jsonl``: one JSON object per line, appended as training goes. Kinds:
+  ``start`` (config + provenance, once per (re)start), ``step`` (loss terms, temperatures, LRs of one
+  optimizer step), ``episode`` (cluster statistics and the phase times ``time/extract``, ``time/kmeans``,
+  ``time/pbt``, ``time/train`` of one episode), ``early_stop``. On resume the log is cut back to what the
+  checkpoint covers, atomically, so a resumed run's log equals an uninterrupted run's.
+
+    log = TrainLog(path); log.append({"kind": "step", "step": 0, "loss": 1.2})
+    read_train_log(path, kind="episode")
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from protoclip import completion
+from protoclip.atomic import write_json, write_text
+from protoclip.evaluate.config import NOT_APPLICABLE, TASKS
+
+# task -> its metrics shown in tables, the first the headline (collect's summary line); as in the paper's tables
+HEADLINE: dict[str, list[str]] = {
+    "zeroshot": ["top1", "top5"],  # Table VI
+    "linear": ["top1"],  # Table VII
+    "knn": ["top1"],  # Table VII
+    "retrieval": ["mean_recall", "image_to_text_R@1", "text_to_image_R@1"],  # Table VIII
+    "clustering": ["ari", "ami"],  # Table XII
+    "nemd": ["nemd", "uniformity", "intra_class_spread"],  # PAUC / methods-spec 3.4
+    "tsne": ["n_points"],  # a figure (Fig. 8): no table
+}
+SKIPPED = "skipped"  # the key of a task that did not run, in metrics files and metrics.json
+
+
+# --------------------------------------------------------------------------- metrics files
+def write_metrics(path: Path, record: dict[str, Any]) -> Path:
+    """A task that ran: ``record`` holds ``metrics`` and its context (evaluate.stage builds it)."""
+    return write_json(path, record)
+
+
+def write_skip(path: Path, run: str, dataset: str, task: str, reason: str) -> Path:
+    """A task that did not run on the set: its one-line reason."""
+    return write_json(path, {"run": run, "dataset": dataset, "task": task, SKIPPED: reason})
+
+
+def _result(data: dict) -> dict:
+    return {SKIPPED: data[SKIPPED]} if SKIPPED in data else data.get("metrics", {})
+
+
+def read_metrics(path: Path) -> dict | None:
+    """The metrics dict of a task file, ``{"skipped": line}`` when it did not run, None when there is no file;
+    a file that is not a JSON object (0 bytes, cut, binary) stops with one line naming it. This reads one file:
+    list a run's files with :func:`metrics_files` / :func:`set_results`, which require the completion marker."""
+    path = Path(path)
+    return _result(completion.read_record(path)) if path.exists() else None
+
+
+def skip_line(result: dict | None) -> str | None:
+    """The reason of a result that did not run (None: it ran, or there is no result)."""
+    return result.get(SKIPPED) if isinstance(result, dict) else None
+
+
+def is_not_applicable(line: str) -> bool:
+    """A skip line that says the task does not apply to the run or set (cells read n/a), not missing data."""
+    return line.startswith(NOT_APPLICABLE)
+
+
+def _vouched(layout, run: str, dataset: str) -> list[Path]:
+    """The task files of one evaluation folder that its completion marker vouches for."""
+    files = completion.complete_files(layout.eval_dir(run, dataset), layout.eval_tasks(run, dataset))
+    return [p for p in files if p.stem in TASKS]
+
+
+def metrics_files(layout, run: str) -> list[tuple[str, str, Path]]:
+    """``(task, dataset, path)`` of every metrics file of ``run`` that its folder's completion marker vouches for,
+    sorted by task then set; a folder without a marker (killed half-way) or with a changed file: one-line error."""
+    sets = sorted(p.name for p in layout.run_dir(run).glob("eval/*/") if p.is_dir())
+    found = sorted((p for d in sets for p in _vouched(layout, run, d)), key=lambda p: (p.stem, p.parent.name))
+    return [(p.stem, p.parent.name, p) for p in found]
+
+
+def set_results(layout, run: str, dataset: str) -> dict[str, dict]:
+    """{task: metrics or {"skipped": line}} of one evaluation folder (vouched files only; {} when none)."""
+    return {p.stem: read_metrics(p) for p in _vouched(layout, run, dataset)}
+
+
+def run_results(layout, run: str) -> dict[str, dict[str, dict]]:
+    """{task: {set: metrics or {"skipped": line}}} from every metrics file of ``run``."""
+    out: dict[str, dict[str, dict]] = {}
+    for task, dataset, path in metrics_files(layout, run):
+        out.setdefault(task, {})[dataset] = read_metrics(path)
+    return out
+
+
+# --------------------------------------------------------------------------- metrics.json, tasks.json
+def write_summary(path: Path, summary: dict[str, dict[str, dict]]) -> Path:
+    return write_json(path, summary)
+
+
+def read_summary(path: Path) -> dict[str, dict[str, dict]]:
+    """A run's metrics.json ({} when there is none; a broken file: one line naming it)."""
+    path = Path(path)
+    return completion.read_record(path) if path.exists() else {}
+
+
+def write_tasks(path: Path, run: str, dataset: str, status: dict[str, str], model_sha256: str,
+                subsample: dict | None = None, files: list[Path] = ()) -> Path:
+    """The folder's completion marker, written last: ``status`` plus the sha256 of each metrics file in ``files``
+    (the evaluation must have called ``completion.start`` on the folder before writing any of them)."""
+    record: dict[str, Any] = {"run": run, "dataset": dataset, "tasks": status, "model_sha256": model_sha256}
+    if subsample is not None:
+        record["subsample"] = subsample
+    return completion.finish(path, record, files)
+
+
+# --------------------------------------------------------------------------- train_log.jsonl
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/Inf: write them as strings so the line stays valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value
+
+
+class TrainLog:
+    """Appends records to a run's ``train_log.jsonl`` (one line each, flushed)."""
+
+    def __init__(self, path: str | Path, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled  # False on non-zero DDP ranks
+
+    def append(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+            f.flush()
+
+    def truncate_to(self, episode: int, step: int) -> None:
+        """Keep only records a checkpoint at (next ``episode``, global ``step``) covers."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by the kill
+                continue
+            kind = rec.get("kind")
+            if (kind == "step" and rec["step"] >= step) or (kind == "episode" and rec["episode"] >= episode):
+                continue
+            kept.append(line)
+        write_text(self.path, "".join(k + "\n" for k in kept))
+
+    def reset(self) -> None:
+        if self.enabled and self.path.exists():
+            self.path.unlink()
+
+
+def read_train_log(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """Records of a ``train_log.jsonl`` (only those of ``kind`` when given; [] when there is no file)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if kind is None or rec.get("kind") == kind:
+            out.append(rec)
+    return out
