@@ -242,6 +242,7 @@ def broken_model_files(good: Path, folder: Path, seed: int = 0) -> list[Path]:
     out["no_weights"] = {k: v for k, v in payload.items() if k != "state_dict"}
     out["wrong_head"] = {**payload, "head_out": 4}
     out["bad_json"] = {**payload, "config_json": "{not json"}
+    out["bad_eval_json"] = {**payload, "eval_json": '{"similarity": "cos'}
     paths = []
     for name, content in out.items():
         p = folder / f"{name}.pt"
@@ -257,12 +258,20 @@ def test_broken_model_files_are_one_line_naming_the_file(model_file, tmp_path):
     from protoclip.models import load_model
     from protoclip.models.checkpoint import ModelFileError
 
+    from protoclip.models.checkpoint import read_eval_spec
+
     load_model(model_file)  # the intact file loads
+    read_eval_spec(model_file)
     for path in broken_model_files(model_file, tmp_path):
-        with pytest.raises(ModelFileError) as err:
-            load_model(path)
-        msg = str(err.value)
-        assert msg.startswith(f"{path}: ") and "\n" not in msg, (path.name, msg)
+        # the evaluation spec is read without building the model: weights and saved config are not its business
+        readers = [load_model] + ([read_eval_spec] if path.stem not in ("wrong_head", "bad_json") else [])
+        if path.stem == "bad_eval_json":
+            readers = [read_eval_spec]
+        for read in readers:
+            with pytest.raises(ModelFileError) as err:
+                read(path)
+            msg = str(err.value)
+            assert msg.startswith(f"{path}: ") and "\n" not in msg, (read.__name__, path.name, msg)
 
 
 def test_evaluate_with_a_truncated_model_exits_2_with_one_line(model_file, tmp_path, capsys, monkeypatch):
