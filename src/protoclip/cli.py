@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             from protoclip.dag.stages import dvc_yaml_text
 
             write_text(args.output, dvc_yaml_text(cfg, args.config))
-    except UserError as err:  # ConfigError, ModelFileError, ...: the user's input, not a bug
+    # ConfigError, ModelFileError, an unreadable checkpoint, a training stopped on NaN/Inf, ...: the user's input
+    # (or a diverged run), not a bug: one line, no traceback
+    except UserError as err:
         message = " ".join(str(err).splitlines())  # one line, even for a message quoting a multi-line value
         print(f"protoclip {args.stage}: {err.kind}: {message}", file=sys.stderr)
         return 2
