@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import mark_evaluated
 
 from protoclip.config import ConfigError, load_config
 from protoclip.layout import Layout
@@ -87,6 +88,7 @@ def synthesize(cfg) -> None:
         feats = layout.features(run, "fashion_mnist")
         feats.parent.mkdir(parents=True, exist_ok=True)
         np.savez(feats, test_z=rng.normal(size=(len(y), 8)).astype(np.float32) + y[:, None], test_y=y)
+    mark_evaluated(layout.results_dir)
 
 
 # --------------------------------------------------------------------------- declarations

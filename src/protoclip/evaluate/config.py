@@ -88,3 +88,8 @@ class EvaluateConfig:
             raise ValueError("batch_size, knn_k and linear_max_iter must be >= 1 and num_workers >= 0")
         if self.knn_temperature <= 0:
             raise ValueError(f"knn_temperature must be > 0, got {self.knn_temperature}")
+        if self.nemd_max_pairs < 1 or self.tsne_max_points < 1 or self.linear_sgd_above < 0 or self.seed < 0:
+            raise ValueError("nemd_max_pairs and tsne_max_points must be >= 1, linear_sgd_above and seed >= 0")
+        from protoclip.devices import check_device_name
+
+        check_device_name(self.device)

@@ -23,7 +23,9 @@ it writes ``results/runs/<run>/eval/<set>/<task>.json`` (metrics, run, dataset, 
 provenance, and the probe subsample when ``max_train`` / ``max_test`` cut the set's splits), logs the numbers
 into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws t-SNE plots to
 ``results/runs/<run>/eval/<set>/tsne.png``, records what each task did in ``eval/<set>/tasks.json`` and prints
-a summary table. The workflow runs one job per (run, set) (``--dataset``); ``protoclip collect`` (or an
+a summary table. ``tasks.json`` is written last and lists the sha256 of every metrics file of the folder: it is
+the folder's completion marker (protoclip.completion), deleted (with the temp files of killed writes) when an
+evaluation of the set starts, so ``collect`` and ``report`` never read a folder killed half-way as complete. The workflow runs one job per (run, set) (``--dataset``); ``protoclip collect`` (or an
 evaluation of every set) gathers every metrics file of the run into ``results/runs/<run>/metrics.json``. A
 task that does not apply to a set (retrieval without captions, zero-shot without templates, probes without a
 train split) is not run. A set that is not configured or not found writes
@@ -41,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from protoclip import records
+from protoclip import completion, records
 from protoclip.config import ConfigError, require_path
 from protoclip.evaluate.config import NOT_APPLICABLE, TASKS, EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import (HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set,
@@ -312,6 +314,17 @@ def _numbers(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- stage
+def _still_valid(old_marker: dict | None, folder: Path, model_sha256: str) -> list[Path]:
+    """Metrics files of an earlier complete evaluation of this folder that stay valid beside this one's (an
+    evaluation of some tasks only, ``--task``): intact since and of the same model."""
+    keep = []
+    for name in completion.vouched(old_marker, folder):
+        path = folder / name
+        if completion.read_record(path).get("model_sha256") == model_sha256:
+            keep.append(path)
+    return keep
+
+
 def run_collect(cfg, run: str) -> Path:
     """Gather every metrics file of ``run`` into ``results/runs/<run>/metrics.json`` and print the summary.
 
@@ -321,6 +334,7 @@ def run_collect(cfg, run: str) -> Path:
     is simply absent.
     """
     layout = Layout.from_config(cfg)
+    completion.clean_temps_of(layout.metrics_summary(run))  # a killed collect's half-written metrics.json
     summary = records.run_results(layout, run)
     for name, ds_cfg in cfg.evaluate.datasets.items():
         reason = missing_reason(name, ds_cfg, layout)
@@ -362,7 +376,11 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
                                          "knn_temperature": ecfg.knn_temperature}})
         for name in names:
             # the job's output folder (a DVC out and a Snakemake directory): present even when no task runs
-            layout.eval_dir(run, name).mkdir(parents=True, exist_ok=True)
+            folder = layout.eval_dir(run, name)
+            folder.mkdir(parents=True, exist_ok=True)
+            # incomplete until tasks.json is written last: a kill from here on is never read as complete
+            old_marker = completion.start(folder, layout.eval_tasks(run, name))
+            first = len(written)
             status: dict[str, str] = {}
             ds_cfg = ecfg.datasets[name]
             wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
@@ -399,7 +417,8 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
                 if task == "tsne":
                     tracker.log_artifact(fig, f"figures/{name}")
             records.write_tasks(layout.eval_tasks(run, name), run, name, status, extractor.model_sha256,
-                                getattr(ds, "subsample", None))
+                                getattr(ds, "subsample", None),
+                                files=written[first:] + _still_valid(old_marker, folder, extractor.model_sha256))
         if datasets is None:
             written.append(run_collect(cfg, run))
             tracker.log_artifact(layout.metrics_summary(run), "metrics")
