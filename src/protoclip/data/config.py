@@ -48,3 +48,5 @@ class PrepareConfig:
             raise ValueError(f"user_data names must be unique and differ from offline sources, got {names}")
         if self.image_size < 8:
             raise ValueError(f"image_size must be >= 8, got {self.image_size}")
+        if self.openclipart_max_title_uses < 1 or self.openclipart_max_keywords < 0:
+            raise ValueError("openclipart_max_title_uses must be >= 1 and openclipart_max_keywords >= 0")
