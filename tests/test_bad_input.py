@@ -37,7 +37,7 @@ BAD_VALUES = [
     (("image_size",), 48, "image_size"),  # tiny-rn (the default model): multiples of 32 only
     (("image_size",), 0, "image_size"),
     (("class_tokens",), 2, "class_tokens"),  # tiny-rn is a ResNet: no class tokens
-    (("head_hidden",), 0, "head_hidden"),
+    (("head_hidden",), -1, "head_hidden"),  # 0 is valid: a single Linear head (models.ProjectionHead)
     (("head_out",), 0, "head_out"),
     (("device",), "gpu", "device"),
     (("device",), "cuda0", "device"),

@@ -225,8 +225,9 @@ class TrainConfig:
             raise ValueError(f"eps must be > 0, got {self.eps}")
         if self.num_workers < 0 or self.seed < 0:  # numpy generators refuse negative seeds
             raise ValueError(f"num_workers and seed must be >= 0, got {self.num_workers} and {self.seed}")
-        if self.head_hidden < 1 or self.head_out < 1:
-            raise ValueError(f"head_hidden and head_out must be >= 1, got {self.head_hidden} and {self.head_out}")
+        if self.head_hidden < 0 or self.head_out < 1:  # head_hidden 0: one Linear head (models.ProjectionHead)
+            raise ValueError(f"head_hidden must be >= 0 (0: a single Linear head) and head_out >= 1, got "
+                             f"{self.head_hidden} and {self.head_out}")
         if self.lock_image_epoch is not None and self.lock_image_epoch < 0:
             raise ValueError(f"lock_image_epoch must be >= 0 or null, got {self.lock_image_epoch}")
         check_device_name(self.device)
