@@ -103,7 +103,7 @@ def test_good_neighbours_of_the_bad_values_load(tmp_path):
     """The checks reject only what fails: the nearest good values load."""
     good = [{"betas": [0.0, 0.5]}, {"eps": 1e-12}, {"num_workers": 0}, {"seed": 0}, {"model": "RN50"},
             {"embed_dim": 1}, {"context_length": 2}, {"image_size": 32}, {"model": "tiny-vit", "image_size": 24},
-            {"model": "tiny-vit", "class_tokens": 2}, {"device": "cuda:1"}, {"device": "cpu"},
+            {"model": "tiny-vit", "class_tokens": 2}, {"device": "cuda:1", "gpu": True}, {"device": "cpu"},
             {"lock_image_epoch": 0.0}, {"loss": {"distance": "ps_negtrace", "subspheres": 4}}]
     for i, over in enumerate(good):
         path = tmp_path / f"ok{i}.yaml"
