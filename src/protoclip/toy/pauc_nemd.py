@@ -216,9 +216,9 @@ def run_toy_nemd(cfg, layout=None) -> Path:
 
 
 def _run(tcfg: ToyConfig, layout) -> Path:
-    from protoclip.completion import clean_temps_of
+    from protoclip.atomic import clean_stale_temps_of
 
-    clean_temps_of(*toy_outputs(layout).values())  # temp files of a killed run's writes
+    clean_stale_temps_of(list(toy_outputs(layout).values()))  # temp files of a killed run's writes
     try:
         import faiss
 
