@@ -217,9 +217,9 @@ def run_toy_nemd(cfg, layout=None) -> Path:
 
 def _run(tcfg: ToyConfig, layout) -> Path:
     try:
-        import faiss
+        from protoclip.prototypes.kmeans import load_faiss
 
-        faiss.omp_set_num_threads(1)
+        load_faiss().omp_set_num_threads(1)
     except ImportError:
         pass
     rows, embeddings = [], {}
