@@ -116,3 +116,23 @@ def test_transcribed_differences_are_the_papers_printed_rows(table):
         for col, v in d["values"].items():
             a, b = LITERAL[table]["rows"][d["minuend"]][col], LITERAL[table]["rows"][d["subtrahend"]][col]
             assert abs(float(a) - float(b) - float(v)) <= 0.1 + 1e-9, (table, col)
+
+
+def test_fig_9_shows_stage_times_as_shares_of_clips_epoch_time(report):
+    from protoclip.report.figures import time_split_per_epoch, time_split_shares
+    from protoclip.report.values import Results
+
+    cfg, tables = report
+    fig9 = next(t for t in targets(cfg) if t.id == "fig_9")
+    base, shares = time_split_shares(time_split_per_epoch(cfg, Results(cfg), fig9))
+    # synthesize(): run i of cfg.run_names() logs 3 episodes of extract 1 + i, k-means 0.1, PBT 0.01, train 3 + i
+    # seconds (CLIP runs: train only)
+    names = cfg.run_names()
+    clip_runs, proto_runs = cfg.run_group("clip_tiny"), cfg.run_group("protoclip_tiny")
+    clip_epoch = np.mean([3 * (3.0 + names.index(r)) for r in clip_runs]) / cfg.run(clip_runs[0]).epochs
+    extract = np.mean([3 * (1.0 + names.index(r)) for r in proto_runs]) / cfg.run(proto_runs[0]).epochs
+    assert base == "clip"
+    assert shares["ProtoCLIP"]["extract"] == pytest.approx(100 * extract / clip_epoch)
+    assert shares["CLIP"]["train"] == pytest.approx(100.0) and shares["CLIP"]["extract"] == 0.0
+    caption = (tables.parent / "report" / "fig_9.rst").read_text()
+    assert "ambiguous" in caption and "CLIP's epoch time" in caption
