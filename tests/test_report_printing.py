@@ -136,3 +136,18 @@ def test_fig_9_shows_stage_times_as_shares_of_clips_epoch_time(report):
     assert shares["CLIP"]["train"] == pytest.approx(100.0) and shares["CLIP"]["extract"] == 0.0
     caption = (tables.parent / "report" / "fig_9.rst").read_text()
     assert "ambiguous" in caption and "CLIP's epoch time" in caption
+
+
+def test_table_xi_no_augmentation_row_is_like_for_like_with_the_papers(report):
+    """The paper's "No Augmentation" numbers are Table III's "- w/o augmentation" run (no external teacher): the
+    row is filled by that same run, and its label says so."""
+    cfg, tables = report
+    t11 = next(t for t in targets(cfg) if t.id == "table_XI")
+    row = next(r for r in t11.rows if r.paper_key == "No Augmentation")
+    t3 = next(t for t in targets(cfg) if t.id == "table_III")
+    assert row.run == next(r.run for r in t3.rows if r.label == "- w/o augmentation")
+    rc = cfg.run(cfg.run_group(row.run)[0])
+    assert rc.teacher is None and rc.augmentation == "none" and rc.method == "protoclip"
+    md = md_rows((tables / "table_XI.md").read_text())
+    assert md[row.label]["ImageNet Linear Acc. (paper)"] == "44.39" and "no external teacher" in row.label
+    assert LITERAL["table_III"]["rows"]["- w/o augmentation"]["ImageNet linear"] == "44.39"
