@@ -182,3 +182,16 @@ def test_clip_benchmark_scores_the_export_as_the_project_does(tmp_path):
     for k in (1, 5, 10):  # CLIP_benchmark's recalls are float32 fractions: equal up to its rounding (one hit = 0.8)
         assert 100 * cb_ret[f"image_retrieval_recall@{k}"] == pytest.approx(ours_ret[f"text_to_image_R@{k}"], abs=1e-4)
         assert 100 * cb_ret[f"text_retrieval_recall@{k}"] == pytest.approx(ours_ret[f"image_to_text_R@{k}"], abs=1e-4)
+
+
+def test_exportable_runs_are_read_from_the_config(tmp_path):
+    from protoclip.config import load_config
+    from protoclip.models.export_openclip import exportable_runs
+
+    cfg = {"paths": {"data_dir": str(tmp_path / "data"), "results_dir": str(tmp_path / "results")},
+           "train": {"model": "tiny-vit", "teacher": None, "lock_image_epoch": None},
+           "runs": {"a_clip": {"method": "clip"}, "b_proto": {"method": "protoclip"}, "c_nclip": {"method": "nclip"},
+                    "d_xclip": {"method": "xclip"}, "e_multi": {"method": "clip", "class_tokens": 2},
+                    "f_pcl": {"method": "pcl"}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert exportable_runs(load_config(tmp_path / "config.yaml")) == ["a_clip", "b_proto", "d_xclip", "f_pcl"]

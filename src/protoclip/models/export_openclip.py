@@ -67,21 +67,39 @@ def preprocess_cfg(image_size: int) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items()}
 
 
-def export_notes(model, config: dict) -> list[str]:
-    """Why the run cannot be exported (raises :class:`ExportError`), else the notes that go with the export."""
+def export_refusal(config: dict, class_tokens: int | None = None) -> str | None:
+    """Why a run with this training config (``load_model``'s second value, or ``to_dict(cfg.run(name))``) cannot be
+    exported to open_clip; None when it can. ``class_tokens``: the model's, when known (else the config's)."""
     from protoclip.evaluate.features import similarity_kind
-    from protoclip.train.methods import method_class
 
     method = config.get("method", "clip")
     run = config.get("name", "?")
-    m = int(getattr(model, "class_tokens", 0))
+    m = int(config.get("class_tokens", 0) if class_tokens is None else class_tokens)
     if m > 0:
-        raise ExportError(f"run '{run}' ({method}): multi-class-token towers (class_tokens={m}) are not an open_clip "
-                          "architecture; open_clip cannot load them")
+        return (f"run '{run}' ({method}): multi-class-token towers (class_tokens={m}) are not an open_clip "
+                "architecture; open_clip cannot load them")
     kind = similarity_kind(config)[0] if "method" in config else "cosine"
     if kind != "cosine":
-        raise ExportError(f"run '{run}' ({method}) scores image-text pairs by '{kind}', not by the cosine of the "
-                          "towers' embeddings that open_clip models compute; its numbers would not carry over")
+        return (f"run '{run}' ({method}) scores image-text pairs by '{kind}', not by the cosine of the towers' "
+                "embeddings that open_clip models compute; its numbers would not carry over")
+    return None
+
+
+def exportable_runs(cfg) -> list[str]:
+    """The configured runs ``protoclip export`` can write (the DAG's export target exports these)."""
+    from protoclip.config import to_dict
+
+    return [r for r in cfg.run_names() if export_refusal(to_dict(cfg.run(r))) is None]
+
+
+def export_notes(model, config: dict) -> list[str]:
+    """Why the run cannot be exported (raises :class:`ExportError`), else the notes that go with the export."""
+    from protoclip.train.methods import method_class
+
+    method = config.get("method", "clip")
+    refusal = export_refusal(config, int(getattr(model, "class_tokens", 0)))
+    if refusal:
+        raise ExportError(refusal)
     notes = ["projection heads g^I, g^T (prototype space) and tau_Proto are not exported: open_clip tools use the "
              "towers' embeddings z only"]
     if getattr(method_class(method), "image_only", False):
@@ -130,4 +148,5 @@ def run_export(cfg, run: str, out: str | Path | None = None) -> Path:
 
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "ExportError", "export_dir", "export_notes", "export_openclip",
+           "export_refusal", "exportable_runs",
            "open_clip_model_cfg", "preprocess_cfg", "run_export"]
