@@ -195,3 +195,19 @@ def test_exportable_runs_are_read_from_the_config(tmp_path):
                     "f_pcl": {"method": "pcl"}}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     assert exportable_runs(load_config(tmp_path / "config.yaml")) == ["a_clip", "b_proto", "d_xclip", "f_pcl"]
+
+
+def test_snakemake_export_all_exports_every_exportable_run():
+    """`snakemake export_all` (not part of `all`) plans one `protoclip export` job per run open_clip can represent."""
+    import re
+
+    from protoclip.config import load_config
+    from protoclip.models.export_openclip import exportable_runs
+
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    out = subprocess.run([sys.executable, "-m", "snakemake", "export_all", "-n", "--quiet", "rules"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out.stdout + out.stderr, flags=re.M))
+    runs = exportable_runs(load_config(REPO / "config" / "config.yaml"))
+    assert int(counts["export"]) == len(runs) and "methods_nclip" not in runs
