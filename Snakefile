@@ -1,7 +1,7 @@
 # protoclip-repro workflow: prepare -> teacher -> train(run) -> evaluate(run, set) -> collect(run) -> report.
 # Run:  snakemake --cores 2                       (offline default, CPU; workflow/profiles/default applies)
 #       snakemake --profile workflow/profiles/gpu (GPU machine)   |   --profile workflow/profiles/slurm
-# Each rule's inputs, outputs and command come from protoclip.pipeline, like dvc.yaml's stages; after a
+# Each rule's inputs, outputs and command come from protoclip.dag.stages, like dvc.yaml's stages; after a
 # successful run, `onsuccess` records the outputs in dvc.lock (dvc commit), so DVC tracks what Snakemake made.
 configfile: "config/config.yaml"
 
@@ -25,5 +25,5 @@ rule all:
 
 onsuccess:
     # record in dvc.lock what this invocation's jobs made (finished jobs), plus stages the lock lacks
-    pipeline.dvc_commit(PROJECT, CONFIG_FILE, DEFAULT_CONFIG,
+    dvc_sync.dvc_commit(PROJECT, CONFIG_FILE, DEFAULT_CONFIG,
                         made={str(f) for job in workflow.dag.jobs if workflow.dag.finished(job) for f in job.output})

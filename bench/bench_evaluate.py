@@ -1,7 +1,7 @@
 """One trained run's full evaluation on the offline default, before and after centring the linear probe's features.
 
 "Full" = every task the run's paper targets show, on the three offline sets: exactly the evaluation jobs the
-DAG gives the run (``protoclip.pipeline.evaluations``; for a main run such as ``clip_tiny_s0``: zero-shot,
+DAG gives the run (``protoclip.dag.stages.evaluations``; for a main run such as ``clip_tiny_s0``: zero-shot,
 linear, kNN, clustering on Fashion-MNIST and digits, plus retrieval on the held-out pairs). Each variant
 evaluates a copy of the run's ``model.pt`` (trained by ``make run``) in a temporary results folder, from scratch
 (no cached features), in two forms:
@@ -81,10 +81,10 @@ def main() -> None:
     args = ap.parse_args()
     if not (ROOT / "results" / "runs" / args.run / "model.pt").is_file():
         raise SystemExit(f"results/runs/{args.run}/model.pt not found: run `make run` first")
-    from protoclip import pipeline
+    from protoclip.dag import stages as dag_stages
     from protoclip.config import load_config
 
-    jobs = pipeline.evaluations(load_config(ROOT / "config" / "config.yaml"))[args.run]
+    jobs = dag_stages.evaluations(load_config(ROOT / "config" / "config.yaml"))[args.run]
     jobs = {d: t for d, t in jobs.items() if d in OFFLINE}
     exe = [sys.executable, "-m", "protoclip.cli", "evaluate"]
     per_job: dict[tuple[str, str], list[float]] = {}

@@ -22,7 +22,7 @@ from train_fixtures import RandomPairs, one_thread, tiny_config, tiny_model  # n
 
 from protoclip.evaluate.config import EvalDatasetConfig  # noqa: E402
 from protoclip.layout import Layout  # noqa: E402
-from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.records import read_train_log  # noqa: E402
 from protoclip.train.loop import train  # noqa: E402
 
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -33,7 +33,7 @@ def _train_once(root: Path):
     layout = Layout(root / "data", root / "results")
     torch.manual_seed(123)  # whatever the global RNG was before: the run seeds itself
     model = train(tiny_model(cfg), RandomPairs(n=64), cfg, layout, "det")
-    steps = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_log(layout.train_log("det"),
+    steps = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_train_log(layout.train_log("det"),
                                                                                         "step")]
     return model.state_dict(), steps
 

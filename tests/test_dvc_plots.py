@@ -20,7 +20,7 @@ from test_report_targets import metric_value, project_copy, synthesize  # noqa: 
 
 from protoclip.config import load_config  # noqa: E402
 from protoclip.layout import Layout  # noqa: E402
-from protoclip.report.dvc_plots import TRAIN_LOSS_PLOT, dvc_plots, target_file, train_loss_file  # noqa: E402
+from protoclip.report.dvc_plots import TRAIN_LOSS_PLOT, dvc_plots  # noqa: E402
 from protoclip.report.targets import targets  # noqa: E402
 
 DVC = shutil.which("dvc", path=str(Path(sys.executable).parent)) or shutil.which("dvc")
@@ -54,11 +54,11 @@ def project(tmp_path_factory):
 
 def test_report_writes_the_plot_data(project):
     root, cfg = project
-    tables = Layout.from_config(cfg).tables
-    curve = pd.read_csv(root / train_loss_file(tables, "protoclip_tiny_s0"))
+    lay = Layout.from_config(cfg)
+    curve = pd.read_csv(root / lay.loss_curve("protoclip_tiny_s0"))
     assert curve.to_dict("list") == {"step": [0, 1, 2, 3], "loss": [7.0, 6.0, 5.0, 4.0]}
-    assert list(pd.read_csv(root / train_loss_file(tables, "t3_clip")).columns) == ["step", "loss"]  # no steps
-    t5 = pd.read_csv(root / target_file(tables, "table_V")).set_index("cell")
+    assert list(pd.read_csv(root / lay.loss_curve("t3_clip")).columns) == ["step", "loss"]  # no steps
+    t5 = pd.read_csv(root / lay.target_plot_data("table_V")).set_index("cell")
     sets = ["heldout_pairs", "fashion_mnist", "digits"]
     expect = np.mean([np.mean([metric_value(r, "linear", d, "top1") for d in sets])
                       for r in cfg.run_group("protoclip_tiny")])

@@ -13,13 +13,25 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_eval_stage import RUN, RecordingTracker, one_thread, project  # noqa: E402,F401  (fixtures)
 
 from protoclip.evaluate.stage import image_only_method, run_collect, run_evaluate  # noqa: E402
+from protoclip.models import EvalSpec, build_model, read_eval_spec, save_model  # noqa: E402
+
+
+def _save_as(layout, method: str) -> EvalSpec:
+    """Re-save the fixture's model as trained by ``method`` (the spec its class writes at save time)."""
+    from protoclip.config import build
+    from protoclip.train.config import TrainConfig
+
+    tcfg = build(TrainConfig, {"method": method, "lock_image_epoch": None})
+    save_model(layout.model(RUN), build_model("tiny-rn", head_hidden=32, head_out=16), {"method": method},
+               eval_spec=tcfg.method_class().eval_spec(tcfg))
+    return read_eval_spec(layout.model(RUN))
 
 
 @pytest.mark.slow
 def test_image_only_run_reports_text_tasks_not_applicable(project, monkeypatch):
     cfg, layout = project
-    cfg._runs = {RUN: ({"method": "pcl", "lock_image_epoch": None}, "<test>")}
-    assert image_only_method(cfg, RUN) == "pcl"
+    assert image_only_method(_save_as(layout, "pcl")) == "pcl"
+    cfg._runs = {RUN: ({"method": "protoclip"}, "<test>")}  # the model file decides, not the project config
 
     @contextmanager
     def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
@@ -37,8 +49,8 @@ def test_image_only_run_reports_text_tasks_not_applicable(project, monkeypatch):
 
 
 def test_text_methods_are_not_image_only(project):
-    cfg, _ = project
-    cfg._runs = {RUN: ({"method": "protoclip"}, "<test>")}
-    assert image_only_method(cfg, RUN) is None
-    cfg._runs = {}
-    assert image_only_method(cfg, RUN) is None  # not a configured run: evaluate everything
+    _, layout = project
+    for method in ("protoclip", "clip", "nclip", "xclip"):
+        assert image_only_method(_save_as(layout, method)) is None
+    assert image_only_method(EvalSpec()) is None  # a model saved without a method: evaluate everything
+    assert image_only_method(EvalSpec(image_only=True)) == "unknown method"

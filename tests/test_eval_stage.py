@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from protoclip import records
 from protoclip.config import ConfigError, PathsConfig, ProjectConfig
 from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import LabelledSet, load_eval_set
@@ -90,7 +91,7 @@ def test_run_evaluate_end_to_end(project):
               ("clustering", "heldout_pairs"), ("nemd", "heldout_pairs"), ("tsne", "heldout_pairs"),
               ("retrieval", "coco")} | {(t, "cifar10") for t in
                                        ("zeroshot", "linear", "knn", "clustering", "nemd", "tsne")}
-    files = {(task, ds) for task, ds, _ in layout.metrics_files(RUN)}
+    files = {(task, ds) for task, ds, _ in records.metrics_files(layout, RUN)}
     assert files == expect
     assert layout.metrics_summary(RUN) in written
     for task, ds in expect:

@@ -27,6 +27,7 @@ from protoclip.data.transforms import eval_transform  # noqa: E402
 from protoclip.models import build_model, get_tokenizer, load_model, save_model  # noqa: E402
 from protoclip.models.export_openclip import CONFIG_FILE, WEIGHTS_FILE, ExportError, export_openclip  # noqa: E402
 from protoclip.train.config import TrainConfig  # noqa: E402
+from protoclip.train.methods import method_class  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -38,9 +39,11 @@ def saved_model(tmp_path: Path, name: str = "tiny-vit", method: str = "clip", se
     model = build_model(name, head_hidden=32, head_out=16, image_size=32, context_length=24, **build)
     with torch.no_grad():
         model.clip.logit_scale.fill_(3.1)  # a learned 1/tau that differs from the init
-    cfg = to_dict(TrainConfig(name=f"r_{method}", method=method, model=name, image_size=32, teacher=None,
-                              lock_image_epoch=None))
-    return save_model(tmp_path / f"{name}_{method}.pt", model, cfg)
+    tcfg = TrainConfig(name=f"r_{method}", method=method, model=name, image_size=32, teacher=None,
+                       lock_image_epoch=None, class_tokens=int(build.get("class_tokens", 0)))
+    # the evaluation spec as the train stage records it (the method's similarity, image-only flag)
+    spec = method_class(method).eval_spec(tcfg)
+    return save_model(tmp_path / f"{name}_{method}.pt", model, to_dict(tcfg), eval_spec=spec)
 
 
 def images(n: int, size: int = 40, seed: int = 0) -> list[Image.Image]:

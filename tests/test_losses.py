@@ -17,7 +17,6 @@ from protoclip.losses import (
     pbt_centroids,
     proto_ce,
     soft_target_rows,
-    soft_targets,
 )
 from protoclip.prototypes.kmeans import KMeansResult
 
@@ -74,6 +73,11 @@ def test_clamp_logit_scale():
 
 
 # --------------------------------------------------------------------------- soft targets (Eq. 5)
+def soft_targets(prototypes: torch.Tensor, tau_y: float, hard: bool = False) -> torch.Tensor:
+    """Target table of every prototype [Eq. 5]: row k = softmax(C c_k / tau_y) -> [K, K] (hard: identity)."""
+    return soft_target_rows(prototypes, torch.arange(prototypes.shape[0]), tau_y, hard=hard)
+
+
 def test_soft_targets_hand_value_and_properties():
     c = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     y = soft_targets(c, tau_y=0.5)

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import RandomPairs, one_thread, tiny_config  # noqa: E402
 
 from protoclip.layout import Layout  # noqa: E402
-from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.records import read_train_log  # noqa: E402
 from protoclip.train.loop import train  # noqa: E402
 from protoclip.train.methods import METHODS, build_method, method_class  # noqa: E402
 
@@ -25,15 +25,17 @@ NEW = {  # the tiny settings of each new method
 }
 
 
-def test_registry_names_match_config_literal():
-    import typing
-
+def test_registry_holds_the_shipped_methods_and_the_config_checks_names_against_it():
+    from protoclip.config import ConfigError, build
     from protoclip.train.config import TrainConfig
 
-    assert set(typing.get_args(typing.get_type_hints(TrainConfig)["method"])) == set(METHODS) >= {
-        "clip", "protoclip", "nclip", "xclip"}
+    assert set(METHODS) >= {"clip", "protoclip", "nclip", "xclip", "pcl"}
+    for name in ("clip", "protoclip", "nclip", "xclip"):
+        assert build(TrainConfig, {"method": name}).method == name
     with pytest.raises(ValueError, match="unknown training method"):
         method_class("nope")
+    with pytest.raises(ConfigError, match="method: unknown training method 'nope'"):
+        build(TrainConfig, {"method": "nope"})
 
 
 def test_method_outputs_weights_and_similarity():
@@ -139,20 +141,20 @@ def test_new_methods_resume_bit_identically(tmp_path, name):
     resumed = train(_model(cfg, seed=99), pairs, cfg, layout, "r", resume=True)
     sa, sb = full.state_dict(), resumed.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-    log_a = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
-    log_b = read_log(layout.train_log("r"), "step")
+    log_a = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
+    log_b = read_train_log(layout.train_log("r"), "step")
     assert [s["loss"] for s in log_a] == [s["loss"] for s in log_b]
-    eps = read_log(layout.train_log("r"), "episode")
+    eps = read_train_log(layout.train_log("r"), "episode")
     keys = {"nclip": ["mean/nclip_kl", "mean/nclip_eh", "mean/nclip_he", "mean/nclip_row_std_image",
                       "mean/nclip_col_std_text", "mean/nclip_acc_same_argmax", "mean/clip_acc"],
             "xclip": ["mean/clip", "mean/nclip", "mean/clip_acc", "mean/nclip_kl"],
             "multitoken": ["mean/clip", "mean/equilibrium", "mean/clip_scale", "mean/clip_acc_i2t"]}[name]
     assert all(k in eps[-1] for k in keys), set(keys) - set(eps[-1])
     if name == "xclip":
-        steps = read_log(layout.train_log("r"), "step")
+        steps = read_train_log(layout.train_log("r"), "step")
         assert all(s["loss"] == pytest.approx(0.2 * s["clip"] + s["nclip"], rel=1e-5) for s in steps)
     if name == "multitoken":  # the Multi(n, m) clamp (3.95) holds from the first step (init 1/0.07 = 14.3)
-        assert all(s["clip_scale"] <= 3.95 + 1e-4 for s in read_log(layout.train_log("r"), "step")[1:])
+        assert all(s["clip_scale"] <= 3.95 + 1e-4 for s in read_train_log(layout.train_log("r"), "step")[1:])
 
 
 @pytest.mark.slow
@@ -169,8 +171,7 @@ def test_run_train_nclip_from_config_and_model_file(tmp_path):
     from test_train_stage import _project
 
     from protoclip.config import load_config
-    from protoclip.evaluate.features import similarity_kind
-    from protoclip.models import load_model
+    from protoclip.models import load_model, read_eval_spec
     from protoclip.train.stage import run_train
 
     path = _project(tmp_path, teacher=False)
@@ -181,8 +182,9 @@ def test_run_train_nclip_from_config_and_model_file(tmp_path):
     out = run_train(cfg, "n")
     model, saved = load_model(out)
     assert model.head == "nclip" and model.image_head.out_dim == 32
-    assert similarity_kind(saved) == ("nclip_ce", 1)
-    assert read_log(Layout.from_config(cfg).train_log("n"), "episode")[-1]["mean/nclip_he"] > 0
+    spec = read_eval_spec(out)
+    assert (spec.method, spec.similarity, spec.subspheres, spec.image_only) == ("nclip", "nclip_ce", 1, False)
+    assert read_train_log(Layout.from_config(cfg).train_log("n"), "episode")[-1]["mean/nclip_he"] > 0
 
 
 @pytest.mark.parametrize("kind", ["nclip", "multitoken"])
@@ -203,7 +205,7 @@ def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
 
     cfg = _cfg("nclip" if kind == "nclip" else "multitoken")
     model = _model(cfg).eval()
-    save_model(tmp_path / "m.pt", model, to_dict(cfg))
+    save_model(tmp_path / "m.pt", model, to_dict(cfg), eval_spec=method_class(cfg.method).eval_spec(cfg))
     rng = np.random.default_rng(0)
     imgs = rng.integers(0, 255, (6, 64, 64, 3), dtype=np.uint8)
     test = ArraySplit(imgs, np.array([0, 1, 2, 0, 1, 2]))

@@ -118,7 +118,7 @@ def test_transcribed_differences_are_the_papers_printed_rows(table):
             assert abs(float(a) - float(b) - float(v)) <= 0.1 + 1e-9, (table, col)
 
 
-def test_fig_9_shows_stage_times_as_shares_of_clips_epoch_time(report):
+def test_fig_9_shows_phase_times_as_shares_of_clips_epoch_time(report):
     from protoclip.report.figures import time_split_per_epoch, time_split_shares
     from protoclip.report.values import Results
 

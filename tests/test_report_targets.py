@@ -20,7 +20,7 @@ from protoclip.config import ConfigError, load_config
 from protoclip.layout import Layout
 from protoclip.report.figures import shared_subsample
 from protoclip.report.targets import evaluation_requests, target_outputs, targets
-from protoclip.report.values import paper_numbers, stage_times
+from protoclip.report.values import paper_numbers, phase_times
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_TXT = Path("/work/shared/papers/protoclip.txt")
@@ -192,7 +192,7 @@ def test_every_paper_entry_cites_table_and_location():
 
 
 # --------------------------------------------------------------------------- report on synthetic results
-def test_stage_times_sum_the_last_record_of_each_episode(tmp_path):
+def test_phase_times_sum_the_last_record_of_each_episode(tmp_path):
     log = tmp_path / "train_log.jsonl"
     recs = [{"kind": "episode", "episode": 0, "time/extract": 1.0, "time/kmeans": 0.5, "time/pbt": 0.25,
              "time/train": 2.0},
@@ -200,9 +200,9 @@ def test_stage_times_sum_the_last_record_of_each_episode(tmp_path):
             {"kind": "episode", "episode": 0, "time/extract": 9.0, "time/train": 1.0},  # resumed: replaces
             {"kind": "episode", "episode": 1, "time/train": 4.0}]
     log.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    t = stage_times(log)
+    t = phase_times(log)
     assert t == {"extract": 9.0, "kmeans": 0.0, "pbt": 0.0, "train": 5.0, "total": 14.0, "episodes": 2.0}
-    assert stage_times(tmp_path / "none.jsonl") is None
+    assert phase_times(tmp_path / "none.jsonl") is None
 
 
 def test_shared_subsample_is_seeded_and_sorted():

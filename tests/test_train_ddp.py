@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import ddp_worker, free_port, tiny_config  # noqa: E402
 
-from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.records import read_train_log  # noqa: E402
 
 
 @pytest.mark.slow
@@ -24,9 +24,9 @@ def test_two_ranks_gloo_end_identical(tmp_path):
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
     for k, v in r0["state"].items():  # parameters and BatchNorm buffers
         assert torch.equal(v, r1["state"][k]), k
-    steps = read_log(tmp_path / "results" / "runs" / "ddp" / "train_log.jsonl", "step")
+    steps = read_train_log(tmp_path / "results" / "runs" / "ddp" / "train_log.jsonl", "step")
     assert len(steps) == 2 and all(math.isfinite(s["loss"]) and math.isfinite(s["proto"]) for s in steps)
-    start = read_log(tmp_path / "results" / "runs" / "ddp" / "train_log.jsonl", "start")[0]
+    start = read_train_log(tmp_path / "results" / "runs" / "ddp" / "train_log.jsonl", "start")[0]
     assert start["schedule"]["world_size"] == 2 and start["schedule"]["steps_per_episode"] == 2
     protos = r0["protos"]
     # k-means ran once on the gathered features of all 32 episode items (rank 0) and was broadcast

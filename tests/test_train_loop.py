@@ -14,7 +14,7 @@ from train_fixtures import RandomPairs, one_thread, tiny_config, tiny_model  # n
 
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.train.checkpoint import load_checkpoint  # noqa: E402
-from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.records import read_train_log  # noqa: E402
 from protoclip.train.loop import NonFiniteLossError, build_optimizer, train  # noqa: E402
 from protoclip.train.methods.clip import CLIPMethod  # noqa: E402
 
@@ -52,8 +52,8 @@ def test_clip_run_logs_every_term(tmp_path, pairs):
     model = tiny_model(cfg)
     layout = Layout(tmp_path / "data", tmp_path / "results")
     train(model, pairs, cfg, layout, "clip")
-    steps = read_log(layout.train_log("clip"), "step")
-    episodes = read_log(layout.train_log("clip"), "episode")
+    steps = read_train_log(layout.train_log("clip"), "step")
+    episodes = read_train_log(layout.train_log("clip"), "episode")
     assert len(episodes) == 4 and len(steps) == 8  # 2 epochs * 64 / 32 episodes, 32 / 16 steps each
     assert [s["step"] for s in steps] == list(range(8))
     for s in steps:
@@ -65,7 +65,7 @@ def test_clip_run_logs_every_term(tmp_path, pairs):
     assert steps[0]["lr"] == pytest.approx(cfg.lr / 2) and steps[1]["lr"] == pytest.approx(cfg.lr)
     assert "time/kmeans" not in episodes[0] and episodes[0]["time/train"] > 0  # CLIP: no extraction/clustering
     assert (layout.run_dir("clip") / "config.yaml").exists()
-    assert read_log(layout.train_log("clip"), "start")[0]["provenance"]["seed"] == "0"
+    assert read_train_log(layout.train_log("clip"), "start")[0]["provenance"]["seed"] == "0"
     ck = load_checkpoint(layout.checkpoint("clip"))
     assert ck["episode"] == 4 and ck["step"] == 8
 
@@ -76,7 +76,7 @@ def test_clip_loss_decreases_on_fixed_batch(tmp_path, pairs):
     layout = Layout(tmp_path / "d", tmp_path / "r")
     small = torch.utils.data.Subset(pairs, range(32))
     train(tiny_model(cfg), small, cfg, layout, "dec")
-    eps = read_log(layout.train_log("dec"), "episode")
+    eps = read_train_log(layout.train_log("dec"), "episode")
     assert eps[-1]["mean/clip"] < eps[0]["mean/clip"]
 
 
@@ -88,7 +88,7 @@ def test_locked_image_tuning_freezes_image_encoder(tmp_path, pairs):
     train(model, pairs, cfg, layout, "lit", stop_after_episodes=2)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     train(model, pairs, cfg, layout, "lit", resume=True)
-    steps = read_log(layout.train_log("lit"), "step")
+    steps = read_train_log(layout.train_log("lit"), "step")
     assert all(s["image_lr"] == 0.0 for s in steps if s["epoch"] >= 1.0)
     assert all(s["lr"] > 0 for s in steps)
     for n, p in model.named_parameters():
@@ -135,8 +135,8 @@ def test_resume_is_exact(tmp_path, pairs, method):
     torch.manual_seed(1234)  # a fresh process would have a different RNG state: resume must restore it
     resumed = train(tiny_model(cfg, seed=99), pairs, cfg, layout, "r", resume=True)
     _assert_same_weights(full, resumed)
-    log_a = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
-    log_b = read_log(layout.train_log("r"), "step")
+    log_a = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
+    log_b = read_train_log(layout.train_log("r"), "step")
     assert [s["loss"] for s in log_a] == [s["loss"] for s in log_b]
 
 
@@ -149,13 +149,13 @@ def test_protoclip_run_with_teacher_logs_all_terms(tmp_path, pairs):
     cfg = tiny_config(loss={"external_weight": 1.0, "proto_weight": 0.5}, teacher="random")
     layout = Layout(tmp_path / "d", tmp_path / "r")
     train(tiny_model(cfg), pairs, cfg, layout, "p", teacher=_teacher(pairs))
-    steps = read_log(layout.train_log("p"), "step")
+    steps = read_train_log(layout.train_log("p"), "step")
     assert len(steps) == 8
     for s in steps:
         for key in ("clip", "proto", "proto_external", "tau_clip", "tau_proto", "acc_i2t", "acc_i2ext"):
             assert math.isfinite(s[key]), key
         assert s["loss"] == pytest.approx(s["clip"] + 0.5 * s["proto"] + s["proto_external"], rel=1e-5)
-    eps = read_log(layout.train_log("p"), "episode")
+    eps = read_train_log(layout.train_log("p"), "episode")
     for e in eps:
         assert e["k"] == 8  # m // images_per_prototype = 32 // 4
         assert e["kmeans_image_size_min"] >= 0 and e["kmeans_text_size_max"] <= 32
@@ -175,7 +175,7 @@ def test_ablation_switches_reach_the_prototypes(tmp_path, pairs):
     assert (p.pbt, p.soft_targets, p.tau_y) == (False, False, 0.05)
     assert p.image.centroids.shape[0] == 32 // 8 and p.external is None
     assert torch.equal(p.cls_image, p.text.centroids)  # without PBT the raw text prototypes classify h^I
-    steps = read_log(layout.train_log("abl"), "step")
+    steps = read_train_log(layout.train_log("abl"), "step")
     assert all(s["loss"] == pytest.approx(s["proto"]) for s in steps)  # Proto only: clip_weight 0
 
 
@@ -183,8 +183,8 @@ def test_log_every_thins_step_lines_but_not_episode_means(tmp_path, pairs):
     cfg = tiny_config(method="clip", epochs=1.0, log_every=3)
     layout = Layout(tmp_path / "d", tmp_path / "r")
     train(tiny_model(cfg), pairs, cfg, layout, "le")
-    assert [s["step"] for s in read_log(layout.train_log("le"), "step")] == [0, 3]
-    assert [e["n_steps"] for e in read_log(layout.train_log("le"), "episode")] == [2, 2]
+    assert [s["step"] for s in read_train_log(layout.train_log("le"), "step")] == [0, 3]
+    assert [e["n_steps"] for e in read_train_log(layout.train_log("le"), "episode")] == [2, 2]
 
 
 @pytest.mark.parametrize("bad", [{"lr": 0.0}, {"log_every": 0}, {"loss": {"tau_y": 0.0}},
@@ -207,10 +207,10 @@ def test_resume_with_changed_config_retrains_from_scratch(tmp_path, pairs):
     assert load_checkpoint(layout.checkpoint("chg"))["episode"] == 2  # finished
     # a settings-only change (workers, logging) still resumes: nothing left to do, no new step lines
     train(tiny_model(cfg), pairs, tiny_config(method="clip", epochs=1.0, log_every=2), layout, "chg", resume=True)
-    assert len(read_log(layout.train_log("chg"), "step")) == 4
+    assert len(read_train_log(layout.train_log("chg"), "step")) == 4
     changed = tiny_config(method="clip", epochs=1.0, lr=5e-4)
     train(tiny_model(changed), pairs, changed, layout, "chg", resume=True)
-    steps = read_log(layout.train_log("chg"), "step")
+    steps = read_train_log(layout.train_log("chg"), "step")
     assert [s["step"] for s in steps] == [0, 1, 2, 3]  # retrained, log restarted
     assert steps[1]["lr"] == pytest.approx(5e-4)
 
@@ -305,18 +305,18 @@ def test_early_stop_ends_the_run_and_a_resume_does_not_continue_it(tmp_path, pai
     cfg = tiny_config(method="clip", early_stop=EarlyStopConfig(enabled=True, patience=1, min_delta=1e9))
     layout = Layout(tmp_path / "d", tmp_path / "r")
     train(tiny_model(cfg), pairs, cfg, layout, "es")
-    assert [e["episode"] for e in read_log(layout.train_log("es"), "episode")] == [0, 1]  # of 4 scheduled
-    stop = read_log(layout.train_log("es"), "early_stop")
+    assert [e["episode"] for e in read_train_log(layout.train_log("es"), "episode")] == [0, 1]  # of 4 scheduled
+    stop = read_train_log(layout.train_log("es"), "early_stop")
     assert len(stop) == 1 and stop[0]["episode"] == 1 and stop[0]["bad"] == 1
     ck = load_checkpoint(layout.checkpoint("es"))
     assert ck["episode"] == 2 and ck["extra"]["early_stop"]["stopped"]
     model = train(tiny_model(cfg), pairs, cfg, layout, "es", resume=True)  # the workflow always resumes
-    assert [e["episode"] for e in read_log(layout.train_log("es"), "episode")] == [0, 1]
+    assert [e["episode"] for e in read_train_log(layout.train_log("es"), "episode")] == [0, 1]
     assert all(torch.equal(v, ck["model"][k]) for k, v in model.state_dict().items())
     # switched off, the same run trains every scheduled episode
     off = tiny_config(method="clip", early_stop=EarlyStopConfig(enabled=False, patience=1, min_delta=1e9))
     train(tiny_model(off), pairs, off, layout, "off")
-    assert len(read_log(layout.train_log("off"), "episode")) == 4
+    assert len(read_train_log(layout.train_log("off"), "episode")) == 4
 
 
 def test_checkpoint_interval_skips_episode_saves_and_a_crash_resumes_from_the_last_one(tmp_path, pairs, monkeypatch):
@@ -361,6 +361,6 @@ def test_checkpoint_interval_skips_episode_saves_and_a_crash_resumes_from_the_la
     resumed = train(tiny_model(cfg, seed=99), pairs, cfg, layout, "r", resume=True)
     assert saved == [4]
     _assert_same_weights(full, resumed)
-    log_a = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
-    log_b = read_log(layout.train_log("r"), "step")
+    log_a = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
+    log_b = read_train_log(layout.train_log("r"), "step")
     assert [s["loss"] for s in log_a] == [s["loss"] for s in log_b]

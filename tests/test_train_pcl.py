@@ -14,7 +14,7 @@ from train_fixtures import RandomPairs, one_thread, tiny_config, tiny_model  # n
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.train.checkpoint import load_checkpoint  # noqa: E402
 from protoclip.train.config import PAUCConfig, PCLConfig  # noqa: E402
-from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.records import read_train_log  # noqa: E402
 from protoclip.train.loop import train  # noqa: E402
 from protoclip.train.methods.pcl import PCLMethod, cluster_counts  # noqa: E402
 
@@ -73,8 +73,8 @@ def test_pcl_run_warmup_then_protonce(tmp_path, views, pauc):
     model = tiny_model(cfg)
     text_before = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("clip.transformer")}
     train(model, views, cfg, layout, "pcl")
-    steps = read_log(layout.train_log("pcl"), "step")
-    eps = read_log(layout.train_log("pcl"), "episode")
+    steps = read_train_log(layout.train_log("pcl"), "step")
+    eps = read_train_log(layout.train_log("pcl"), "episode")
     assert len(eps) == 3 and eps[0]["pcl_warmup"] == 1.0 and eps[1]["pcl_warmup"] == 0.0
     assert eps[1]["pcl_k0"] == 4 and eps[1]["pcl_k1"] == 8
     first = [s for s in steps if s["episode"] == 0]
@@ -130,8 +130,8 @@ def test_pcl_resume_is_exact(tmp_path, views, pauc):
     sa, sb = full.state_dict(), resumed.state_dict()
     for k in sa:
         assert torch.equal(sa[k], sb[k]), k
-    log_a = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
-    log_b = read_log(layout.train_log("r"), "step")
+    log_a = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
+    log_b = read_train_log(layout.train_log("r"), "step")
     assert [s["loss"] for s in log_a] == [s["loss"] for s in log_b]
     qa = load_checkpoint(Layout(tmp_path / "d", tmp_path / "a").checkpoint("r"))["extra"]["method"]["queue"]
     qb = load_checkpoint(layout.checkpoint("r"))["extra"]["method"]["queue"]
@@ -145,12 +145,12 @@ def test_protoclip_with_pauc_and_phi_protonce_resumes_exactly(tmp_path):
     cfg = dataclasses.replace(tiny_config(method="protoclip", epochs=1.5), pauc=PAUCConfig(enabled=True))
     cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, phi_protonce=True))
     full = train(tiny_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
-    steps = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
+    steps = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
     for s in steps:
         assert {"proto", "pauc_align", "pauc_unif", "pauc_corr"} <= set(s)
         want = s["clip"] + s["proto"] + s["pauc_align"] + s["pauc_unif"] + 0.1 * s["pauc_corr"]
         assert s["loss"] == pytest.approx(want, rel=1e-5)
-    eps = read_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "episode")
+    eps = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "episode")
     assert all("phi_image_max" in e for e in eps)
     layout = Layout(tmp_path / "d", tmp_path / "b")
     train(tiny_model(cfg), pairs, cfg, layout, "r", stop_after_episodes=1)
@@ -202,11 +202,11 @@ def test_pcl_trains_from_the_cli(tmp_path, run):
     layout = Layout(tmp_path / "data", tmp_path / "results")
     model, saved = load_model(layout.model(run))
     assert saved["method"] == "pcl" and saved["pauc"]["enabled"] == (run == "pcl_pauc")
-    eps = read_log(layout.train_log(run), "episode")
+    eps = read_train_log(layout.train_log(run), "episode")
     assert len(eps) == 2 and eps[1]["pcl_k1"] == 6  # 36 train pairs: one episode per epoch
-    n_steps = len(read_log(layout.train_log(run), "step"))
+    n_steps = len(read_train_log(layout.train_log(run), "step"))
     assert main(["train", "--config", str(path), "--run", run, "--resume"]) == 0  # finished: nothing to redo
-    assert len(read_log(layout.train_log(run), "step")) == n_steps
+    assert len(read_train_log(layout.train_log(run), "step")) == n_steps
 
 
 def test_experiment_rows_share_the_offline_budget():
@@ -265,5 +265,5 @@ def test_pcl_under_ddp_two_ranks_end_identical(tmp_path):
     assert ck["prototypes"].assignments[0].shape == (32,)  # E-step over all 32 items, gathered from both ranks
     queue = ck["extra"]["method"]["queue"]
     assert int(queue["ptr"]) == (2 * 2 * 16) % 40  # 2 episodes x 2 steps x 16 keys (8 per rank, all-gathered)
-    steps = read_log(tmp_path / "results" / "runs" / "ddp" / "train_log.jsonl", "step")
+    steps = read_train_log(tmp_path / "results" / "runs" / "ddp" / "train_log.jsonl", "step")
     assert len(steps) == 4 and "protonce" in steps[-1] and "pauc_unif" in steps[-1]

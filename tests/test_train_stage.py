@@ -16,7 +16,7 @@ from train_fixtures import WORDS, one_thread  # noqa: E402
 from protoclip.config import ConfigError, load_config  # noqa: E402
 from protoclip.data.manifest import Pair, to_frame, write_manifest  # noqa: E402
 from protoclip.layout import Layout  # noqa: E402
-from protoclip.train.logbook import read_log  # noqa: E402
+from protoclip.records import read_train_log  # noqa: E402
 from protoclip.train.stage import resolve_sources, run_train  # noqa: E402
 
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -67,7 +67,7 @@ def test_run_train_protoclip_writes_outputs_and_mlflow(tmp_path):
     model, saved_cfg = load_model(out)
     assert saved_cfg["method"] == "protoclip" and saved_cfg["teacher"] == "toy-teacher"
     assert yaml.safe_load((layout.run_dir("proto") / "config.yaml").read_text())["episode_size"] == 32
-    steps = read_log(layout.train_log("proto"), "step")
+    steps = read_train_log(layout.train_log("proto"), "step")
     assert len(steps) == 4  # 36 train pairs (4 held out), m = 32: ceil(36/32) = 2 episodes x 32/16 steps
     assert all(math.isfinite(s["proto_external"]) for s in steps)
     import mlflow

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from protoclip.config import load_config
-from protoclip.pipeline import dvc_yaml_text
+from protoclip.dag.stages import dvc_yaml_text
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "config/config.yaml"
@@ -56,7 +56,7 @@ def test_snakemake_and_dvc_run_the_same_commands_on_the_same_files():
     for run in cfg.run_names():  # every configured run is trained, evaluated on what its targets show, collected
         assert f"protoclip train --config {CONFIG} --run {run} --resume" in jobs
         assert f"protoclip collect --config {CONFIG} --run {run}" in jobs
-    from protoclip.pipeline import evaluations
+    from protoclip.dag.stages import evaluations
 
     for run, sets in evaluations(cfg).items():
         for dataset, tasks in sets.items():
@@ -154,7 +154,7 @@ def test_gpu_runs_request_a_gpu(tmp_path):
 def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_path, monkeypatch):
     """`--configfile sub/x.yaml` whose `targets:` (and `experiments:`) name files next to it: the merged config
     written under .snakemake/ still finds them (config/paper.yaml style, README "The paper configuration")."""
-    from protoclip.pipeline import resolve_config
+    from protoclip.dag.snakemake import resolve_config
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "config" / "experiments").mkdir(parents=True)
@@ -177,7 +177,8 @@ def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_
 def test_stages_to_commit_takes_what_ran_what_the_lock_lacks_and_their_downstream(tmp_path, monkeypatch):
     """onsuccess commits only the stages whose jobs ran, plus stages missing from dvc.lock and everything
     downstream of them; stages whose outputs or inputs do not exist are never committed."""
-    from protoclip.pipeline import Out, Stage, stages_to_commit
+    from protoclip.dag.dvc_sync import stages_to_commit
+    from protoclip.dag.stages import Out, Stage
 
     monkeypatch.chdir(tmp_path)
 
@@ -185,7 +186,7 @@ def test_stages_to_commit_takes_what_ran_what_the_lock_lacks_and_their_downstrea
         for o in outs:
             Path(o).parent.mkdir(parents=True, exist_ok=True)
             Path(o).write_text(name)
-        return Stage(name=name, rule=name, cmd=name, deps={"in": deps}, outs=[Out(o) for o in outs],
+        return Stage(name=name, cmd=name, deps={"in": deps}, outs=[Out(o) for o in outs],
                      targets={"out": Out(outs[0])})
 
     prep = stage("prepare", [], ["data/prepared/manifest.parquet"])

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(cfg.run_names()))
         elif args.stage == "dvc-yaml":
             from protoclip.atomic import write_text
-            from protoclip.pipeline import dvc_yaml_text
+            from protoclip.dag.stages import dvc_yaml_text
 
             write_text(args.output, dvc_yaml_text(cfg, args.config))
     except ConfigError as err:

@@ -80,14 +80,13 @@ def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _coerce(arg, value, key, where)
-            except ConfigError as err:
-                errors.append(err)
+            except ConfigError:
+                pass  # the next type of the union; none fits: `bad` names the union
         raise bad
     if origin is Literal:
         if value in get_args(tp):
@@ -277,9 +276,6 @@ class ProjectConfig:
         merged = deep_merge(deep_merge(to_dict(self.train), overrides), self.train_force)
         merged["name"] = name
         return build(TrainConfig, merged, f"{where} (run '{name}')", prefix="")
-
-    def run_dir(self, name: str) -> Path:
-        return self.paths.results_dir / "runs" / name
 
 
 SEEDS_KEY = "seeds"  # a run's `seeds: [0, 1, 2]` -> runs <name>_s0, <name>_s1, <name>_s2 (train.seed set)

@@ -1,4 +1,4 @@
-"""Where every stage reads and writes: the one place that knows the on-disk layout.
+"""Where every stage reads and writes: the one place that knows the on-disk layout (no path is built elsewhere).
 
     data/raw/debs/*.deb                 pinned Debian packages (apt-get download)
     data/raw/unpacked/<package>/        dpkg-deb -x of each
@@ -7,6 +7,7 @@
     data/prepared/report.json           kept / dropped counts per source and reason
     data/prepared/eval/<name>.npz       offline labelled eval sets (images, labels, split, classnames)
     data/teacher/<teacher>.npz          PCA-reduced teacher features keyed by sample id (+ .json metadata)
+                                        (<teacher>: the teacher's name made file-safe, safe_name)
     results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt, checkpoints/ (last.pt, mlflow.json)
     results/runs/<run>/eval/<set>/      one evaluation job's outputs (a DVC out of stage evaluate_<run>_<set>):
         <task>.json                     metrics of one task (also logged to the run's MLflow run)
@@ -14,7 +15,13 @@
         tsne.png                        t-SNE figure (when the task ran)
         tasks.json                      what each configured task did on this set (ran / skipped / not applicable)
     results/runs/<run>/metrics.json     all of a run's metrics in one file (`protoclip collect`)
-    results/tables/, results/figures/   report outputs
+    results/tables/<target>.{csv,md,tex,html}, results/figures/<target>.png   paper targets (`protoclip report`)
+    results/tables/index.md             every target and the skipped data sets
+    results/report/<target>.rst         each target's caption (Snakemake report)
+    results/tables/plots/               dvc.yaml `plots:` data: train_loss/<run>.csv, <table target>.csv
+    results/export/<run>/               `protoclip export`: the run as an open_clip local-dir: folder
+
+The formats of the result files live in :mod:`protoclip.records`. Layout imports nothing of the project.
 """
 from __future__ import annotations
 
@@ -67,14 +74,22 @@ class Layout:
                 **{f"eval_{name}": self.eval_set(name) for name in eval_sets}}
 
     def teacher_features(self, teacher: str) -> Path:
-        return self.data_dir / "teacher" / f"{safe_name(teacher)}.npz"
+        return self.teacher_cache(safe_name(teacher))
 
     def teacher_meta(self, teacher: str) -> Path:
         return self.teacher_features(teacher).with_suffix(".json")
 
+    def teacher_cache(self, stem: str) -> Path:
+        """The features file by its file stem (the workflow's ``{teacher}`` wildcard: a safe name)."""
+        return self.data_dir / "teacher" / f"{stem}.npz"
+
     # ---- results
     def run_dir(self, run: str) -> Path:
         return self.results_dir / "runs" / run
+
+    def run_config(self, run: str) -> Path:
+        """The complete training config the run was trained with (written at its start)."""
+        return self.run_dir(run) / "config.yaml"
 
     def model(self, run: str) -> Path:
         return self.run_dir(run) / "model.pt"
@@ -109,13 +124,6 @@ class Layout:
     def metrics(self, run: str, task: str, dataset: str) -> Path:
         return self.eval_dir(run, dataset) / f"{task}.json"
 
-    def metrics_files(self, run: str) -> list[tuple[str, str, Path]]:
-        """``(task, dataset, path)`` of every metrics file of ``run`` on disk, sorted."""
-        from protoclip.evaluate.config import TASKS
-
-        found = sorted(self.run_dir(run).glob("eval/*/*.json"), key=lambda p: (p.stem, p.parent.name))
-        return [(p.stem, p.parent.name, p) for p in found if p.stem in TASKS]
-
     @property
     def tables(self) -> Path:
         return self.results_dir / "tables"
@@ -123,3 +131,34 @@ class Layout:
     @property
     def figures(self) -> Path:
         return self.results_dir / "figures"
+
+    @property
+    def report_dir(self) -> Path:
+        """The targets' captions (reStructuredText, read by ``snakemake --report``)."""
+        return self.results_dir / "report"
+
+    @property
+    def report_index(self) -> Path:
+        return self.tables / "index.md"
+
+    def target_files(self, target_id: str, kind: str) -> list[Path]:
+        """A paper target's files: a table's ``tables/<id>.{csv,md,tex,html}``, a figure's ``figures/<id>.png``."""
+        if kind == "table":
+            return [(self.tables / target_id).with_suffix(s) for s in (".csv", ".md", ".tex", ".html")]
+        return [self.figures / f"{target_id}.png"]
+
+    def loss_curve(self, run: str) -> Path:
+        """A run's training loss against step, as DVC plot data (protoclip.report.dvc_plots)."""
+        return self.tables / "plots" / "train_loss" / f"{run}.csv"
+
+    def target_plot_data(self, target_id: str) -> Path:
+        """A paper table's numbers (ours, the paper's) as DVC plot data (protoclip.report.dvc_plots)."""
+        return self.tables / "plots" / f"{target_id}.csv"
+
+    def export_dir(self, run: str) -> Path:
+        """A run exported as an open_clip ``local-dir:`` folder (protoclip.models.export_openclip)."""
+        return self.results_dir / "export" / run
+
+    def caption(self, target_id: str) -> Path:
+        """A paper target's caption as reStructuredText (the Snakemake report's caption of its file)."""
+        return self.report_dir / f"{target_id}.rst"

@@ -1,35 +1,35 @@
 # Shared by every rule: the validated project config (protoclip.config: unknown keys and wrong types stop
-# here, before any job runs) and the stages (protoclip.pipeline: each rule's inputs, outputs and command, the
+# here, before any job runs) and the stages (protoclip.dag.stages: each rule's inputs, outputs and command, the
 # same ones dvc.yaml holds).
 import json
 import sys
 
 from protoclip.config import load_config, to_dict
 from protoclip.layout import Layout
-from protoclip import pipeline
+from protoclip.dag import dvc_sync, snakemake as dag_snakemake, stages as dag_stages
 
 DEFAULT_CONFIG = "config/config.yaml"
 # Snakemake's `config` is the Snakefile's configfile extended by every --configfile, then by --config. The
 # commands read exactly that: the default file when nothing is overridden (the commands of dvc.yaml), else the
 # merged config written to .snakemake/protoclip/config.yaml (README: "Overriding the config").
-CONFIG_FILE = pipeline.resolve_config(
+CONFIG_FILE = dag_snakemake.resolve_config(
     config, DEFAULT_CONFIG, [str(f) for f in workflow.config_settings.configfiles],
     dict(workflow.config_settings.config or {}))
 PROJECT = load_config(CONFIG_FILE)
 LAYOUT = Layout.from_config(PROJECT)
 RUNS = PROJECT.run_names()
 DATASETS = list(PROJECT.evaluate.datasets)
-STAGES = {s.name: s for s in pipeline.stages(PROJECT, CONFIG_FILE)}
+STAGES = {s.name: s for s in dag_stages.stages(PROJECT, CONFIG_FILE)}
 if CONFIG_FILE != DEFAULT_CONFIG:
     print(f"protoclip: config overrides in effect: every command reads {CONFIG_FILE}", file=sys.stderr)
 
 # teacher cache file stem -> teacher name (names with '/' become single path components)
-TEACHER_BY_FILE = {LAYOUT.teacher_features(t).stem: t for t in pipeline.teachers(PROJECT)}
+TEACHER_BY_FILE = {LAYOUT.teacher_features(t).stem: t for t in dag_stages.teachers(PROJECT)}
 
 
 def outputs(outs: dict) -> dict:
-    """Snakemake outputs from a stage's targets (protoclip.pipeline.Out): folders as directory()."""
-    return {name: directory(o.path) if o.directory else o.path for name, o in outs.items()}
+    """Snakemake outputs from a stage's targets (protoclip.dag.stages.Out): folders as directory()."""
+    return dag_snakemake.outputs(outs, directory)
 
 
 def stage_inputs(name_of):
@@ -44,8 +44,3 @@ def stage_cmd(name_of):
 def settings(obj) -> str:
     """A config section as canonical JSON: used as a rule param, so that editing it reruns the rule."""
     return json.dumps(to_dict(obj), sort_keys=True)
-
-
-def cli(stage: str, args: str = "") -> str:
-    """A `protoclip <stage>` command on the resolved config (for rules whose stage is not in STAGES yet)."""
-    return pipeline.stage_command(stage, CONFIG_FILE, args)

@@ -4,7 +4,7 @@ rule evaluate:
     input:
         unpack(stage_inputs(lambda wc: f"evaluate_{wc.run}_{wc.dataset}")),
     output:
-        **outputs(pipeline.eval_outs(LAYOUT, "{run}", "{dataset}")),
+        **outputs(dag_stages.eval_outs(LAYOUT, "{run}", "{dataset}")),
     conda:
         "../../environment.yml"
     log:
@@ -28,7 +28,7 @@ rule collect:
     input:
         unpack(stage_inputs(lambda wc: f"collect_{wc.run}")),
     output:
-        **outputs(pipeline.collect_outs(LAYOUT, "{run}")),
+        **outputs(dag_stages.collect_outs(LAYOUT, "{run}")),
     conda:
         "../../environment.yml"
     log:

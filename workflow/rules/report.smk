@@ -1,8 +1,6 @@
 # `protoclip report`: every declared paper target (config/experiments/*.yaml `target:` blocks) as tables and
 # figures, each flagged for `snakemake --report results/report.html` with its generated caption
 # (results/report/<id>.rst: the paper's caption, source, our config and the column mapping).
-from protoclip.report import targets as report_targets
-
 report: "../report/workflow.rst"
 
 
@@ -11,8 +9,8 @@ rule report:
     input:
         unpack(stage_inputs(lambda wc: "report")),
     output:
-        # the same files as protoclip.pipeline.report_stage (target_outputs), tables/figures flagged for the report
-        **report_targets.snakemake_outputs(PROJECT, report),
+        # the same files as protoclip.dag.stages.report_stage (target_outputs), tables/figures flagged for the report
+        **dag_snakemake.report_outputs(PROJECT, report),
     conda:
         "../../environment.yml"
     log:

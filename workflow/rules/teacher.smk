@@ -3,7 +3,7 @@ rule teacher:
     input:
         unpack(stage_inputs(lambda wc: f"teacher_{wc.teacher}")),
     output:
-        **outputs(pipeline.teacher_outs(LAYOUT, "{teacher}")),
+        **outputs(dag_stages.teacher_outs(LAYOUT, "{teacher}")),
     conda:
         "../../environment.yml"
     log:

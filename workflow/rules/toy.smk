@@ -1,5 +1,5 @@
 rule toy_nemd:
-    """PAUC's NEMD toy experiment (pauc-nemd Fig. 2): PCL vs PAUC on 3-D Gaussian blobs, ~1-2 min on 2 CPU cores."""
+    """PAUC's NEMD toy experiment (pauc-nemd Fig. 2): PCL vs PAUC on 3-D Gaussian blobs (needs no data)."""
     output:
         **outputs(STAGES["toy_nemd"].targets),
     conda:

@@ -3,7 +3,7 @@ rule train:
     input:
         unpack(stage_inputs(lambda wc: f"train_{wc.run}")),
     output:
-        **outputs(pipeline.train_outs(LAYOUT, "{run}")),
+        **outputs(dag_stages.train_outs(LAYOUT, "{run}")),
     conda:
         "../../environment.yml"
     log:

@@ -615,17 +615,31 @@ def load_eval_set(name: str, cfg: EvalDatasetConfig, layout: Layout, seed: int =
     return ds
 
 
-def _open_eval_set(name: str, cfg: EvalDatasetConfig, layout: Layout) -> EvalSet | Skipped:
+def eval_data_path(name: str, cfg: EvalDatasetConfig, layout: Layout) -> Path | None:
+    """Where set ``name`` is read from: its configured path, or for an offline set without one what `prepare`
+    writes (the manifest for ``heldout_pairs``, ``data/prepared/eval/<name>.npz`` else); None: not configured."""
+    if cfg.path:
+        return Path(cfg.path).expanduser()
     if cfg.kind == "offline":
-        path = Path(cfg.path) if cfg.path else (layout.manifest if name == HELDOUT else layout.eval_set(name))
-        if not path.exists():
-            return Skipped(name, f"skipped: {name} not found at {path}")
-        return load_heldout_pairs(layout, path) if name == HELDOUT else load_offline_npz(name, path)
-    if not cfg.path:
-        return Skipped(name, f"skipped: {name} path not configured")
-    root = Path(cfg.path).expanduser()
-    if not root.exists():
-        return Skipped(name, f"skipped: {name} not found at {root}")
+        return layout.manifest if name == HELDOUT else layout.eval_set(name)
+    return None
+
+
+def missing_reason(name: str, cfg: EvalDatasetConfig, layout: Layout) -> str | None:
+    """Why set ``name``'s data is absent (the skip line tables show), None when it is present: the one check
+    of "is this set's data here" that loading, `collect` and the workflow's DAG share."""
+    path = eval_data_path(name, cfg, layout)
+    if path is None:
+        return f"skipped: {name} path not configured"
+    return None if path.exists() else f"skipped: {name} not found at {path}"
+
+
+def _open_eval_set(name: str, cfg: EvalDatasetConfig, layout: Layout) -> EvalSet | Skipped:
+    if (reason := missing_reason(name, cfg, layout)) is not None:
+        return Skipped(name, reason)
+    root = eval_data_path(name, cfg, layout)
+    if cfg.kind == "offline":
+        return load_heldout_pairs(layout, root) if name == HELDOUT else load_offline_npz(name, root)
     try:
         return LOADERS[cfg.kind](name, root)
     except (FileNotFoundError, RuntimeError) as err:  # torchvision: "Dataset not found or corrupted"

@@ -7,11 +7,12 @@ prompt-ensembled zero-shot classifier from ``z^T`` when the set has templates. F
 captions of ``heldout_pairs``): ``z^I`` of its images, ``z^T`` of every caption and ``text_to_image``.
 
 When the run's method scores image-text pairs other than by the cosine of z (nCLIP's -CE, multi-token CLIP's
-summed per-token cosine: :func:`similarity_kind` from the saved config), the method's similarity is also
+summed per-token cosine: the model file's ``EvalSpec``, :func:`protoclip.models.read_eval_spec`), the method's
+similarity is also
 stored as a dot product: ``test_s`` / ``zeroshot_classifier_s`` and ``caption_image_s`` / ``caption_text_s``
 plus ``similarity`` (the kind); the evaluation stage then uses those with ``normalize=False``.
 
-The arrays live in ``results/runs/<run>/features/<set>.npz`` (written atomically) with a ``meta_json``
+The arrays live in ``results/runs/<run>/eval/<set>/features.npz`` (written atomically) with a ``meta_json``
 entry; the cache is reused only when the model file's sha256, the data source, the split sizes, the probe
 subsample (``max_train`` / ``max_test`` / seed) and the class names / templates are unchanged, so a retrained
 ``model.pt`` or a changed subsample invalidates it.
@@ -129,17 +130,8 @@ def make_text_encoder(model: Any, tokenizer: Callable, device: torch.device,
 # "nclip_ce": s = 1/2 (p_I . log p_T + p_T . log p_I), p = softmax of the nCLIP head (paper: -L_CE;
 #   spec 1.7.4), prompts ensembled by averaging the probability vectors (spec 1.7.4).
 # The non-cosine kinds are written as a dot product of an image embedding and a text embedding
-# (``*_s`` arrays; metrics called with normalize=False).
-def similarity_kind(config: dict) -> tuple[str, int]:
-    """(kind, m) of a run from its saved training config (``load_model``'s second value)."""
-    from protoclip.config import build
-    from protoclip.train.config import TrainConfig
-    from protoclip.train.methods import method_class
-
-    tcfg = build(TrainConfig, config, "<model.pt config>")
-    return method_class(tcfg.method).similarity_for(tcfg), tcfg.subspheres()
-
-
+# (``*_s`` arrays; metrics called with normalize=False). Which kind a run uses, and m, are in its model file
+# (protoclip.models.checkpoint.EvalSpec, written by the training method).
 def similarity_embeddings(kind: str, side: str, z: torch.Tensor, h: torch.Tensor | None, subspheres: int = 1,
                           pre: torch.Tensor | None = None) -> torch.Tensor:
     """Embeddings whose dot product is the method's similarity. ``side``: "image" or "text". For the text side
@@ -175,15 +167,18 @@ class FeatureExtractor:
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)
         self.model_sha256 = sha256_file(self.model_path)
+        from protoclip.models import read_eval_spec
+
+        self.spec = read_eval_spec(self.model_path)  # how the training method scores this model
+        self.similarity, self.subspheres = self.spec.similarity, self.spec.subspheres
         self._model: Any = None
 
     # ---- lazy model
     def _load(self) -> None:
         from protoclip.models import get_tokenizer, load_model
 
-        self._model, config = load_model(self.model_path, self.device)
+        self._model, _config = load_model(self.model_path, self.device)
         self._model.eval()
-        self.similarity, self.subspheres = similarity_kind(config) if "method" in config else ("cosine", 1)
         self.tokenizer = get_tokenizer(self._model.name, context_length=self._model.context_length)
         self.transform = eval_transform(self._model.image_size)
 

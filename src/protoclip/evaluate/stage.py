@@ -30,27 +30,25 @@ into each of its metrics files, so tables show why a cell is empty.
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from protoclip.atomic import write_json
+from protoclip import records
 from protoclip.config import ConfigError, require_path
 from protoclip.evaluate.config import NOT_APPLICABLE, TASKS, EvalDatasetConfig, EvaluateConfig
-from protoclip.evaluate.datasets import HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set
+from protoclip.evaluate.datasets import (HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set,
+                                         missing_reason)
 from protoclip.layout import Layout
 from protoclip.provenance import provenance
 from protoclip.tracking import evaluation_run
 
 log = logging.getLogger(__name__)
-
-HEADLINE = {"zeroshot": "top1", "linear": "top1", "knn": "top1", "retrieval": "mean_recall",
-            "clustering": "ami", "nemd": "nemd", "tsne": "n_points"}
 
 
 # --------------------------------------------------------------------------- applicability
@@ -68,16 +66,11 @@ def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
 IMAGE_ONLY_NA = ("zeroshot", "retrieval")  # tasks that read the text tower
 
 
-def image_only_method(cfg, run: str) -> str | None:
-    """The run's training method if it trains the image tower only (e.g. ``pcl``): its text tower is untrained,
-    so zero-shot and retrieval numbers would be chance; None otherwise (or when the run is not configured)."""
-    try:
-        method = cfg.run(run).method
-    except ConfigError:
-        return None
-    from protoclip.train.methods import method_class
-
-    return method if getattr(method_class(method), "image_only", False) else None
+def image_only_method(spec) -> str | None:
+    """The training method of a model if it trained the image tower only (e.g. ``pcl``): its text tower is
+    untrained, so zero-shot and retrieval numbers would be chance; None otherwise. ``spec``: the model file's
+    ``protoclip.models.EvalSpec`` (written by the method at save time, not read from the project config)."""
+    return (spec.method or "unknown method") if spec.image_only else None
 
 
 def not_applicable(task: str, ds: EvalSet) -> str | None:
@@ -94,6 +87,38 @@ def not_applicable(task: str, ds: EvalSet) -> str | None:
     if len(ds.test) == 0:
         return "empty test split"
     return None
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """What one configured task does on one set, decided before any feature is extracted."""
+    run: bool  # extract features and run it (it may still find the splits too small: :func:`too_small`)
+    reason: str | None = None  # why not: the skip line
+    metrics_file: bool = False  # the skip line goes into the task's metrics file (tables show it in its cells)
+    status: bool = True  # the skip line goes into tasks.json
+
+
+def plan_tasks(name: str, ds: EvalSet | Skipped | None, wanted: list[str], image_only: str | None
+               ) -> dict[str, TaskPlan]:
+    """Run or skip, per task of ``wanted`` on the loaded set ``ds``: the one place that decides it.
+
+    A set whose data is missing (:class:`Skipped`): every task's metrics file and status carry its skip line.
+    A text-tower task of an image-only run's (``image_only``: its method) that would apply to the set: a
+    ``not applicable`` metrics file, so the report's cells read n/a (tasks.json does not list it). A task that
+    does not apply to the set (:func:`not_applicable`): a ``not applicable`` status only.
+    """
+    out: dict[str, TaskPlan] = {}
+    for task in wanted:
+        if isinstance(ds, Skipped):
+            out[task] = TaskPlan(False, ds.reason, metrics_file=True)
+        elif (reason := not_applicable(task, ds)) is not None:
+            out[task] = TaskPlan(False, f"{NOT_APPLICABLE}{reason}")
+        elif image_only and task in IMAGE_ONLY_NA:
+            out[task] = TaskPlan(False, f"{NOT_APPLICABLE}image-only method ({image_only}), the text tower is "
+                                 "untrained", metrics_file=True, status=False)
+        else:
+            out[task] = TaskPlan(True)
+    return out
 
 
 def too_small(task: str, feats: dict[str, np.ndarray]) -> str | None:
@@ -202,26 +227,16 @@ TASK_FUNCS: dict[str, Callable[..., TaskResult]] = {
 
 
 # --------------------------------------------------------------------------- summary
-def collect_run_metrics(layout: Layout, run: str) -> dict[str, dict[str, Any]]:
-    """{task: {set: metrics dict or {"skipped": line}}} from every metrics file of ``run``."""
-    out: dict[str, dict[str, Any]] = {}
-    for task, dataset, path in layout.metrics_files(run):
-        data = json.loads(path.read_text())
-        out.setdefault(task, {})[dataset] = (
-            {"skipped": data["skipped"]} if "skipped" in data else data.get("metrics", {}))
-    return out
-
-
 def summary_table(summary: dict[str, dict[str, Any]]) -> str:
     """Compact text table: one line per (set, task) with the headline number or the skip line."""
     rows = [("dataset", "task", "result")]
     cells = sorted(((ds, task, m) for task, per_set in summary.items() for ds, m in per_set.items()),
                    key=lambda c: (c[0], c[1]))
     for ds, task, m in cells:
-        if "skipped" in m:
-            cell = m["skipped"]
+        if (line := records.skip_line(m)) is not None:
+            cell = line
         else:
-            key = HEADLINE.get(task, "")
+            key = records.HEADLINE[task][0] if task in records.HEADLINE else ""
             value = m.get(key)
             cell = f"{key} = {value:.4g}" if isinstance(value, (int, float)) else "-"
         rows.append((ds, task, cell))
@@ -246,22 +261,6 @@ def _numbers(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- stage
-def missing_reason(name: str, ds_cfg: EvalDatasetConfig, layout: Layout) -> str:
-    """Why a configured set has no evaluation output (the same lines :func:`load_eval_set` gives)."""
-    if ds_cfg.kind == "offline":
-        path = Path(ds_cfg.path) if ds_cfg.path else (layout.manifest if name == HELDOUT else layout.eval_set(name))
-        return f"skipped: {name} not found at {path}"
-    if not ds_cfg.path:
-        return f"skipped: {name} path not configured"
-    return f"skipped: {name} not found at {Path(ds_cfg.path).expanduser()}"
-
-
-def _data_exists(name: str, ds_cfg: EvalDatasetConfig, layout: Layout) -> bool:
-    if ds_cfg.kind == "offline" and not ds_cfg.path:
-        return (layout.manifest if name == HELDOUT else layout.eval_set(name)).exists()
-    return bool(ds_cfg.path) and Path(ds_cfg.path).expanduser().exists()
-
-
 def run_collect(cfg, run: str) -> Path:
     """Gather every metrics file of ``run`` into ``results/runs/<run>/metrics.json`` and print the summary.
 
@@ -271,12 +270,13 @@ def run_collect(cfg, run: str) -> Path:
     is simply absent.
     """
     layout = Layout.from_config(cfg)
-    summary = collect_run_metrics(layout, run)
+    summary = records.run_results(layout, run)
     for name, ds_cfg in cfg.evaluate.datasets.items():
-        if not layout.eval_dir(run, name).is_dir() and not _data_exists(name, ds_cfg, layout):
+        reason = missing_reason(name, ds_cfg, layout)
+        if not layout.eval_dir(run, name).is_dir() and reason is not None:
             for task in static_tasks(name, ds_cfg):
-                summary.setdefault(task, {})[name] = {"skipped": missing_reason(name, ds_cfg, layout)}
-    out = write_json(layout.metrics_summary(run), summary)
+                summary.setdefault(task, {})[name] = {records.SKIPPED: reason}
+    out = records.write_summary(layout.metrics_summary(run), summary)
     print(f"evaluate {run}:\n{summary_table(summary)}")
     return out
 
@@ -304,7 +304,7 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
 
     extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size, ecfg.num_workers)
     prov = provenance(ecfg.seed)
-    image_only = image_only_method(cfg, run)
+    image_only = image_only_method(extractor.spec)
     written: list[Path] = []
     with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
         tracker.log_params({"evaluate": {"seed": ecfg.seed, "knn_k": ecfg.knn_k,
@@ -316,28 +316,18 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
             ds_cfg = ecfg.datasets[name]
             wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
             ds = load_eval_set(name, ds_cfg, layout, seed=ecfg.seed) if wanted else None
-            base = {"run": run, "dataset": name}
             if isinstance(ds, Skipped):
                 log.warning(ds.reason)
-                for task in wanted:
-                    status[task] = ds.reason
-                    written.append(write_json(layout.metrics(run, task, name), {**base, "task": task,
-                                                                                "skipped": ds.reason}))
-                wanted = []
             runnable = []
-            for task in wanted:
-                if image_only and task in IMAGE_ONLY_NA and not not_applicable(task, ds):
-                    reason = f"{NOT_APPLICABLE}image-only method ({image_only}), the text tower is untrained"
-                    log.info("%s: %s %s", name, task, reason)
-                    written.append(write_json(layout.metrics(run, task, name), {**base, "task": task,
-                                                                                "skipped": reason}))
-                    continue
-                reason = not_applicable(task, ds)
-                if reason:
-                    log.info("%s: %s does not apply (%s)", name, task, reason)
-                    status[task] = f"{NOT_APPLICABLE}{reason}"
-                else:
+            for task, plan in plan_tasks(name, ds, wanted, image_only).items():
+                if plan.run:
                     runnable.append(task)
+                    continue
+                log.info("%s: %s not run (%s)", name, task, plan.reason)
+                if plan.status:
+                    status[task] = plan.reason
+                if plan.metrics_file:
+                    written.append(records.write_skip(layout.metrics(run, task, name), run, name, task, plan.reason))
             feats = extractor.features(layout.features(run, name), ds) if runnable else {}
             for task in runnable:
                 reason = too_small(task, feats)
@@ -348,19 +338,17 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
                 fig = layout.tsne_figure(run, name)
                 log.info("%s: %s", name, task)
                 metrics, kind, sizes = TASK_FUNCS[task](feats, ds, ecfg, fig)
-                record = {**base, "task": task, "metrics": metrics, **sizes, "features": kind,
+                record = {"run": run, "dataset": name, "task": task, "metrics": metrics, **sizes, "features": kind,
                           "model_sha256": extractor.model_sha256, "source": ds.source, "provenance": prov}
                 if task != "retrieval" and getattr(ds, "subsample", None) is not None:
                     record["subsample"] = ds.subsample  # the fixed probe subsample (datasets.subsample_set)
-                written.append(write_json(layout.metrics(run, task, name), record))
+                written.append(records.write_metrics(layout.metrics(run, task, name), record))
                 status[task] = "ran"
                 tracker.log_metrics(_numbers(metrics, f"eval/{task}/{name}/"))
                 if task == "tsne":
                     tracker.log_artifact(fig, f"figures/{name}")
-            tasks_record = {"run": run, "dataset": name, "tasks": status, "model_sha256": extractor.model_sha256}
-            if getattr(ds, "subsample", None) is not None:
-                tasks_record["subsample"] = ds.subsample
-            write_json(layout.eval_tasks(run, name), tasks_record)
+            records.write_tasks(layout.eval_tasks(run, name), run, name, status, extractor.model_sha256,
+                                getattr(ds, "subsample", None))
         if datasets is None:
             written.append(run_collect(cfg, run))
             tracker.log_artifact(layout.metrics_summary(run), "metrics")

@@ -10,10 +10,9 @@ from protoclip.losses.proto import (
     proto_accuracy,
     proto_ce,
     soft_target_rows,
-    soft_targets,
 )
 
 __all__ = [
-    "clip_loss", "clamp_logit_scale_", "soft_targets", "soft_target_rows", "pbt_centroids", "proto_ce",
+    "clip_loss", "clamp_logit_scale_", "soft_target_rows", "pbt_centroids", "proto_ce",
     "proto_accuracy", "EpisodePrototypes", "ProtoLoss",
 ]

@@ -94,12 +94,6 @@ def soft_target_rows(
     return scores.softmax(dim=1)
 
 
-def soft_targets(prototypes: torch.Tensor, tau_y: float, hard: bool = False) -> torch.Tensor:
-    """Target table of every prototype [Eq. 5]: row k = softmax(C c_k / tau_y) -> [K, K] (hard: identity)."""
-    k = prototypes.shape[0]
-    return soft_target_rows(prototypes, torch.arange(k, device=prototypes.device), tau_y, hard=hard)
-
-
 def pbt_centroids(student_h: torch.Tensor, assignments: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Prototype Back Translation [Eq. 7]: mean student feature of the samples assigned to each teacher prototype.
 
@@ -378,6 +372,6 @@ class ProtoLoss(nn.Module):
 
 
 __all__ = [
-    "soft_target_rows", "soft_targets", "pbt_centroids", "proto_ce", "proto_accuracy", "EpisodePrototypes", "ProtoLoss",
+    "soft_target_rows", "pbt_centroids", "proto_ce", "proto_accuracy", "EpisodePrototypes", "ProtoLoss",
     "NonFiniteFeaturesError", "check_features_finite",
 ]

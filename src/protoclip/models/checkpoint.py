@@ -3,23 +3,29 @@
 The file is a plain dict saved with torch.save (loadable with ``weights_only=True``)::
 
     format: "protoclip-model/1", model_name, head_hidden, head_out, embed_dim, image_size, context_length,
-    head, class_tokens, state_dict, config_json (the run's resolved config, as JSON text)
+    head, class_tokens, state_dict, config_json (the run's resolved config, as JSON text),
+    eval_json (how evaluation uses the model: :class:`EvalSpec`, as JSON text)
 
 ``head`` and ``class_tokens`` rebuild the architecture of every training method (nCLIP heads, multi-token
-towers); the method itself (and so the evaluation similarity) is ``config["method"]``.
+towers). ``eval_json`` is written at save time by the training method (``Method.eval_spec``), so evaluation
+reads the similarity and the image-only flag from the model file, never from a project config that may have
+changed since (:func:`read_eval_spec`; files saved before the key existed fall back to their saved config).
 
 The config is stored as JSON text so that the file needs no pickled Python objects; Paths become strings
 and tuples become lists on the way back.
 
     from protoclip.models import save_model, load_model
-    save_model("results/runs/x/model.pt", model, {"model": "tiny-rn", ...})
+    save_model("results/runs/x/model.pt", model, {"model": "tiny-rn", ...}, eval_spec={...})
     model, config = load_model("results/runs/x/model.pt")   # model is in eval mode
+    spec = read_eval_spec("results/runs/x/model.pt")          # EvalSpec(method, similarity, subspheres, image_only)
 """
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,10 +36,44 @@ from protoclip.models.model import ProtoCLIPModel
 log = logging.getLogger(__name__)
 
 FORMAT = "protoclip-model/1"
+SIMILARITIES = ("cosine", "product_sphere", "nclip_ce")  # protoclip.evaluate.features.similarity_embeddings
 
 
-def save_model(path: str | Path, model: ProtoCLIPModel, config: dict) -> Path:
-    """Write ``model`` (weights + architecture) and ``config`` to ``path`` atomically."""
+@dataclass(frozen=True)
+class EvalSpec:
+    """How evaluation scores a model, as its training method declared it (``Method.eval_spec``)."""
+
+    method: str | None = None  # the training method's name (None: unknown, e.g. a model saved by a test)
+    similarity: str = "cosine"  # image-text score: one of SIMILARITIES
+    subspheres: int = 1  # m of the product sphere (similarity "product_sphere")
+    image_only: bool = False  # the text tower is untrained: zero-shot / retrieval are not applicable
+
+    def __post_init__(self):
+        if self.similarity not in SIMILARITIES or int(self.subspheres) < 1:
+            raise ValueError(f"eval spec: similarity must be one of {', '.join(SIMILARITIES)} and subspheres >= 1, "
+                             f"got {self.similarity!r}, {self.subspheres!r}")
+
+
+def legacy_eval_spec(config: dict) -> EvalSpec:
+    """The spec of a file saved before ``eval_json`` existed, from its saved config: the rules the five methods
+    of that time applied (nclip: nCLIP -CE; clip with a ``ps_*`` distance: product sphere; pcl: image-only;
+    else cosine; m = ``loss.subspheres`` or ``class_tokens`` or 1). Frozen: new files carry their spec."""
+    method = config.get("method")
+    if method is None:
+        return EvalSpec()
+    loss = config.get("loss") or {}
+    distance = str(loss.get("distance", "sphere"))
+    similarity = ("nclip_ce" if method == "nclip" else
+                  "product_sphere" if method == "clip" and distance.startswith("ps_") else "cosine")
+    m = loss.get("subspheres")
+    m = int(m) if m is not None else max(int(config.get("class_tokens", 0) or 0), 1)
+    return EvalSpec(method=method, similarity=similarity, subspheres=m, image_only=method == "pcl")
+
+
+def save_model(path: str | Path, model: ProtoCLIPModel, config: dict,
+               eval_spec: EvalSpec | dict[str, Any] | None = None) -> Path:
+    """Write ``model`` (weights + architecture), ``config`` and ``eval_spec`` (default: cosine, image and text;
+    the train stage passes its method's) to ``path`` atomically."""
     if not isinstance(model, ProtoCLIPModel):
         raise TypeError(f"save_model expects a ProtoCLIPModel, got {type(model).__name__}")
     if not isinstance(config, dict):
@@ -50,20 +90,40 @@ def save_model(path: str | Path, model: ProtoCLIPModel, config: dict) -> Path:
         "class_tokens": int(getattr(model, "class_tokens", 0)),  # multi-class-token towers (absent: 0)
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "config_json": json.dumps(config, sort_keys=True, default=str),
+        "eval_json": json.dumps(asdict(_spec(eval_spec)), sort_keys=True),
     }
     save_torch(path, payload)  # byte-deterministic: same weights, same sha256
     log.info("saved %s model to %s", model.name, path)
     return Path(path)
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[ProtoCLIPModel, dict]:
-    """Rebuild the model saved by :func:`save_model`; returns ``(model in eval mode, config)``."""
-    path = Path(path)
+def _spec(spec: EvalSpec | dict[str, Any] | None) -> EvalSpec:
+    if spec is None or isinstance(spec, EvalSpec):
+        return spec or EvalSpec()
+    return EvalSpec(**spec)
+
+
+def read_eval_spec(path: str | Path) -> EvalSpec:
+    """The :class:`EvalSpec` of the model file ``path`` without loading its weights (memory-mapped read);
+    a file saved before ``eval_json`` existed gets :func:`legacy_eval_spec` of its saved config."""
+    payload = _read(Path(path), mmap=True)
+    if "eval_json" in payload:
+        return EvalSpec(**json.loads(payload["eval_json"]))
+    return legacy_eval_spec(json.loads(payload["config_json"]))
+
+
+def _read(path: Path, mmap: bool = False) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"model file not found: {path}")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file (format={payload.get('format') if isinstance(payload, dict) else None!r})")
+    return payload
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[ProtoCLIPModel, dict]:
+    """Rebuild the model saved by :func:`save_model`; returns ``(model in eval mode, config)``."""
+    payload = _read(Path(path))
     class_tokens = int(payload.get("class_tokens", 0))
     model = build_model(payload["model_name"], head_hidden=payload["head_hidden"], head_out=payload["head_out"],
                         head=payload.get("head", "swav"), class_tokens=class_tokens,

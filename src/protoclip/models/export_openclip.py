@@ -44,8 +44,10 @@ class ExportError(ValueError):
 
 
 def export_dir(cfg, run: str) -> Path:
-    """Default output folder of ``protoclip export --run <run>``: ``<results_dir>/export/<run>``."""
-    return Path(cfg.paths.results_dir) / "export" / run
+    """Default output folder of ``protoclip export --run <run>`` (Layout.export_dir: ``results/export/<run>``)."""
+    from protoclip.layout import Layout
+
+    return Layout.from_config(cfg).export_dir(run)
 
 
 def open_clip_model_cfg(model) -> dict:
@@ -67,42 +69,42 @@ def preprocess_cfg(image_size: int) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items()}
 
 
-def export_refusal(config: dict, class_tokens: int | None = None) -> str | None:
-    """Why a run with this training config (``load_model``'s second value, or ``to_dict(cfg.run(name))``) cannot be
-    exported to open_clip; None when it can. ``class_tokens``: the model's, when known (else the config's)."""
-    from protoclip.evaluate.features import similarity_kind
-
-    method = config.get("method", "clip")
-    run = config.get("name", "?")
-    m = int(config.get("class_tokens", 0) if class_tokens is None else class_tokens)
-    if m > 0:
-        return (f"run '{run}' ({method}): multi-class-token towers (class_tokens={m}) are not an open_clip "
-                "architecture; open_clip cannot load them")
-    kind = similarity_kind(config)[0] if "method" in config else "cosine"
-    if kind != "cosine":
-        return (f"run '{run}' ({method}) scores image-text pairs by '{kind}', not by the cosine of the towers' "
+def export_refusal(run: str, method: str | None, similarity: str, class_tokens: int) -> str | None:
+    """Why a run cannot be exported to open_clip (one line), or None when it can. ``similarity``: the evaluation
+    similarity its method declares (:class:`~protoclip.models.checkpoint.EvalSpec`)."""
+    if class_tokens > 0:
+        return (f"run '{run}' ({method}): multi-class-token towers (class_tokens={class_tokens}) are not an "
+                "open_clip architecture; open_clip cannot load them")
+    if similarity != "cosine":
+        return (f"run '{run}' ({method}) scores image-text pairs by '{similarity}', not by the cosine of the towers' "
                 "embeddings that open_clip models compute; its numbers would not carry over")
     return None
 
 
 def exportable_runs(cfg) -> list[str]:
-    """The configured runs ``protoclip export`` can write (the DAG's export target exports these)."""
-    from protoclip.config import to_dict
-
-    return [r for r in cfg.run_names() if export_refusal(to_dict(cfg.run(r))) is None]
-
-
-def export_notes(model, config: dict) -> list[str]:
-    """Why the run cannot be exported (raises :class:`ExportError`), else the notes that go with the export."""
+    """The configured runs ``protoclip export`` can write (the DAG's export target exports these), decided from
+    each run's config by its method's evaluation spec, as the train stage records it in model.pt."""
     from protoclip.train.methods import method_class
 
-    method = config.get("method", "clip")
-    refusal = export_refusal(config, int(getattr(model, "class_tokens", 0)))
+    out = []
+    for r in cfg.run_names():
+        tcfg = cfg.run(r)
+        spec = method_class(tcfg.method).eval_spec(tcfg)
+        if export_refusal(r, tcfg.method, spec["similarity"], int(tcfg.class_tokens)) is None:
+            out.append(r)
+    return out
+
+
+def export_notes(model, config: dict, spec) -> list[str]:
+    """Why the run cannot be exported (raises :class:`ExportError`), else the notes that go with the export.
+    ``spec``: the model file's :class:`~protoclip.models.checkpoint.EvalSpec`."""
+    method = spec.method or config.get("method")
+    refusal = export_refusal(config.get("name", "?"), method, spec.similarity, int(getattr(model, "class_tokens", 0)))
     if refusal:
         raise ExportError(refusal)
     notes = ["projection heads g^I, g^T (prototype space) and tau_Proto are not exported: open_clip tools use the "
              "towers' embeddings z only"]
-    if getattr(method_class(method), "image_only", False):
+    if spec.image_only:
         notes.append(f"image-only method ({method}): the text tower is untrained, so zero-shot and retrieval "
                      "numbers are chance; use the image tower (linear probe, kNN)")
     return notes
@@ -114,11 +116,12 @@ def export_openclip(model_path: str | Path, out_dir: str | Path) -> Path:
 
     from protoclip.atomic import atomic_path, clean_stale_temps, write_json
     from protoclip.hashing import sha256_file
-    from protoclip.models.checkpoint import load_model
+    from protoclip.models.checkpoint import load_model, read_eval_spec
 
     model_path, out_dir = Path(model_path), Path(out_dir)
     model, config = load_model(model_path)
-    notes = export_notes(model, config)
+    spec = read_eval_spec(model_path)
+    notes = export_notes(model, config, spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     clean_stale_temps(out_dir, recursive=False)
     (out_dir / CONFIG_FILE).unlink(missing_ok=True)  # written last: a folder without it is an unfinished export
@@ -128,7 +131,8 @@ def export_openclip(model_path: str | Path, out_dir: str | Path) -> Path:
     write_json(out_dir / CONFIG_FILE, {
         "model_cfg": open_clip_model_cfg(model),
         "preprocess_cfg": preprocess_cfg(model.image_size),
-        "protoclip": {"run": config.get("name"), "method": config.get("method"), "model_name": model.name,
+        "protoclip": {"run": config.get("name"), "method": spec.method or config.get("method"),
+                      "model_name": model.name,
                       "source": str(model_path), "source_sha256": sha256_file(model_path), "notes": notes},
     })
     for note in notes[1:]:

@@ -64,7 +64,9 @@ class NCLIPHead(nn.Sequential):
         self.in_dim, self.hidden, self.out_dim = in_dim, hidden, out_dim
 
 
-HEADS = {"swav": ProjectionHead, "nclip": NCLIPHead}  # TrainConfig/method -> head class
+# the second head's architectures by name: a training method picks one (``Method.head``), model.pt records the
+# name and load_model rebuilds from it without knowing the method
+HEADS = {"swav": ProjectionHead, "nclip": NCLIPHead}
 
 
 # ---- text tower on the batch's own length (CPU speed, exact)

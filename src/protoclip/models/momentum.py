@@ -1,5 +1,6 @@
 """MoCo's momentum (key) encoder and feature queue, as PCL uses them [pcl-protonce.txt Sec. 3.3, 4; MoCo v2].
 
+* :class:`ImageEncoder` is PCL's online encoder, h = normalize(g^I(f^I(x))), over a ProtoCLIPModel's own modules.
 * :class:`MomentumEncoder` wraps a deep copy of the online encoder whose parameters never receive gradients
   (``requires_grad=False``, forward under ``no_grad``) and follow the online ones by an exponential moving
   average ``theta' <- m theta' + (1 - m) theta`` with m = 0.999 [PCL Sec. 3.3; MoCo Eq. 2], called once per
@@ -27,6 +28,17 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+class ImageEncoder(nn.Module):
+    """h = normalize(g^I(f^I(x))): PCL's online encoder inside a ProtoCLIPModel (shares its modules)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.visual, self.head = model.clip.visual, model.image_head
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return F.normalize(self.head(self.visual(images)), dim=-1)
 
 
 class MomentumEncoder(nn.Module):

@@ -26,26 +26,14 @@ from protoclip.atomic import atomic_path
 TRAIN_LOSS_PLOT = "training loss"  # plot id of the training curves in dvc.yaml
 
 
-def plots_dir(tables: Path) -> Path:
-    return Path(tables) / "plots"
-
-
-def train_loss_file(tables: Path, run: str) -> Path:
-    return plots_dir(tables) / "train_loss" / f"{run}.csv"
-
-
-def target_file(tables: Path, target_id: str) -> Path:
-    return plots_dir(tables) / f"{target_id}.csv"
-
-
-def write_plot_data(tables: Path, runs: list[str], losses: pd.DataFrame, records: list[dict]) -> list[Path]:
-    """Write the loss file of every run in ``runs`` (``losses``: run, step, loss; a run without a train log gets
+def write_plot_data(layout, runs: list[str], losses: pd.DataFrame, records: list[dict]) -> list[Path]:
+    """Write (at ``layout``'s paths) the loss file of every run in ``runs`` (``losses``: run, step, loss; a run without a train log gets
     the header only, so DVC finds every declared file) and the per-table files (``records``: the report's target
     cells, ``ours_mean`` and ``paper`` numbers); returns the paths written."""
     out = []
     for run in runs:
         sub = losses[losses["run"] == run]
-        path = train_loss_file(tables, run)
+        path = layout.loss_curve(run)
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
             sub[["step", "loss"]].to_csv(tmp, index=False)
@@ -55,7 +43,7 @@ def write_plot_data(tables: Path, runs: list[str], losses: pd.DataFrame, records
         rows = pd.DataFrame({"cell": sub["row"] + " | " + sub["column"],
                              "ours": pd.to_numeric(sub["ours_mean"], errors="coerce"),
                              "paper": pd.to_numeric(sub["paper"], errors="coerce")})
-        path = target_file(tables, str(target))
+        path = layout.target_plot_data(str(target))
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
             rows.to_csv(tmp, index=False)
@@ -66,24 +54,24 @@ def write_plot_data(tables: Path, runs: list[str], losses: pd.DataFrame, records
 def dvc_plots(cfg) -> list[dict | str]:
     """The top-level ``plots:`` entries of dvc.yaml for ``cfg``'s runs and paper targets (paths as in dvc.yaml)."""
     from protoclip.layout import Layout
-    from protoclip.report.targets import output_paths, targets
+    from protoclip.report.targets import targets
 
-    tables = Layout.from_config(cfg).tables
+    layout = Layout.from_config(cfg)
     runs = cfg.run_names()
     plots: list[dict] = []
     if runs:
         plots.append({TRAIN_LOSS_PLOT: {"template": "linear", "x": "step",
-                                        "y": {str(train_loss_file(tables, r)): "loss" for r in runs},
+                                        "y": {str(layout.loss_curve(r)): "loss" for r in runs},
                                         "x_label": "training step", "y_label": "total loss"}})
     for t in targets(cfg):
         if t.kind == "table":
-            data = str(target_file(tables, t.id))
+            data = str(layout.target_plot_data(t.id))
             for field in ("ours", "paper"):
                 plots.append({f"{t.id} ({field})": {"template": "bar_horizontal", "x": field, "y": {data: "cell"},
                                                     "title": f"{t.id}: {field}", "x_label": field, "y_label": ""}})
         else:
-            plots.append(str(output_paths(cfg.paths.results_dir, t)[0]))  # the figure's PNG: an image plot
+            plots.append(str(layout.target_files(t.id, t.kind)[0]))  # the figure's PNG: an image plot
     return plots
 
 
-__all__ = ["TRAIN_LOSS_PLOT", "dvc_plots", "plots_dir", "target_file", "train_loss_file", "write_plot_data"]
+__all__ = ["TRAIN_LOSS_PLOT", "dvc_plots", "write_plot_data"]

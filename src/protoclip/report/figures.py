@@ -3,11 +3,11 @@
 * ``bars`` (Fig. 6a-d): one bar per row (its run group's first-column value, error bar = std over seeds);
 * ``scaling`` (Fig. 7): every column against ``row.x`` (corpus fraction) on a log axis;
 * ``tsne`` (Fig. 8): t-SNE of the two rows' image features side by side, on the SAME points: the cached
-  features ``results/runs/<run>/features/<set>.npz`` (``test_z``, ``test_y``) of each row's first seed run,
+  features ``results/runs/<run>/eval/<set>/features.npz`` (``test_z``, ``test_y``) of each row's first seed run,
   one seeded subsample of the test split shared by both (t-SNE of each run's features is separate: the
   embeddings differ, the points are the same), k-means ARI / AMI of our clustering metrics in the titles;
-* ``time_split`` (Fig. 9): each row's measured stage time per epoch (feature extraction, k-means, PBT,
-  training) from its train log, stacked, each stage labelled with its share of CLIP's epoch time (the base the
+* ``time_split`` (Fig. 9): each row's measured phase time per epoch (feature extraction, k-means, PBT,
+  training) from its train log, stacked, each phase labelled with its share of CLIP's epoch time (the base the
   paper's 31.0 % / 2.3 % need, see ``TIME_SPLIT_NOTE``).
 
 The paper's statements about the figure (its bars are not printed as numbers) go into the caption.
@@ -21,7 +21,7 @@ import numpy as np
 
 from protoclip.atomic import atomic_path
 from protoclip.report.targets import TargetConfig
-from protoclip.report.values import STAGES, Results, paper_numbers
+from protoclip.report.values import PHASES, Results, paper_numbers
 
 log = logging.getLogger(__name__)
 
@@ -170,22 +170,22 @@ TIME_SPLIT_NOTE = ("Shares are of CLIP's epoch time, ours and the paper's alike:
 
 
 def time_split_per_epoch(cfg, results: Results, target: TargetConfig) -> dict[str, tuple[str, dict[str, float]]]:
-    """{row label: (method, {stage: measured seconds per epoch, mean over the row's seeds})}; {} stages when the
+    """{row label: (method, {phase: measured seconds per epoch, mean over the row's seeds})}; {} phases when the
     row's runs have no train log."""
     out = {}
     for r in target.rows:
         if not r.run:
             continue
         group = cfg.run_group(r.run)
-        times = [t for run in group if (t := results.stage_times(run))]
+        times = [t for run in group if (t := results.phase_times(run))]
         method = cfg.run(group[0]).method if group else ""
         epochs = cfg.run(group[0]).epochs if group else 1.0
-        out[r.label] = (method, {s: float(np.mean([t[s] for t in times])) / epochs for s in STAGES} if times else {})
+        out[r.label] = (method, {s: float(np.mean([t[s] for t in times])) / epochs for s in PHASES} if times else {})
     return out
 
 
 def time_split_shares(per_row: dict[str, tuple[str, dict[str, float]]]) -> tuple[str, dict[str, dict[str, float]]]:
-    """(base, {row label: {stage: % of the base}}) of :func:`time_split_per_epoch`'s output. base ``clip``: the
+    """(base, {row label: {phase: % of the base}}) of :func:`time_split_per_epoch`'s output. base ``clip``: the
     first CLIP row's epoch time (the paper's base); ``own`` (no CLIP row with a log): each row's own epoch time."""
     clip = next((sum(t.values()) for method, t in per_row.values() if method == "clip" and t), None)
     shares = {}
@@ -211,7 +211,7 @@ def plot_time_split(cfg, results: Results, target: TargetConfig, out: Path) -> N
             ax.text(0, i, f"{r.label}: no train log", va="center")
             continue
         left = 0.0
-        for s in STAGES:
+        for s in PHASES:
             w = per_epoch[s]
             ax.barh(i, w, left=left, color=colors[s], label=s if i == 0 else None)
             if shares[r.label].get(s, 0.0) > 4.0:
@@ -251,7 +251,7 @@ PLOTS = {"bars": plot_bars, "scaling": plot_scaling, "tsne": plot_tsne, "time_sp
 
 
 def write_figure(cfg, results: Results, target: TargetConfig) -> tuple[Path, str]:
-    out = Path(cfg.paths.results_dir) / "figures" / f"{target.id}.png"
+    out = results.layout.target_files(target.id, target.kind)[0]
     PLOTS[target.plot](cfg, results, target, out)
     return out, caption(cfg, results, target)
 

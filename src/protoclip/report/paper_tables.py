@@ -3,7 +3,8 @@
 Each declared table (``kind: table`` targets) keeps the paper's rows and columns. Every paper column becomes a
 column group of two: ``ours`` (mean ± std over the row's seeds, or "(1 seed)") and ``paper`` (transcribed,
 ``paper_numbers.yaml``, printed exactly as the paper prints it in every format). Where the paper prints a "+/-"
-row (Tables V-VIII: ProtoCLIP minus CLIP) the table has it too, ours (difference of our means) beside the paper's. A leading ``ours: run`` column names the run group, its epochs and seeds. The caption
+row (Tables V-VIII: ProtoCLIP minus CLIP) the table has it too, ours (difference of our means) beside the paper's.
+A leading ``ours: run`` column names the run group, its epochs and seeds. The caption
 states the paper's caption and source, our config and training data, and each column's mapping to offline
 stand-ins ("ImageNet zero-shot: imagenet -> fashion_mnist"), and chance level for zero-shot sets.
 
@@ -17,7 +18,8 @@ import html
 import pandas as pd
 
 from protoclip.atomic import atomic_path, write_text
-from protoclip.report.targets import TargetConfig, output_paths
+from protoclip.layout import Layout
+from protoclip.report.targets import TargetConfig
 from protoclip.report.values import Cell, Results, paper_numbers, paper_value
 
 OURS, PAPER = "ours", "paper"
@@ -145,7 +147,7 @@ def _markdown(table: pd.DataFrame) -> str:
 def write_table(cfg, results: Results, target: TargetConfig) -> tuple[str, str, list[dict]]:
     """Write ``<id>.{csv,md,tex,html}``; returns (markdown, caption, long records)."""
     table, caption, long = build_table(cfg, results, target)
-    csv, md, tex, htm = output_paths(cfg.paths.results_dir, target)
+    csv, md, tex, htm = Layout.from_config(cfg).target_files(target.id, target.kind)
     csv.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(csv) as tmp:
         table.to_csv(tmp)

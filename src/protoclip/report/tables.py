@@ -15,41 +15,34 @@ from each run's ``train_log.jsonl``, and the data of dvc.yaml's ``plots:`` (:mod
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
 
 import pandas as pd
 
+from protoclip import records
 from protoclip.atomic import atomic_path, write_text
 from protoclip.layout import Layout
 
 log = logging.getLogger(__name__)
 
-# task -> metrics shown in its table (first = headline), as in the paper's tables
-HEADLINE = {
-    "zeroshot": ["top1", "top5"],  # Table VI
-    "linear": ["top1"],  # Table VII
-    "knn": ["top1"],  # Table VII
-    "retrieval": ["mean_recall", "image_to_text_R@1", "text_to_image_R@1"],  # Table VIII
-    "clustering": ["ari", "ami"],  # Table XII
-    "nemd": ["nemd", "uniformity", "intra_class_spread"],  # PAUC / methods-spec 3.4
-}
+# task -> metrics shown in its generic table (first = headline): every task but t-SNE, whose output is a figure
+TABLE_METRICS = {task: metrics for task, metrics in records.HEADLINE.items() if task != "tsne"}
 
 
 def collect_metrics(layout: Layout, runs: list[str]) -> pd.DataFrame:
     """Long table: run, task, dataset, metric, value (float) or note (skipped line)."""
     rows = []
     for run in runs:
-        for task, dataset, path in layout.metrics_files(run):
-            data = json.loads(path.read_text())
-            if "skipped" in data:
+        for task, dataset, path in records.metrics_files(layout, run):
+            result = records.read_metrics(path)
+            if (line := records.skip_line(result)) is not None:
                 rows.append({"run": run, "task": task, "dataset": dataset, "metric": "skipped",
-                             "value": float("nan"), "note": data["skipped"]})
+                             "value": float("nan"), "note": line})
                 continue
-            for metric in HEADLINE.get(task, []):
-                value = data.get("metrics", data).get(metric)
+            for metric in TABLE_METRICS.get(task, []):
+                value = result.get(metric)
                 if isinstance(value, (int, float)):
                     rows.append({"run": run, "task": task, "dataset": dataset, "metric": metric,
                                  "value": float(value), "note": ""})
@@ -65,7 +58,7 @@ def task_table(long: pd.DataFrame, task: str) -> tuple[pd.DataFrame, list[str]]:
     sub = long[(long.task == task) & (long.metric != "skipped")]  # skipped sets: listed once in the index
     if sub.empty:
         return pd.DataFrame(), []
-    rank = {m: i for i, m in enumerate(HEADLINE[task])}
+    rank = {m: i for i, m in enumerate(TABLE_METRICS[task])}
     cells: dict[tuple[str, str], dict[str, str]] = {}
     for r in sub.itertuples():
         metric = r.metric
@@ -79,15 +72,8 @@ def task_table(long: pd.DataFrame, task: str) -> tuple[pd.DataFrame, list[str]]:
 
 def train_losses(layout: Layout, runs: list[str]) -> pd.DataFrame:
     """run, step, loss (total) of every logged training step."""
-    rows = []
-    for run in runs:
-        path = layout.train_log(run)
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines():
-            rec = json.loads(line) if line.strip() else {}
-            if rec.get("kind", "step") == "step" and "loss" in rec and "step" in rec:
-                rows.append({"run": run, "step": rec["step"], "loss": rec["loss"]})
+    rows = [{"run": run, "step": rec["step"], "loss": rec["loss"]} for run in runs
+            for rec in records.read_train_log(layout.train_log(run), kind="step") if "loss" in rec and "step" in rec]
     return pd.DataFrame(rows, columns=["run", "step", "loss"])
 
 
@@ -122,14 +108,14 @@ def run_report(cfg) -> Path:
     from protoclip.report.dvc_plots import write_plot_data
     from protoclip.report.figures import write_figure
     from protoclip.report.paper_tables import write_table
-    from protoclip.report.targets import caption_path, index_path, targets
+    from protoclip.report.targets import targets
     from protoclip.report.values import Results
 
     layout = Layout.from_config(cfg)
     runs = cfg.run_names()
     long = collect_metrics(layout, runs)
     # the stage's DVC outputs exist even when a config declares no target (dvc commit needs every out)
-    for folder in (layout.tables, layout.figures, Path(cfg.paths.results_dir) / "report"):
+    for folder in (layout.tables, layout.figures, layout.report_dir):
         folder.mkdir(parents=True, exist_ok=True)
     results = Results(cfg)
     lines = ["# Results", "", f"Config: `{cfg.source}`. Runs: {', '.join(runs)}. Regenerate with "
@@ -149,13 +135,13 @@ def run_report(cfg) -> Path:
         else:
             png, caption = write_figure(cfg, results, target)
             lines += [f"## {target.id}", "", caption, "", f"![{target.id}](../figures/{png.name})", ""]
-        write_text(caption_path(cfg.paths.results_dir, target), rst_escape(caption) + "\n")
+        write_text(layout.caption(target.id), rst_escape(caption) + "\n")
     with atomic_path(layout.tables / "targets_long.csv") as tmp:  # every target cell, ours and the paper's
         pd.DataFrame(records).to_csv(tmp, index=False)
     with atomic_path(layout.tables / "metrics_long.csv") as tmp:
         long.to_csv(tmp, index=False)  # every headline value and skip line, machine-readable
     lines += ["## Every task and run (generic tables)", ""]
-    for task in HEADLINE:
+    for task in TABLE_METRICS:
         table, _ = task_table(long, task)
         if table.empty:
             continue
@@ -170,9 +156,9 @@ def run_report(cfg) -> Path:
     losses = train_losses(layout, runs)
     with atomic_path(layout.tables / "train_loss.csv") as tmp:
         losses.to_csv(tmp, index=False)
-    write_plot_data(layout.tables, runs, losses, records)  # dvc.yaml `plots:` (protoclip.report.dvc_plots)
+    write_plot_data(layout, runs, losses, records)  # dvc.yaml `plots:` (protoclip.report.dvc_plots)
     if plot_train_curves(losses, layout.figures / "train_curves.png"):
         lines += ["![training curves](../figures/train_curves.png)", ""]
-    index = write_text(index_path(cfg.paths.results_dir), "\n".join(lines) + "\n")
+    index = write_text(layout.report_index, "\n".join(lines) + "\n")
     log.info("report: %d targets, index %s", len(targets(cfg)), index)
     return index

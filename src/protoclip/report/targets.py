@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-EVAL_TASKS = ("zeroshot", "linear", "knn", "retrieval", "clustering", "nemd", "tsne")
+from protoclip.evaluate.config import TASKS as EVAL_TASKS
+from protoclip.layout import Layout
+
 SPECIAL_TASKS = ("epochs",)  # computed from train logs, not metrics files
 
 
@@ -95,13 +97,13 @@ class TargetConfig:
     columns: list[ColumnConfig] = field(default_factory=list)
     paper: str | None = None  # key in paper_numbers.yaml (default: id); "-" = no paper numbers
     # figures: bars (one bar per row, first column), scaling (x = row.x, log axis), tsne (first two rows'
-    # runs side by side on the same points of `tsne_dataset`), time_split (stacked stage times per row),
+    # runs side by side on the same points of `tsne_dataset`), time_split (stacked phase times per row),
     # temperature (the rows' learned logit scale, equilibrium statistic and gradient norm over training)
     plot: Literal["table", "bars", "scaling", "tsne", "time_split", "temperature"] = "table"
     xlabel: str = ""  # figure x-axis label
     reference_run: str | list[str] | None = None  # "epochs" column: Rel. in units of this run's epoch time
     tsne_dataset: list[str] = field(default_factory=list)  # tsne: paper set, then stand-ins (first with features)
-    tsne_max_points: int = 1000  # tsne: seeded subsample, the same points for both runs (~1 min on 2 cores)
+    tsne_max_points: int = 1000  # tsne: seeded subsample, the same points for both runs
 
     def validate(self) -> None:
         import re
@@ -165,48 +167,12 @@ def targets(cfg) -> list[TargetConfig]:
     return [t.resolved(cfg) for t, _ in cfg._targets.values()]
 
 
-def output_paths(results_dir: Path, target: TargetConfig) -> list[Path]:
-    """Tables: ``tables/<id>.{csv,md,tex,html}``; figures: ``figures/<id>.png``."""
-    if target.kind == "table":
-        base = Path(results_dir) / "tables" / target.id
-        return [base.with_suffix(s) for s in (".csv", ".md", ".tex", ".html")]
-    return [Path(results_dir) / "figures" / f"{target.id}.png"]
-
-
-def caption_path(results_dir: Path, target: TargetConfig) -> Path:
-    """The target's caption as reStructuredText (the Snakemake report's caption of its file)."""
-    return Path(results_dir) / "report" / f"{target.id}.rst"
-
-
-def index_path(results_dir: Path) -> Path:
-    return Path(results_dir) / "tables" / "index.md"
-
-
 def target_outputs(cfg) -> list[Path]:
     """Every file ``protoclip report`` writes for the configured targets (stable: from the declarations)."""
-    out = [index_path(cfg.paths.results_dir)]
+    lay = Layout.from_config(cfg)
+    out = [lay.report_index]
     for t in targets(cfg):
-        out += output_paths(cfg.paths.results_dir, t) + [caption_path(cfg.paths.results_dir, t)]
-    return out
-
-
-def snakemake_outputs(cfg, report) -> dict:
-    """Named outputs of the report rule: per target its table (.html) or figure (.png) wrapped in Snakemake's
-    ``report(path, caption=, category=, labels=)``, its other files, and its caption file (written by the rule;
-    absolute, as Snakemake joins caption paths to the rule file's folder)."""
-    import os
-
-    out: dict = {"index": str(index_path(cfg.paths.results_dir))}
-    for t in targets(cfg):
-        paths = [str(p) for p in output_paths(cfg.paths.results_dir, t)]
-        caption = caption_path(cfg.paths.results_dir, t)
-        flag = {"caption": os.path.abspath(caption), "labels": {"target": t.id}}
-        if t.kind == "table":
-            out[t.id] = report(paths[3], category="Tables", **flag)
-            out[f"{t.id}_files"] = paths[:3]
-        else:
-            out[t.id] = report(paths[0], category="Figures", **flag)
-        out[f"{t.id}_caption"] = str(caption)
+        out += lay.target_files(t.id, t.kind) + [lay.caption(t.id)]
     return out
 
 
@@ -226,5 +192,5 @@ def evaluation_requests(cfg) -> dict[str, dict[str, list[str]]]:
     return {r: {d: sorted(ts) for d, ts in sorted(v.items())} for r, v in out.items()}
 
 
-__all__ = ["ColumnConfig", "RowConfig", "TargetConfig", "targets", "target_outputs", "output_paths", "caption_path", "index_path",
-           "evaluation_requests", "first_configured", "snakemake_outputs", "EVAL_TASKS"]
+__all__ = ["ColumnConfig", "RowConfig", "TargetConfig", "targets", "target_outputs", "evaluation_requests",
+           "first_configured"]

@@ -11,10 +11,10 @@ equilibrium statistic and the gradient norm. Runs without ``clip_scale`` (e.g. n
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from protoclip.atomic import atomic_path
+from protoclip.records import read_train_log
 
 PANELS = (("clip_scale", "logit scale s = 1/tau", "log"), ("equilibrium", "mean(s_ii - E_p s_ij)", "linear"),
           ("grad_norm", "gradient norm", "log"))
@@ -24,13 +24,9 @@ def temperature_curves(train_logs: dict[str, str | Path]) -> dict[str, dict[str,
     """run -> {"step": [...], "clip_scale": [...], "equilibrium": [...], "grad_norm": [...]} (step lines only)."""
     out: dict[str, dict[str, list[float]]] = {}
     for run, path in train_logs.items():
-        path = Path(path)
-        if not path.exists():
-            continue
         cols: dict[str, list[float]] = {"step": [], **{k: [] for k, _, _ in PANELS}}
-        for line in path.read_text().splitlines():
-            rec = json.loads(line) if line.strip() else {}
-            if rec.get("kind") != "step" or "clip_scale" not in rec:
+        for rec in read_train_log(path, kind="step"):
+            if "clip_scale" not in rec:
                 continue
             cols["step"].append(rec["step"])
             for k, _, _ in PANELS:

@@ -3,14 +3,15 @@
 * :func:`paper_numbers` reads ``paper_numbers.yaml`` (table / figure -> cite, where, rows, text);
 * :class:`Results` reads ``results/runs/<run>/eval/<set>/<task>.json`` (and the skip lines of ``metrics.json``) and ``train_log.jsonl`` and gives a
   target cell as mean, std and number of seeds over a run group (``seeds:`` runs), plus the data sets used;
-* :func:`stage_times` sums a run's measured episode stage times (``time/extract``, ``time/kmeans``,
+* :func:`phase_times` sums a run's measured episode phase times (``time/extract``, ``time/kmeans``,
   ``time/pbt``, ``time/train`` of the ``episode`` records).
+
+The result files are read through :mod:`protoclip.records` (their formats live there).
 
 Never mixes the two: paper values come only from :func:`paper_numbers`, ours only from result files.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -20,11 +21,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from protoclip import records
 from protoclip.evaluate.config import NOT_APPLICABLE  # a run's inapplicable task: cells read n/a
 from protoclip.layout import Layout
 from protoclip.report.targets import ColumnConfig, TargetConfig
 
-STAGES = ("extract", "kmeans", "pbt", "train")  # the episode stages the trainer times (train/loop.py)
+PHASES = ("extract", "kmeans", "pbt", "train")  # the episode phases the trainer times (train/loop.py)
 
 
 class PaperNumber(float):
@@ -106,16 +108,12 @@ class Results:
         """The metrics dict, ``{"skipped": line}``, or None when the file does not exist."""
         key = (run, task, dataset)
         if key not in self._cache:
-            path = self.layout.metrics(run, task, dataset)
-            data = json.loads(path.read_text()) if path.exists() else None
-            if data is not None:
-                data = {"skipped": data["skipped"]} if "skipped" in data else data.get("metrics", {})
-            self._cache[key] = data
+            self._cache[key] = records.read_metrics(self.layout.metrics(run, task, dataset))
         return self._cache[key]
 
     def value(self, run: str, task: str, dataset: str, metric: str) -> float | None:
         m = self.metrics(run, task, dataset)
-        if not m or "skipped" in m:
+        if not m or records.skip_line(m) is not None:
             return None
         v = m.get(metric)
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
@@ -146,9 +144,9 @@ class Results:
             if vals and all(v is not None for v in vals):
                 per_run.append(float(np.mean(vals)))
         if not per_run:
-            reasons = {m["skipped"] for r in runs for d in datasets
-                       if (m := self.metrics(r, column.task, d)) and "skipped" in m}
-            if reasons and all(x.startswith(NOT_APPLICABLE) for x in reasons):
+            reasons = {line for r in runs for d in datasets
+                       if (line := records.skip_line(self.metrics(r, column.task, d))) is not None}
+            if reasons and all(records.is_not_applicable(x) for x in reasons):
                 why = sorted(reasons)[0][len(NOT_APPLICABLE):].split(",")[0]  # "image-only method (pcl)"
                 return Cell(note=f"n/a: {why}")
             return Cell(note="no result")
@@ -160,16 +158,13 @@ class Results:
         out: dict[str, str] = {}
         for run in self.cfg.run_names():
             # sets whose data is missing get no evaluation job: `collect` writes their skip line into metrics.json
-            summary = self.layout.metrics_summary(run)
-            per_task = json.loads(summary.read_text()) if summary.exists() else {}
-            for per_set in per_task.values():
-                for dataset, m in (per_set.items() if isinstance(per_set, dict) else ()):
-                    if isinstance(m, dict) and "skipped" in m and not m["skipped"].startswith(NOT_APPLICABLE):
-                        out.setdefault(dataset, m["skipped"])
-            for _task, dataset, path in self.layout.metrics_files(run):
-                data = json.loads(path.read_text())
-                if "skipped" in data and not data["skipped"].startswith(NOT_APPLICABLE):
-                    out.setdefault(dataset, data["skipped"])
+            found = [records.read_summary(self.layout.metrics_summary(run)), records.run_results(self.layout, run)]
+            for per_task in found:
+                for per_set in per_task.values():
+                    for dataset, m in (per_set.items() if isinstance(per_set, dict) else ()):
+                        line = records.skip_line(m)
+                        if line is not None and not records.is_not_applicable(line):
+                            out.setdefault(dataset, line)
         return dict(sorted(out.items()))
 
     def chance(self, datasets: list[str], runs: list[str]) -> dict[str, float]:
@@ -184,8 +179,8 @@ class Results:
         return out
 
     # ---- train logs
-    def stage_times(self, run: str) -> dict[str, float] | None:
-        return stage_times(self.layout.train_log(run))
+    def phase_times(self, run: str) -> dict[str, float] | None:
+        return phase_times(self.layout.train_log(run))
 
     def epoch_cell(self, base: str, reference: str) -> Cell:
         """``E (Rel.)``: the run's epochs and its measured training time in units of one epoch of ``reference``
@@ -195,8 +190,8 @@ class Results:
             return Cell(note="not configured")
         epochs = self.cfg.run(runs[0]).epochs
         ref_runs = self.cfg.run_group(reference)
-        ref = [t["total"] / self.cfg.run(r).epochs for r in ref_runs if (t := self.stage_times(r))]
-        mine = [t["total"] for r in runs if (t := self.stage_times(r))]
+        ref = [t["total"] / self.cfg.run(r).epochs for r in ref_runs if (t := self.phase_times(r))]
+        mine = [t["total"] for r in runs if (t := self.phase_times(r))]
         ep = f"{epochs:g}"
         if not ref or not mine:
             return Cell(text=f"{ep} (no train log)")
@@ -206,26 +201,19 @@ class Results:
                     n=len(rel))
 
 
-def stage_times(log_path: Path) -> dict[str, float] | None:
-    """Seconds per stage summed over a run's episodes, plus ``total`` and ``episodes``; None without a log.
+def phase_times(log_path: Path) -> dict[str, float] | None:
+    """Seconds per episode phase summed over a run's episodes, plus ``total`` and ``episodes``; None without a
+    log.
 
     A resumed run may repeat an episode record: the last record of each episode counts.
     """
-    if not Path(log_path).exists():
-        return None
-    per_episode: dict[int, dict] = {}
-    for line in Path(log_path).read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        if rec.get("kind") == "episode":
-            per_episode[int(rec["episode"])] = rec
+    per_episode = {int(rec["episode"]): rec for rec in records.read_train_log(log_path, kind="episode")}
     if not per_episode:
         return None
-    out = {s: sum(float(r.get(f"time/{s}", 0.0)) for r in per_episode.values()) for s in STAGES}
-    out["total"] = sum(out[s] for s in STAGES)
+    out = {s: sum(float(r.get(f"time/{s}", 0.0)) for r in per_episode.values()) for s in PHASES}
+    out["total"] = sum(out[s] for s in PHASES)
     out["episodes"] = float(len(per_episode))
     return out if math.isfinite(out["total"]) else None
 
 
-__all__ = ["PaperNumber", "paper_numbers", "paper_value", "Cell", "Results", "stage_times", "mean_std", "STAGES"]
+__all__ = ["PaperNumber", "paper_numbers", "paper_value", "Cell", "Results", "phase_times", "mean_std", "PHASES"]

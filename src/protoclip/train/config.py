@@ -97,10 +97,9 @@ class EarlyStopConfig:
 @dataclass
 class TrainConfig:
     name: str = "run"  # set from the run's key in the experiment file
-    # training method (protoclip.train.methods): clip = same trainer, prototype terms off; nclip / xclip =
-    # nCLIP heads (head_hidden -> head_out units); multi-class-token CLIP = clip with class_tokens > 0;
-    # pcl = image-only PCL/ProtoNCE (captions ignored)
-    method: Literal["clip", "protoclip", "nclip", "xclip", "pcl"] = "protoclip"
+    # training method: a name registered in protoclip.train.methods.METHODS (clip, protoclip, nclip, xclip, pcl;
+    # multi-class-token CLIP = clip with class_tokens > 0); checked against the registry in validate()
+    method: str = "protoclip"
     model: str = "tiny-rn"  # open_clip model config: RN50, RN101, ViT-B-32, or a shipped tiny config
     embed_dim: int | None = None  # d_z; null = open_clip's config (RN50 1024, RN101 512; Table I: RN101 1024)
     context_length: int | None = None  # text tokens; null = open_clip's config (77; paper Sec. IV-A1: 76)
@@ -143,12 +142,22 @@ class TrainConfig:
     # a paper-size episode takes minutes, so every episode is still checkpointed there.
     checkpoint_interval_s: float = 60.0
 
+    def method_class(self):
+        """The class of ``method`` (protoclip.train.methods; importing it does not import torch)."""
+        from protoclip.train.methods.base import method_class
+
+        return method_class(self.method)
+
     def reads_teacher(self) -> bool:
         """Whether this run reads the external-teacher cache ``teacher`` (the one rule, used by the workflow's
-        stage inputs, the train stage and the loop): a ProtoCLIP run with a teacher and L_Proto^external on."""
-        return self.method == "protoclip" and self.teacher is not None and self.loss.external_weight > 0
+        stage inputs, the train stage and the loop): the method decides (ProtoCLIP with L_Proto^external on)."""
+        return self.method_class().reads_teacher(self)
 
     def validate(self) -> None:
+        try:
+            method = self.method_class()
+        except ValueError as err:
+            raise ValueError(f"method: {err}") from None
         if not 0.0 < self.subset_fraction <= 1.0:
             raise ValueError(f"subset_fraction must be in (0, 1], got {self.subset_fraction}")
         if self.episode_size < 1 or self.batch_size < 1:
@@ -186,14 +195,7 @@ class TrainConfig:
             raise ValueError("pcl.infonce_only_episodes, pcl weights must be >= 0, pcl.kmeans_iters/redo >= 1")
         if min(a.alpha, a.beta, a.gamma) < 0 or min(a.s, a.t, a.tau_c) <= 0:
             raise ValueError("pauc.alpha, beta, gamma must be >= 0 and pauc.s, t, tau_c > 0")
-        if a.enabled and self.method == "clip":
-            raise ValueError("pauc.enabled needs prototypes: method 'pcl' or 'protoclip'")
-        if a.enabled and a.align_mode == "two_view" and self.method != "pcl":
-            raise ValueError("pauc.align_mode 'two_view' needs two views of each image: method 'pcl' only")
-        if self.method == "pcl" and self.lock_image_epoch is not None:
-            raise ValueError("method 'pcl' trains only the image encoder: set lock_image_epoch: null")
-        if self.method == "protoclip" and self.loss.proto_weight == 0 and self.loss.external_weight == 0:
-            raise ValueError("method 'protoclip' with proto_weight = external_weight = 0 is CLIP: use method 'clip'")
+        method.check_config(self)  # the method's own rules (e.g. pcl: no locked image tower)
 
     def subspheres(self) -> int:
         """m of the CLIP term's product sphere."""

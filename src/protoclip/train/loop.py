@@ -45,7 +45,7 @@ from protoclip.train.checkpoint import (check_state_finite, kept_checkpoint, loa
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, barrier, broadcast_object, env_world, init_from_env, sync_buffers
 from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
-from protoclip.train.logbook import TrainLog
+from protoclip.records import TrainLog
 from protoclip.train.methods import EpisodeData, Method, build_method
 from protoclip.train.schedule import Schedule, early_stop_update
 
@@ -177,7 +177,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
                            lock_image_epoch=cfg.lock_image_epoch, world_size=info.world_size,
                            warmup_samples=cfg.warmup_samples)
     autocast = autocast_factory(cfg.precision, device)
-    run_dir, ckpt_path = layout.run_dir(run), layout.checkpoint(run)
+    ckpt_path = layout.checkpoint(run)
     tlog = TrainLog(layout.train_log(run), enabled=info.is_main)
 
     model.to(device)
@@ -204,7 +204,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
             log.warning("resume requested but no checkpoint at %s: starting from scratch", ckpt_path)
         tlog.reset()
     if info.is_main:
-        write_config(run_dir / "config.yaml", cfg)
+        write_config(layout.run_config(run), cfg)
     prov = provenance(cfg.seed)
     tlog.append({"kind": "start", "episode": start_episode, "step": step, "provenance": prov,
                  "schedule": {"dataset_size": M, "episode_size": m, "n_episodes": sched.n_episodes,

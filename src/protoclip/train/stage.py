@@ -8,7 +8,7 @@
 Reads the prepared manifest (train split, the run's ``data`` sources) and, for a ProtoCLIP run with a teacher
 and ``external_weight > 0``, the teacher cache ``data/teacher/<teacher>.npz``. Writes
 ``results/runs/<run>/{config.yaml, train_log.jsonl, checkpoints/last.pt, model.pt}``. MLflow is reached only
-through :func:`protoclip.tracking.tracked_run`.
+through :func:`protoclip.tracking.training_run`.
 """
 from __future__ import annotations
 
@@ -111,10 +111,10 @@ def train_run(cfg: ProjectConfig, run: str, tracker: Tracker, resume: bool = Fal
     out = layout.model(run)
     check_state_finite(model, None, step=None, episode=None, checkpoint=layout.checkpoint(run), what=str(out))
     if info.rank == 0:
-        save_model(out, model, to_dict(tcfg))
+        save_model(out, model, to_dict(tcfg), eval_spec=method_class(tcfg.method).eval_spec(tcfg))
         # evaluate finds this MLflow run by the sha256 of the model it evaluates (protoclip.tracking)
         tracker.set_tags({"protoclip.model_sha256": sha256_file(out)})
-        for path in (layout.run_dir(run) / "config.yaml", layout.train_log(run)):
+        for path in (layout.run_config(run), layout.train_log(run)):
             tracker.log_artifact(path)
         log.info("run %s: model written to %s", run, out)
     return out

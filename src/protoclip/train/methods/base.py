@@ -1,31 +1,45 @@
-"""A training method of the episodic trainer: what the model is, what a batch holds, which losses it trains.
+"""A training method: what the model is, what a batch holds, which losses it trains, how it is evaluated.
+
+A method is one module of this package holding one :class:`Method` subclass, and one registration line: the
+``@register("name")`` decorator on the class (the shipped methods' modules are imported by this package's
+``__init__``). The class owns everything about the method that the rest of the project asks for:
+
+* config: :meth:`Method.check_config` (its cross-field rules, run when the config loads; ``TrainConfig.method``
+  is checked against ``METHODS``), :meth:`Method.reads_teacher` (whether a run reads the external teacher);
+* model: ``head`` (the architecture of the second head, :data:`protoclip.models.model.HEADS`),
+  :meth:`Method.build_model`, :meth:`Method.train_transform`;
+* training: the per-step and per-episode hooks below;
+* evaluation: :meth:`Method.eval_spec` (similarity, sub-spheres, image-only), written into ``model.pt`` at save
+  time so that evaluation reads it from the model file (:func:`protoclip.models.checkpoint.read_eval_spec`).
 
 The loop (:mod:`protoclip.train.loop`) is the same for every method: sample an episode -> ``begin_episode`` ->
-for each batch ``forward`` -> ``terms`` -> ``total`` -> backward/step -> ``after_step`` -> checkpoint. A method
-plugs into it by subclassing :class:`Method` and registering under the ``TrainConfig.method`` name::
+for each batch ``forward`` -> ``terms`` -> ``total`` -> backward/step -> ``after_step`` -> checkpoint::
 
     from protoclip.train.methods.base import Method, register
 
-    @register("mymethod")                      # also add "mymethod" to TrainConfig.method's Literal
+    @register("mymethod")
     class MyMethod(Method):
         def outputs(self): return {"z_image", "z_text", "logit_scale"}
         def terms(self, model, out, positions, state): return {"my": ...}
         def total(self, terms): return terms["my"]
 
-Everything else has a default that does nothing (CLIP-like: one view + tokens, no episode work, no state).
+Everything else has a default (CLIP-like: one view + tokens, no episode work, no state, cosine similarity).
+This module and the method modules import torch and the losses inside the functions that use them: the config
+loader consults the registry (method names, config rules, teacher needs) without importing torch.
 ``METHODS`` maps every name to its class; ``build_method(cfg, info)`` builds the trainer's instance.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
-import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset
+if TYPE_CHECKING:  # annotations only: importing this module must not import torch (see the docstring)
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader, Dataset
 
-from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo
+    from protoclip.train.config import TrainConfig
+    from protoclip.train.distributed import DistInfo
 
 METHODS: dict[str, type["Method"]] = {}
 
@@ -78,12 +92,42 @@ class Method:
     # how evaluation scores an image against a text (protoclip.evaluate.features.similarity_embeddings):
     # "cosine" of z (CLIP), "product_sphere" (sum of per-token cosines), "nclip_ce" (-L_CE of the head softmax)
     similarity = "cosine"
+    image_only = False  # trains the image tower only: evaluation reports zero-shot / retrieval as not applicable
+    reads_pauc = False  # reads the ``pauc`` section (PAUC's regularisers need the method's prototypes)
 
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
+        from protoclip.train.distributed import DistInfo
+
         self.cfg = cfg
         self.info = info if info is not None else DistInfo()
 
-    # ---- model and data (called by the stage before training, and by models.checkpoint to rebuild) ----
+    # ---- config (called by TrainConfig when the config loads: no torch here) ----
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        """Raise ValueError (one line naming the key) when ``cfg`` asks something of this method it cannot do.
+        The section values themselves are checked by ``TrainConfig.validate``."""
+        if cfg.pauc.enabled and not cls.reads_pauc:
+            users = " or ".join(repr(n) for n, c in sorted(METHODS.items()) if c.reads_pauc)
+            raise ValueError(f"pauc.enabled needs prototypes: method {users}")
+
+    @classmethod
+    def reads_teacher(cls, cfg: TrainConfig) -> bool:
+        """Whether a run of this method reads the external-teacher cache ``cfg.teacher``."""
+        return False
+
+    # ---- evaluation (written into model.pt at save time; protoclip.models.checkpoint.read_eval_spec) ----
+    @classmethod
+    def similarity_for(cls, cfg: TrainConfig) -> str:
+        """The evaluation similarity of a model trained with ``cfg`` (see ``similarity`` above)."""
+        return cls.similarity
+
+    @classmethod
+    def eval_spec(cls, cfg: TrainConfig) -> dict[str, Any]:
+        """How evaluation uses a model trained with ``cfg``: the keys of ``protoclip.models.checkpoint.EvalSpec``."""
+        return {"method": cls.name, "similarity": cls.similarity_for(cfg), "subspheres": cfg.subspheres(),
+                "image_only": bool(cls.image_only)}
+
+    # ---- model and data (called by the train stage before training) ----
     @classmethod
     def build_model(cls, cfg: TrainConfig) -> torch.nn.Module:
         """A randomly initialised model for ``cfg`` (it must have ``param_groups``, ``image_size``)."""
@@ -105,11 +149,6 @@ class Method:
         from protoclip.data.transforms import train_transform
 
         return train_transform(image_size, cfg.augmentation)
-
-    @classmethod
-    def similarity_for(cls, cfg: TrainConfig) -> str:
-        """The evaluation similarity of a model trained with ``cfg`` (see ``similarity`` above)."""
-        return cls.similarity
 
     # ---- per step ----
     def outputs(self) -> set[str]:

@@ -10,23 +10,24 @@ batch (open_clip's multi-GPU recipe, which the authors' code uses).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
-
-from protoclip.losses.clip import clamp_logit_scale_, clip_loss
-from protoclip.losses.distances import contrastive_loss, temperature_stats
-from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo
 from protoclip.train.methods.base import Method, register
+
+if TYPE_CHECKING:
+    import torch
+
+    from protoclip.train.config import TrainConfig
+    from protoclip.train.distributed import DistInfo
 
 
 @register("clip")
 class CLIPMethod(Method):
     @classmethod
     def similarity_for(cls, cfg: TrainConfig) -> str:
+        """A product-sphere distance (``ps_*``) is scored as the sum of per-token cosines, else by cosine."""
         return "product_sphere" if cfg.loss.distance.startswith("ps_") else "cosine"
+
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         super().__init__(cfg, info)
         self._global_clip = None
@@ -48,6 +49,11 @@ class CLIPMethod(Method):
 
     def clip_terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """L_CLIP with the configured distance (``loss.distance``; sphere = ProtoCLIP Eq. 1 / open_clip)."""
+        import torch.nn.functional as F
+
+        from protoclip.losses.clip import clip_loss
+        from protoclip.losses.distances import contrastive_loss, temperature_stats
+
         scale = out["logit_scale"] if "logit_scale" in out else model.logit_scale.exp()
         zi, zt = out["z_image"].float(), out["z_text"].float()
         distance, m = self.cfg.loss.distance, self.cfg.subspheres()
@@ -91,6 +97,8 @@ class CLIPMethod(Method):
     def after_step(self, model: torch.nn.Module) -> None:
         """1/tau clipped after every optimizer step: the CLIP scale at ``cfg.clip_max_logit_scale()`` (Table I:
         100 for the sphere; 3.95 for ps_negtrace, temperature paper Table 5), tau_Proto at ``max_logit_scale``."""
+        from protoclip.losses.clip import clamp_logit_scale_
+
         clamp_logit_scale_(model.logit_scale, self.cfg.clip_max_logit_scale())
         if getattr(model, "proto_logit_scale", None) is not None:
             clamp_logit_scale_(model.proto_logit_scale, self.cfg.loss.max_logit_scale)

@@ -16,23 +16,25 @@ xCLIP, by the CE similarity of the nCLIP distributions for nCLIP.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
-
-from protoclip.losses.nclip import NCLIPLoss, nclip_similarity
-from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo
 from protoclip.train.methods.base import register
 from protoclip.train.methods.clip import CLIPMethod
 
+if TYPE_CHECKING:
+    import torch
 
-@torch.no_grad()
+    from protoclip.train.config import TrainConfig
+    from protoclip.train.distributed import DistInfo
+
+
 def in_batch_accuracy(sim: torch.Tensor) -> float:
     """% of rows and columns of a square similarity matrix whose maximum is on the diagonal (mean of both)."""
-    target = torch.arange(sim.shape[0], device=sim.device)
-    return 50.0 * float((sim.argmax(1) == target).float().mean() + (sim.argmax(0) == target).float().mean())
+    import torch
+
+    with torch.no_grad():
+        target = torch.arange(sim.shape[0], device=sim.device)
+        return 50.0 * float((sim.argmax(1) == target).float().mean() + (sim.argmax(0) == target).float().mean())
 
 
 @register("nclip")
@@ -41,6 +43,8 @@ class NCLIPMethod(CLIPMethod):
     similarity = "nclip_ce"
 
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
+        from protoclip.losses.nclip import NCLIPLoss
+
         super().__init__(cfg, info)
         self._nclip = NCLIPLoss(cfg.nclip.lambda1, cfg.nclip.lambda2, world_size=self.info.world_size)
         self._acc: dict[str, float] = {}
@@ -60,6 +64,11 @@ class NCLIPMethod(CLIPMethod):
 
     def terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
               state: Any) -> dict[str, torch.Tensor]:
+        import torch
+        import torch.nn.functional as F
+
+        from protoclip.losses.nclip import nclip_similarity
+
         terms = self.nclip_terms(out)
         with torch.no_grad():
             hi, ht = out["h_image"].detach().float(), out["h_text"].detach().float()

@@ -4,7 +4,8 @@ loaded by the shared data set but ignored), optionally with PAUC's regularisers 
 Mapping onto the episodic trainer (methods-spec 5 item 2): one PCL *epoch* is one *episode*; give the run an
 ``episode_size`` >= the data set (it is capped at the data set size) so the E-step clusters the whole data set.
 
-* Online encoder: the model's image tower + image head g^I (MLP -> 128, PCL v2's MLP head), l2-normalised.
+* Online encoder: the model's image tower + image head g^I (MLP -> 128, PCL v2's MLP head), l2-normalised
+  (:class:`protoclip.models.momentum.ImageEncoder`).
   Key encoder: :class:`protoclip.models.momentum.MomentumEncoder` of the same (EMA ``pcl.momentum``), held by the
   method (not the saved model) and checkpointed with the queue through :meth:`PCLMethod.state_dict`.
 * Data: every item gives three views (:class:`MultiView`): two draws of ``augmentation`` (use ``mocov2``) for the
@@ -25,32 +26,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from tqdm.auto import tqdm
-
-from protoclip.losses.pauc import pauc_loss
-from protoclip.losses.pcl import Clusterings, build_clusterings, infonce, protonce
-from protoclip.models.momentum import FeatureQueue, MomentumEncoder
-from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo, all_gather_cat, broadcast_object, sync_buffers
 from protoclip.train.methods.base import EpisodeData, Method, MultiView, register
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from protoclip.losses.pcl import Clusterings
+    from protoclip.models.momentum import FeatureQueue, ImageEncoder, MomentumEncoder
+    from protoclip.train.config import TrainConfig
+    from protoclip.train.distributed import DistInfo
+
 log = logging.getLogger(__name__)
-
-
-class ImageEncoder(nn.Module):
-    """h = normalize(g^I(f^I(x))): the PCL encoder inside a ProtoCLIPModel (shares its modules)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.visual, self.head = model.clip.visual, model.image_head
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return F.normalize(self.head(self.visual(images)), dim=-1)
 
 
 def cluster_counts(cfg: TrainConfig, n: int) -> list[int]:
@@ -61,7 +50,14 @@ def cluster_counts(cfg: TrainConfig, n: int) -> list[int]:
 
 @register("pcl")
 class PCLMethod(Method):
-    image_only = True  # evaluation reports zero-shot / retrieval as not applicable (evaluate.stage)
+    image_only = True  # the text tower is never trained: evaluation reports zero-shot / retrieval as not applicable
+    reads_pauc = True  # PAUC on h^I with PCL's clusterings (methods-spec 3.3)
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        super().check_config(cfg)
+        if cfg.lock_image_epoch is not None:
+            raise ValueError("method 'pcl' trains only the image encoder: set lock_image_epoch: null")
 
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         super().__init__(cfg, info)
@@ -82,6 +78,8 @@ class PCLMethod(Method):
 
     def _setup(self, model: nn.Module, device: torch.device) -> None:
         """Build the key encoder (a copy of the online one) and the queue once; load a resumed state."""
+        from protoclip.models.momentum import FeatureQueue, ImageEncoder, MomentumEncoder
+
         if self._key is not None:
             return
         self._online = ImageEncoder(model)
@@ -100,6 +98,8 @@ class PCLMethod(Method):
         return True  # the text tower and the temperatures get no gradient
 
     def forward(self, model: nn.Module, images: Any, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        import torch
+
         if self._key is None:
             self._setup(model, images[0].device)
         query, key = images[0], images[1]
@@ -110,6 +110,9 @@ class PCLMethod(Method):
 
     def begin_episode(self, model: nn.Module, data: EpisodeData, episode: int
                       ) -> tuple[Any, dict[str, float], dict[str, float]]:
+        from protoclip.losses.pcl import build_clusterings
+        from protoclip.train.distributed import broadcast_object
+
         self._setup(model, data.device)
         if episode < self.cfg.pcl.infonce_only_episodes:
             return None, {"pcl_warmup": 1.0}, {}
@@ -129,19 +132,25 @@ class PCLMethod(Method):
         cl = broadcast_object(cl, data.info).to(data.device)
         return cl, {"pcl_warmup": 0.0, **cl.stats}, {"extract": t_extract, "kmeans": time.perf_counter() - t0}
 
-    @torch.no_grad()
     def _extract(self, data: EpisodeData, episode: int) -> torch.Tensor:
         """Key-encoder features [m, d] of the centre crops of every episode item (eval mode), episode order."""
+        import torch
+        import torch.nn.functional as F
+        from tqdm.auto import tqdm
+
+        from protoclip.train.distributed import all_gather_cat, sync_buffers
+
         sync_buffers(self._key, data.info)
         was = self._key.training
         self._key.eval()
         feats, poss = [], []
         try:
-            for images, _tokens, pos in tqdm(data.loader, desc=f"pcl E-step {episode}", leave=False,
-                                             disable=not data.info.is_main):
-                with data.autocast():
-                    feats.append(self._key(images[2].to(data.device, non_blocking=True)).float())
-                poss.append(pos.to(data.device))
+            with torch.no_grad():  # the key encoder is frozen: these features and their gather need no graph
+                for images, _tokens, pos in tqdm(data.loader, desc=f"pcl E-step {episode}", leave=False,
+                                                 disable=not data.info.is_main):
+                    with data.autocast():
+                        feats.append(self._key(images[2].to(data.device, non_blocking=True)).float())
+                    poss.append(pos.to(data.device))
         finally:
             self._key.train(was)
         f, pos = all_gather_cat(torch.cat(feats), data.info), all_gather_cat(torch.cat(poss), data.info)
@@ -151,6 +160,11 @@ class PCLMethod(Method):
 
     def terms(self, model: nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
               state: Clusterings | None) -> dict[str, torch.Tensor]:
+        import torch.nn.functional as F
+
+        from protoclip.losses.pauc import pauc_loss
+        from protoclip.losses.pcl import infonce, protonce
+
         q = F.normalize(out["h_image"].float(), dim=1)
         k = out["h_key"].float()
         self._keys = k
@@ -179,6 +193,8 @@ class PCLMethod(Method):
         return dict(self._diag)
 
     def after_step(self, model: nn.Module) -> None:
+        from protoclip.train.distributed import all_gather_cat
+
         self._key.update(self._online)
         if self._keys is not None:
             self._queue.enqueue(all_gather_cat(self._keys.detach(), self.info))

@@ -15,17 +15,17 @@ the image-side classifier) and h^T (image-prototype assignments, text-side class
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
-from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo, broadcast_object, sync_buffers
-from protoclip.train.episode import EpisodeFeatures, extract_features, size_stats
 from protoclip.train.methods.base import EpisodeData, register
 from protoclip.train.methods.clip import CLIPMethod
+
+if TYPE_CHECKING:
+    import torch
+
+    from protoclip.train.config import TrainConfig
+    from protoclip.train.distributed import DistInfo
+    from protoclip.train.episode import EpisodeFeatures
 
 
 def n_clusters(cfg: TrainConfig, episode_size: int) -> int:
@@ -37,6 +37,21 @@ def n_clusters(cfg: TrainConfig, episode_size: int) -> int:
 
 @register("protoclip")
 class ProtoCLIPMethod(CLIPMethod):
+    reads_pauc = True  # PAUC on h^I / h^T with the episode's cross-modal prototypes (module docstring)
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        super().check_config(cfg)
+        if cfg.pauc.enabled and cfg.pauc.align_mode == "two_view":
+            raise ValueError("pauc.align_mode 'two_view' needs two views of each image: method 'pcl' only")
+        if cfg.loss.proto_weight == 0 and cfg.loss.external_weight == 0:
+            raise ValueError("method 'protoclip' with proto_weight = external_weight = 0 is CLIP: use method 'clip'")
+
+    @classmethod
+    def reads_teacher(cls, cfg: TrainConfig) -> bool:
+        """L_Proto^external (Eq. 8) reads the teacher cache: a teacher is named and its weight is on."""
+        return cfg.teacher is not None and cfg.loss.external_weight > 0
+
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         super().__init__(cfg, info)
         from protoclip.losses.proto import ProtoLoss
@@ -56,6 +71,13 @@ class ProtoCLIPMethod(CLIPMethod):
 
     def begin_episode(self, model: torch.nn.Module, data: EpisodeData, episode: int
                       ) -> tuple[Any, dict[str, float], dict[str, float]]:
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+
+        from protoclip.train.distributed import sync_buffers
+        from protoclip.train.episode import extract_features
+
         t0 = time.perf_counter()
         sync_buffers(model, data.info)
         m = len(data.indices)
@@ -98,6 +120,8 @@ class ProtoCLIPMethod(CLIPMethod):
     def _pcl_terms(self, out: dict[str, torch.Tensor], positions: torch.Tensor, state: Any,
                    scale: torch.Tensor) -> dict[str, torch.Tensor]:
         """The ``phi_protonce`` replacement of ``proto`` and the PAUC terms (module docstring)."""
+        import torch.nn.functional as F
+
         h_i, h_t = F.normalize(out["h_image"].float(), dim=1), F.normalize(out["h_text"].float(), dim=1)
         pos = positions.to(state.device).long()
         a_t, a_i = state.text.assignments.to(state.device)[pos], state.image.assignments.to(state.device)[pos]
@@ -133,6 +157,7 @@ def build_episode_prototypes(feats: EpisodeFeatures, cfg: TrainConfig, info: Dis
                              use_teacher: bool) -> tuple[Any, dict[str, float], float, float]:
     """Prototypes of the episode on rank 0, broadcast to all ranks -> (prototypes, stats, t_kmeans, t_pbt)."""
     from protoclip.losses.proto import EpisodePrototypes
+    from protoclip.train.distributed import broadcast_object
 
     protos, stats, t_km, t_pbt = None, {}, 0.0, 0.0
     if info.is_main:
@@ -148,6 +173,8 @@ def build_episode_prototypes(feats: EpisodeFeatures, cfg: TrainConfig, info: Dis
 def _build(EpisodePrototypes, feats: EpisodeFeatures, cfg: TrainConfig, k: int, episode: int, use_teacher: bool):
     """Adapter to ``EpisodePrototypes.build``; the k-means seed changes per episode and is a pure function of
     (seed, episode), so a resumed run re-draws the same initialisation."""
+    from protoclip.train.episode import size_stats
+
     protos = EpisodePrototypes.build(
         feats.h_image, feats.h_text, teacher=feats.teacher if use_teacher else None, k=k,
         iters=cfg.kmeans.iters, backend=cfg.kmeans.backend, seed=cfg.seed * 100_003 + episode,

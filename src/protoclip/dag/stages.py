@@ -1,0 +1,307 @@
+"""The stage graph as data: the one source of truth for the Snakemake rules and for dvc.yaml.
+
+Every stage instance (``prepare``, ``teacher_<t>``, ``train_<run>``, ``evaluate_<run>_<set>``,
+``collect_<run>``, ``toy_nemd``, ``report``) is a :class:`Stage`: its command (``protoclip <stage>``, run by
+the stage's entry module, e.g. ``protoclip.evaluate.stage``), its inputs (``deps``), its DVC params and its
+outputs. ``workflow/rules/*.smk`` take each rule's inputs, outputs and shell command from here (input
+functions), and ``protoclip dvc-yaml`` writes ``dvc.yaml`` from :func:`stages`, so ``snakemake`` and
+``dvc repro`` run identical commands on identical files (checked by tests/test_workflow.py).
+
+    protoclip dvc-yaml --config config/config.yaml     # rewrite dvc.yaml after changing runs or data sets
+
+Outputs: ``outs`` are what DVC caches (directories where a stage writes a folder); ``targets`` are the
+Snakemake outputs, each inside one of ``outs`` (Snakemake needs the files other rules read; DVC needs the
+whole folder, e.g. ``data/prepared`` with its images). Every out is cached, so ``dvc push`` / ``dvc pull``
+carry all of them and a fresh clone is complete. Training checkpoints (``checkpoints/``: last.pt, the MLflow
+run id) are no output at all: work-in-progress state left in place for ``--resume``; as a DVC out that is not
+cached they would read "deleted" after every fresh clone (dvc status never clean, dvc repro retrains), and as a
+Snakemake output they would be deleted before each job. DVC deps include the code (``src/protoclip``) and each
+configured external evaluation path that exists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from protoclip.evaluate.config import EvaluateConfig
+from protoclip.evaluate.datasets import HELDOUT, eval_data_path, missing_reason
+from protoclip.layout import Layout
+
+CODE = "src/protoclip"  # every stage runs this package: a DVC dep of each stage
+
+
+def stage_command(stage: str, config_file: str, args: str = "") -> str:
+    return f"protoclip {stage} --config {config_file}" + (f" {args}" if args else "")
+
+
+@dataclass
+class Out:
+    path: str
+    cache: bool = True  # False: DVC does not store it (small, or regenerated)
+    persist: bool = False  # True: DVC leaves it in place between runs (resumable checkpoints)
+    metric: bool = False  # listed under the stage's `metrics:` (dvc metrics show)
+    directory: bool = False  # a folder (Snakemake `directory()` when it is a target)
+
+
+@dataclass
+class Stage:
+    name: str  # DVC stage name (the Snakemake job's benchmark file is named after it)
+    cmd: str
+    deps: dict[str, list[str]]  # Snakemake input name -> paths (DVC deps: all of them, plus CODE)
+    params: list = field(default_factory=list)  # DVC params entries
+    outs: list[Out] = field(default_factory=list)  # DVC outs (and metrics)
+    targets: dict[str, Out] = field(default_factory=dict)  # Snakemake outputs by name, each inside an out
+
+    @property
+    def benchmark(self) -> str:
+        """Snakemake's benchmark file of the job (the rules' ``benchmark:`` pattern gives this name)."""
+        return f"benchmarks/{self.name}.tsv"
+
+    def inputs(self) -> dict[str, list[str]]:
+        """Snakemake ``input:`` (for ``unpack``)."""
+        return {k: v for k, v in self.deps.items() if v}
+
+    def dvc(self) -> dict:
+        deps = sorted({p for paths in self.deps.values() for p in paths} | {CODE})
+        entry: dict = {"cmd": self.cmd, "deps": deps}
+        if self.params:
+            entry["params"] = self.params
+        outs = [_dvc_out(o) for o in self.outs if not o.metric]
+        metrics = [_dvc_out(o) for o in self.outs if o.metric]
+        if outs:
+            entry["outs"] = outs
+        if metrics:
+            entry["metrics"] = metrics
+        return entry
+
+
+def _dvc_out(o: Out):
+    flags = {k: v for k, v in (("cache", o.cache), ("persist", o.persist)) if v != Out.__dataclass_fields__[k].default}
+    return {o.path: flags} if flags else o.path
+
+
+def norm_path(p) -> str:
+    """A path as the string Snakemake and dvc.yaml use (normalised, OS separators)."""
+    return str(Path(p))
+
+
+def _params(config_file: str, *keys: str) -> list:
+    """DVC params entry for the dotted ``keys`` that ``config_file`` sets (DVC reports a key the file does not
+    set as changed forever; a default that is not in the file is code, covered by the CODE dep)."""
+    from protoclip.config import read_yaml
+
+    data = read_yaml(config_file)
+
+    def present(key: str) -> bool:
+        node = data
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    found = [k for k in keys if present(k)]
+    return [{config_file: found}] if found else []
+
+
+# --------------------------------------------------------------------------- which run reads what
+def teacher_read_by(cfg, run: str) -> str | None:
+    """The teacher cache run ``run`` reads (TrainConfig.reads_teacher), or None."""
+    rc = cfg.run(run)
+    return rc.teacher if rc.reads_teacher() else None
+
+
+def teachers(cfg) -> list[str]:
+    """Every teacher cache some configured run reads (one teacher stage each)."""
+    return sorted({t for r in cfg.run_names() if (t := teacher_read_by(cfg, r))})
+
+
+def built_by_prepare(cfg, dataset: str) -> bool | None:
+    """True: `prepare` writes the set's data (the held-out pairs, the offline sets of ``prepare.eval_sets``);
+    False: an offline set without a path that `prepare` does not build; None: the set is read from its path."""
+    dcfg = cfg.evaluate.datasets[dataset]
+    if dcfg.kind != "offline" or dcfg.path:
+        return None
+    return dataset == HELDOUT or dataset in cfg.prepare.eval_sets
+
+
+def eval_inputs(cfg, dataset: str) -> list[str]:
+    """The data files an evaluation on ``dataset`` reads: what `prepare` builds for it, or its configured path
+    when the data is there (datasets.missing_reason; a set added later changes the stage). Empty: no job."""
+    lay = Layout.from_config(cfg)
+    dcfg = cfg.evaluate.datasets[dataset]
+    built = built_by_prepare(cfg, dataset)
+    if built is None:
+        built = missing_reason(dataset, dcfg, lay) is None
+    return [norm_path(eval_data_path(dataset, dcfg, lay))] if built else []
+
+
+def evaluated_sets(cfg) -> list[str]:
+    """The configured sets that get an evaluation job: the sets `prepare` builds and each set whose data is
+    there (the others are reported skipped by `collect`; one added later gets its own job, and only `collect`
+    and the report rerun besides it)."""
+    return [name for name in cfg.evaluate.datasets if eval_inputs(cfg, name)]
+
+
+# --------------------------------------------------------------------------- outputs (wildcard-safe)
+# These take names only, so the .smk rules can call them with "{run}" / "{dataset}" wildcards.
+def train_outs(lay: Layout, run: str) -> dict[str, Out]:
+    return {"model": Out(norm_path(lay.model(run))), "log": Out(norm_path(lay.train_log(run))),
+            "config": Out(norm_path(lay.run_config(run)))}
+
+
+def eval_outs(lay: Layout, run: str, dataset: str) -> dict[str, Out]:
+    return {"eval": Out(norm_path(lay.eval_dir(run, dataset)), directory=True)}
+
+
+def collect_outs(lay: Layout, run: str) -> dict[str, Out]:
+    return {"summary": Out(norm_path(lay.metrics_summary(run)), metric=True)}
+
+
+def prepare_outs(lay: Layout, cfg) -> dict[str, Out]:
+    return {key: Out(norm_path(path)) for key, path in lay.prepared_files(cfg.prepare.eval_sets).items()}
+
+
+def teacher_outs(lay: Layout, teacher_file: str) -> dict[str, Out]:
+    """``teacher_file``: the cache's file stem (the rule's ``{teacher}`` wildcard)."""
+    features = lay.teacher_cache(teacher_file)
+    return {"features": Out(norm_path(features)), "meta": Out(norm_path(features.with_suffix(".json")))}
+
+
+# --------------------------------------------------------------------------- stages
+def prepare_stage(cfg, config_file: str) -> Stage:
+    lay = Layout.from_config(cfg)
+    targets = prepare_outs(lay, cfg)
+    user = [norm_path(Path(u.path)) for u in cfg.prepare.user_data if "{" not in str(u.path) and Path(u.path).exists()]
+    return Stage("prepare", stage_command("prepare", config_file), {"user_data": user},
+                 _params(config_file, "prepare"), [Out(norm_path(lay.prepared), directory=True)], targets)
+
+
+def teacher_stage(cfg, config_file: str, teacher: str) -> Stage:
+    lay = Layout.from_config(cfg)
+    outs = teacher_outs(lay, lay.teacher_features(teacher).stem)
+    return Stage(f"teacher_{lay.teacher_features(teacher).stem}",
+                 stage_command("teacher", config_file, f"--name {teacher}"), {"manifest": [norm_path(lay.manifest)]},
+                 _params(config_file, "teacher"), list(outs.values()), outs)
+
+
+def _run_params(cfg, run: str, config_file: str) -> list:
+    """DVC params of a run: the train defaults plus the run's own override block."""
+    overrides_file = cfg._runs[run][1]
+    key = f"runs.{cfg.run_base(run)}"  # a `seeds:` run is declared once, under its base name
+    if Path(overrides_file) == Path(config_file):
+        return _params(config_file, "train", key)
+    return _params(config_file, "train") + _params(overrides_file, key)
+
+
+def train_stage(cfg, config_file: str, run: str) -> Stage:
+    lay = Layout.from_config(cfg)
+    deps = {"manifest": [norm_path(lay.manifest)]}
+    if (t := teacher_read_by(cfg, run)):
+        deps["teacher"] = [norm_path(lay.teacher_features(t))]
+    outs = train_outs(lay, run)
+    # resume: a job killed by the cluster continues from its last complete episode
+    return Stage(f"train_{run}", stage_command("train", config_file, f"--run {run} --resume"), deps,
+                 _run_params(cfg, run, config_file), list(outs.values()), outs)
+
+
+def evaluate_stage(cfg, config_file: str, run: str, dataset: str, tasks: list[str] | None = None) -> Stage:
+    """One (run, set) evaluation job; ``tasks``: only these (what the run's paper targets show), None = all."""
+    lay = Layout.from_config(cfg)
+    outs = eval_outs(lay, run, dataset)
+    task_args = "".join(f" --task {t}" for t in tasks or [])
+    return Stage(f"evaluate_{run}_{dataset}",
+                 stage_command("evaluate", config_file, f"--run {run} --dataset {dataset}{task_args}"),
+                 {"model": [norm_path(lay.model(run))], "data": eval_inputs(cfg, dataset)},
+                 _params(config_file, f"evaluate.datasets.{dataset}",
+                         *(f"evaluate.{f.name}" for f in fields(EvaluateConfig) if f.name != "datasets")),
+                 list(outs.values()), outs)
+
+
+def evaluations(cfg) -> dict[str, dict[str, list[str] | None]]:
+    """{run: {set: tasks or None (all)}}: the evaluation jobs of the DAG. A run that paper targets show is
+    evaluated only on the sets and tasks those targets read (protoclip.report.targets.evaluation_requests);
+    a run no target shows gets every task on every evaluated set. A run a target shows but whose targets read
+    no evaluation (a temperature-study figure) gets none."""
+    from protoclip.report.targets import evaluation_requests, targets
+
+    sets = evaluated_sets(cfg)
+    requests = evaluation_requests(cfg)
+    shown = {run for t in targets(cfg) for base in t.runs() for run in cfg.run_group(base)}
+    out: dict[str, dict[str, list[str] | None]] = {}
+    for run in cfg.run_names():
+        if run in shown:  # e.g. a temperature-study run: its figure reads the train log only
+            out[run] = {d: list(tasks) for d, tasks in requests.get(run, {}).items() if d in sets}
+        else:
+            out[run] = {d: None for d in sets}
+    return out
+
+
+def collect_stage(cfg, config_file: str, run: str, datasets: list[str]) -> Stage:
+    """``metrics.json`` of ``run``. Besides its evaluation folders it depends on the prepared data: `collect`
+    reports a configured set as "not found" when its data is missing, so it must run after `prepare` made it
+    (a run that no target evaluates, e.g. the temperature runs, would otherwise be collected before `prepare`
+    finished and list the offline sets as not found)."""
+    lay = Layout.from_config(cfg)
+    outs = collect_outs(lay, run)
+    data = [o.path for o in prepare_outs(lay, cfg).values()]
+    return Stage(f"collect_{run}", stage_command("collect", config_file, f"--run {run}"),
+                 {"evals": [norm_path(lay.eval_dir(run, d)) for d in datasets], "data": data}, [],
+                 list(outs.values()), outs)
+
+
+def report_stage(cfg, config_file: str) -> Stage:
+    """Every declared paper target (protoclip.report.targets.target_outputs: tables, figures, captions)."""
+    from protoclip.report.targets import target_outputs
+
+    lay = Layout.from_config(cfg)
+    runs = cfg.run_names()
+    outs = {f"file{i}": Out(norm_path(p)) for i, p in enumerate(target_outputs(cfg))}
+    return Stage("report", stage_command("report", config_file),
+                 {"summaries": [norm_path(lay.metrics_summary(r)) for r in runs],
+                  "train_logs": [norm_path(lay.train_log(r)) for r in runs]}, [],
+                 [Out(norm_path(lay.tables), directory=True), Out(norm_path(lay.figures), directory=True),
+                  Out(norm_path(lay.report_dir), directory=True)], outs)
+
+
+def toy_stage(cfg, config_file: str) -> Stage:
+    """PAUC's NEMD toy experiment (protoclip.toy.pauc_nemd): needs no data, only the `toy` config section."""
+    from protoclip.toy.pauc_nemd import toy_outputs
+
+    outs = {k: Out(norm_path(p)) for k, p in toy_outputs(Layout.from_config(cfg)).items()}
+    return Stage("toy_nemd", stage_command("toy-nemd", config_file), {},
+                 _params(config_file, "toy"), list(outs.values()), outs)
+
+
+def stages(cfg, config_file: str) -> list[Stage]:
+    """Every stage instance of the config, in DAG order."""
+    out = [prepare_stage(cfg, config_file)]
+    out += [teacher_stage(cfg, config_file, t) for t in teachers(cfg)]
+    for run, jobs in evaluations(cfg).items():
+        out.append(train_stage(cfg, config_file, run))
+        out += [evaluate_stage(cfg, config_file, run, d, tasks) for d, tasks in jobs.items()]
+        out.append(collect_stage(cfg, config_file, run, list(jobs)))
+    out.append(toy_stage(cfg, config_file))
+    out.append(report_stage(cfg, config_file))
+    return out
+
+
+def dvc_stages(cfg, config_file: str) -> dict:
+    """The `stages:` mapping of dvc.yaml for this config."""
+    return {s.name: s.dvc() for s in stages(cfg, config_file)}
+
+
+def dvc_yaml_text(cfg, config_file: str) -> str:
+    import yaml
+
+    from protoclip.report.dvc_plots import dvc_plots
+
+    header = ("# Generated by `protoclip dvc-yaml --config {cfg}` from the same stages as the Snakemake rules\n"
+              "# (protoclip/dag/stages.py). Do not edit by hand; tests/test_workflow.py checks it is current.\n")
+    doc = {
+        "stages": dvc_stages(cfg, config_file),
+        # training curves, per-target numbers and figures, written by `protoclip report` (dvc plots show / diff)
+        "plots": dvc_plots(cfg),
+    }
+    body = yaml.safe_dump(doc, sort_keys=False, width=120)
+    return header.format(cfg=config_file) + body
