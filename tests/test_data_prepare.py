@@ -83,7 +83,9 @@ def test_prepare_end_to_end(world, capsys):
     cfg, layout = world
     report = prepare.run_prepare(cfg)
     df = pd.read_parquet(layout.manifest)
-    assert list(df.columns) == ["id", "path", "caption", "source", "label", "sha256", "split", "licence"]
+    assert list(df.columns) == ["id", "path", "caption", "source", "label", "sha256", "split", "licence", "offset",
+                                "size"]
+    assert (df["offset"] == -1).all() and (df["size"] == -1).all()  # plain files: no tar member offsets
     assert df["id"].is_unique
     got = {r.id: (r.caption, r.source, r.label) for r in df.itertuples()}
     assert got == {
@@ -195,3 +197,45 @@ def test_reader_rules_version_rebuilds_user_data_only(world, monkeypatch):
     monkeypatch.setattr(userdata, "RULES_VERSION", userdata.RULES_VERSION + 1)
     assert prepare.fingerprint(cfg.prepare, layout) != with_user  # kept/dropped rows may differ: rebuild
     assert prepare.fingerprint(offline, layout) == offline_fp  # nothing to rebuild without user data
+
+
+def test_replaced_image_behind_an_unchanged_csv_is_not_up_to_date(world, capsys):
+    """The fingerprint covers the images a CSV names (size + mtime), not only the CSV (issue 22)."""
+    cfg, layout = world
+    prepare.run_prepare(cfg)
+    assert prepare.is_up_to_date(cfg.prepare, layout)
+    user = Path(cfg.prepare.user_data[0].path).parent
+    make_png(user / "u2.png", "green", "triangle")  # same name, other picture; the CSV is untouched
+    assert not prepare.is_up_to_date(cfg.prepare, layout)
+    capsys.readouterr()
+    prepare.run_prepare(cfg)
+    assert "up to date" not in capsys.readouterr().out
+    df = pd.read_parquet(layout.manifest).set_index("id")
+    assert df.loc["mine/u2.png", "sha256"] == hashlib.sha256((user / "u2.png").read_bytes()).hexdigest()
+    (user / "missing.png").write_bytes((user / "u2.png").read_bytes())  # a row's missing image appears
+    assert not prepare.is_up_to_date(cfg.prepare, layout)
+
+
+def test_prepare_killed_after_the_manifest_is_not_trusted(world, monkeypatch, capsys):
+    """Killed between replacing the manifest and writing its fingerprint: a rerun with the earlier config
+    must rebuild, not find the earlier fingerprint and trust the other config's manifest (issue 22)."""
+    cfg, layout = world
+    prepare.run_prepare(cfg)
+    old = cfg.prepare.heldout_fraction
+    cfg.prepare.heldout_fraction = 0.6
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # stands for SIGKILL after write_manifest
+    monkeypatch.setattr(prepare, "build_eval_sets", killed)
+    with pytest.raises(KeyboardInterrupt):
+        prepare.run_prepare(cfg)
+    monkeypatch.undo()
+    assert not prepare.fingerprint_path(layout).exists()
+    cfg.prepare.heldout_fraction = old
+    assert not prepare.is_up_to_date(cfg.prepare, layout)
+    capsys.readouterr()
+    prepare.run_prepare(cfg)
+    assert "up to date" not in capsys.readouterr().out
+    df = pd.read_parquet(layout.manifest)
+    assert all(r.split == split_of(r.id, cfg.prepare.seed, old) for r in df.itertuples())
+    assert prepare.is_up_to_date(cfg.prepare, layout)

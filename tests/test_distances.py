@@ -105,3 +105,19 @@ def test_bad_shapes_raise():
         neg_distance(torch.randn(2, 8), torch.randn(2, 8), "ps_negtrace", 3)
     with pytest.raises(ValueError, match="unknown distance"):
         neg_distance(torch.randn(2, 8), torch.randn(2, 8), "hyperbolic")
+
+
+def test_euclidean_exact_on_near_zero_distances_in_float32():
+    """Batches above 25 switch cdist's default to the matmul form, whose float32 cancellation loses pairs
+    8e-4 apart; the distance must match float64 differences to float32 rounding, with finite zero-distance grads."""
+    g = torch.Generator().manual_seed(5)
+    u = torch.randn(64, 512, generator=g)
+    v = u.clone()
+    v[:, 0] += 8e-4
+    want = -torch.sqrt(((u.double()[:, None, :] - v.double()[None, :, :]) ** 2).sum(-1))  # naive float64
+    got = neg_distance(u, v, "euclidean").double()
+    assert float((got.diagonal() - want.diagonal()).abs().max()) < 1e-6
+    assert float((got - want).abs().max()) < 1e-4  # off-diagonal distances ~32: float32 rounding only
+    x = u.clone().requires_grad_(True)
+    neg_distance(x, x.detach(), "euclidean").diagonal().sum().backward()  # every pair at distance 0
+    assert torch.equal(x.grad, torch.zeros_like(x))

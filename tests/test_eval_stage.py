@@ -89,8 +89,9 @@ def test_run_evaluate_end_to_end(project):
               ("nemd", "digits"), ("tsne", "digits"),
               ("zeroshot", "heldout_pairs"), ("linear", "heldout_pairs"), ("knn", "heldout_pairs"), ("retrieval", "heldout_pairs"),
               ("clustering", "heldout_pairs"), ("nemd", "heldout_pairs"), ("tsne", "heldout_pairs"),
-              ("retrieval", "coco")} | {(t, "cifar10") for t in
-                                       ("zeroshot", "linear", "knn", "clustering", "nemd", "tsne")}
+              ("temperature", "heldout_pairs"),  # digits: a single-token run without captions, not run
+              ("retrieval", "coco"), ("temperature", "coco")} | {(t, "cifar10") for t in
+                                       ("zeroshot", "linear", "knn", "clustering", "nemd", "tsne", "temperature")}
     files = {(task, ds) for task, ds, _ in records.metrics_files(layout, RUN)}
     assert files == expect
     assert layout.metrics_summary(RUN) in written
@@ -227,7 +228,7 @@ def test_applicability_rules():
     off = EvalDatasetConfig(kind="offline")
     assert "retrieval" not in static_tasks("digits", off) and "zeroshot" in static_tasks("digits", off)
     assert "zeroshot" in static_tasks("heldout_pairs", off) and "retrieval" in static_tasks("heldout_pairs", off)
-    assert static_tasks("coco", EvalDatasetConfig(kind="coco", path="/x")) == ["retrieval"]
+    assert static_tasks("coco", EvalDatasetConfig(kind="coco", path="/x")) == ["retrieval", "temperature"]
     ds = LabelledSet("x", ["a", "b"], [], test=[(None, 0)], train=None)
     assert not_applicable("zeroshot", ds) == "no prompt templates"
     assert not_applicable("knn", ds) == "no train split"

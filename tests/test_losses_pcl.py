@@ -216,3 +216,17 @@ def test_phi_proto_ce_known_answer_and_mask():
     dist = (members - c[lab]).norm(dim=1)
     torch.testing.assert_close(rel.double(), concentration(dist, lab, 5, tau=1.0), rtol=1e-6, atol=1e-6)
     assert float(rel.mean()) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_capped_negatives_half_the_smallest_k():
+    from protoclip.losses.pcl import PCL_NEGATIVES, capped_negatives
+
+    assert capped_negatives(PCL_NEGATIVES, [25_000, 50_000, 100_000]) == 12_500  # the paper's K: 16000 > 25000 / 2
+    assert capped_negatives(16000, [40_000, 50_000]) == 16000
+    assert capped_negatives(16000, [9, 7, 20]) == 3  # floor(7 / 2)
+    assert capped_negatives(16000, [1]) == 1  # at least one negative
+    cl = Clusterings([_unit(6, 3, 0), _unit(11, 3, 1)], [torch.zeros(4, dtype=torch.long)] * 2,
+                     [torch.ones(6), torch.ones(11)])
+    assert capped_negatives(100, cl) == 3
+    with pytest.raises(ValueError, match="r >= 1"):
+        capped_negatives(0, [10])

@@ -98,7 +98,7 @@ def test_multitoken_model_file_roundtrip(tmp_path):
 
 
 def test_similarity_embeddings_dot_products():
-    from protoclip.evaluate.features import similarity_embeddings, similarity_pre
+    from protoclip.evaluate.features import ensemble_pre, similarity_embeddings, similarity_pre
     from protoclip.losses.distances import neg_distance
     from protoclip.losses.nclip import nclip_similarity
 
@@ -113,9 +113,10 @@ def test_similarity_embeddings_dot_products():
     want = nclip_similarity(torch.log_softmax(hi, 1), torch.log_softmax(ht, 1))
     assert torch.allclose(n_i @ n_t.T, want, atol=1e-5)
     # prompt ensemble for nCLIP: the mean of the probability vectors, then scored
-    pre = similarity_pre("nclip_ce", None, ht[:2]).mean(0, keepdim=True)
+    pre = ensemble_pre("nclip_ce", similarity_pre("nclip_ce", None, ht[:2]))
     row = similarity_embeddings("nclip_ce", "text", None, None, pre=pre)
-    assert torch.allclose(n_i @ row.T, nclip_similarity(torch.log_softmax(hi, 1), pre.log()), atol=1e-5)
+    mean_p = torch.softmax(ht[:2], 1).mean(0, keepdim=True)
+    assert torch.allclose(n_i @ row.T, nclip_similarity(torch.log_softmax(hi, 1), mean_p.log()), atol=1e-5)
 
 
 def _cfg(name: str, **kw):

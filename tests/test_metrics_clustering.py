@@ -85,4 +85,22 @@ def test_best_objective_of_n_init_runs_and_spread(backend):
     best = min(runs, key=lambda r: r[0])[1]
     assert out["ari"] == pytest.approx(adjusted_rand_score(y, best))
     if backend == "sklearn":  # the same rule as sklearn's n_init: best inertia over the runs
-        assert min(o for o, _ in runs) <= KMeans(12, n_init=1, random_state=3).fit(xn).inertia_ * (1 + 1e-5)
+        first = KMeans(12, n_init=1, random_state=3 * 6).fit(xn)  # seed 3, n_init 6: the first init is 18
+        assert min(o for o, _ in runs) <= first.inertia_ * (1 + 1e-5)
+
+
+def test_seeds_use_disjoint_initialisations():
+    """Seed s runs initialisations s * n_init .. s * n_init + n_init - 1 (seeds 0 and 1 share none; seed + i
+    shared n_init - 1): each run equals sklearn's KMeans at that random_state, computed here."""
+    from sklearn.cluster import KMeans
+
+    from protoclip.evaluate.metrics.clustering import init_seeds, kmeans_runs
+
+    x, _ = blobs_on_axes(np.random.default_rng(4), 60, 4, 6, 0.6)
+    assert not set(init_seeds(0, 10)) & set(init_seeds(1, 10))
+    runs = kmeans_runs(x, 4, seed=1, n_init=3, max_iter=50)
+    for (obj, pred), rs in zip(runs, (3, 4, 5)):
+        km = KMeans(n_clusters=4, n_init=1, max_iter=50, random_state=rs).fit(x)
+        assert obj == pytest.approx(km.inertia_) and np.array_equal(pred, km.labels_)
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        init_seeds(-1, 3)

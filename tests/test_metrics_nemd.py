@@ -152,3 +152,15 @@ def test_headline_meets_the_two_percent_bound_where_spec_sinkhorn_does_not():
     assert fb["nemd_exact"] == pytest.approx(ref) and abs(fb["nemd"] - ref) / ref < 0.02
     with pytest.raises(ValueError, match="unknown NEMD method"):
         nemd(x, y, method="fast")
+
+
+@pytest.mark.parametrize("metric", ["nemd", "uniformity", "intra_class_spread", "kmeans_partition"])
+def test_all_zero_rows_are_rejected(metric):
+    """A zero row would normalise to the zero vector and still count (as in every other metric, rejected)."""
+    x, y = blobs(np.random.default_rng(9), [6, 6], 4, 0.2)
+    x[3] = 0.0
+    fn = {"nemd": lambda: nemd(x, y), "uniformity": lambda: uniformity(x),
+          "intra_class_spread": lambda: intra_class_spread(x, y),
+          "kmeans_partition": lambda: nemd_mod.kmeans_partition(x, 2)}[metric]
+    with pytest.raises(ValueError, match=r"features has 1 all-zero rows \(first: \[3\]\)"):
+        fn()

@@ -109,3 +109,24 @@ def test_all_zero_rows_are_rejected():
         zeroshot_classify(bad, x, [0, 1, 2])
     with pytest.raises(ValueError, match="classifier has 1 all-zero rows"):
         zeroshot_classify(x, torch.from_numpy(bad), [0, 1, 2])
+
+
+@pytest.mark.parametrize("bad", ["nan", "zero", "cancelling"])
+def test_nan_or_zero_text_features_are_rejected(bad):
+    """A dead text tower (NaN or zero rows), or prompts whose normalised embeddings cancel, must not give a
+    classifier silently (the row would be NaN or zero)."""
+    def encode(texts):
+        out = fake_encode_text(texts)
+        if bad == "nan":
+            out[1, 0] = float("nan")
+        elif bad == "zero":
+            out[1] = 0.0
+        else:  # the second template is the exact opposite of the first: their mean is 0
+            out[1::2] = -out[0::2]
+        return out
+
+    want = {"nan": "^text features of classes 'a'..'b' contains NaN",
+            "zero": r"^text features of classes 'a'..'b' has 1 all-zero rows \(first: \[1\]\)",
+            "cancelling": "^prompt-averaged text features of classes 'a'..'b' has 2 all-zero rows"}[bad]
+    with pytest.raises(ValueError, match=want):
+        build_zeroshot_classifier(encode, ["a", "b"], ["{}", "x {}"], show_progress=False)

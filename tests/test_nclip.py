@@ -115,6 +115,12 @@ def test_mean_entropy_term_prevents_collapse():
     assert kept["nclip_he"] > 0.9 * math.log(8)
 
 
+def test_pbar_batch_size_is_logged():
+    loss = NCLIPLoss()
+    loss(torch.randn(6, 5), torch.randn(6, 5))
+    assert loss.last_stats["nclip_pbar_batch"] == 6.0  # single process: the local batch
+
+
 def test_stats_std_and_same_argmax():
     p = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1]])
     q = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1]])
@@ -171,3 +177,60 @@ def test_ddp_batch_mean_is_global_with_gradient(tmp_path):
         torch.testing.assert_close(got[r]["gt"], 2 * ht.grad[r * 4:(r + 1) * 4])
     for k in ("nclip_ce", "nclip_eh", "nclip"):
         torch.testing.assert_close((got[0]["terms"][k] + got[1]["terms"][k]) / 2, oracle[k].detach())
+    assert [got[r]["stats"]["nclip_pbar_batch"] for r in range(2)] == [8.0, 8.0]  # 2 ranks x 4: the global batch
+
+
+def test_evaluation_score_exact_for_sharp_head_logits():
+    """The evaluation's dot-product form of -L_CE (evaluate.features, prompt ensemble = mean probability) equals
+    a float64 computation even when head logits are sharp (sd 20: float32 softmax underflows to 0, and the old
+    log(clamp(softmax)) picked another class for ~4% of images)."""
+    from protoclip.evaluate.features import ensemble_pre, similarity_embeddings, similarity_pre
+
+    g = torch.Generator().manual_seed(7)
+    K, n_img, n_cls, n_prompts = 64, 200, 10, 3
+    hi = 20 * torch.randn(n_img, K, generator=g)
+    ht = 20 * torch.randn(n_cls, n_prompts, K, generator=g)
+    img = similarity_embeddings("nclip_ce", "image", None, hi)
+    cls = torch.cat([similarity_embeddings("nclip_ce", "text", None, None,
+                                           pre=ensemble_pre("nclip_ce", similarity_pre("nclip_ce", None, ht[c])))
+                     for c in range(n_cls)])
+    got = (img @ cls.T).double()
+
+    def logp64(h):  # float64 log-softmax by hand
+        h = h.double()
+        m = h.max(-1, keepdim=True).values
+        return h - m - (h - m).exp().sum(-1, keepdim=True).log()
+
+    lp_i = logp64(hi)
+    lp_t = (logp64(ht).exp().mean(1)).log()  # log of the prompts' mean probability, float64
+    want = 0.5 * (lp_i.exp() @ lp_t.T + lp_i @ lp_t.exp().T)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-3)
+    assert torch.equal(got.argmax(1), want.argmax(1))
+
+
+def test_zeroshot_logs_the_image_as_target_variant(tmp_path):
+    """task_zeroshot of an nCLIP run adds image_as_target: top-k of p_I . log p_T (image distribution as the
+    target, spec 1.7.4), here against a float64 argmax; the headline stays the symmetric score."""
+    import numpy as np
+
+    from protoclip.evaluate.config import EvaluateConfig
+    from protoclip.evaluate.features import ensemble_pre, similarity_embeddings, similarity_pre
+    from protoclip.evaluate.stage import task_zeroshot
+
+    g = torch.Generator().manual_seed(8)
+    hi, ht = 3 * torch.randn(40, 16, generator=g), 3 * torch.randn(6, 2, 16, generator=g)
+    y = torch.randint(0, 6, (40,), generator=g)
+    cls = torch.cat([similarity_embeddings("nclip_ce", "text", None, None,
+                                           pre=ensemble_pre("nclip_ce", similarity_pre("nclip_ce", None, ht[c])))
+                     for c in range(6)])
+    f = {"test_s": similarity_embeddings("nclip_ce", "image", None, hi).numpy(), "test_y": y.numpy(),
+         "zeroshot_classifier_s": cls.numpy(), "similarity": np.array("nclip_ce")}
+    ds = type("DS", (), {"classnames": list("abcdef"), "templates": ["{}", "a {}"]})()
+    m, _, _ = task_zeroshot(f, ds, EvaluateConfig(), tmp_path)
+    p_i = torch.softmax(hi.double(), 1)
+    logq = torch.softmax(ht.double(), 2).mean(1).log()
+    want_target = 100.0 * float(((p_i @ logq.T).argmax(1) == y).double().mean())
+    want_sym = 100.0 * float((nclip_similarity(p_i.log(), logq).argmax(1) == y).double().mean())
+    assert m["image_as_target"]["top1"] == pytest.approx(want_target) and m["top1"] == pytest.approx(want_sym)
+    text_target = 100.0 * float(((p_i.log() @ logq.exp().T).argmax(1) == y).double().mean())
+    assert len({want_target, want_sym, text_target}) == 3  # the fixture tells the three scores apart

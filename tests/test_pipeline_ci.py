@@ -201,6 +201,12 @@ def check_project(root: Path, cfg_file: Path, args: tuple) -> None:
                 (t.id, paper.to_string())
     for name in ("fig_pauc_toy.png", "pauc_toy.csv", "pauc_toy.md"):
         assert (results / "toy" / name).stat().st_size > 0, name
+    # the temperature study's diagnostics (evaluation task `temperature` on the held-out pairs) feed its figure
+    import json
+
+    multi = json.loads((results / "runs" / "temp_multi_init14" / "eval" / "heldout_pairs" / "temperature.json")
+                       .read_text())["metrics"]
+    assert multi["sweep"] and multi["histograms"]["n_pairs"] > 1 and multi["token_subsets"]["tokens"] == 4
     # the held-out pairs' coarse labels (the fixture's shapes) give a zero-shot number, with chance beside it
     t5 = (results / "tables" / "table_V.md").read_text()
     assert "Zero-shot chance level: " in t5 and "heldout_pairs 25.0%" in t5, t5[:2000]

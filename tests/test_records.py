@@ -23,6 +23,9 @@ def test_metrics_files_read_back_in_one_shape(tmp_path):
     records.write_skip(lay.metrics("r", "zeroshot", "cifar10"), "r", "cifar10", "zeroshot",
                        "skipped: cifar10 not found at /x")
     (lay.eval_dir("r", "digits") / "notes.json").write_text("{}")  # not a task: not a metrics file
+    for dataset, task in (("digits", "knn"), ("cifar10", "zeroshot")):  # as evaluate does last: the marker
+        records.write_tasks(lay.eval_tasks("r", dataset), "r", dataset, {task: "ran"}, "0" * 64,
+                            files=[lay.metrics("r", task, dataset)])
     assert records.read_metrics(lay.metrics("r", "knn", "digits")) == {"top1": 91.5}
     skipped = records.read_metrics(lay.metrics("r", "zeroshot", "cifar10"))
     assert skipped == {"skipped": "skipped: cifar10 not found at /x"}

@@ -3,6 +3,7 @@ import json
 
 import pandas as pd
 import yaml
+from conftest import mark_evaluated
 
 from protoclip.config import load_config
 from protoclip.layout import Layout
@@ -30,6 +31,7 @@ def make_project(tmp_path):
         log = lay.train_log(run)
         log.write_text("\n".join(json.dumps({"kind": "step", "step": s, "loss": 5.0 - s}) for s in range(3))
                        + "\n" + json.dumps({"kind": "episode", "episode": 0}) + "\n")
+    mark_evaluated(lay.results_dir)
     return cfg, lay
 
 
@@ -67,6 +69,7 @@ def test_not_applicable_cells_read_na_and_stay_out_of_the_skipped_list(tmp_path)
     for task in ("zeroshot", "clustering"):
         lay.metrics("b", task, "digits").write_text(json.dumps(
             {"run": "b", "task": task, "skipped": "not applicable: image-only method (pcl), the text tower is untrained"}))
+    mark_evaluated(lay.results_dir)  # as the evaluation that wrote them does last
     res = Results(cfg)
     zs = ColumnConfig(label="zero-shot", task="zeroshot", datasets=["digits"])
     assert res.cell("b", zs, ["digits"]).fmt() == "n/a: image-only method (pcl)"

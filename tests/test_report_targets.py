@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import mark_evaluated
 
 from protoclip.config import ConfigError, load_config
 from protoclip.layout import Layout
@@ -57,7 +58,7 @@ def synthesize(cfg) -> None:
     """Metrics files (the paper sets skipped, as offline), train logs, and feature caches for every run."""
     layout = Layout.from_config(cfg)
     metrics = {"zeroshot": ["top1", "top5"], "linear": ["top1"], "knn": ["top1"], "clustering": ["ari", "ami"],
-               "nemd": ["nemd"],
+               "nemd": ["nemd"], "temperature": ["n_pairs", "tokens"],
                "retrieval": ["mean_recall"] + [f"{d}_R@{k}" for d in ("image_to_text", "text_to_image")
                                                for k in (1, 5, 10)]}
     offline = {"heldout_pairs", "fashion_mnist", "digits"}
@@ -87,6 +88,7 @@ def synthesize(cfg) -> None:
         feats = layout.features(run, "fashion_mnist")
         feats.parent.mkdir(parents=True, exist_ok=True)
         np.savez(feats, test_z=rng.normal(size=(len(y), 8)).astype(np.float32) + y[:, None], test_y=y)
+    mark_evaluated(layout.results_dir)
 
 
 # --------------------------------------------------------------------------- declarations

@@ -3,6 +3,7 @@ a resumed one continues its own, evaluate finds the run by the model's sha256, t
 training-runs view, and the report gets a run of its own with the tables as artifacts."""
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -37,7 +38,9 @@ def project(tmp_path: Path, lr: float) -> Path:
         for i in range(24):
             Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(img_dir / f"{i}.png")
             pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
-                              source="tuxpaint", label="", sha256=f"{i:064d}", split="heldout" if i >= 20 else "train"))
+                              source="tuxpaint", label="",
+                              sha256=hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest(),
+                              split="heldout" if i >= 20 else "train"))
         write_manifest(to_frame(pairs), layout.manifest)
     cfg = {"paths": {"data_dir": str(layout.data_dir), "results_dir": str(layout.results_dir),
                      "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db", "mlflow_experiment": "exp"},

@@ -28,6 +28,7 @@ def test_two_ranks_gloo_end_identical(tmp_path):
     assert len(steps) == 2 and all(math.isfinite(s["loss"]) and math.isfinite(s["proto"]) for s in steps)
     start = read_train_log(tmp_path / "results" / "runs" / "ddp" / "train_log.jsonl", "start")[0]
     assert start["schedule"]["world_size"] == 2 and start["schedule"]["steps_per_episode"] == 2
+    assert start["schedule"]["per_rank_batch"] == 8 and start["schedule"]["global_batch"] == 16
     protos = r0["protos"]
     # k-means ran once on the gathered features of all 32 episode items (rank 0) and was broadcast
     assert protos.image.assignments.shape == (32,) and int(protos.image.sizes.sum()) == 32

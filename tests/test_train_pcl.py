@@ -267,3 +267,27 @@ def test_pcl_under_ddp_two_ranks_end_identical(tmp_path):
     assert int(queue["ptr"]) == (2 * 2 * 16) % 40  # 2 episodes x 2 steps x 16 keys (8 per rank, all-gathered)
     steps = read_train_log(tmp_path / "results" / "runs" / "ddp" / "train_log.jsonl", "step")
     assert len(steps) == 4 and "protonce" in steps[-1] and "pauc_unif" in steps[-1]
+
+
+def test_method_caps_negative_prototypes_at_half_the_smallest_k():
+    """pcl.negatives = 16000 on K = {6, 9}: the method draws floor(6 / 2) = 3 negatives per clustering (spec 4.7.5),
+    the same loss as protonce with r = 3 under the same random state, not the uncapped draw."""
+    from protoclip.losses.pcl import Clusterings, protonce
+    from protoclip.models.momentum import FeatureQueue
+
+    cfg = pcl_config(pcl={"negatives": 16000, "num_clusters": [6, 9]})
+    method = PCLMethod(cfg)
+    method._queue = FeatureQueue(8, 4, seed=0)
+    g = torch.Generator().manual_seed(0)
+    cl = Clusterings([torch.nn.functional.normalize(torch.randn(k, 4, generator=g), dim=1) for k in (6, 9)],
+                     [torch.randint(0, k, (20,), generator=g) for k in (6, 9)], [torch.full((k,), 0.2) for k in (6, 9)])
+    q, k = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
+    positions = torch.tensor([0, 3, 5, 11, 19])
+    torch.manual_seed(1)
+    got = method.terms(None, {"h_image": q, "h_key": k}, positions, cl)["protonce"]
+    torch.manual_seed(1)
+    want = protonce(q, positions, cl, 3)["protonce"]
+    torch.manual_seed(1)
+    uncapped = protonce(q, positions, cl, 16000)["protonce"]
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
+    assert float(got) != pytest.approx(float(uncapped), rel=1e-3)

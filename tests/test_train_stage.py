@@ -1,6 +1,7 @@
 """`run_train` on a fixture project (64 random PNGs + captions, a random teacher cache): outputs and errors."""
 from __future__ import annotations
 
+import hashlib
 import math
 import sys
 from pathlib import Path
@@ -37,7 +38,9 @@ def _project(tmp_path: Path, n: int = 40, teacher: bool = True) -> Path:
         Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(img_dir / f"{i}.png")
         split = "heldout" if i >= n - 4 else "train"
         pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
-                          source="tuxpaint", label="", sha256=f"{i:064d}", split=split))
+                          source="tuxpaint", label="",
+                          sha256=hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest(),
+                          split=split))
     write_manifest(to_frame(pairs), layout.manifest)
     if teacher:
         ids = np.array([p.id for p in pairs][::-1])  # cache order differs from the manifest's

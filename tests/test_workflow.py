@@ -63,7 +63,8 @@ def test_snakemake_and_dvc_run_the_same_commands_on_the_same_files():
             tail = "".join(f" --task {t}" for t in tasks or [])
             assert f"protoclip evaluate --config {CONFIG} --run {run} --dataset {dataset}{tail}" in jobs
     assert evaluations(cfg)["clip_tiny_s0"]["fashion_mnist"]  # the main runs are evaluated ...
-    assert evaluations(cfg)["temp_sphere_init1"] == {}  # ... a temperature-study run only trains
+    # ... a temperature-study run only for its figure's diagnostics (evaluation task `temperature`)
+    assert evaluations(cfg)["temp_sphere_init1"] == {"heldout_pairs": ["temperature"]}
     # `collect` reports a set whose data is missing as "not found": even with no evaluation to wait for, it runs
     # after `prepare` made the offline sets (it used to run first and list digits / Fashion-MNIST as not found)
     collect = jobs[f"protoclip collect --config {CONFIG} --run temp_sphere_init1"]["input"]
@@ -116,6 +117,8 @@ def test_bad_override_stops_naming_the_key():
     dry = snakemake("-n", "--cores", "1", "--config", 'train={"lrr": 0.1}')
     assert dry.returncode != 0
     assert "unknown key 'train.lrr'" in dry.stdout + dry.stderr
+    # one line, as the protoclip CLI prints it: no traceback of the Snakefile's frames (issue 22)
+    assert "protoclip: config error: " in dry.stderr and 'File "' not in dry.stdout + dry.stderr
 
 
 def test_dvc_outputs_do_not_overlap():

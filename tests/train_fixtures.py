@@ -144,9 +144,11 @@ def global_nclip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         hi, ht = torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g)
         part = slice(rank * 4, (rank + 1) * 4)
         hi_r, ht_r = hi[part].clone().requires_grad_(True), ht[part].clone().requires_grad_(True)
-        terms = NCLIPLoss(0.5, 1.5, world_size=info.world_size)(hi_r, ht_r)
+        loss = NCLIPLoss(0.5, 1.5, world_size=info.world_size)
+        terms = loss(hi_r, ht_r)
         terms["nclip"].backward()
-        torch.save({"terms": {k: v.detach() for k, v in terms.items()}, "gi": hi_r.grad, "gt": ht_r.grad},
+        torch.save({"terms": {k: v.detach() for k, v in terms.items()}, "gi": hi_r.grad, "gt": ht_r.grad,
+                    "stats": loss.last_stats},
                    f"{out_dir}/nclip{rank}.pt")
     finally:
         dist.destroy_process_group()

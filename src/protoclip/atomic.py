@@ -69,6 +69,26 @@ def clean_stale_temps(folder: str | Path, recursive: bool = True) -> list[Path]:
     return removed
 
 
+def clean_stale_temps_of(outputs: list[str | Path]) -> list[Path]:
+    """Delete the temp files :func:`atomic_path` left beside these output files when a write was killed.
+
+    For a stage whose folder other stages write into too (a run folder holds train's files and, under
+    ``eval/``, evaluate's): only the temp names of its own outputs are touched. Returns the paths removed.
+    """
+    removed = []
+    for out in map(Path, outputs):
+        if not out.parent.is_dir():
+            continue
+        own = re.compile(re.escape(f".{out.name}.") + r"[A-Za-z0-9_]{8}\.tmp" + re.escape("".join(out.suffixes)))
+        for path in sorted(out.parent.iterdir()):
+            if own.fullmatch(path.name) and (path.is_file() or path.is_symlink()):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    if removed:
+        log.info("removed %d stale temp file(s) of a killed write (first: %s)", len(removed), removed[0])
+    return removed
+
+
 def save_torch(path: str | Path, obj: Any) -> Path:
     """``torch.save(obj)`` to ``path`` atomically and byte-deterministically.
 

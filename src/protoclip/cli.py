@@ -12,8 +12,9 @@
     protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands
 
 Stages are pure functions of (config, inputs) -> outputs; this module only parses the command line,
-loads and validates the config, and turns a config error or a missing input into a one-line message naming
-the key or path, with exit code 2.
+loads and validates the config, and turns a user error raised anywhere in a stage (a bad config value, an
+unreadable data or model file: any ``protoclip.errors.UserError``) or a missing input into a one-line message
+naming the key or path, with exit code 2. Every other exception is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import os
 import logging
 import sys
 
-from protoclip.config import ConfigError, load_config
+from protoclip.config import load_config
+from protoclip.errors import UserError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -127,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
             from protoclip.dag.stages import dvc_yaml_text
 
             write_text(args.output, dvc_yaml_text(cfg, args.config))
-    except ConfigError as err:
-        print(f"protoclip {args.stage}: config error: {err}", file=sys.stderr)
+    # ConfigError, ModelFileError, an unreadable checkpoint, a training stopped on NaN/Inf, ...: the user's input
+    # (or a diverged run), not a bug: one line, no traceback
+    except UserError as err:
+        message = " ".join(str(err).splitlines())  # one line, even for a message quoting a multi-line value
+        print(f"protoclip {args.stage}: {err.kind}: {message}", file=sys.stderr)
         return 2
     except FileNotFoundError as err:  # a configured input (user data, teacher cache, model) is missing
         print(f"protoclip {args.stage}: input not found: {err}", file=sys.stderr)

@@ -8,7 +8,12 @@ Each section is a dataclass owned by the package that uses it (``protoclip.data.
 * a wrong type stops with ``<file>: 'train.lr' must be float, got str ('abc')``; numbers written as
   ``1e9`` (a string to PyYAML) are accepted, non-finite numbers (``.nan``, ``.inf``) are errors;
 * a configured input path that does not exist stops with a message naming the path
-  (see :func:`require_path`).
+  (see :func:`require_path`);
+* a YAML file with a repeated key (two ``train:`` blocks, a run declared twice) stops naming the key, the
+  file and both lines (PyYAML keeps the last one silently; :class:`StrictLoader`); a folder or a file that
+  is not UTF-8 stops naming the file;
+* every value is checked when the config loads, not seconds later inside the job: each section's
+  ``validate()`` (ranges, model architecture, device names), so a bad value is one line naming key and file.
 
 Runs (``runs:`` in the experiment files listed under ``experiments:``) are overrides merged
 onto the ``train:`` defaults, so every run's resolved config is a complete ``TrainConfig``.
@@ -30,9 +35,13 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from protoclip.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError):
     """A configuration problem; the message names the file and the key."""
+
+    kind = "config error"
 
 
 # --------------------------------------------------------------------------- strict builder
@@ -99,7 +108,10 @@ def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise bad
-        (item_tp, *_) = get_args(tp) or (Any,)
+        args = get_args(tp) or (Any,)
+        if origin is tuple and Ellipsis not in args and len(value) != len(args):  # tuple[float, float]: 2 values
+            raise ConfigError(f"{where}: '{key}' must have {len(args)} values, got {len(value)} ({value!r})")
+        item_tp = args[0]
         items = [_coerce(item_tp, v, f"{key}[{i}]", where) for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if origin is dict:
@@ -203,12 +215,60 @@ def require_path(path: str | Path, what: str) -> Path:
     return p
 
 
+class DuplicateKeyError(yaml.MarkedYAMLError):
+    """A mapping repeats a key (raised by :class:`StrictLoader`)."""
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader that refuses a key repeated in one mapping.
+
+    YAML 1.2 requires mapping keys to be unique, but PyYAML keeps the last value without a word, so a second
+    ``train:`` block silently replaces the first. Keys merged in with ``<<: *anchor`` may be overridden (that
+    is what merge keys are for); only keys written twice in the same mapping are errors.
+    """
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: SafeConstructor reports it
+                    continue
+                if first is not None:
+                    raise DuplicateKeyError(
+                        None, None, f"key '{key}' is repeated (first at line {first.line + 1}); PyYAML would "
+                        "silently keep the last one", key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict:
+    """The mapping in YAML file ``path``; a missing file, a folder, non-UTF-8 bytes, invalid YAML or a repeated
+    key stops with a :class:`ConfigError` naming the file (and the line)."""
     p = require_path(path, "config")
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a folder, not a YAML file")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {err.start}: {err.object[err.start:err.start + 1]!r})") from None
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot be read ({err.strerror or err})") from None
+    try:
+        data = yaml.load(text, Loader=StrictLoader) or {}
+    except DuplicateKeyError as err:
+        raise ConfigError(f"{p}: line {err.problem_mark.line + 1}: {err.problem}") from None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        what = "; ".join(str(x) for x in (err.context, err.problem) if x)
+        raise ConfigError(f"{p}: {where}not valid YAML: {' '.join(what.split())}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{p}: not valid YAML: {err}") from None
+        raise ConfigError(f"{p}: not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a mapping")
     return data
@@ -374,5 +434,5 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
 
 __all__ = [
     "ConfigError", "ProjectConfig", "PathsConfig", "build", "to_dict", "deep_merge", "load_config",
-    "require_path", "read_yaml", "expand_seeds",
+    "require_path", "read_yaml", "expand_seeds", "StrictLoader", "UserError",
 ]

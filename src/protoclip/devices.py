@@ -1,11 +1,50 @@
-"""Device selection shared by every stage."""
+"""Device selection shared by every stage: a config's ``device`` string -> a ``torch.device``.
+
+Two checks, at the two moments they can be made:
+
+* :func:`check_device_name` when the config loads (no torch import: Snakemake parses the config on a head
+  node that may have no GPU): the spelling. ``gpu`` (torch has no such device type) is an error that says
+  to write ``cuda``.
+* :func:`resolve_device` when a stage starts, on the machine that runs it: ``cuda`` / ``cuda:N`` without a
+  visible GPU (or with fewer than N + 1) stops with one line saying so (a :class:`ConfigError`) instead of
+  torch's traceback from deep inside the first ``.to(device)``.
+"""
 from __future__ import annotations
 
-import torch
+import os
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+# auto: cuda when available, else cpu. cpu, cuda, cuda:N and mps are torch device strings; the other torch
+# device types (xpu, meta, ...) are not used by this project and are refused here with the accepted list.
+DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def check_device_name(device: str) -> None:
+    """Raise ValueError unless ``device`` is one of ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``."""
+    if not DEVICE_NAME.fullmatch(device):
+        hint = " (torch calls GPUs 'cuda')" if device.lower().startswith("gpu") else ""
+        raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps, got '{device}'{hint}")
 
 
 def resolve_device(device: str) -> torch.device:
-    """'auto' -> cuda when available, else cpu; anything else is passed to torch.device."""
+    """'auto' -> cuda when available, else cpu; 'cuda[:N]' only when that GPU is visible."""
+    import torch
+
+    from protoclip.config import ConfigError  # here: the section configs import this module
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = torch.device(device).index or 0
+        if index >= visible:
+            env = os.environ.get("CUDA_VISIBLE_DEVICES")
+            what = "no GPU is visible" if visible == 0 else f"only {visible} GPU(s) are visible"
+            raise ConfigError(f"device '{device}': {what} to torch"
+                              + (f" (CUDA_VISIBLE_DEVICES={env!r})" if env is not None else "")
+                              + "; use device: auto or cpu, or run on a GPU machine")
     return torch.device(device)

@@ -13,7 +13,8 @@
         <task>.json                     metrics of one task (also logged to the run's MLflow run)
         features.npz                    cached evaluation features
         tsne.png                        t-SNE figure (when the task ran)
-        tasks.json                      what each configured task did on this set (ran / skipped / not applicable)
+        tasks.json                      what each configured task did on this set (ran / skipped / not applicable);
+                                        written last: the folder's completion marker (protoclip.completion)
     results/runs/<run>/metrics.json     all of a run's metrics in one file (`protoclip collect`)
     results/tables/<target>.{csv,md,tex,html}, results/figures/<target>.png   paper targets (`protoclip report`)
     results/tables/index.md             every target and the skipped data sets

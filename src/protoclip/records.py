@@ -6,7 +6,11 @@
   ``not applicable: <why>`` (:data:`NOT_APPLICABLE`, e.g. zero-shot of an image-only run). Read back with
   :func:`read_metrics`, "not run" has one shape: ``{"skipped": line}``; a file that does not exist reads None.
 * ``results/runs/<run>/eval/<set>/tasks.json``: what each configured task did on the set (``ran``,
-  a skip line, ``not applicable: ...`` or ``not run: ...``), the model's sha256 and the probe subsample.
+  a skip line, ``not applicable: ...`` or ``not run: ...``), the model's sha256 and the probe subsample. It is
+  the folder's completion marker (:mod:`protoclip.completion`): deleted when an evaluation of the set starts,
+  written last with the sha256 of every metrics file it vouches for. Metrics files are listed only through it
+  (:func:`metrics_files`, :func:`set_results`): a folder killed half-way, or a file changed since, is a
+  one-line error naming it, never a partial result; a 0-byte or cut file is one line naming it too.
 * ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or {"skipped": line}}}`` of the whole run
   (``protoclip collect``; the DVC metrics file).
 * ``results/runs/<run>/train_log.jsonl``: one JSON object per line, appended as training goes. Kinds:
@@ -25,6 +29,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from protoclip import completion
 from protoclip.atomic import write_json, write_text
 from protoclip.evaluate.config import NOT_APPLICABLE, TASKS
 
@@ -37,6 +42,8 @@ HEADLINE: dict[str, list[str]] = {
     "clustering": ["ari", "ami"],  # Table XII
     "nemd": ["nemd", "uniformity", "intra_class_spread"],  # PAUC / methods-spec 3.4
     "tsne": ["n_points"],  # a figure (Fig. 8): no table
+    # the temperature study's figure: tau* at ratio 1 (Fig. 1), the pairs (Fig. 1 / 8), the tokens (Table 11)
+    "temperature": ["equilibrium_scale", "n_pairs", "tokens"],
 }
 SKIPPED = "skipped"  # the key of a task that did not run, in metrics files and metrics.json
 
@@ -57,9 +64,11 @@ def _result(data: dict) -> dict:
 
 
 def read_metrics(path: Path) -> dict | None:
-    """The metrics dict of a task file, ``{"skipped": line}`` when it did not run, None when there is no file."""
+    """The metrics dict of a task file, ``{"skipped": line}`` when it did not run, None when there is no file;
+    a file that is not a JSON object (0 bytes, cut, binary) stops with one line naming it. This reads one file:
+    list a run's files with :func:`metrics_files` / :func:`set_results`, which require the completion marker."""
     path = Path(path)
-    return _result(json.loads(path.read_text())) if path.exists() else None
+    return _result(completion.read_record(path)) if path.exists() else None
 
 
 def skip_line(result: dict | None) -> str | None:
@@ -72,10 +81,23 @@ def is_not_applicable(line: str) -> bool:
     return line.startswith(NOT_APPLICABLE)
 
 
+def _vouched(layout, run: str, dataset: str) -> list[Path]:
+    """The task files of one evaluation folder that its completion marker vouches for."""
+    files = completion.complete_files(layout.eval_dir(run, dataset), layout.eval_tasks(run, dataset))
+    return [p for p in files if p.stem in TASKS]
+
+
 def metrics_files(layout, run: str) -> list[tuple[str, str, Path]]:
-    """``(task, dataset, path)`` of every metrics file of ``run`` on disk, sorted by task then set."""
-    found = sorted(layout.run_dir(run).glob("eval/*/*.json"), key=lambda p: (p.stem, p.parent.name))
-    return [(p.stem, p.parent.name, p) for p in found if p.stem in TASKS]
+    """``(task, dataset, path)`` of every metrics file of ``run`` that its folder's completion marker vouches for,
+    sorted by task then set; a folder without a marker (killed half-way) or with a changed file: one-line error."""
+    sets = sorted(p.name for p in layout.run_dir(run).glob("eval/*/") if p.is_dir())
+    found = sorted((p for d in sets for p in _vouched(layout, run, d)), key=lambda p: (p.stem, p.parent.name))
+    return [(p.stem, p.parent.name, p) for p in found]
+
+
+def set_results(layout, run: str, dataset: str) -> dict[str, dict]:
+    """{task: metrics or {"skipped": line}} of one evaluation folder (vouched files only; {} when none)."""
+    return {p.stem: read_metrics(p) for p in _vouched(layout, run, dataset)}
 
 
 def run_results(layout, run: str) -> dict[str, dict[str, dict]]:
@@ -92,17 +114,19 @@ def write_summary(path: Path, summary: dict[str, dict[str, dict]]) -> Path:
 
 
 def read_summary(path: Path) -> dict[str, dict[str, dict]]:
-    """A run's metrics.json ({} when there is none)."""
+    """A run's metrics.json ({} when there is none; a broken file: one line naming it)."""
     path = Path(path)
-    return json.loads(path.read_text()) if path.exists() else {}
+    return completion.read_record(path) if path.exists() else {}
 
 
 def write_tasks(path: Path, run: str, dataset: str, status: dict[str, str], model_sha256: str,
-                subsample: dict | None = None) -> Path:
+                subsample: dict | None = None, files: list[Path] = ()) -> Path:
+    """The folder's completion marker, written last: ``status`` plus the sha256 of each metrics file in ``files``
+    (the evaluation must have called ``completion.start`` on the folder before writing any of them)."""
     record: dict[str, Any] = {"run": run, "dataset": dataset, "tasks": status, "model_sha256": model_sha256}
     if subsample is not None:
         record["subsample"] = subsample
-    return write_json(path, record)
+    return completion.finish(path, record, files)
 
 
 # --------------------------------------------------------------------------- train_log.jsonl

@@ -4,7 +4,7 @@
 import json
 import sys
 
-from protoclip.config import load_config, to_dict
+from protoclip.config import ConfigError, load_config, to_dict
 from protoclip.layout import Layout
 from protoclip.dag import dvc_sync, snakemake as dag_snakemake, stages as dag_stages
 
@@ -15,7 +15,11 @@ DEFAULT_CONFIG = "config/config.yaml"
 CONFIG_FILE = dag_snakemake.resolve_config(
     config, DEFAULT_CONFIG, [str(f) for f in workflow.config_settings.configfiles],
     dict(workflow.config_settings.config or {}))
-PROJECT = load_config(CONFIG_FILE)
+try:
+    PROJECT = load_config(CONFIG_FILE)
+except ConfigError as err:  # one line naming key and file, exit 2, as the protoclip CLI says it: no traceback
+    print(f"protoclip: {err.kind}: {err}", file=sys.stderr)
+    sys.exit(2)
 LAYOUT = Layout.from_config(PROJECT)
 RUNS = PROJECT.run_names()
 DATASETS = list(PROJECT.evaluate.datasets)

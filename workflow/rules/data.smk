@@ -10,6 +10,7 @@ rule prepare:
         "logs/prepare.log",
     benchmark:
         "benchmarks/prepare.tsv"
+    threads: PROJECT.prepare.num_workers  # prepare renders SVGs and scans shards in that many processes
     params:
         settings=settings(PROJECT.prepare),
         cmd=STAGES["prepare"].cmd,

@@ -30,7 +30,7 @@ class PrepareConfig:
     eval_sets: list[Literal["fashion_mnist", "digits"]] = field(
         default_factory=lambda: ["fashion_mnist", "digits"])  # offline labelled evaluation sets
     user_data: list[UserDataConfig] = field(default_factory=list)  # extra pretraining pairs from user paths
-    num_workers: int = 2  # processes for rendering SVGs
+    num_workers: int = 2  # processes for rendering SVGs and scanning webdataset shards
     # added by protoclip.data: openclipart cleaning thresholds (shared/docs/offline-data.md)
     openclipart_max_title_uses: int = 5  # a title used by more files than this names a collection: dropped
     openclipart_max_keywords: int = 3  # keywords appended to an openclipart title in its caption
@@ -48,3 +48,5 @@ class PrepareConfig:
             raise ValueError(f"user_data names must be unique and differ from offline sources, got {names}")
         if self.image_size < 8:
             raise ValueError(f"image_size must be >= 8, got {self.image_size}")
+        if self.openclipart_max_title_uses < 1 or self.openclipart_max_keywords < 0:
+            raise ValueError("openclipart_max_title_uses must be >= 1 and openclipart_max_keywords >= 0")

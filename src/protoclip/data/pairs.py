@@ -6,14 +6,22 @@
     image, tokens, sample_id = ds[0]
 
 Paths are plain files or ``<shard.tar>::<member>`` (webdataset user data), read by
-:mod:`protoclip.data.reading` (a per-worker cache of open ``TarFile`` objects).
+:mod:`protoclip.data.reading` (one ``pread`` at the manifest's member offset; an image that changed or
+vanished since ``prepare`` stops the stage with one line naming it).
+
+Per-row data lives in flat numpy buffers (:class:`StringColumn`: UTF-8 bytes + offsets; int64 arrays), not
+Python lists of ``str``: a DataLoader worker forked from the trainer reads rows without touching a
+reference count, so the parent's pages stay shared (PyTorch's copy-on-read problem, pytorch/pytorch#13246:
+with lists every worker's private memory grows by the size of the list over an epoch).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
@@ -46,16 +54,54 @@ def load_manifest(layout: Layout, sources: Iterable[str] | None = None, split: s
     return df.reset_index(drop=True)
 
 
+class StringColumn:
+    """An immutable column of strings in two numpy arrays: the UTF-8 bytes of all rows, and row offsets.
+
+    ``col[i] -> str``; ``len(col)``. Built through Arrow (its large_string layout is exactly this), so a
+    million rows take one pass in C, not a Python loop.
+    """
+
+    def __init__(self, values: Sequence[str] | pd.Series):
+        arr = pa.array(pd.Series(values, dtype="string").fillna(""), type=pa.large_string())
+        if isinstance(arr, pa.ChunkedArray):  # pandas' Arrow-backed strings come chunked
+            arr = arr.combine_chunks()
+        _validity, offsets, data = arr.buffers()
+        offs = np.frombuffer(offsets, dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1]  # a slice starts later
+        raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        self.offsets = offs - offs[0]  # copies: nothing of Arrow's buffers stays referenced
+        self.data = raw[offs[0]: offs[-1]].copy()
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> str:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i = i % len(self)
+        return self.data[self.offsets[i]: self.offsets[i + 1]].tobytes().decode("utf-8")
+
+    def tolist(self) -> list[str]:
+        return [self[i] for i in range(len(self))]
+
+
 class ImageTextDataset(Dataset):
-    """``ds[i] -> (transform(image), tokens LongTensor[context_length], id)`` over a manifest frame."""
+    """``ds[i] -> (transform(image), tokens LongTensor[context_length], id)`` over a manifest frame.
+
+    Optional columns: ``offset`` / ``size`` (where a tar member's bytes lie; read with one ``pread``) and
+    ``sha256`` (checked on every read: a changed image stops the stage, see ``protoclip.data.reading``).
+    """
 
     def __init__(self, df: pd.DataFrame, transform: Callable, tokenizer: Callable):
         missing = {"id", "path", "caption"} - set(df.columns)
         if missing:
             raise ValueError(f"manifest frame lacks columns {sorted(missing)}")
-        self.ids = df["id"].astype(str).tolist()
-        self.paths = df["path"].astype(str).tolist()
-        self.captions = df["caption"].astype(str).tolist()
+        self.ids = StringColumn(df["id"])
+        self.paths = StringColumn(df["path"])
+        self.captions = StringColumn(df["caption"])
+        self.sha256 = StringColumn(df["sha256"]) if "sha256" in df.columns else None
+        n = len(df)
+        self.offsets = df["offset"].to_numpy(np.int64) if "offset" in df.columns else np.full(n, -1, np.int64)
+        self.sizes = df["size"].to_numpy(np.int64) if "size" in df.columns else np.full(n, -1, np.int64)
         self.transform = transform
         self.tokenizer = tokenizer
         self._tars = TarCache()
@@ -63,11 +109,16 @@ class ImageTextDataset(Dataset):
     def __len__(self) -> int:
         return len(self.ids)
 
+    def image(self, i: int):
+        """Row ``i``'s image (RGB PIL), before the transform."""
+        return read_image(self.paths[i], self._tars, int(self.offsets[i]), int(self.sizes[i]),
+                          self.sha256[i] if self.sha256 is not None else None)
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, str]:
-        image = self.transform(read_image(self.paths[i], self._tars))
+        image = self.transform(self.image(i))
         tokens = self.tokenizer([self.captions[i]])
         tokens = torch.as_tensor(tokens[0] if getattr(tokens, "ndim", 1) == 2 else tokens, dtype=torch.long)
         return image, tokens, self.ids[i]
 
 
-__all__ = ["load_manifest", "read_image", "ImageTextDataset"]
+__all__ = ["load_manifest", "read_image", "StringColumn", "ImageTextDataset"]

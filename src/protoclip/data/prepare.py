@@ -10,9 +10,14 @@ scan user data (CSV/TSV, webdataset); de-duplicate; split train/held-out by id h
 ``manifest.parquet``, the offline eval sets and ``report.json`` (kept and dropped counts per source
 and reason). Nothing bad in the input is fatal or silent: it is dropped and counted.
 
-Idempotent: a fingerprint of (prepare config, expected package hashes, user-data file sizes and
-mtimes, ``FORMAT_VERSION``) is stored in ``layout.prepared/fingerprint.json``; when it matches and
-every output exists the stage logs "up to date" and returns the stored counts without work.
+Idempotent: a fingerprint of what the stage reads (prepare config, expected package hashes, user-data
+file sizes and mtimes, and the size and mtime of every image a CSV/TSV names, ``FORMAT_VERSION``) is
+stored in ``layout.prepared/fingerprint.json``; when it matches and every output exists the stage logs
+"up to date" and returns the stored counts without work. Images are fingerprinted by (size, mtime_ns), not
+by content: replacing a file changes its mtime, and hashing a million images to learn that nothing
+changed would cost as much as the scan. The fingerprint is computed before anything is read (a file
+changed during the scan is caught next time), deleted before the first output is replaced and written
+after the last, so a prepare killed in between is never trusted.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from protoclip.layout import Layout
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # bump when the prepared outputs change meaning (forces a rebuild)
+FORMAT_VERSION = 3  # bump when the prepared outputs change meaning (forces a rebuild)
 WORDLIST = Path("usr/share/dict/american-english")
 
 
@@ -56,16 +61,24 @@ def fingerprint(p: PrepareConfig, layout: Layout) -> str:
             stats.append([str(f), st.st_size if st else None, st.st_mtime_ns if st else None])
     blob = {"version": FORMAT_VERSION, "prepare": to_dict(p),
             "packages": debs.expected_hashes(layout, needed_packages(p)), "user_data": stats}
+    images = {u.name: userdata.image_stats_digest(u) for u in p.user_data if u.format != "wds"}
+    if images:  # what the CSV/TSV rows point to (shards are covered by their own stats above)
+        blob["user_images"] = images
     if p.user_data:  # the readers' rules changed what is kept: rebuild user data, not the offline-only default
         blob["user_data_rules"] = userdata.RULES_VERSION
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
-def is_up_to_date(p: PrepareConfig, layout: Layout) -> bool:
+def is_up_to_date(p: PrepareConfig, layout: Layout, current: str | None = None) -> bool:
+    """Whether the stored fingerprint equals ``current`` (computed now when not given) and every output exists."""
     fp = fingerprint_path(layout)
     if not fp.exists() or not all(o.exists() for o in layout.prepared_files(p.eval_sets).values()):
         return False
-    return json.loads(fp.read_text()).get("fingerprint") == fingerprint(p, layout)
+    try:
+        stored = json.loads(fp.read_text()).get("fingerprint")
+    except (ValueError, AttributeError):  # a cut or foreign file: not up to date
+        return False
+    return stored == (current if current is not None else fingerprint(p, layout))
 
 
 def scan_source(name: str, layout: Layout, p: PrepareConfig) -> tuple[list[Candidate], collections.Counter]:
@@ -135,7 +148,8 @@ def run_prepare(cfg) -> dict:
     layout = Layout.from_config(cfg)
     p: PrepareConfig = cfg.prepare
     clean_stale_temps(layout.prepared)  # a killed earlier run's half-written outputs
-    if is_up_to_date(p, layout):
+    current = fingerprint(p, layout)  # before anything is read: a change during the scan shows next time
+    if is_up_to_date(p, layout, current):
         report = json.loads(layout.prepare_report.read_text())
         log.info("prepare: up to date (%s)", layout.prepared)
         print("prepare: up to date")
@@ -147,8 +161,11 @@ def run_prepare(cfg) -> dict:
     user_pairs: list[Pair] = []
     user_drops: dict[str, collections.Counter] = {}
     for u in p.user_data:
-        upairs, user_drops[u.name] = userdata.scan_user_data(u)
+        upairs, user_drops[u.name] = userdata.scan_user_data(u, p.num_workers)
         user_pairs += upairs
+    # the outputs are about to be replaced: a kill from here on must not leave a fingerprint that vouches
+    # for them (the old one could match a rerun with the old config)
+    fingerprint_path(layout).unlink(missing_ok=True)
     pairs, drops = build_offline_pairs(layout, p)
     for name, udrops in user_drops.items():
         if name in drops:
@@ -176,7 +193,7 @@ def run_prepare(cfg) -> dict:
         "image_size": p.image_size,
     }
     write_json(layout.prepare_report, report)
-    write_json(fingerprint_path(layout), {"fingerprint": fingerprint(p, layout)})
+    write_json(fingerprint_path(layout), {"fingerprint": current})  # last: it vouches for every output above
     print(format_counts(report))
     return report
 

@@ -17,8 +17,9 @@ Every image is decoded once here, so a pair that would crash training is skipped
 missing_file, bad_path, unreadable_file, empty_file, undecodable_image, empty_caption, non_utf8_caption,
 caption_too_long, duplicate_id; CSV/TSV rows also extra_fields / missing_fields (more or fewer fields than
 the header) and malformed_row; shards also duplicate_key and unreadable_member (a missing or unreadable
-shard counts once as missing_file / undecodable_shard). Kept + dropped = rows (samples) seen. A file that
-cannot be used at all (no such column) stops with a one-line ConfigError naming it (exit 2).
+shard counts once as missing_file / undecodable_shard; a cut shard keeps the samples before the cut and drops
+the one at the cut as unreadable_member). Kept + dropped = rows (samples) seen. A file that cannot be used at
+all (no such column, a quote that is never closed) stops with a one-line ConfigError naming it (exit 2).
 """
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ import errno
 import hashlib
 import io
 import logging
+import os
 import tarfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from braceexpand import braceexpand
@@ -43,7 +47,7 @@ from protoclip.data.manifest import Pair
 
 log = logging.getLogger(__name__)
 
-RULES_VERSION = 2  # bump when what the readers keep or drop changes (part of prepare's fingerprint)
+RULES_VERSION = 3  # bump when what the readers keep or drop changes (part of prepare's fingerprint)
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SEP = "::"  # path = "<shard>::<member>"
 
@@ -100,14 +104,24 @@ def _read_file(path: Path) -> tuple[bytes | None, str]:
         return None, "bad_path" if err.errno == errno.ENAMETOOLONG else "unreadable_file"
 
 
-def _csv_rows(reader, drops: collections.Counter):
-    """The reader's rows; a row the csv module cannot parse is counted as ``malformed_row`` and skipped."""
+def _csv_rows(reader, drops: collections.Counter, path: Path):
+    """The reader's rows; a row the csv module cannot parse is counted as ``malformed_row`` and skipped.
+
+    The reader is strict (``csv.reader(strict=True)``): a quote opened and never closed would otherwise
+    swallow every following row into one caption without a word. In strict mode the csv module reports it
+    at the end of the data, after the rows are gone, so it stops the scan with one line naming the file and
+    the line where the quoted field starts (the user must fix the file; no count could be right).
+    """
     while True:
+        start = reader.line_num + 1
         try:
             row = next(reader)
         except StopIteration:
             return
-        except csv.Error:
+        except csv.Error as err:
+            if "unexpected end of data" in str(err):
+                raise ConfigError(f"{path}:{start}: a quoted field starts on this line and is never closed "
+                                  "(unterminated quote); fix the file") from None
             drops["malformed_row"] += 1
             continue
         if row:  # a blank line is no row (csv.DictReader's rule)
@@ -131,7 +145,8 @@ def scan_csv(cfg: UserDataConfig) -> tuple[list[Pair], collections.Counter]:
     pairs: list[Pair] = []
     seen: set[str] = set()
     with _csv_field_limit(_CSV_FIELD_LIMIT):
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if cfg.format == "tsv" else ",")
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if cfg.format == "tsv" else ",",
+                            strict=True)
         try:
             columns = next(reader, None) or []
         except csv.Error as err:
@@ -142,7 +157,7 @@ def scan_csv(cfg: UserDataConfig) -> tuple[list[Pair], collections.Counter]:
                 raise ConfigError(f"{path}: user data '{cfg.name}': no column '{key}' (columns: {shown})")
         i_img, i_cap = columns.index(cfg.img_key), columns.index(cfg.caption_key)
         i_lab = columns.index(cfg.label_key) if cfg.label_key else None
-        for row in tqdm(_csv_rows(reader, drops), desc=cfg.name, leave=False):
+        for row in tqdm(_csv_rows(reader, drops, path), desc=cfg.name, leave=False):
             if len(row) != len(columns):  # a stray delimiter or a cut line: the columns cannot be trusted
                 drops["extra_fields" if len(row) > len(columns) else "missing_fields"] += 1
                 continue
@@ -181,102 +196,179 @@ def _key_ext(member: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext.lower()
 
 
-def _shard_samples(tar: tarfile.TarFile) -> tuple[dict[str, dict[str, tarfile.TarInfo]], set[str]]:
-    """Members grouped by key, and the keys that repeat a (key, extension) member."""
-    samples: dict[str, dict[str, tarfile.TarInfo]] = collections.defaultdict(dict)
-    repeated: set[str] = set()
-    for m in tar.getmembers():
-        if m.isfile():
-            key, ext = _key_ext(m.name)
-            if ext in samples[key]:
-                repeated.add(key)
-            samples[key][ext] = m
-    return samples, repeated
+# A well-formed tar ends in (at least) two zero blocks; a shard without them was cut or overwritten.
+_EOF_MARKER = 2 * tarfile.BLOCKSIZE
 
 
-def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    f = tar.extractfile(member)
-    if f is None:
-        raise tarfile.ReadError(f"{member.name} is not a regular file")
-    return f.read()
+@dataclass
+class ShardScan:
+    """What one shard yields: per key (sorted) its sample id and either a pair or a drop reason, plus the
+    drops that belong to the shard as a whole (missing_file / undecodable_shard)."""
+    outcomes: list[tuple[str, Pair | None, str]]
+    shard_drops: collections.Counter
 
 
-def scan_wds(cfg: UserDataConfig) -> tuple[list[Pair], collections.Counter]:
+def _list_members(tar: tarfile.TarFile, size: int) -> tuple[list[tarfile.TarInfo], str]:
+    """The shard's members in order, read header by header, and where the shard is cut: "" (whole),
+    "data" (the last member listed has a whole header but its data is cut) or "header" (every member
+    listed is whole; a header after them is cut or unreadable, or the end-of-archive blocks are missing).
+
+    Not ``getmembers()``: it raises on a cut shard and takes every intact member with it. Reading
+    header by header keeps what precedes the cut (webdataset's streaming reader does the same). The shard
+    counts as cut when a header fails to parse after the first, a member's data runs past the end of the
+    file, or the archive lacks its end-of-archive zero blocks.
+    """
+    members: list[tarfile.TarInfo] = []
+    while True:
+        try:
+            m = tar.next()
+        except (tarfile.TarError, OSError, EOFError):
+            if not members:
+                raise
+            return members, "header"
+        if m is None:
+            break
+        members.append(m)
+        if m.isfile() and m.offset_data + m.size > size:  # its header is whole, its data is not
+            return members, "data"
+    # tarfile ends quietly on a bad header after the first: require the end-of-archive blocks
+    tar.fileobj.seek(tar.offset)
+    return members, "" if tar.fileobj.read(_EOF_MARKER) == bytes(_EOF_MARKER) else "header"
+
+
+def scan_shard(shard: str, name: str, split: str = "") -> ShardScan:
+    """Scan one webdataset shard (a pure function of the shard's bytes; run in a process pool by
+    :func:`scan_wds`). Image members' byte offsets go into the pairs, so training reads them with one
+    ``pread`` (``protoclip.data.reading``), never re-listing the tar."""
+    sp = Path(shard)
+    drops: collections.Counter = collections.Counter()
+    if not sp.is_file():
+        log.warning("user data '%s': shard not found: %s", name, sp)
+        drops["missing_file"] += 1
+        return ShardScan([], drops)
+    try:
+        size = sp.stat().st_size
+        with open(sp, "rb") as f, tarfile.open(fileobj=f) as tar:
+            members, cut = _list_members(tar, size)
+            samples: dict[str, dict[str, tarfile.TarInfo]] = collections.defaultdict(dict)
+            repeated: set[str] = set()
+            for m in members:
+                if m.isfile():
+                    key, ext = _key_ext(m.name)
+                    if ext in samples[key]:
+                        repeated.add(key)
+                    samples[key][ext] = m
+            # the cut counts once as unreadable_member: the sample at the cut is dropped as such when it may be
+            # incomplete (a member's data is cut, or it lacks its caption or image); every whole sample before
+            # it is kept (webdataset's streaming reader yields them too)
+            cut_key = None
+            if cut:
+                last = _key_ext(members[-1].name)[0]
+                got = samples.get(last, {})  # not samples[last]: the defaultdict would add an empty sample
+                if cut == "header" and "txt" in got and any(e in got for e in IMAGE_EXTS) or not got:
+                    drops["unreadable_member"] += 1  # a whole sample (kept), or the cut after a non-file member
+                else:
+                    cut_key = last
+                log.warning("user data '%s': shard %s is cut after %d members; the samples before the cut are "
+                            "kept", name, sp, len(members))
+            if repeated:
+                log.warning("user data '%s': shard %s repeats %d keys (first: %s)", name, sp, len(repeated),
+                            sorted(repeated)[0])
+            resolved = str(sp.resolve())
+            outcomes = []
+            for key in sorted(samples):
+                sid = f"{name}/{sp.name}/{key}"  # one string object for the outcome and the pair (pickled once)
+                outcomes.append((sid, *_sample(f, samples[key], key in repeated, key == cut_key, sid, resolved, name,
+                                               split)))
+    except (tarfile.TarError, OSError, EOFError) as err:
+        log.warning("user data '%s': cannot read shard %s: %s", name, sp, err)
+        drops["undecodable_shard"] += 1
+        return ShardScan([], drops)
+    return ShardScan(outcomes, drops)
+
+
+def _read_at(f, member: tarfile.TarInfo) -> bytes:
+    f.seek(member.offset_data)
+    data = f.read(member.size)
+    if len(data) != member.size:
+        raise EOFError(f"{member.name}: unexpected end of data")
+    return data
+
+
+def _sample(f, members: dict[str, tarfile.TarInfo], repeated: bool, cut: bool, sid: str, shard: str, name: str,
+            split: str) -> tuple[Pair | None, str]:
+    """(pair, "") or (None, drop reason) of one sample's members."""
+    if repeated:
+        return None, "duplicate_key"
+    if cut:
+        return None, "unreadable_member"
+    img_m = next((members[e] for e in IMAGE_EXTS if e in members), None)
+    if "txt" not in members:
+        return None, "empty_caption"
+    try:
+        raw_caption = _read_at(f, members["txt"])
+        data = _read_at(f, img_m) if img_m is not None else None
+    except (OSError, EOFError):
+        return None, "unreadable_member"
+    if len(raw_caption) > 4 * MAX_CAPTION_CHARS:  # UTF-8: at most 4 bytes a character
+        return None, "caption_too_long"
+    try:
+        caption = decode_caption(raw_caption)
+    except CaptionError as err:
+        return None, err.reason
+    if len(caption) > MAX_CAPTION_CHARS:
+        return None, "caption_too_long"
+    reason = _image_reason(data)
+    if reason:
+        return None, reason
+    return Pair(sid, f"{shard}{SEP}{img_m.name}", caption, name, "", hashlib.sha256(data).hexdigest(), split=split,
+                offset=img_m.offset_data, size=img_m.size), ""
+
+
+def _scan_shard_star(args: tuple[str, str, str]) -> ShardScan:
+    return scan_shard(*args)
+
+
+def scan_wds(cfg: UserDataConfig, num_workers: int = 1) -> tuple[list[Pair], collections.Counter]:
     """Pairs and drop counts of one webdataset shard set (images stay inside the tars).
 
     Every sample (distinct key of a shard) ends up as a pair or in one drop count; a shard that cannot
     be opened or listed counts once (missing_file / undecodable_shard). A key that repeats a member
     (two ``0001.jpg``, or a second ``0001.txt``) is ambiguous, since webdataset would split it into two samples
-    with one id; it is dropped as ``duplicate_key``. A member that cannot be read (cut-off shard) drops its
-    sample as ``unreadable_member``.
+    with one id; it is dropped as ``duplicate_key``. A cut shard keeps the samples before the cut; the sample
+    at the cut (its members may be incomplete) is dropped as ``unreadable_member``.
+
+    Shards are scanned by ``num_workers`` processes (one shard a task) and merged in shard order, so the
+    pairs and counts do not depend on ``num_workers`` (ids repeated across shards are dropped in the merge).
     """
+    shards = expand_shards(cfg.path)
+    jobs = [(s, cfg.name, _pair_split(cfg)) for s in shards]
     drops: collections.Counter = collections.Counter()
     pairs: list[Pair] = []
     seen: set[str] = set()
-    for shard in tqdm(expand_shards(cfg.path), desc=cfg.name, unit="shard", leave=False):
-        sp = Path(shard)
-        if not sp.is_file():
-            log.warning("user data '%s': shard not found: %s", cfg.name, sp)
-            drops["missing_file"] += 1
-            continue
-        try:
-            tar = tarfile.open(sp)
-        except (tarfile.TarError, OSError, EOFError) as err:
-            log.warning("user data '%s': cannot read shard %s: %s", cfg.name, sp, err)
-            drops["undecodable_shard"] += 1
-            continue
-        with tar:
-            try:
-                samples, repeated = _shard_samples(tar)
-            except (tarfile.TarError, OSError, EOFError) as err:
-                log.warning("user data '%s': cannot list shard %s: %s", cfg.name, sp, err)
-                drops["undecodable_shard"] += 1
-                continue
-            if repeated:
-                log.warning("user data '%s': shard %s repeats %d keys (first: %s)", cfg.name, sp, len(repeated),
-                            sorted(repeated)[0])
-            for key in sorted(samples):
-                members = samples[key]
-                sid = f"{cfg.name}/{sp.name}/{key}"
+    bar = dict(total=len(jobs), desc=cfg.name, unit="shard", leave=False)
+    with contextlib.ExitStack() as stack:
+        if num_workers > 1 and len(jobs) > 1:
+            pool = stack.enter_context(ProcessPoolExecutor(max_workers=min(num_workers, len(jobs))))
+            results = pool.map(_scan_shard_star, jobs, chunksize=1)
+        else:
+            results = map(_scan_shard_star, jobs)
+        for res in tqdm(results, **bar):
+            drops.update(res.shard_drops)
+            for sid, pair, reason in res.outcomes:
                 if sid in seen:
                     drops["duplicate_id"] += 1
                     continue
                 seen.add(sid)
-                if key in repeated:
-                    drops["duplicate_key"] += 1
-                    continue
-                img_m = next((members[e] for e in IMAGE_EXTS if e in members), None)
-                if "txt" not in members:
-                    drops["empty_caption"] += 1
-                    continue
-                try:
-                    raw_caption = _read_member(tar, members["txt"])
-                    data = _read_member(tar, img_m) if img_m is not None else None
-                except (tarfile.TarError, OSError, EOFError):
-                    drops["unreadable_member"] += 1
-                    continue
-                if len(raw_caption) > 4 * MAX_CAPTION_CHARS:  # UTF-8: at most 4 bytes a character
-                    drops["caption_too_long"] += 1
-                    continue
-                try:
-                    caption = decode_caption(raw_caption)
-                except CaptionError as err:
-                    drops[err.reason] += 1
-                    continue
-                if len(caption) > MAX_CAPTION_CHARS:
-                    drops["caption_too_long"] += 1
-                    continue
-                reason = _image_reason(data)
                 if reason:
                     drops[reason] += 1
-                    continue
-                pairs.append(Pair(sid, f"{sp.resolve()}{SEP}{img_m.name}", caption, cfg.name, "",
-                                  hashlib.sha256(data).hexdigest(), split=_pair_split(cfg)))
+                else:
+                    pairs.append(pair)
     return pairs, drops
 
 
-def scan_user_data(cfg: UserDataConfig) -> tuple[list[Pair], collections.Counter]:
-    return scan_wds(cfg) if cfg.format == "wds" else scan_csv(cfg)
+def scan_user_data(cfg: UserDataConfig, num_workers: int = 1) -> tuple[list[Pair], collections.Counter]:
+    return scan_wds(cfg, num_workers) if cfg.format == "wds" else scan_csv(cfg)
 
 
 def input_files(cfg: UserDataConfig) -> list[Path]:
@@ -284,4 +376,36 @@ def input_files(cfg: UserDataConfig) -> list[Path]:
     return [Path(cfg.path)] if cfg.format != "wds" else [Path(s) for s in expand_shards(cfg.path)]
 
 
-__all__ = ["IMAGE_EXTS", "SEP", "expand_shards", "scan_csv", "scan_wds", "scan_user_data", "input_files"]
+def image_stats_digest(cfg: UserDataConfig) -> str:
+    """sha256 over (path, size, mtime_ns) of every image path a CSV/TSV names, in row order (absent: null).
+
+    Part of prepare's fingerprint: replacing, adding or deleting an image the file points to makes the
+    prepared data stale even though the CSV itself is unchanged. Rows are read as :func:`scan_csv` reads
+    them; a file the scan cannot use gives a marker instead of a digest (the scan then reports the file).
+    """
+    h = hashlib.sha256()
+    path = Path(cfg.path)
+    try:
+        text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
+        with _csv_field_limit(_CSV_FIELD_LIMIT):
+            reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if cfg.format == "tsv" else ",",
+                                strict=True)
+            columns = next(reader, None) or []
+            i_img = columns.index(cfg.img_key)
+            for row in _csv_rows(reader, collections.Counter(), path):
+                fp = row[i_img] if len(row) == len(columns) else ""
+                st = None
+                if fp and "\x00" not in fp:
+                    try:
+                        st = os.stat(Path(fp) if Path(fp).is_absolute() else path.parent / fp)
+                    except (OSError, ValueError):
+                        pass
+                h.update(repr((fp, st.st_size if st else None, st.st_mtime_ns if st else None)).encode(
+                    "utf-8", "surrogateescape"))
+    except (OSError, ValueError, csv.Error) as err:  # ConfigError is a ValueError
+        return f"unreadable: {type(err).__name__}"
+    return h.hexdigest()
+
+
+__all__ = ["IMAGE_EXTS", "SEP", "ShardScan", "expand_shards", "scan_csv", "scan_shard", "scan_wds", "scan_user_data",
+           "input_files", "image_stats_digest"]

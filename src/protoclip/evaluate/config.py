@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-TASKS = ("zeroshot", "linear", "knn", "retrieval", "clustering", "nemd", "tsne")
+TASKS = ("zeroshot", "linear", "knn", "retrieval", "clustering", "nemd", "tsne", "temperature")
 # prefix of the skip line of a task that does not apply to a run or set (e.g. zero-shot of an image-only PCL run):
 # the report reads it as "n/a", not as a missing data set
 NOT_APPLICABLE = "not applicable: "
@@ -37,6 +37,37 @@ class EvalDatasetConfig:
 
 
 @dataclass
+class TemperatureDiagnosticsConfig:
+    """The `temperature` task: the temperature paper's Fig. 1 / Fig. 8 / Table 11 diagnostics
+    (protoclip.evaluate.metrics.temperature). Defaults: the offline size (held-out pairs, ~460)."""
+    # Fig. 1 "mini-batch of samples in varying sizes" (sizes not given); larger than the pairs: skipped
+    # (16 also gives CI's ~24 held-out fixture pairs a curve)
+    batch_sizes: list[int] = field(default_factory=lambda: [16, 64, 256])
+    # Fig. 1 "Shuffle = P%" as fractions (spec 2.5: P in {0, 1, 5, ...})
+    shuffle_shares: list[float] = field(default_factory=lambda: [0.0, 0.01, 0.05, 0.1, 0.2])
+    scale_min: float = 0.1  # the sweep of the logit scale tau: log-spaced, covering Multi's ~4 and CLIP's 100
+    scale_max: float = 1000.0
+    scale_steps: int = 41
+    histogram_bins: int = 50  # Fig. 8
+    histogram_max_points: int = 2000  # Fig. 8 on a seeded subset of at most this many pairs (n^2 negatives)
+    token_subsets: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # Table 11: k of m tokens (k < m used)
+    token_draws: int = 10  # random k-subsets per k (every subset when there are at most this many; paper: not given)
+
+    def validate(self) -> None:
+        if not 0 < self.scale_min < self.scale_max or self.scale_steps < 2:
+            raise ValueError("temperature.scale_min must be > 0 and < scale_max, scale_steps >= 2")
+        if any(b < 2 for b in self.batch_sizes) or any(not 0 <= p <= 1 for p in self.shuffle_shares):
+            raise ValueError("temperature.batch_sizes must be >= 2 and shuffle_shares in [0, 1]")
+        if self.histogram_bins < 1 or self.histogram_max_points < 2 or self.token_draws < 1:
+            raise ValueError("temperature.histogram_bins, token_draws must be >= 1 and histogram_max_points >= 2")
+
+    def scales(self) -> list[float]:
+        import numpy as np
+
+        return np.geomspace(self.scale_min, self.scale_max, self.scale_steps).tolist()
+
+
+@dataclass
 class EvaluateConfig:
     datasets: dict[str, EvalDatasetConfig] = field(default_factory=dict)  # name -> data set
     batch_size: int = 256  # feature extraction batch (images and prompts)
@@ -50,9 +81,15 @@ class EvaluateConfig:
     nemd_max_pairs: int = 5000  # NEMD cost control: random subset of class pairs (methods-spec 3.4.8)
     tsne_max_points: int = 5000  # t-SNE (paper Fig. 8) on a seeded subsample of at most this many test images
     seed: int = 0  # seeds the linear-probe validation split, k-means, NEMD subsampling and t-SNE
+    temperature: TemperatureDiagnosticsConfig = field(default_factory=TemperatureDiagnosticsConfig)
 
     def validate(self) -> None:
         if self.batch_size < 1 or self.knn_k < 1 or self.linear_max_iter < 1 or self.num_workers < 0:
             raise ValueError("batch_size, knn_k and linear_max_iter must be >= 1 and num_workers >= 0")
         if self.knn_temperature <= 0:
             raise ValueError(f"knn_temperature must be > 0, got {self.knn_temperature}")
+        if self.nemd_max_pairs < 1 or self.tsne_max_points < 1 or self.linear_sgd_above < 0 or self.seed < 0:
+            raise ValueError("nemd_max_pairs and tsne_max_points must be >= 1, linear_sgd_above and seed >= 0")
+        from protoclip.devices import check_device_name
+
+        check_device_name(self.device)

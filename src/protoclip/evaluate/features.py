@@ -10,7 +10,8 @@ When the run's method scores image-text pairs other than by the cosine of z (nCL
 summed per-token cosine: the model file's ``EvalSpec``, :func:`protoclip.models.read_eval_spec`), the method's
 similarity is also
 stored as a dot product: ``test_s`` / ``zeroshot_classifier_s`` and ``caption_image_s`` / ``caption_text_s``
-plus ``similarity`` (the kind); the evaluation stage then uses those with ``normalize=False``.
+plus ``similarity`` (the kind) and ``subspheres`` (m); the evaluation stage then uses those with
+``normalize=False``.
 
 The arrays live in ``results/runs/<run>/eval/<set>/features.npz`` (written atomically) with a ``meta_json``
 entry; the cache is reused only when the model file's sha256, the data source, the split sizes, the probe
@@ -42,7 +43,7 @@ from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # 2: + the method's similarity embeddings (*_s)
+CACHE_VERSION = 3  # 2: + the method's similarity embeddings (*_s); 3: nCLIP *_s from log_softmax, + subspheres
 
 
 def _text_hash(items: Iterable[str]) -> str:
@@ -128,7 +129,9 @@ def make_text_encoder(model: Any, tokenizer: Callable, device: torch.device,
 #   negative trace); prompts are ensembled by averaging the per-prompt scores (paper Sec. 5.2 averages
 #   logits, not embeddings: spec 2.5 / 2.7.7), i.e. the mean of the chunk-normalised text embeddings.
 # "nclip_ce": s = 1/2 (p_I . log p_T + p_T . log p_I), p = softmax of the nCLIP head (paper: -L_CE;
-#   spec 1.7.4), prompts ensembled by averaging the probability vectors (spec 1.7.4).
+#   spec 1.7.4), prompts ensembled by averaging the probability vectors (spec 1.7.4). Carried as
+#   log-probabilities (log_softmax; the ensemble mean by logsumexp), never log(softmax): softmax underflows
+#   in float32 once head logits are sharp (spec 1.7.7).
 # The non-cosine kinds are written as a dot product of an image embedding and a text embedding
 # (``*_s`` arrays; metrics called with normalize=False). Which kind a run uses, and m, are in its model file
 # (protoclip.models.checkpoint.EvalSpec, written by the training method).
@@ -139,21 +142,38 @@ def similarity_embeddings(kind: str, side: str, z: torch.Tensor, h: torch.Tensor
     if kind == "product_sphere":
         return pre if pre is not None else similarity_pre(kind, z, h, subspheres)
     if kind == "nclip_ce":
-        p = pre if pre is not None else similarity_pre(kind, z, h, subspheres)
-        logp = p.clamp_min(1e-30).log()
+        logp = pre if pre is not None else similarity_pre(kind, z, h, subspheres)
+        p = logp.exp()
         return 0.5 * torch.cat([p, logp], 1) if side == "image" else torch.cat([logp, p], 1)  # dot = s
     raise ValueError(f"no dot-product embedding for similarity {kind!r}")
 
 
 def similarity_pre(kind: str, z: torch.Tensor, h: torch.Tensor | None, subspheres: int = 1) -> torch.Tensor:
-    """What a prompt ensemble averages: chunk-normalised z (product sphere) or the head softmax p (nCLIP)."""
+    """What a prompt ensemble averages (:func:`ensemble_pre`): chunk-normalised z (product sphere) or the
+    log-probabilities log p of the head softmax (nCLIP)."""
     from protoclip.losses.distances import product_sphere
 
     if kind == "product_sphere":
         return product_sphere(z.float(), subspheres).flatten(1)
     if kind == "nclip_ce":
-        return torch.softmax(h.float(), dim=1)
+        return torch.log_softmax(h.float(), dim=1)
     raise ValueError(f"unknown similarity {kind!r}")
+
+
+def nclip_image_as_target(image_s: np.ndarray, text_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """From the nCLIP dot-product embeddings (image 1/2 [p, log p], text [log q, q]) the pair whose dot product is
+    the image-as-target score p_I . log p_T (the paper's L_CE with the image distribution as the target; spec
+    1.7.4 asks to log it beside the symmetric score)."""
+    k = image_s.shape[1] // 2
+    return 2.0 * image_s[:, :k], text_s[:, :k]
+
+
+def ensemble_pre(kind: str, pre: torch.Tensor) -> torch.Tensor:
+    """[n_prompts, D] -> [1, D]: the mean over prompts of the chunk-normalised z, or for nCLIP the log of the
+    mean probability vector, log(1/n sum_k p_k) = logsumexp_k(log p_k) - log n (exact where p underflows)."""
+    if kind == "nclip_ce":
+        return torch.logsumexp(pre, 0, keepdim=True) - float(np.log(pre.shape[0]))
+    return pre.mean(0, keepdim=True)
 
 
 class FeatureExtractor:
@@ -271,15 +291,15 @@ class FeatureExtractor:
 
         rows = []
         for c in tqdm(ds.classnames, desc=f"{ds.name} {self.similarity} classifier", leave=False):
-            pre = self._text_pre([_fill(t, c) for t in ds.templates]).mean(0, keepdim=True)  # prompt ensemble
+            pre = ensemble_pre(self.similarity, self._text_pre([_fill(t, c) for t in ds.templates]))
             rows.append(similarity_embeddings(self.similarity, "text", None, None, self.subspheres, pre=pre))
         return {"test_s": self._image_s(test_z, test_h), "zeroshot_classifier_s": torch.cat(rows).numpy(),
-                "similarity": np.array(self.similarity)}
+                "similarity": np.array(self.similarity), "subspheres": np.array(self.subspheres)}
 
     def _similarity_captions(self, z: np.ndarray, h: np.ndarray, texts: list[str]) -> dict[str, np.ndarray]:
         text_s = similarity_embeddings(self.similarity, "text", None, None, self.subspheres, pre=self._text_pre(texts))
         return {"caption_image_s": self._image_s(z, h), "caption_text_s": text_s.numpy(),
-                "similarity": np.array(self.similarity)}
+                "similarity": np.array(self.similarity), "subspheres": np.array(self.subspheres)}
 
 
 __all__ = ["FeatureExtractor", "encode_images", "make_text_encoder", "resolve_device", "sha256_file"]

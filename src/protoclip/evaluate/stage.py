@@ -15,13 +15,17 @@ retrieval   z^I vs z^T of captions (IV-C4, Table VIII)    metrics.retrieval.retr
 clustering  z^I of the test split (IV-G3, Table XII)      metrics.clustering.cluster_scores
 nemd        h^I (and z^I) of the test split (PAUC)        metrics.nemd.nemd_report
 tsne        z^I of the test split (Fig. 8)                metrics.embedding_plots.tsne_plot
+temperature caption pairs, the run's similarity; token     metrics.temperature (temperature paper Fig. 1,
+            subsets of a multi-token run's zero-shot      Fig. 8, Table 11; evaluate.temperature settings)
 =========== ============================================ ====================================================
 
 it writes ``results/runs/<run>/eval/<set>/<task>.json`` (metrics, run, dataset, task, sizes, feature kind,
 provenance, and the probe subsample when ``max_train`` / ``max_test`` cut the set's splits), logs the numbers
 into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws t-SNE plots to
 ``results/runs/<run>/eval/<set>/tsne.png``, records what each task did in ``eval/<set>/tasks.json`` and prints
-a summary table. The workflow runs one job per (run, set) (``--dataset``); ``protoclip collect`` (or an
+a summary table. ``tasks.json`` is written last and lists the sha256 of every metrics file of the folder: it is
+the folder's completion marker (protoclip.completion), deleted (with the temp files of killed writes) when an
+evaluation of the set starts, so ``collect`` and ``report`` never read a folder killed half-way as complete. The workflow runs one job per (run, set) (``--dataset``); ``protoclip collect`` (or an
 evaluation of every set) gathers every metrics file of the run into ``results/runs/<run>/metrics.json``. A
 task that does not apply to a set (retrieval without captions, zero-shot without templates, probes without a
 train split) is not run. A set that is not configured or not found writes
@@ -39,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from protoclip import records
+from protoclip import completion, records
 from protoclip.config import ConfigError, require_path
 from protoclip.evaluate.config import NOT_APPLICABLE, TASKS, EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import (HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set,
@@ -55,7 +59,7 @@ log = logging.getLogger(__name__)
 def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
     """The configured tasks that can apply to a set of this kind (used for sets that are skipped)."""
     if cfg.kind == "coco":
-        possible = {"retrieval"}
+        possible = {"retrieval", "temperature"}
     elif cfg.kind == "offline" and name == HELDOUT:
         possible = set(TASKS)  # coarse labels in words have prompt templates (datasets.HELDOUT_TEMPLATES)
     else:
@@ -63,7 +67,7 @@ def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
     return [t for t in cfg.tasks if t in possible]
 
 
-IMAGE_ONLY_NA = ("zeroshot", "retrieval")  # tasks that read the text tower
+IMAGE_ONLY_NA = ("zeroshot", "retrieval", "temperature")  # tasks that read the text tower
 
 
 def image_only_method(spec) -> str | None:
@@ -78,6 +82,9 @@ def not_applicable(task: str, ds: EvalSet) -> str | None:
     labelled = isinstance(ds, LabelledSet)
     if task == "retrieval":
         return None if isinstance(ds, CaptionSet) or (labelled and ds.captions is not None) else "no captions"
+    if task == "temperature":  # caption pairs (Fig. 1, 8) and / or a zero-shot set (Table 11's token subsets)
+        pairs = isinstance(ds, CaptionSet) or (labelled and ds.captions is not None)
+        return None if pairs or (labelled and ds.templates and len(ds.test)) else "no captions or prompt templates"
     if not labelled:
         return "no class labels"
     if task == "zeroshot" and not ds.templates:
@@ -134,6 +141,13 @@ def too_small(task: str, feats: dict[str, np.ndarray]) -> str | None:
         return "t-SNE needs at least 3 test images"
     if task in ("linear", "knn") and len(np.unique(feats["train_y"])) < 2:
         return "the train split has fewer than 2 classes"
+    if task == "temperature":
+        kind = str(feats.get("similarity", "cosine"))
+        if kind not in ("cosine", "product_sphere"):  # nCLIP's -CE is no distance: Eq. 1 / Fig. 8 do not apply
+            return f"the {kind} similarity is not a distance"
+        tokens = int(feats["subspheres"]) if "subspheres" in feats else 1
+        if "caption_image_z" not in feats and not (tokens > 1 and "test_s" in feats):
+            return "no caption pairs, and a single-token run has no token subsets"
     return None
 
 
@@ -155,6 +169,11 @@ def task_zeroshot(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> T
     if "test_s" in f:  # the method's own similarity as a dot product (evaluate.features.similarity_embeddings)
         m = zeroshot_classify(f["test_s"], f["zeroshot_classifier_s"], f["test_y"], normalize=False)
         what = f"{str(f['similarity'])} similarity (image vs prompt-ensembled text)"
+        if str(f["similarity"]) == "nclip_ce":  # spec 1.7.4: also the image-as-target score p_I . log p_T
+            from protoclip.evaluate.features import nclip_image_as_target
+
+            xi, wt = nclip_image_as_target(f["test_s"], f["zeroshot_classifier_s"])
+            m["image_as_target"] = zeroshot_classify(xi, wt, f["test_y"], normalize=False)
     else:
         m = zeroshot_classify(f["test_z"], f["zeroshot_classifier"], f["test_y"])
         what = "z_image (L2-normalised) vs prompt-ensembled z_text"
@@ -220,9 +239,43 @@ def task_tsne(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskR
     return m, "z_image (L2-normalised)", _sizes(f)
 
 
+def task_temperature(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
+    from protoclip.evaluate.metrics import temperature as tm
+
+    t, kind = cfg.temperature, str(f.get("similarity", "cosine"))  # cosine / product_sphere (too_small)
+    m: dict[str, Any] = {}
+    sizes: dict[str, int] = {}
+    what = []
+    if "caption_image_z" in f:
+        # one positive pair per image: its first caption; the run's similarity as a dot product
+        t2i = np.asarray(f["caption_text_to_image"])
+        images, first_text = np.unique(t2i, return_index=True)
+        if kind == "cosine":
+            img = f["caption_image_z"] / np.linalg.norm(f["caption_image_z"], axis=1, keepdims=True)
+            txt = f["caption_text_z"] / np.linalg.norm(f["caption_text_z"], axis=1, keepdims=True)
+        else:
+            img, txt = f["caption_image_s"], f["caption_text_s"]
+        img, txt = img[images], txt[first_text]
+        from protoclip.devices import resolve_device
+
+        m.update(tm.equilibrium_sweep(img, txt, t.scales(), t.batch_sizes, t.shuffle_shares, seed=cfg.seed,
+                                      device=resolve_device(cfg.device)))
+        m["histograms"] = tm.distance_histograms(img, txt, t.histogram_bins, t.histogram_max_points, seed=cfg.seed)
+        sizes["n_pairs"] = int(len(images))
+        what.append(f"caption pairs (first caption per image), {kind} similarity")
+    tokens = int(f["subspheres"]) if "subspheres" in f else 1
+    if kind == "product_sphere" and tokens > 1 and "test_s" in f:
+        m["tokens"] = tokens
+        m["token_subsets"] = tm.token_subset_zeroshot(f["test_s"], f["zeroshot_classifier_s"], f["test_y"], tokens,
+                                                      t.token_subsets, t.token_draws, seed=cfg.seed)
+        sizes["n_test"] = int(len(f["test_y"]))
+        what.append(f"token subsets of the {tokens} tokens (zero-shot, prompt-averaged)")
+    return m, "; ".join(what), sizes
+
+
 TASK_FUNCS: dict[str, Callable[..., TaskResult]] = {
     "zeroshot": task_zeroshot, "linear": task_linear, "knn": task_knn, "retrieval": task_retrieval,
-    "clustering": task_clustering, "nemd": task_nemd, "tsne": task_tsne,
+    "clustering": task_clustering, "nemd": task_nemd, "tsne": task_tsne, "temperature": task_temperature,
 }
 
 
@@ -261,6 +314,17 @@ def _numbers(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- stage
+def _still_valid(old_marker: dict | None, folder: Path, model_sha256: str) -> list[Path]:
+    """Metrics files of an earlier complete evaluation of this folder that stay valid beside this one's (an
+    evaluation of some tasks only, ``--task``): intact since and of the same model."""
+    keep = []
+    for name in completion.vouched(old_marker, folder):
+        path = folder / name
+        if completion.read_record(path).get("model_sha256") == model_sha256:
+            keep.append(path)
+    return keep
+
+
 def run_collect(cfg, run: str) -> Path:
     """Gather every metrics file of ``run`` into ``results/runs/<run>/metrics.json`` and print the summary.
 
@@ -270,6 +334,7 @@ def run_collect(cfg, run: str) -> Path:
     is simply absent.
     """
     layout = Layout.from_config(cfg)
+    completion.clean_temps_of(layout.metrics_summary(run))  # a killed collect's half-written metrics.json
     summary = records.run_results(layout, run)
     for name, ds_cfg in cfg.evaluate.datasets.items():
         reason = missing_reason(name, ds_cfg, layout)
@@ -311,7 +376,11 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
                                          "knn_temperature": ecfg.knn_temperature}})
         for name in names:
             # the job's output folder (a DVC out and a Snakemake directory): present even when no task runs
-            layout.eval_dir(run, name).mkdir(parents=True, exist_ok=True)
+            folder = layout.eval_dir(run, name)
+            folder.mkdir(parents=True, exist_ok=True)
+            # incomplete until tasks.json is written last: a kill from here on is never read as complete
+            old_marker = completion.start(folder, layout.eval_tasks(run, name))
+            first = len(written)
             status: dict[str, str] = {}
             ds_cfg = ecfg.datasets[name]
             wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
@@ -348,7 +417,8 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
                 if task == "tsne":
                     tracker.log_artifact(fig, f"figures/{name}")
             records.write_tasks(layout.eval_tasks(run, name), run, name, status, extractor.model_sha256,
-                                getattr(ds, "subsample", None))
+                                getattr(ds, "subsample", None),
+                                files=written[first:] + _still_valid(old_marker, folder, extractor.model_sha256))
         if datasets is None:
             written.append(run_collect(cfg, run))
             tracker.log_artifact(layout.metrics_summary(run), "metrics")

@@ -16,7 +16,8 @@ by ``log_softmax``, pbar clamped at 1e-12 before the log. ``kl = ce - eh`` (App.
 
     loss = NCLIPLoss(lambda1=0.5, lambda2=1.5)
     terms = loss(h_image, h_text)          # {"nclip", "nclip_ce", "nclip_eh", "nclip_he", "nclip_kl"}
-    loss.last_stats                        # detached diagnostics of the batch (std of P, same-argmax ...)
+    loss.last_stats                        # detached diagnostics of the batch (std of P, same-argmax,
+                                           # nclip_pbar_batch = the global batch size pbar is averaged over)
 """
 from __future__ import annotations
 
@@ -24,16 +25,21 @@ import torch
 import torch.nn.functional as F
 
 
-def global_mean(p: torch.Tensor, world_size: int = 1) -> torch.Tensor:
-    """Mean over the batch of every rank, differentiable (sum all-reduced with autograd)."""
+def global_batch_mean(p: torch.Tensor, world_size: int = 1) -> tuple[torch.Tensor, int]:
+    """(mean over the batch of every rank, differentiable (sum all-reduced with autograd); that batch's size)."""
     if world_size <= 1:
-        return p.mean(0)
+        return p.mean(0), int(p.shape[0])
     from torch.distributed.nn import all_reduce
 
     total = all_reduce(p.sum(0))
     count = torch.tensor([float(p.shape[0])], device=p.device)
     torch.distributed.all_reduce(count)
-    return total / count
+    return total / count, int(count.item())
+
+
+def global_mean(p: torch.Tensor, world_size: int = 1) -> torch.Tensor:
+    """Mean over the batch of every rank, differentiable (see :func:`global_batch_mean`)."""
+    return global_batch_mean(p, world_size)[0]
 
 
 def nclip_similarity(logp_image: torch.Tensor, logp_text: torch.Tensor) -> torch.Tensor:
@@ -61,10 +67,11 @@ class NCLIPLoss:
             p_i, p_t = logp_i.exp(), logp_t.exp()
             ce = -0.5 * ((p_i * logp_t).sum(1) + (p_t * logp_i).sum(1)).mean()
             eh = -0.5 * ((p_i * logp_i).sum(1) + (p_t * logp_t).sum(1)).mean()
-            pbar_i, pbar_t = global_mean(p_i, self.world_size), global_mean(p_t, self.world_size)
+            (pbar_i, n_pbar), (pbar_t, _) = global_batch_mean(p_i, self.world_size), global_batch_mean(p_t, self.world_size)
             he = -0.5 * ((pbar_i * pbar_i.clamp_min(1e-12).log()).sum() + (pbar_t * pbar_t.clamp_min(1e-12).log()).sum())
             total = ce + self.lambda1 * eh - self.lambda2 * he
-        self.last_stats = nclip_stats(p_i.detach(), p_t.detach())
+        # the batch pbar averages over (spec 1.7.1 asks to log it: the paper ties batch size to the pbar estimate)
+        self.last_stats = {**nclip_stats(p_i.detach(), p_t.detach()), "nclip_pbar_batch": float(n_pbar)}
         return {"nclip": total, "nclip_ce": ce, "nclip_eh": eh, "nclip_he": he, "nclip_kl": ce - eh}
 
 
@@ -81,4 +88,4 @@ def nclip_stats(p_image: torch.Tensor, p_text: torch.Tensor) -> dict[str, float]
     return out
 
 
-__all__ = ["NCLIPLoss", "global_mean", "nclip_similarity", "nclip_stats"]
+__all__ = ["NCLIPLoss", "global_batch_mean", "global_mean", "nclip_similarity", "nclip_stats"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -166,6 +167,19 @@ def build_clusterings(features: torch.Tensor, ks: list[int], tau: float, *, iter
 
 
 # --------------------------------------------------------------------------- ProtoNCE (Eq. 11)
+PCL_NEGATIVES = 16000  # r negative prototypes per clustering [PCL Sec. 4.1; ref-code 16384]
+
+
+def capped_negatives(r: int, ks: Sequence[int] | Clusterings) -> int:
+    """r capped at floor(K_min / 2) (at least 1): the paper's r = 16000 needs K_min > r (ref-code: r below the
+    smallest K), which small data sets break; half the smallest K keeps the draw a sample (spec 4.7.5)."""
+    if isinstance(ks, Clusterings):
+        ks = [c.shape[0] for c in ks.centroids]
+    if not ks or min(ks) < 1 or r < 1:
+        raise ValueError(f"capped_negatives: need r >= 1 and cluster counts >= 1, got r={r}, K={list(ks)}")
+    return max(1, min(int(r), min(ks) // 2))
+
+
 def sample_negatives(k: int, positives: torch.Tensor, r: int, generator: torch.Generator | None) -> torch.Tensor:
     """r distinct prototype ids that are not among ``positives``, uniformly without replacement, in random order.
 
@@ -236,5 +250,6 @@ def phi_proto_ce(h: torch.Tensor, classifier: torch.Tensor, labels: torch.Tensor
     return F.cross_entropy(logits, labels)
 
 
-__all__ = ["infonce", "concentration", "Clusterings", "build_clusterings", "sample_negatives", "protonce",
+__all__ = ["infonce", "concentration", "Clusterings", "build_clusterings", "capped_negatives", "sample_negatives",
+           "protonce", "PCL_NEGATIVES",
            "relative_concentration", "phi_proto_ce", "PHI_ALPHA", "PHI_CLIP_PERCENTILES"]

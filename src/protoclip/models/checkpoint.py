@@ -18,6 +18,10 @@ and tuples become lists on the way back.
     save_model("results/runs/x/model.pt", model, {"model": "tiny-rn", ...}, eval_spec={...})
     model, config = load_model("results/runs/x/model.pt")   # model is in eval mode
     spec = read_eval_spec("results/runs/x/model.pt")          # EvalSpec(method, similarity, subspheres, image_only)
+
+A file that cannot be read back (empty, truncated by a kill or a full disk, another program's file, weights
+that do not fit the architecture it names) raises :class:`ModelFileError` naming the file: one line and exit 2
+through the ``protoclip`` CLI, not a traceback from inside torch.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from typing import Any
 import torch
 
 from protoclip.atomic import save_torch
+from protoclip.errors import UserError
 from protoclip.models.build import build_model
 from protoclip.models.model import ProtoCLIPModel
 
@@ -37,6 +42,13 @@ log = logging.getLogger(__name__)
 
 FORMAT = "protoclip-model/1"
 SIMILARITIES = ("cosine", "product_sphere", "nclip_ce")  # protoclip.evaluate.features.similarity_embeddings
+REQUIRED = ("model_name", "head_hidden", "head_out", "state_dict", "config_json")  # keys load_model reads
+
+
+class ModelFileError(UserError):
+    """A model file that is not a readable ``protoclip-model/1`` file; the message names it."""
+
+    kind = "model file error"
 
 
 @dataclass(frozen=True)
@@ -106,30 +118,57 @@ def _spec(spec: EvalSpec | dict[str, Any] | None) -> EvalSpec:
 def read_eval_spec(path: str | Path) -> EvalSpec:
     """The :class:`EvalSpec` of the model file ``path`` without loading its weights (memory-mapped read);
     a file saved before ``eval_json`` existed gets :func:`legacy_eval_spec` of its saved config."""
-    payload = _read(Path(path), mmap=True)
-    if "eval_json" in payload:
-        return EvalSpec(**json.loads(payload["eval_json"]))
-    return legacy_eval_spec(json.loads(payload["config_json"]))
+    path = Path(path)
+    payload = _read(path, mmap=True)
+    try:
+        if "eval_json" in payload:
+            return EvalSpec(**json.loads(payload["eval_json"]))
+        return legacy_eval_spec(json.loads(payload["config_json"]))
+    except (ValueError, TypeError) as err:  # cut or foreign JSON text, unknown keys or values
+        raise ModelFileError(f"{path}: its evaluation spec cannot be read ({type(err).__name__}: "
+                             f"{_first_line(err)})") from None
 
 
 def _read(path: Path, mmap: bool = False) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"model file not found: {path}")
-    payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    if path.stat().st_size == 0:
+        raise ModelFileError(f"{path}: empty file (0 bytes): its write was cut short; train the run again")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as err:  # noqa: BLE001  torch.load raises many types for bad bytes (zip, pickle, EOF)
+        raise ModelFileError(f"{path}: not a readable torch file (truncated or foreign: "
+                             f"{type(err).__name__}: {_first_line(err)})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a {FORMAT} file (format={payload.get('format') if isinstance(payload, dict) else None!r})")
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise ModelFileError(f"{path}: not a {FORMAT} file (format={found!r})")
+    missing = [k for k in REQUIRED if k not in payload]
+    if missing:
+        raise ModelFileError(f"{path}: {FORMAT} file without '{missing[0]}'")
     return payload
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[ProtoCLIPModel, dict]:
     """Rebuild the model saved by :func:`save_model`; returns ``(model in eval mode, config)``."""
-    payload = _read(Path(path))
-    class_tokens = int(payload.get("class_tokens", 0))
-    model = build_model(payload["model_name"], head_hidden=payload["head_hidden"], head_out=payload["head_out"],
-                        head=payload.get("head", "swav"), class_tokens=class_tokens,
-                        # model.embed_dim is m tokens x d_z for multi-token towers: rebuild from d_z
-                        embed_dim=payload.get("embed_dim") // max(class_tokens, 1) if payload.get("embed_dim") else None,
-                        context_length=payload.get("context_length"), image_size=payload.get("image_size"))
-    model.load_state_dict(payload["state_dict"], strict=True)
+    path = Path(path)
+    payload = _read(path)
+    try:
+        config = json.loads(payload["config_json"])
+        class_tokens = int(payload.get("class_tokens", 0))
+        model = build_model(payload["model_name"], head_hidden=payload["head_hidden"],
+                            head_out=payload["head_out"], head=payload.get("head", "swav"), class_tokens=class_tokens,
+                            # model.embed_dim is m tokens x d_z for multi-token towers: rebuild from d_z
+                            embed_dim=payload.get("embed_dim") // max(class_tokens, 1) if payload.get("embed_dim")
+                            else None,
+                            context_length=payload.get("context_length"), image_size=payload.get("image_size"))
+        model.load_state_dict(payload["state_dict"], strict=True)
+    except (ValueError, TypeError, RuntimeError) as err:  # architecture or weights the file describes wrongly
+        raise ModelFileError(f"{path}: its architecture and weights do not fit ({type(err).__name__}: "
+                             f"{_first_line(err)})") from None
     model.to(device).eval()
-    return model, json.loads(payload["config_json"])
+    return model, config
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else "no detail"

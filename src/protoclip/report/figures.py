@@ -234,12 +234,13 @@ def plot_time_split(cfg, results: Results, target: TargetConfig, out: Path) -> N
 
 
 def plot_temperature_rows(cfg, results: Results, target: TargetConfig, out: Path) -> None:
-    """The temperature study (protoclip.report.temperature): one curve per row's run (first seed)."""
-    from protoclip.report.temperature import plot_temperature
+    """The temperature study (protoclip.report.temperature): one curve per row's run (first seed), and the
+    runs' temperature diagnostics (its ``task: temperature`` columns)."""
+    from protoclip.report.temperature import plot_temperature, temperature_diagnostics
 
     logs = {f"{r.label} ({run})": results.layout.train_log(run)
             for r in target.rows if r.run and (group := cfg.run_group(r.run)) for run in group[:1]}
-    if not plot_temperature(logs, out):
+    if not plot_temperature(logs, out, temperature_diagnostics(cfg, results, target)):
         plt = _plt()
         fig, ax = plt.subplots(figsize=(6, 2))
         _empty(ax, "no run of this figure logged a CLIP logit scale")

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from protoclip import records
-from protoclip.atomic import atomic_path, write_text
+from protoclip.atomic import atomic_path, clean_stale_temps, write_text
 from protoclip.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,8 @@ def run_report(cfg) -> Path:
     from protoclip.report.values import Results
 
     layout = Layout.from_config(cfg)
+    for folder in (layout.tables, layout.figures, Path(cfg.paths.results_dir) / "report"):
+        clean_stale_temps(folder)  # the report job is these folders' only writer: a killed run's temp files
     runs = cfg.run_names()
     long = collect_metrics(layout, runs)
     # the stage's DVC outputs exist even when a config declares no target (dvc commit needs every out)

@@ -108,7 +108,14 @@ class Results:
         """The metrics dict, ``{"skipped": line}``, or None when the file does not exist."""
         key = (run, task, dataset)
         if key not in self._cache:
-            self._cache[key] = records.read_metrics(self.layout.metrics(run, task, dataset))
+            self._cache[key] = self._set_results(run, dataset).get(task)
+        return self._cache[key]
+
+    def _set_results(self, run: str, dataset: str) -> dict[str, dict]:
+        """{task: result} of one evaluation folder: only what its completion marker vouches for."""
+        key = ("set", run, dataset)
+        if key not in self._cache:
+            self._cache[key] = records.set_results(self.layout, run, dataset)
         return self._cache[key]
 
     def value(self, run: str, task: str, dataset: str, metric: str) -> float | None:

@@ -21,3 +21,8 @@ class TeacherConfig:
             raise ValueError(f"pca_dim must be >= 1, got {self.pca_dim}")
         if self.batch_size < 1 or self.chunk_size < 1 or self.max_length < 1:
             raise ValueError("batch_size, chunk_size and max_length must be >= 1")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        from protoclip.devices import check_device_name
+
+        check_device_name(self.device)

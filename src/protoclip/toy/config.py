@@ -53,3 +53,5 @@ class ToyConfig:
             raise ValueError("kmeans_multipliers must be >= 1 and kmeans_iters >= 1")
         if min(self.pauc_alpha, self.pauc_beta, self.pauc_gamma) < 0 or self.nemd_n_max < 2:
             raise ValueError("pauc weights must be >= 0 and nemd_n_max >= 2")
+        if self.seed < 0 or self.kmeans_redo < 1 or self.plot_points_per_class < 0:
+            raise ValueError("seed and plot_points_per_class must be >= 0, kmeans_redo >= 1")

@@ -42,7 +42,7 @@ from protoclip.atomic import atomic_path, write_text
 from protoclip.evaluate.metrics import knn as knn_metric
 from protoclip.evaluate.metrics import nemd as nemd_metric
 from protoclip.losses.pauc import pauc_loss
-from protoclip.losses.pcl import build_clusterings, infonce, protonce
+from protoclip.losses.pcl import PCL_NEGATIVES, build_clusterings, capped_negatives, infonce, protonce
 from protoclip.models.momentum import FeatureQueue, MomentumEncoder
 from protoclip.toy.config import ToyConfig
 
@@ -86,7 +86,7 @@ def train_toy(x: np.ndarray, n_classes: int, method: str, cfg: ToyConfig) -> tup
     opt = torch.optim.Adam(enc.parameters(), lr=cfg.lr)
     xt = torch.from_numpy(x)
     ks = [min(m * n_classes, len(x)) for m in cfg.kmeans_multipliers]
-    r = max(1, min(ks) // 2)  # spec 4.7.5: r = min(16000, K_min / 2)
+    r = capped_negatives(PCL_NEGATIVES, ks)  # spec 4.7.5: r = min(16000, K_min / 2)
     sigma = cfg.jitter * cfg.cluster_std / cfg.center_box  # jitter of the views, in the scaled input units
     history = []
     for epoch in range(cfg.epochs):
@@ -216,6 +216,9 @@ def run_toy_nemd(cfg, layout=None) -> Path:
 
 
 def _run(tcfg: ToyConfig, layout) -> Path:
+    from protoclip.completion import clean_temps_of
+
+    clean_temps_of(*toy_outputs(layout).values())  # temp files of a killed run's writes
     try:
         from protoclip.prototypes.kmeans import load_faiss
 

@@ -5,8 +5,17 @@ scaler (when one is used), the python / numpy / torch (CPU and CUDA) RNG states,
 episode, the global step and the last episode's prototypes. It is written with
 :func:`protoclip.atomic.atomic_path` so a run killed mid-write keeps the previous complete checkpoint.
 
-    save_checkpoint(path, model=m, optimizer=opt, episode=e + 1, step=s, prototypes=p)
-    state = load_checkpoint(path); restore_rng(state["rng"])
+    save_checkpoint(path, model=m, optimizer=opt, episode=e + 1, step=s, prototypes=p,
+                    extra={"config": resume_key(config)})
+    state = resume_point(path, resume_key(config))  # None: train from scratch
+    restore_rng(state["rng"])
+
+Resume policy (:func:`resume_point`, the one place that decides whether a run continues): no checkpoint, or
+one written with another config (:func:`resume_key`), trains from scratch, because the workflow always passes
+``--resume`` and a changed config must retrain. A checkpoint that cannot be read (empty, cut, another tool's
+file) stops with a :class:`CheckpointError` naming it (exit 2): our own writes are atomic, so such a file
+was damaged or replaced from outside, and starting over would silently discard training that a restored copy
+could continue; the message says to delete the file to train from scratch.
 """
 from __future__ import annotations
 
@@ -19,10 +28,32 @@ import numpy as np
 import torch
 
 from protoclip.atomic import save_torch
+from protoclip.errors import UserError
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 1
+REQUIRED_KEYS = ("model", "optimizer", "rng", "episode", "step", "extra")  # what a resume reads
+# settings that do not change the result: a checkpoint written with other values may be resumed
+RESUME_INDIFFERENT = ("num_workers", "log_every", "gpu", "device", "checkpoint_interval_s")
+
+
+class CheckpointError(UserError):
+    """``last.pt`` exists but is not a readable protoclip training checkpoint; the message names the file."""
+
+    kind = "checkpoint error"
+
+
+class TrainingStopped(UserError):
+    """Training stopped to keep the last good state (non-finite loss, gradient, weights or features); the
+    message names step, episode and the term or tensor. The CLI prints it as one line, exit 2."""
+
+    kind = "training stopped"
+
+
+def resume_key(config: dict) -> dict:
+    """The part of a run's config (``to_dict(TrainConfig)``) a checkpoint must share with the run resuming it."""
+    return {k: v for k, v in config.items() if k not in RESUME_INDIFFERENT}
 
 
 def rng_state() -> dict[str, Any]:
@@ -43,7 +74,7 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class NonFiniteStateError(RuntimeError):
+class NonFiniteStateError(TrainingStopped):
     """Model weights or optimizer state became NaN/Inf; the message names step, episode and tensor."""
 
 
@@ -108,12 +139,46 @@ def save_checkpoint(path: str | Path, *, model: torch.nn.Module, optimizer: torc
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`; a clear error if missing or foreign."""
+    """Read a checkpoint written by :func:`save_checkpoint`.
+
+    Missing: ``FileNotFoundError``. Empty, cut or foreign (another format, another version, keys missing):
+    :class:`CheckpointError` naming the file and the cause in one line.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint to resume from: {path}")
-    # weights_only=False: the file also holds RNG states (numpy arrays, python tuples) that we wrote ourselves
-    state = torch.load(path, map_location=map_location, weights_only=False)
+    how = f"delete it to train from scratch (`rm {path}`)"
+    try:
+        # weights_only=False: the file also holds RNG states (numpy arrays, python tuples) that we wrote ourselves
+        state = torch.load(path, map_location=map_location, weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001  torch/pickle/zip raise many types for an empty, cut or foreign file
+        cause = (str(err).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(f"{path}: not a readable training checkpoint ({type(err).__name__}: {cause}); "
+                              f"{how}") from None
     if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
-        raise ValueError(f"{path}: not a protoclip training checkpoint (version {CHECKPOINT_VERSION})")
+        found = f"version {state.get('version')!r}" if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"{path}: not a protoclip training checkpoint (version {CHECKPOINT_VERSION}, found "
+                              f"{found}); {how}")
+    missing = [k for k in REQUIRED_KEYS if k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: training checkpoint without {', '.join(missing)}; {how}")
+    return state
+
+
+def resume_point(path: str | Path, key: dict, map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
+    """The one resume check: the checkpoint's state when it continues a run of config ``key``
+    (:func:`resume_key`), else None (train from scratch, logged why). An unreadable file stops with
+    :class:`CheckpointError` (see the module doc for the policy)."""
+    try:
+        state = load_checkpoint(path, map_location=map_location)
+    except FileNotFoundError:  # also when another rank's start_fresh removed it first (their answer is None too)
+        log.warning("resume requested but no checkpoint at %s: starting from scratch", path)
+        return None
+    if state["extra"].get("config") != key:
+        # the workflow always passes --resume: a changed config must retrain, not continue (or, for a
+        # finished run, silently return the old weights)
+        log.warning("checkpoint %s was written with another config: training from scratch", path)
+        return None
     return state

@@ -196,6 +196,29 @@ class TrainConfig:
         if min(a.alpha, a.beta, a.gamma) < 0 or min(a.s, a.t, a.tau_c) <= 0:
             raise ValueError("pauc.alpha, beta, gamma must be >= 0 and pauc.s, t, tau_c > 0")
         method.check_config(self)  # the method's own rules (e.g. pcl: no locked image tower)
+        self.validate_values()
+
+    def validate_values(self) -> None:
+        """The values that used to load and then fail inside the job (issue 22): optimizer, loader, device,
+        model architecture (``protoclip.model_configs.check_model``, no torch import)."""
+        from protoclip.devices import check_device_name
+        from protoclip.model_configs import check_model
+
+        b1, b2 = self.betas
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):  # torch.optim.AdamW's own bounds
+            raise ValueError(f"betas must be two values in [0, 1), got {list(self.betas)}")
+        if self.eps <= 0:
+            raise ValueError(f"eps must be > 0, got {self.eps}")
+        if self.num_workers < 0 or self.seed < 0:  # numpy generators refuse negative seeds
+            raise ValueError(f"num_workers and seed must be >= 0, got {self.num_workers} and {self.seed}")
+        if self.head_hidden < 1 or self.head_out < 1:
+            raise ValueError(f"head_hidden and head_out must be >= 1, got {self.head_hidden} and {self.head_out}")
+        if self.lock_image_epoch is not None and self.lock_image_epoch < 0:
+            raise ValueError(f"lock_image_epoch must be >= 0 or null, got {self.lock_image_epoch}")
+        check_device_name(self.device)
+        check_model(self.model, embed_dim=self.embed_dim, context_length=self.context_length,
+                    image_size=self.image_size, class_tokens=self.class_tokens, distance=self.loss.distance,
+                    subspheres=self.subspheres())
 
     def subspheres(self) -> int:
         """m of the CLIP term's product sphere."""

@@ -10,9 +10,20 @@ grad-norm clipping, ``Method.after_step`` after every step (logit-scale clamps),
 Outputs under ``layout.run_dir(run)``: ``config.yaml`` and ``train_log.jsonl`` from the start, and
 ``checkpoints/last.pt`` at episode ends (atomic; at most every ``checkpoint_interval_s`` seconds, and always after
 the final episode). ``resume=True`` continues from the checkpoint and
-reaches the same weights as an uninterrupted run. A non-finite loss term stops the run with
-:class:`NonFiniteLossError` naming step and term, non-finite weights or optimizer state before a save with
-:class:`~protoclip.train.checkpoint.NonFiniteStateError`; the last checkpoint is left as it was.
+reaches the same weights as an uninterrupted run (the resume policy: :mod:`protoclip.train.checkpoint`); a
+run trained from scratch first removes the run's old ``model.pt`` and checkpoint, so a failed retrain never leaves
+a model of another config beside the new one (as Snakemake and DVC delete outputs before a rerun). A config
+whose episodes would hold no batch of two items (batch or episode size 1) stops before training with a
+:class:`~protoclip.config.ConfigError`. A non-finite loss term, gradient norm or k-means feature stops the run
+with :class:`NonFiniteLossError` naming step, episode and term, non-finite weights or optimizer state before a
+save with :class:`~protoclip.train.checkpoint.NonFiniteStateError` (both
+:class:`~protoclip.train.checkpoint.TrainingStopped`: one line, exit 2 through the CLI); the last checkpoint is
+left as it was.
+
+The call is split as nanoGPT's loop is: :func:`restore` (checkpoint -> :class:`Progress`), :func:`run_episode`
+(sample, prepare, train steps -> the episode record) and :func:`end_episode` (early stop, checkpoint, log),
+over a :class:`Session` holding what stays fixed for the call; the decisions are pure functions
+(:func:`stop_decision`, :func:`episode_record`).
 
     from protoclip.train.loop import train
     model = train(model, dataset, cfg, layout, run, teacher=None, tracker=Tracker())
@@ -25,8 +36,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 import torch
@@ -35,27 +47,29 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from protoclip.atomic import write_text
-from protoclip.config import to_dict
+from protoclip.config import ConfigError, to_dict
 from protoclip.devices import resolve_device
 from protoclip.layout import Layout
+from protoclip.losses.proto import NonFiniteFeaturesError
 from protoclip.provenance import provenance
+from protoclip.records import TrainLog
 from protoclip.tracking import Tracker
-from protoclip.train.checkpoint import (check_state_finite, kept_checkpoint, load_checkpoint, restore_rng,
-                                       save_checkpoint)
+from protoclip.train.checkpoint import (TrainingStopped, check_state_finite, kept_checkpoint, restore_rng,
+                                       resume_key, resume_point, save_checkpoint)
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, barrier, broadcast_object, env_world, init_from_env, sync_buffers
 from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
-from protoclip.records import TrainLog
 from protoclip.train.methods import EpisodeData, Method, build_method
-from protoclip.train.schedule import Schedule, early_stop_update
+from protoclip.train.schedule import Schedule, early_stop_update, trained_batches_per_episode
 
 log = logging.getLogger(__name__)
 
 IMAGE_GROUPS = ("image_decay", "image_no_decay")  # groups whose LR locked-image tuning zeroes
 
 
-class NonFiniteLossError(RuntimeError):
-    """A loss term became NaN/Inf; the message names the step and the term."""
+class NonFiniteLossError(TrainingStopped):
+    """A loss term, the gradient norm or the episode's features became NaN/Inf; the message names the step,
+    the episode and the term."""
 
 
 def autocast_factory(precision: str, device: torch.device) -> Callable[[], ContextManager]:
@@ -138,81 +152,201 @@ class TrainForward(torch.nn.Module):
         return {k: v for k, v in out.items() if k in self.keep}
 
 
-# settings that do not change the result: a checkpoint written with other values may be resumed
-RESUME_INDIFFERENT = ("num_workers", "log_every", "gpu", "device", "checkpoint_interval_s")
+def write_config(path: Path, config: dict) -> None:
+    """The run's ``config.yaml``: the resolved TrainConfig as a dict (``to_dict``)."""
+    write_text(path, yaml.safe_dump(config, sort_keys=False))
 
 
-def resume_key(cfg: TrainConfig) -> dict:
-    """The part of the config a checkpoint must share with the run that resumes it."""
-    return {k: v for k, v in to_dict(cfg).items() if k not in RESUME_INDIFFERENT}
+def require_training_steps(cfg: TrainConfig, dataset_size: int, episode_size: int, world_size: int) -> None:
+    """Stop before training when no episode would hold a batch of >= 2 items: the run would take no optimizer
+    step and write an untrained model (a batch of one is skipped, see the episode loop)."""
+    if trained_batches_per_episode(episode_size, cfg.batch_size, world_size) == 0:
+        capped = f" (capped at the {dataset_size} training pairs)" if episode_size < cfg.episode_size else ""
+        raise ConfigError(
+            f"run '{cfg.name}': batch_size {cfg.batch_size} and episode_size {episode_size}{capped} over "
+            f"{world_size} process(es) give no batch of >= 2 items, so no optimizer step would run; "
+            "batch_size and the per-process episode share must be >= 2")
 
 
-def write_config(path: Path, cfg: TrainConfig) -> None:
-    write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+@dataclass
+class Progress:
+    """Where a run stands between episodes: what a checkpoint saves and :func:`restore` gives back."""
+
+    episode: int = 0  # index of the next episode to run
+    step: int = 0  # global optimizer step
+    prototypes: Any = None  # the last episode's prototypes (kept in the checkpoint for inspection)
+    early_stop: dict | None = None  # schedule.early_stop_update state; None until the first update
+
+    @property
+    def stopped(self) -> bool:
+        return self.early_stop is not None and bool(self.early_stop["stopped"])
 
 
-def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: Layout,
-          run: str, *, teacher: np.ndarray | None = None, tracker: Tracker | None = None,
-          resume: bool = False, stop_after_episodes: int | None = None) -> torch.nn.Module:
-    """Train ``model`` on ``dataset`` (items ``(image, tokens, id)``) and return it (unwrapped).
+@dataclass
+class Session:
+    """What stays fixed during one :func:`train` call (built once, read by the episode helpers)."""
 
-    ``teacher``: cached external-teacher features [M, d], row i belonging to ``dataset[i]`` (the stage aligns
-    the cache by id). ``stop_after_episodes`` ends the call after that many episodes of this call (checkpoint
-    written): used to test resume.
-    """
-    tracker = tracker or Tracker()
-    device = resolve_device(cfg.device)
-    if device.type == "cuda" and device.index is None:  # one GPU per torchrun process, set before nccl init
+    cfg: TrainConfig
+    run: str
+    model: torch.nn.Module
+    net: torch.nn.Module  # the method's forward, DDP-wrapped under torchrun
+    optimizer: torch.optim.Optimizer
+    method: Method
+    sched: Schedule
+    dataset: Dataset
+    teacher: np.ndarray | None
+    use_teacher: bool
+    info: DistInfo
+    device: torch.device
+    autocast: Callable[[], ContextManager]
+    tlog: TrainLog
+    tracker: Tracker
+    checkpoint: Path
+    resume_key: dict
+
+
+def setup_device(name: str) -> tuple[torch.device, DistInfo]:
+    """The resolved device (under torchrun a bare ``cuda`` is this process's local GPU, set before nccl init)
+    and the process group's rank info."""
+    device = resolve_device(name)
+    if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", env_world().local_rank)
         torch.cuda.set_device(device)
-    info = init_from_env(device)
-    if teacher is not None and (teacher.ndim != 2 or len(teacher) != len(dataset)):
-        raise ValueError(f"teacher features must be [M={len(dataset)}, d] aligned with the data set, "
-                         f"got {tuple(teacher.shape)}")
-    use_teacher = cfg.reads_teacher() and teacher is not None
-    M = len(dataset)
-    m = episode_size_for(cfg.episode_size, M)
-    sched = Schedule.build(base_lr=cfg.lr, epochs=cfg.epochs, dataset_size=M, episode_size=m,
-                           batch_size=cfg.batch_size, warmup_episodes=cfg.warmup_episodes,
-                           lock_image_epoch=cfg.lock_image_epoch, world_size=info.world_size,
-                           warmup_samples=cfg.warmup_samples)
-    autocast = autocast_factory(cfg.precision, device)
-    ckpt_path = layout.checkpoint(run)
-    tlog = TrainLog(layout.train_log(run), enabled=info.is_main)
+    return device, init_from_env(device)
 
-    model.to(device)
-    optimizer = build_optimizer(model, cfg)
-    method = build_method(cfg, info)
-    start_episode, step, prototypes, stop_state = 0, 0, None, None
-    state = load_checkpoint(ckpt_path, map_location=device) if resume and ckpt_path.exists() else None
-    if state is not None and state["extra"].get("config") != resume_key(cfg):
-        # the workflow always passes --resume: a changed config must retrain, not continue (or, for a
-        # finished run, silently return the old weights)
-        log.warning("checkpoint %s was written with another config: training %s from scratch", ckpt_path, run)
-        state = None
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start_episode, step, prototypes = state["episode"], state["step"], state["prototypes"]
-        method.load_state_dict(state["extra"].get("method", {}))
-        stop_state = state["extra"].get("early_stop")
-        restore_rng(state["rng"])
-        tlog.truncate_to(start_episode, step)
-        log.info("resumed %s at episode %d / %d (step %d)", run, start_episode, sched.n_episodes, step)
-    else:
-        if resume and not ckpt_path.exists():
-            log.warning("resume requested but no checkpoint at %s: starting from scratch", ckpt_path)
-        tlog.reset()
-    if info.is_main:
-        write_config(layout.run_config(run), cfg)
-    prov = provenance(cfg.seed)
-    tlog.append({"kind": "start", "episode": start_episode, "step": step, "provenance": prov,
-                 "schedule": {"dataset_size": M, "episode_size": m, "n_episodes": sched.n_episodes,
-                              "steps_per_episode": sched.steps_per_episode, "warmup_steps": sched.warmup_steps,
-                              "world_size": info.world_size}})
-    if info.is_main:
-        tracker.log_params({"train": to_dict(cfg), "provenance": prov})
 
+def start_fresh(layout: Layout, run: str, info: DistInfo) -> None:
+    """Before a training from scratch: remove the run's old model, checkpoint and log (main rank), so that a
+    retrain that fails leaves no model of another config beside the new ``config.yaml``."""
+    if not info.is_main:
+        return
+    removed = [p for p in (layout.model(run), layout.checkpoint(run), layout.train_log(run)) if p.exists()]
+    for path in removed:
+        path.unlink()
+    if removed:
+        log.info("training %s from scratch: removed %s", run, ", ".join(str(p) for p in removed))
+
+
+def restore(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer, method: Method) -> Progress:
+    """Load a checkpoint's state (accepted by :func:`~protoclip.train.checkpoint.resume_point`) into the
+    model, optimizer, method and the RNGs; returns where the run stands."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    method.load_state_dict(state["extra"].get("method", {}))
+    restore_rng(state["rng"])
+    return Progress(state["episode"], state["step"], state["prototypes"], state["extra"].get("early_stop"))
+
+
+def world_record(cfg: TrainConfig, info: DistInfo) -> dict[str, int]:
+    """The resolved process count and batch sizes of the run (issue 21: logged and saved with the run)."""
+    return {"world_size": info.world_size, "per_rank_batch": cfg.batch_size,
+            "global_batch": cfg.batch_size * info.world_size}
+
+
+def train_step(s: Session, images, tokens, pos: torch.Tensor, prototypes: Any, step: int, episode: int
+               ) -> dict[str, Any]:
+    """One optimizer step on one batch; returns its ``step`` record (not yet written)."""
+    # locked-image tuning zeroes the LR only, as the paper states (Sec. IV-A2); BatchNorm running
+    # statistics of the image encoder keep updating in train mode
+    lr, image_lr = s.sched.lr(step), s.sched.image_lr(step)
+    set_lrs(s.optimizer, lr, image_lr)
+    images, tokens = to_device(images, s.device), to_device(tokens, s.device)
+    with s.autocast():
+        out = s.net(images, tokens)
+    terms = s.method.terms(s.model, out, pos.to(s.device), prototypes)
+    loss = s.method.total(terms)
+    check_finite({**terms, "total": loss}, step, episode, s.info, s.checkpoint)
+    s.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), s.cfg.grad_clip)
+    if not torch.isfinite(grad_norm):  # finite loss, overflowing gradient: stop before the weights break
+        raise NonFiniteLossError(f"non-finite gradient norm at step {step} (episode {episode}): "
+                                 f"{float(grad_norm)}; stopped, {kept_checkpoint(s.checkpoint)}")
+    s.optimizer.step()
+    s.method.after_step(s.model)
+    return {"kind": "step", "step": step, "episode": episode, "epoch": s.sched.epoch(step), "lr": lr,
+            "image_lr": image_lr, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
+            **{k: float(v.detach()) for k, v in terms.items()}, **s.method.diagnostics(), **temperatures(s.model)}
+
+
+def add_to_sums(sums: dict[str, float], rec: dict[str, Any]) -> None:
+    """Accumulate a step record's float values (the episode means' numerators)."""
+    for k, v in rec.items():
+        if k not in ("kind", "step", "episode") and isinstance(v, float):
+            sums[k] = sums.get(k, 0.0) + v
+
+
+def episode_record(episode: int, step: int, n_steps: int, sums: dict[str, float], stats: dict[str, float],
+                   times: dict[str, float]) -> dict[str, Any]:
+    """The ``episode`` record: step means, the method's episode statistics and the time split."""
+    return {"kind": "episode", "episode": episode, "step": step, "n_steps": n_steps,
+            **{f"mean/{k}": v / max(n_steps, 1) for k, v in sums.items()}, **stats,
+            **{f"time/{k}": v for k, v in times.items()}}
+
+
+def run_episode(s: Session, episode: int, step: int) -> tuple[dict[str, Any], int, Any]:
+    """Sample episode ``episode``, let the method prepare it, train on its batches from global step ``step``.
+    Returns the episode record, the next global step and the episode's prototypes."""
+    M, m = len(s.dataset), s.sched.episode_size
+    indices = sample_episode(M, m, s.cfg.seed, episode)
+    loader = episode_loader(s.dataset, indices, s.info, s.cfg.batch_size, s.cfg.num_workers, s.device)
+    data = EpisodeData(s.dataset, indices, loader, s.info, s.device, s.autocast, s.teacher, s.use_teacher)
+    try:
+        prototypes, stats, times = s.method.begin_episode(s.model, data, episode)
+    except NonFiniteFeaturesError as err:  # weights broke in the last step of the previous episode
+        raise NonFiniteLossError(f"non-finite features at step {step} (episode {episode}): {err}; stopped, "
+                                 f"{kept_checkpoint(s.checkpoint)}") from None
+    t0 = time.perf_counter()
+    sums: dict[str, float] = {}
+    n_steps = 0
+    for images, tokens, pos in tqdm(loader, desc=f"episode {episode}", leave=False, disable=not s.info.is_main):
+        if len(pos) < 2:  # BatchNorm (heads, ResNet) cannot train on one sample; the same on every rank
+            log.warning("episode %d: skipping a final batch of 1 item", episode)
+            continue
+        rec = train_step(s, images, tokens, pos, prototypes, step, episode)
+        if step % s.cfg.log_every == 0:
+            s.tlog.append(rec)
+        add_to_sums(sums, rec)
+        step += 1
+        n_steps += 1
+    sync_buffers(s.model, s.info)  # identical BatchNorm statistics in every rank's checkpoint / final model
+    times = {**times, "train": time.perf_counter() - t0}
+    return episode_record(episode, step, n_steps, sums, stats, times), step, prototypes
+
+
+def stop_decision(episode: int, n_episodes: int, stopped_early: bool, done_here: int,
+                  stop_after_episodes: int | None) -> bool:
+    """Whether the call ends after ``episode`` (the ``done_here``-th of this call, 1-based): the last scheduled
+    episode, an early stop, or ``stop_after_episodes`` reached."""
+    return (episode + 1 == n_episodes or stopped_early
+            or (stop_after_episodes is not None and done_here >= stop_after_episodes))
+
+
+def end_episode(s: Session, progress: Progress, ep_rec: dict[str, Any], stopping: bool, save_due: bool) -> bool:
+    """Checkpoint (when ``stopping`` or ``save_due``, rank 0's decision), log the episode record, wait for
+    every rank. ``progress`` already points past the episode. Returns whether a checkpoint was written."""
+    # the same decision on every rank (rank 0's clock), so that all check and wait at the barrier together
+    save = broadcast_object(stopping or save_due, s.info)
+    if save:
+        # every rank checks (DDP keeps their weights identical), so all stop together instead of waiting at
+        # the barrier for a rank 0 that refused to save
+        check_state_finite(s.model, s.optimizer, step=progress.step - 1, episode=progress.episode - 1,
+                           checkpoint=s.checkpoint)
+        if s.info.is_main:
+            protos = progress.prototypes
+            save_checkpoint(s.checkpoint, model=s.model, optimizer=s.optimizer, episode=progress.episode,
+                            step=progress.step, prototypes=protos.to("cpu") if hasattr(protos, "to") else protos,
+                            extra={"run": s.run, "config": s.resume_key, "method": s.method.state_dict(),
+                                   "early_stop": progress.early_stop})
+    if s.info.is_main:
+        s.tlog.append(ep_rec)
+        s.tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=ep_rec["episode"])
+    barrier(s.info)
+    return save
+
+
+def wrap_for_ddp(model: torch.nn.Module, method: Method, device: torch.device, info: DistInfo) -> torch.nn.Module:
+    """The method's forward, DDP-wrapped under torchrun (the module the training steps call)."""
     net: torch.nn.Module = TrainForward(model, method)
     if info.enabled:
         # e.g. CLIP runs leave the heads and tau_Proto without gradient, Proto-only runs tau_CLIP: only then
@@ -220,86 +354,95 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
         net = torch.nn.parallel.DistributedDataParallel(
             net, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=method.find_unused_parameters())
-    model.train()
-    done_here = 0
+    return net
+
+
+def log_start(s: Session, progress: Progress, config: dict, config_path: Path) -> None:
+    """``config.yaml``, the log's ``start`` record (provenance, resolved schedule and world size) and the MLflow
+    params, at every (re)start."""
+    world = world_record(s.cfg, s.info)
+    log.info("run %s: %d process(es), batch %d per process, global batch %d", s.run, world["world_size"],
+             world["per_rank_batch"], world["global_batch"])
+    prov = provenance(s.cfg.seed)
+    if s.info.is_main:
+        write_config(config_path, config)
+    sched = s.sched
+    s.tlog.append({"kind": "start", "episode": progress.episode, "step": progress.step, "provenance": prov,
+                   "schedule": {"dataset_size": sched.dataset_size, "episode_size": sched.episode_size,
+                                "n_episodes": sched.n_episodes, "steps_per_episode": sched.steps_per_episode,
+                                "warmup_steps": sched.warmup_steps, **world}})
+    if s.info.is_main:
+        s.tracker.log_params({"train": config, "provenance": prov, "world": world})
+
+
+def run_episodes(s: Session, progress: Progress, stop_after_episodes: int | None) -> None:
+    """The episodes from ``progress`` on, until the schedule ends, early stop or ``stop_after_episodes``."""
+    cfg, n_episodes = s.cfg, s.sched.n_episodes
+    s.model.train()
     last_save = time.monotonic()
-    for episode in tqdm(range(start_episode, sched.n_episodes), desc=f"train {run}", disable=not info.is_main,
-                        initial=start_episode, total=sched.n_episodes):
-        if stop_state is not None and stop_state["stopped"]:  # resuming a run that had stopped early
+    episodes = range(progress.episode, n_episodes)
+    for done_here, episode in enumerate(tqdm(episodes, desc=f"train {s.run}", disable=not s.info.is_main,
+                                             initial=progress.episode, total=n_episodes), start=1):
+        if progress.stopped:  # resuming a run that had stopped early
             break
-        indices = sample_episode(M, m, cfg.seed, episode)
-        loader = episode_loader(dataset, indices, info, cfg.batch_size, cfg.num_workers, device)
-        prototypes, ep_stats, times = method.begin_episode(
-            model, EpisodeData(dataset, indices, loader, info, device, autocast, teacher, use_teacher), episode)
-        times = {**times, "train": 0.0}
-        t0 = time.perf_counter()
-        sums: dict[str, float] = {}
-        n_steps = 0
-        for images, tokens, pos in tqdm(loader, desc=f"episode {episode}", leave=False, disable=not info.is_main):
-            if len(pos) < 2:  # BatchNorm (heads, ResNet) cannot train on one sample; the same on every rank
-                log.warning("episode %d: skipping a final batch of 1 item", episode)
-                continue
-            # locked-image tuning zeroes the LR only, as the paper states (Sec. IV-A2); BatchNorm running
-            # statistics of the image encoder keep updating in train mode
-            lr, image_lr = sched.lr(step), sched.image_lr(step)
-            set_lrs(optimizer, lr, image_lr)
-            images, tokens = to_device(images, device), to_device(tokens, device)
-            with autocast():
-                out = net(images, tokens)
-            terms = method.terms(model, out, pos.to(device), prototypes)
-            loss = method.total(terms)
-            check_finite({**terms, "total": loss}, step, episode, info, ckpt_path)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            if not torch.isfinite(grad_norm):  # finite loss, overflowing gradient: stop before the weights break
-                raise NonFiniteLossError(f"non-finite gradient norm at step {step} (episode {episode}): "
-                                         f"{float(grad_norm)}; stopped, {kept_checkpoint(ckpt_path)}")
-            optimizer.step()
-            method.after_step(model)
-            rec = {"kind": "step", "step": step, "episode": episode, "epoch": sched.epoch(step), "lr": lr,
-                   "image_lr": image_lr, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
-                   **{k: float(v.detach()) for k, v in terms.items()}, **method.diagnostics(),
-                   **temperatures(model)}
-            if step % cfg.log_every == 0:
-                tlog.append(rec)
-            for k, v in rec.items():
-                if k not in ("kind", "step", "episode") and isinstance(v, float):
-                    sums[k] = sums.get(k, 0.0) + v
-            step += 1
-            n_steps += 1
-        sync_buffers(model, info)  # identical BatchNorm statistics in every rank's checkpoint / final model
-        times["train"] = time.perf_counter() - t0
-        ep_rec = {"kind": "episode", "episode": episode, "step": step, "n_steps": n_steps,
-                  **{f"mean/{k}": v / max(n_steps, 1) for k, v in sums.items()}, **ep_stats,
-                  **{f"time/{k}": v for k, v in times.items()}}
+        ep_rec, step, prototypes = run_episode(s, episode, progress.step)
+        early_stop = progress.early_stop
         if cfg.early_stop.enabled:  # decided on rank 0 (episode means are per rank) and shared
-            stop_state = broadcast_object(early_stop_update(stop_state, ep_rec.get(cfg.early_stop.metric),
-                                                            cfg.early_stop.patience, cfg.early_stop.min_delta), info)
-        stopping = (episode + 1 == sched.n_episodes or (stop_state is not None and stop_state["stopped"])
-                    or (stop_after_episodes is not None and done_here + 1 >= stop_after_episodes))
-        # the same decision on every rank (rank 0's clock), so that all check and wait at the barrier together
-        save = broadcast_object(stopping or time.monotonic() - last_save >= cfg.checkpoint_interval_s, info)
-        if save:
-            # every rank checks (DDP keeps their weights identical), so all stop together instead of waiting at
-            # the barrier for a rank 0 that refused to save
-            check_state_finite(model, optimizer, step=step - 1, episode=episode, checkpoint=ckpt_path)
-        if info.is_main and save:
-            save_checkpoint(ckpt_path, model=model, optimizer=optimizer, episode=episode + 1, step=step,
-                            prototypes=prototypes.to("cpu") if hasattr(prototypes, "to") else prototypes,
-                            extra={"run": run, "config": resume_key(cfg), "method": method.state_dict(),
-                                   "early_stop": stop_state})
+            early_stop = broadcast_object(early_stop_update(early_stop, ep_rec.get(cfg.early_stop.metric),
+                                                            cfg.early_stop.patience, cfg.early_stop.min_delta), s.info)
+        progress = Progress(episode + 1, step, prototypes, early_stop)
+        stopping = stop_decision(episode, n_episodes, progress.stopped, done_here, stop_after_episodes)
+        if end_episode(s, progress, ep_rec, stopping, time.monotonic() - last_save >= cfg.checkpoint_interval_s):
             last_save = time.monotonic()
-        if info.is_main:
-            tlog.append(ep_rec)
-            tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=episode)
-        barrier(info)
-        done_here += 1
-        if stop_state is not None and stop_state["stopped"]:
+        if progress.stopped:
             log.info("early stop after episode %d: %s has not improved on %.6g for %d episodes", episode,
-                     cfg.early_stop.metric, stop_state["best"], stop_state["bad"])
-            tlog.append({"kind": "early_stop", "episode": episode, "step": step, **stop_state})
+                     cfg.early_stop.metric, early_stop["best"], early_stop["bad"])
+            s.tlog.append({"kind": "early_stop", "episode": episode, "step": step, **early_stop})
+        if stopping:
             break
-        if stop_after_episodes is not None and done_here >= stop_after_episodes:
-            break
+
+
+def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: Layout,
+          run: str, *, teacher: np.ndarray | None = None, tracker: Tracker | None = None,
+          resume: bool | dict = False, stop_after_episodes: int | None = None) -> torch.nn.Module:
+    """Train ``model`` on ``dataset`` (items ``(image, tokens, id)``) and return it (unwrapped).
+
+    ``teacher``: cached external-teacher features [M, d], row i belonging to ``dataset[i]`` (the stage aligns
+    the cache by id). ``resume``: False trains from scratch; True continues ``checkpoints/last.pt`` when
+    :func:`~protoclip.train.checkpoint.resume_point` accepts it; a dict is a checkpoint state that
+    ``resume_point`` already returned (the stage reads it once, to choose the MLflow run; emptied once restored, so
+    that its tensors do not stay in memory beside the model's). ``stop_after_episodes`` ends the call after that
+    many episodes of this call (checkpoint written): used to test resume.
+    """
+    device, info = setup_device(cfg.device)
+    if teacher is not None and (teacher.ndim != 2 or len(teacher) != len(dataset)):
+        raise ValueError(f"teacher features must be [M={len(dataset)}, d] aligned with the data set, "
+                         f"got {tuple(teacher.shape)}")
+    M = len(dataset)
+    m = episode_size_for(cfg.episode_size, M)
+    require_training_steps(cfg, M, m, info.world_size)
+    sched = Schedule.build(base_lr=cfg.lr, epochs=cfg.epochs, dataset_size=M, episode_size=m,
+                           batch_size=cfg.batch_size, warmup_episodes=cfg.warmup_episodes,
+                           lock_image_epoch=cfg.lock_image_epoch, world_size=info.world_size,
+                           warmup_samples=cfg.warmup_samples)
+    config = to_dict(cfg)  # the one dict of the config: config.yaml, MLflow params, the checkpoints' key
+    key = resume_key(config)
+    model.to(device)
+    optimizer = build_optimizer(model, cfg)
+    method = build_method(cfg, info)
+    tlog = TrainLog(layout.train_log(run), enabled=info.is_main)
+    state = resume_point(layout.checkpoint(run), key, map_location=device) if resume is True else (resume or None)
+    if state is not None:
+        progress = restore(state, model, optimizer, method)
+        state.clear()  # its tensors now live in the model and optimizer: free them (the stage's reference too)
+        tlog.truncate_to(progress.episode, progress.step)
+        log.info("resumed %s at episode %d / %d (step %d)", run, progress.episode, sched.n_episodes, progress.step)
+    else:
+        progress = Progress()
+        start_fresh(layout, run, info)
+    s = Session(cfg, run, model, wrap_for_ddp(model, method, device, info), optimizer, method, sched, dataset,
+                teacher, cfg.reads_teacher() and teacher is not None, info, device,
+                autocast_factory(cfg.precision, device), tlog, tracker or Tracker(), layout.checkpoint(run), key)
+    log_start(s, progress, config, layout.run_config(run))
+    run_episodes(s, progress, stop_after_episodes)
     return model

@@ -50,6 +50,18 @@ def steps_per_episode(episode_size: int, batch_size: int, world_size: int = 1) -
     return math.ceil(per_rank / batch_size)
 
 
+def trained_batches_per_episode(episode_size: int, batch_size: int, world_size: int = 1) -> int:
+    """Batches of one episode the trainer takes a step on: those of >= 2 items (per rank).
+
+    A batch of one item is skipped (BatchNorm cannot train on it and a contrastive loss has no negative), so
+    this is :func:`steps_per_episode` less a final batch of one; 0 means the run would train nothing.
+    """
+    if batch_size < 2:
+        return 0
+    per_rank = math.ceil(episode_size / world_size)
+    return per_rank // batch_size + (per_rank % batch_size >= 2)
+
+
 def warmup_cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int) -> float:
     """Linear warm-up then cosine decay to zero (open_clip ``cosine_lr`` formula, see module doc)."""
     if step < 0:

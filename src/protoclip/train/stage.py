@@ -9,6 +9,11 @@ Reads the prepared manifest (train split, the run's ``data`` sources) and, for a
 and ``external_weight > 0``, the teacher cache ``data/teacher/<teacher>.npz``. Writes
 ``results/runs/<run>/{config.yaml, train_log.jsonl, checkpoints/last.pt, model.pt}``. MLflow is reached only
 through :func:`protoclip.tracking.training_run`.
+
+Before anything else the stage removes temp files that a killed earlier run of it left beside these outputs, and
+decides once whether the run resumes (:func:`protoclip.train.checkpoint.resume_point`); a run trained from
+scratch then has its old model, checkpoint, log and MLflow id file removed before the data and the model are
+built, so a retrain that fails at any point leaves no model of an older config behind.
 """
 from __future__ import annotations
 
@@ -19,13 +24,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from protoclip.atomic import clean_stale_temps_of, write_json
 from protoclip.config import ConfigError, ProjectConfig, to_dict
 from protoclip.layout import Layout
 from protoclip.tracking import Tracker, training_run
 from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import env_world
-from protoclip.train.checkpoint import check_state_finite
-from protoclip.train.loop import train
+from protoclip.train.distributed import DistInfo, env_world
+from protoclip.train.checkpoint import check_state_finite, resume_key, resume_point
+from protoclip.train.loop import start_fresh, train
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +97,14 @@ def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_s
     return dataset, [str(i) for i in df["id"].tolist()]
 
 
-def train_run(cfg: ProjectConfig, run: str, tracker: Tracker, resume: bool = False) -> Path:
-    """Everything of :func:`run_train` except the MLflow context (the tracker is given)."""
+def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict | None, tracker: Tracker) -> Path:
+    """Everything of :func:`run_train` after the resume decision (``state``: the accepted checkpoint or None)
+    and inside the MLflow context (the tracker is given). ``config``: ``to_dict(tcfg)``."""
     from protoclip.hashing import sha256_file
     from protoclip.models import get_tokenizer, save_model
     from protoclip.train.methods import method_class
 
-    tcfg = cfg.run(run)
+    run = tcfg.name
     layout = Layout.from_config(cfg)
     info = env_world()
     seed_everything(tcfg.seed)  # same seed on every rank: identical initial weights
@@ -107,11 +114,11 @@ def train_run(cfg: ProjectConfig, run: str, tracker: Tracker, resume: bool = Fal
     if info.rank == 0:
         log_training_data(cfg, layout, tcfg, tracker)
     teacher = load_teacher(layout, tcfg, ids) if tcfg.reads_teacher() else None
-    model = train(model, dataset, tcfg, layout, run, teacher=teacher, tracker=tracker, resume=resume)
+    model = train(model, dataset, tcfg, layout, run, teacher=teacher, tracker=tracker, resume=state or False)
     out = layout.model(run)
     check_state_finite(model, None, step=None, episode=None, checkpoint=layout.checkpoint(run), what=str(out))
     if info.rank == 0:
-        save_model(out, model, to_dict(tcfg), eval_spec=method_class(tcfg.method).eval_spec(tcfg))
+        save_model(out, model, config, eval_spec=method_class(tcfg.method).eval_spec(tcfg))
         # evaluate finds this MLflow run by the sha256 of the model it evaluates (protoclip.tracking)
         tracker.set_tags({"protoclip.model_sha256": sha256_file(out)})
         for path in (layout.run_config(run), layout.train_log(run)):
@@ -132,19 +139,23 @@ def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tra
                         digest=digest[:32], source=str(layout.manifest))
 
 
-def resumes(layout: Layout, tcfg: TrainConfig, resume: bool) -> bool:
-    """Whether ``train(..., resume=resume)`` will continue the run's checkpoint (the loop's own test: a checkpoint
-    written with the same resume key), read from the MLflow id file written beside it with that key."""
-    import json
+def train_outputs(layout: Layout, run: str) -> list[Path]:
+    """Every file the train stage writes for ``run`` (their killed writes' temp files are cleaned at start)."""
+    return [layout.run_config(run), layout.train_log(run), layout.model(run), layout.checkpoint(run),
+            layout.mlflow_run_file(run)]
 
-    from protoclip.train.loop import resume_key
 
-    if not (resume and layout.checkpoint(tcfg.name).exists()):
-        return False
-    try:
-        return json.loads(layout.mlflow_run_file(tcfg.name).read_text()).get("config") == resume_key(tcfg)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return False
+def prepare_run_dir(layout: Layout, run: str, config: dict, resume: bool, info: DistInfo) -> dict | None:
+    """The stage's start: clean stale temp files, decide once whether the run resumes, and for a training from
+    scratch remove the old outputs. Returns the accepted checkpoint state, or None (from scratch)."""
+    if info.is_main:
+        clean_stale_temps_of(train_outputs(layout, run))
+    state = resume_point(layout.checkpoint(run), resume_key(config)) if resume else None
+    if state is None:
+        start_fresh(layout, run, info)
+        if info.is_main:  # the MLflow run of an older training; a new id is written when the new run starts
+            layout.mlflow_run_file(run).unlink(missing_ok=True)
+    return state
 
 
 def run_train(cfg: ProjectConfig, run: str, resume: bool = False, targets: list[str] | None = None) -> Path:
@@ -153,15 +164,15 @@ def run_train(cfg: ProjectConfig, run: str, resume: bool = False, targets: list[
     MLflow: a training from scratch is a new MLflow run, a resumed one continues its own (the id kept in
     ``checkpoints/mlflow.json``). ``targets``: the table / figure targets this run belongs to (MLflow tags).
     """
-    from protoclip.atomic import write_json
-    from protoclip.train.loop import resume_key
-
     tcfg = cfg.run(run)  # unknown run -> ConfigError before anything starts
-    if env_world().rank != 0:  # only rank 0 talks to MLflow
-        return train_run(cfg, run, Tracker(), resume=resume)
+    config = to_dict(tcfg)  # the one dict of the config in this stage: resume key and model.pt
     layout = Layout.from_config(cfg)
+    info = env_world()
+    state = prepare_run_dir(layout, run, config, resume, info)
+    if not info.is_main:  # only rank 0 talks to MLflow
+        return train_run(cfg, tcfg, config, state, Tracker())
     id_file = layout.mlflow_run_file(run)
-    with training_run(cfg, run, id_file if resumes(layout, tcfg, resume) else None, targets) as tracker:
+    with training_run(cfg, run, id_file if state is not None else None, targets) as tracker:
         if tracker.run_id:
-            write_json(id_file, {"run_id": tracker.run_id, "config": resume_key(tcfg)})
-        return train_run(cfg, run, tracker, resume=resume)
+            write_json(id_file, {"run_id": tracker.run_id})
+        return train_run(cfg, tcfg, config, state, tracker)

@@ -32,6 +32,15 @@ log = logging.getLogger(__name__)
 AUTO_FAISS_ABOVE = 5_000_000  # N * K above which backend="auto" uses faiss
 
 
+def init_seeds(seed: int, n_init: int) -> list[int]:
+    """Seeds of the ``n_init`` initialisations of clustering seed ``seed``: ``seed * n_init + i``, so that seeds
+    s and s + 1 share none (``seed + i`` shared n_init - 1 of them, and a spread over seeds measured little);
+    seed 0 keeps its initialisations 0 .. n_init - 1."""
+    if seed < 0:
+        raise ValueError(f"clustering seed must be >= 0, got {seed}")
+    return [seed * n_init + i for i in range(n_init)]
+
+
 def kmeans_runs(
     x: np.ndarray,
     k: int,
@@ -41,7 +50,7 @@ def kmeans_runs(
     backend: Literal["sklearn", "faiss", "auto"] = "sklearn",
     spherical: bool = False,
 ) -> list[tuple[float, np.ndarray]]:
-    """``n_init`` independent k-means runs (seeds ``seed .. seed + n_init - 1``): [(objective, assignments)].
+    """``n_init`` independent k-means runs (seeds :func:`init_seeds`): [(objective, assignments)].
 
     The objective is the sum of squared distances to the assigned centroid (sklearn's ``inertia_``,
     faiss's final ``obj``). Each run is one k-means++ (sklearn) / random (faiss) initialisation, i.e. what
@@ -58,8 +67,8 @@ def kmeans_runs(
     if backend == "sklearn":
         if spherical:
             raise ValueError("spherical k-means needs backend='faiss'")
-        for i in range(n_init):
-            km = KMeans(n_clusters=k, n_init=1, max_iter=max_iter, random_state=seed + i)
+        for init_seed in init_seeds(seed, n_init):
+            km = KMeans(n_clusters=k, n_init=1, max_iter=max_iter, random_state=init_seed)
             pred = km.fit_predict(x).astype(np.int64)
             runs.append((float(km.inertia_), pred))
         return runs
@@ -69,9 +78,9 @@ def kmeans_runs(
         faiss = load_faiss()
 
         xf = np.ascontiguousarray(x, dtype=np.float32)
-        for i in range(n_init):
+        for init_seed in init_seeds(seed, n_init):
             # max_points_per_centroid >= N/k: faiss would otherwise train on a subsample of 256 * k points
-            km = faiss.Kmeans(xf.shape[1], k, niter=max_iter, nredo=1, seed=seed + i, spherical=spherical,
+            km = faiss.Kmeans(xf.shape[1], k, niter=max_iter, nredo=1, seed=init_seed, spherical=spherical,
                               min_points_per_centroid=1, max_points_per_centroid=max(256, xf.shape[0] // k + 1))
             km.train(xf)
             dist, assign = km.index.search(xf, 1)

@@ -159,6 +159,10 @@ def linear_probe(
     fits: dict[float, Init] = {}  # log10 C -> solution on the fit split
     xfit, yfit = xtr[fit_idx], ytr[fit_idx]
     fit_classes = np.unique(yfit)
+    if len(fit_classes) < 2:  # sklearn would stop deep inside LogisticRegression.fit
+        raise ValueError(f"linear probe: the fit split ({len(fit_idx)} of {len(ytr)} training samples after holding "
+                         f"out val_fraction={val_fraction}) holds a single class ({int(fit_classes[0])}); "
+                         "give the probe more training samples per class or a smaller val_fraction")
 
     def nearest(e: float, classes: np.ndarray) -> Init | None:
         """The solution at the fitted C closest in log space (ties: the smaller C), if its classes match

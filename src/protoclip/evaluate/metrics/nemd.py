@@ -209,7 +209,7 @@ def nemd(
         raise ValueError(f"iters must be >= 1, got {iters}")
     if method not in ("auto", "exact", "sinkhorn"):
         raise ValueError(f"unknown NEMD method {method!r} (auto, exact, sinkhorn)")
-    z = F.normalize(features_torch(features, "features", dtype=dtype), dim=1)
+    z = F.normalize(features_torch(features, "features", nonzero=True, dtype=dtype), dim=1)
     y = labels_np(labels, "labels", z.shape[0])
     gen = torch.Generator().manual_seed(seed)
     groups, _ = make_groups(z, y, n_max, gen)
@@ -259,7 +259,7 @@ def kmeans_partition(features: ArrayLike, k: int, seed: int = 0) -> np.ndarray:
     """NEMD partition variant (b): spherical k-means (faiss, 20 iterations, 5 redos) on normalised features."""
     from protoclip.evaluate.metrics.clustering import kmeans_labels
 
-    z = F.normalize(features_torch(features, "features"), dim=1).numpy()
+    z = F.normalize(features_torch(features, "features", nonzero=True), dim=1).numpy()
     return kmeans_labels(z, k, seed=seed, n_init=5, max_iter=20, backend="faiss", spherical=True)
 
 
@@ -270,7 +270,7 @@ def uniformity(features: ArrayLike, t: float = 2.0, max_points: int = 5000, seed
     Above ``max_points`` rows a random subset (numpy generator, ``seed``) is used: the pair count
     grows as N^2.
     """
-    z = F.normalize(features_torch(features, "features", dtype=torch.float64), dim=1)
+    z = F.normalize(features_torch(features, "features", nonzero=True, dtype=torch.float64), dim=1)
     if z.shape[0] < 2:
         raise ValueError("uniformity needs at least 2 points")
     if z.shape[0] > max_points:
@@ -287,7 +287,7 @@ def intra_class_spread(features: ArrayLike, labels: ArrayLike) -> float:
     0 means every class collapsed to a point; for a class spread uniformly over a high-dimensional
     sphere it approaches 1.
     """
-    z = F.normalize(features_torch(features, "features", dtype=torch.float64), dim=1)
+    z = F.normalize(features_torch(features, "features", nonzero=True, dtype=torch.float64), dim=1)
     y = torch.from_numpy(labels_np(labels, "labels", z.shape[0]))
     n_cls = int(y.max()) + 1
     sums = torch.zeros(n_cls, z.shape[1], dtype=z.dtype).index_add_(0, y, z)

@@ -61,8 +61,11 @@ def build_zeroshot_classifier(
         if not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.shape[0] != len(texts):
             raise ValueError(f"encode_text must return a [n_texts, d] tensor; got "
                              f"{getattr(emb, 'shape', type(emb))} for {len(texts)} texts")
-        emb = F.normalize(emb.float(), dim=-1)  # each prompt embedding on the sphere ...
+        # NaN or all-zero text features (a dead text tower) would give NaN or zero class rows, silently
+        emb = features_torch(emb, f"text features of classes {batch[0]!r}..{batch[-1]!r}", nonzero=True)
+        emb = F.normalize(emb, dim=-1)  # each prompt embedding on the sphere ...
         emb = emb.reshape(len(batch), n_t, -1).mean(dim=1)  # ... averaged over templates ...
+        features_torch(emb, f"prompt-averaged text features of classes {batch[0]!r}..{batch[-1]!r}", nonzero=True)
         rows.append(F.normalize(emb, dim=-1).cpu())  # ... and renormalised (CLIP / open_clip)
     return torch.cat(rows, dim=0)
 

@@ -163,7 +163,7 @@ class PCLMethod(Method):
         import torch.nn.functional as F
 
         from protoclip.losses.pauc import pauc_loss
-        from protoclip.losses.pcl import infonce, protonce
+        from protoclip.losses.pcl import capped_negatives, infonce, protonce
 
         q = F.normalize(out["h_image"].float(), dim=1)
         k = out["h_key"].float()
@@ -171,7 +171,8 @@ class PCLMethod(Method):
         terms = infonce(q, k, self._queue.keys(), self.cfg.pcl.tau)
         self._diag = {}
         if state is not None:
-            pn = protonce(q, positions, state, self.cfg.pcl.negatives, None, self.cfg.pcl.mask_duplicate_pos)
+            pn = protonce(q, positions, state, capped_negatives(self.cfg.pcl.negatives, state), None,
+                          self.cfg.pcl.mask_duplicate_pos)
             terms["protonce"] = pn["protonce"]
             self._diag["protonce_acc"] = float(pn["protonce_acc"])
             if self.cfg.pauc.enabled:

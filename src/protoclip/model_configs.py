@@ -1,0 +1,125 @@
+"""open_clip architecture configs read without importing torch, and the checks a run's model keys must pass.
+
+Why: ``load_config`` runs where no torch is wanted (Snakemake parses the config before any job; ``protoclip
+runs``), yet a model name, ``embed_dim``, ``context_length``, ``image_size`` or ``class_tokens`` that the
+architecture cannot take used to fail seconds into the job with a traceback from inside open_clip.
+:func:`check_model` applies, at config load, the rules that ``protoclip.models.build`` (and open_clip's
+towers) apply at build time, and raises a ValueError naming the key.
+
+The configs are the JSON files open_clip itself reads (``open_clip/model_configs/*.json``, located with
+importlib without importing the package) plus the ones shipped in ``protoclip/models/configs/`` (registered
+with open_clip by ``protoclip.models.build``); a model name is known exactly when ``open_clip.get_model_config``
+would find it. ``local-dir:<folder>`` names read that folder's ``open_clip_config.json`` as open_clip does;
+``hf-hub:`` names are not checked (their config lives on the Hub, and nothing here goes online).
+
+    from protoclip.model_configs import check_model
+    check_model("tiny-vit", class_tokens=4, image_size=64)   # ok
+    check_model("tiny-rn", class_tokens=4)                     # ValueError: class_tokens ... needs a ViT
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.util
+import json
+from pathlib import Path
+
+OURS = Path(__file__).resolve().parent / "models" / "configs"  # = protoclip.models.build.CONFIG_DIR
+
+
+@functools.lru_cache(maxsize=None)
+def config_dirs() -> tuple[Path, ...]:
+    """open_clip's own config folder, then ours (ours win on a name clash, as in open_clip's registry)."""
+    spec = importlib.util.find_spec("open_clip")  # locates the package without executing it
+    dirs = [Path(loc) / "model_configs" for loc in (spec.submodule_search_locations or [])] if spec else []
+    return (*dirs, OURS)
+
+
+@functools.lru_cache(maxsize=None)
+def known_models() -> dict[str, Path]:
+    """{model name: its JSON file} of every registered config."""
+    out: dict[str, Path] = {}
+    for folder in config_dirs():
+        for f in sorted(folder.glob("*.json")):
+            out[f.stem] = f
+    return out
+
+
+def model_json(name: str) -> dict | None:
+    """The architecture config (embed_dim, vision_cfg, text_cfg) of ``name``; None for ``hf-hub:`` names.
+    Raises ValueError for an unknown name."""
+    if name.startswith("hf-hub:"):
+        return None
+    if name.startswith("local-dir:"):
+        path = Path(name[len("local-dir:"):]) / "open_clip_config.json"
+        if not path.is_file():
+            raise ValueError(f"model '{name}': {path} not found")
+        config = json.loads(path.read_text("utf-8"))
+        return config.get("model_cfg", config)
+    models = known_models()
+    if name not in models:
+        near = difflib.get_close_matches(name, list(models), n=6) or ["tiny-rn", "tiny-vit", "RN50", "RN101",
+                                                                       "ViT-B-32"]
+        raise ValueError(f"model: unknown open_clip model '{name}' (close: {', '.join(near)}; "
+                         f"{len(models)} configs known)")
+    return json.loads(models[name].read_text("utf-8"))
+
+
+def image_step(vision_cfg: dict) -> int:
+    """Input sizes must be positive multiples of this: a ViT's patch size (whole patches), else 32
+    (ModifiedResNet downsamples 32x and its attention pool is sized (image_size / 32)^2)."""
+    return int(vision_cfg["patch_size"]) if vision_cfg.get("patch_size") else 32
+
+
+def default_image_size(vision_cfg: dict) -> int:
+    size = vision_cfg.get("image_size", 224)
+    return int(size[0] if isinstance(size, (list, tuple)) else size)
+
+
+def multitoken_problem(cfg: dict) -> str | None:
+    """Why the towers of ``cfg`` cannot take m class tokens (protoclip.models.multitoken), or None."""
+    vision, text = cfg.get("vision_cfg", {}), cfg.get("text_cfg", {})
+    if vision.get("timm_model_name") or not vision.get("patch_size"):
+        return "a ViT image tower (this model's is not)"
+    if vision.get("attentional_pool") or vision.get("pool_type", "tok") != "tok":
+        return "a ViT with plain class-token pooling (this one pools otherwise)"
+    # TextTransformer: a cls token, no causal mask, no projection ('none') or a biased Linear one all differ
+    if text.get("hf_model_name") or text.get("embed_cls") or text.get("no_causal_mask") or \
+            text.get("proj_type") == "none" or text.get("proj_bias"):
+        return "open_clip's causal CLIP text transformer (this model's text tower differs)"
+    return None
+
+
+def check_model(name: str, *, embed_dim: int | None = None, context_length: int | None = None,
+                image_size: int | None = None, class_tokens: int = 0, distance: str = "sphere",
+                subspheres: int = 1) -> None:
+    """Raise ValueError naming the key when open_clip model ``name`` cannot be built with these settings."""
+    if embed_dim is not None and embed_dim < 1:
+        raise ValueError(f"embed_dim must be >= 1 or null, got {embed_dim}")
+    if context_length is not None and context_length < 2:
+        raise ValueError(f"context_length must be >= 2 (start and end tokens) or null, got {context_length}")
+    if image_size is not None and image_size < 1:
+        raise ValueError(f"image_size must be >= 1 or null, got {image_size}")
+    cfg = model_json(name)
+    if cfg is None:
+        return
+    vision = cfg.get("vision_cfg", {})
+    if image_size is not None and image_size != default_image_size(vision) and not vision.get("timm_model_name"):
+        step = image_step(vision)
+        if image_size % step:
+            raise ValueError(f"image_size must be a multiple of {step} for model '{name}' "
+                             f"({'its patch size' if vision.get('patch_size') else 'ResNet downsampling'}), "
+                             f"got {image_size}")
+    if class_tokens > 0:
+        problem = multitoken_problem(cfg)
+        if problem:
+            raise ValueError(f"class_tokens: {class_tokens} class tokens need {problem.replace('this model', name)}")
+    if distance.startswith("ps_"):
+        width = (embed_dim if embed_dim is not None else int(cfg["embed_dim"])) * max(class_tokens, 1)
+        if width % subspheres:
+            raise ValueError(f"loss.subspheres: {subspheres} subspheres must divide the feature width "
+                             f"{width} (embed_dim x max(class_tokens, 1)) of model '{name}'")
+
+
+__all__ = ["check_model", "config_dirs", "default_image_size", "image_step", "known_models", "model_json",
+           "multitoken_problem"]
