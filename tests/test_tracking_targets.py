@@ -7,6 +7,7 @@ Manual look: ``python tests/test_tracking_targets.py OUT_DIR`` writes OUT_DIR/ml
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -48,8 +49,9 @@ def project(tmp_path: Path) -> Path:
     pairs = []
     for i in range(16):
         Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(img_dir / f"{i}.png")
+        sha = hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest()  # training checks images against it
         pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
-                          source="tuxpaint", label="", sha256=f"{i:064d}", split="train"))
+                          source="tuxpaint", label="", sha256=sha, split="train"))
     write_manifest(to_frame(pairs), layout.manifest)
     exp = tmp_path / "experiments"
     exp.mkdir()
