@@ -220,9 +220,9 @@ def _run(tcfg: ToyConfig, layout) -> Path:
 
     clean_stale_temps_of(list(toy_outputs(layout).values()))  # temp files of a killed run's writes
     try:
-        import faiss
+        from protoclip.prototypes.kmeans import load_faiss
 
-        faiss.omp_set_num_threads(1)
+        load_faiss().omp_set_num_threads(1)
     except ImportError:
         pass
     rows, embeddings = [], {}
