@@ -4,7 +4,6 @@ with the same embeddings, preprocessing and tokens, and that CLIP_benchmark's ow
 cannot represent stop with one line (exit 2)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess

@@ -28,7 +28,6 @@ tower's numbers (linear probe, kNN) mean anything.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
