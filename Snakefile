@@ -13,6 +13,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/toy.smk"
+include: "workflow/rules/export.smk"
 
 
 rule all:

@@ -12,7 +12,6 @@ episode and the ProtoCLIP / CLIP ratio.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import tempfile
 import time

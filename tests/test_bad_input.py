@@ -9,7 +9,6 @@ key and the file it was planted in, computed here from where it was planted.
 """
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 

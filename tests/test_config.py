@@ -1,6 +1,5 @@
 """Strict config loading: unknown keys, wrong types and missing paths stop with key and file named."""
 import os
-import time
 from pathlib import Path
 
 import pytest

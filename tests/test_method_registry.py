@@ -4,7 +4,6 @@ evaluated through `run_evaluate` by what the model file says, not by the project
 check of ``TrainConfig.method`` and the fallback for model files saved before they carried an evaluation spec."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from contextlib import contextmanager

@@ -1,6 +1,5 @@
 """The Snakemake DAG and dvc.yaml run the same stage commands on the same files; config overrides take effect
 in every command or stop the run naming the key; the workflow lints clean."""
-import json
 import re
 import subprocess
 import sys

@@ -6,6 +6,7 @@
     protoclip evaluate --config config/config.yaml --run protoclip_tiny [--task knn] [--dataset digits]
     protoclip collect  --config config/config.yaml --run protoclip_tiny   # metrics files -> metrics.json
     protoclip report   --config config/config.yaml
+    protoclip export   --config config/config.yaml --run clip_tiny [--out DIR]   # open_clip local-dir: folder
     protoclip toy-nemd --config config/config.yaml  # PAUC's NEMD toy experiment (results/toy/)
     protoclip runs     --config config/config.yaml      # list the configured runs
     protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands
@@ -54,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     s = stage("collect", "gather a run's metrics files into results/runs/<run>/metrics.json")
     s.add_argument("--run", required=True)
     stage("report", "regenerate tables and figures from metrics files")
+    s = stage("export", "write a trained run as an open_clip model folder (open_clip local-dir:, CLIP_benchmark)")
+    s.add_argument("--run", required=True)
+    s.add_argument("--out", help="output folder (default: <results_dir>/export/<run>)")
     stage("toy-nemd", "PAUC's toy experiment: PCL vs PAUC on 3-D blobs, NEMD per class count")
     stage("runs", "print the configured run names, one per line")
     s = stage("dvc-yaml", "write dvc.yaml: the same stage commands as the Snakemake rules")
@@ -121,6 +125,14 @@ def main(argv: list[str] | None = None) -> int:
             run_report(cfg)
             Layout.from_config(cfg).figures.mkdir(parents=True, exist_ok=True)  # an output even with no figure
             log_report(cfg)  # the tables and figures as artifacts of a `report` MLflow run
+        elif args.stage == "export":
+            from protoclip.models.export_openclip import ExportError, run_export
+
+            try:
+                print(run_export(cfg, args.run, args.out))
+            except ExportError as err:  # a method open_clip cannot represent: one line, no traceback
+                print(f"protoclip export: cannot export: {err}", file=sys.stderr)
+                return 2
         elif args.stage == "toy-nemd":
             from protoclip.toy.pauc_nemd import run_toy_nemd
 

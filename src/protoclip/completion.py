@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from protoclip.atomic import TEMP_NAME, clean_stale_temps, write_json
+from protoclip.atomic import clean_stale_temps, write_json
 from protoclip.errors import UserError
 from protoclip.hashing import sha256_file
 
@@ -76,20 +76,6 @@ def start(folder: str | Path, marker: str | Path) -> dict[str, Any] | None:
             old = None
         marker.unlink()
     return old
-
-
-def clean_temps_of(*paths: str | Path) -> list[Path]:
-    """Delete the temp files that killed atomic writes of exactly these output files left beside them.
-
-    For a stage whose folder other jobs write into at the same time (``data/teacher/``: one job per teacher;
-    ``results/runs/<run>/``), where cleaning the whole folder could delete a running job's temp file."""
-    removed = []
-    for path in map(Path, paths):
-        for tmp in sorted(path.parent.glob(f".{path.name}.*.tmp*")) if path.parent.is_dir() else []:
-            if TEMP_NAME.fullmatch(tmp.name) and tmp.is_file():
-                tmp.unlink(missing_ok=True)
-                removed.append(tmp)
-    return removed
 
 
 def finish(marker: str | Path, record: dict[str, Any], files: Iterable[str | Path]) -> Path:
@@ -144,5 +130,5 @@ def complete_files(folder: str | Path, marker: str | Path, pattern: str = "*.jso
     return out
 
 
-__all__ = ["FILES_KEY", "IncompleteOutputError", "RecordError", "clean_temps_of", "complete_files", "finish", "read_record", "start",
+__all__ = ["FILES_KEY", "IncompleteOutputError", "RecordError", "complete_files", "finish", "read_record", "start",
            "vouched"]

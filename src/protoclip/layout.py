@@ -19,6 +19,8 @@
     results/tables/<target>.{csv,md,tex,html}, results/figures/<target>.png   paper targets (`protoclip report`)
     results/tables/index.md             every target and the skipped data sets
     results/report/<target>.rst         each target's caption (Snakemake report)
+    results/tables/plots/               dvc.yaml `plots:` data: train_loss/<run>.csv, <table target>.csv
+    results/export/<run>/               `protoclip export`: the run as an open_clip local-dir: folder
 
 The formats of the result files live in :mod:`protoclip.records`. Layout imports nothing of the project.
 """
@@ -145,6 +147,18 @@ class Layout:
         if kind == "table":
             return [(self.tables / target_id).with_suffix(s) for s in (".csv", ".md", ".tex", ".html")]
         return [self.figures / f"{target_id}.png"]
+
+    def loss_curve(self, run: str) -> Path:
+        """A run's training loss against step, as DVC plot data (protoclip.report.dvc_plots)."""
+        return self.tables / "plots" / "train_loss" / f"{run}.csv"
+
+    def target_plot_data(self, target_id: str) -> Path:
+        """A paper table's numbers (ours, the paper's) as DVC plot data (protoclip.report.dvc_plots)."""
+        return self.tables / "plots" / f"{target_id}.csv"
+
+    def export_dir(self, run: str) -> Path:
+        """A run exported as an open_clip ``local-dir:`` folder (protoclip.models.export_openclip)."""
+        return self.results_dir / "export" / run
 
     def caption(self, target_id: str) -> Path:
         """A paper target's caption as reStructuredText (the Snakemake report's caption of its file)."""

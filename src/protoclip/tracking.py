@@ -57,6 +57,15 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def run_targets(cfg, run: str) -> list[str]:
+    """The ids of the configured paper targets (tables, figures) that show run ``run``: its experiment files'
+    ``target:`` rows (a seeds group stands for each of its runs) or reference run. Derived here from the
+    config, so neither the CLI nor a Snakemake rule / DVC stage has to pass them."""
+    from protoclip.report.targets import targets
+
+    return sorted(t.id for t in targets(cfg) if any(run in cfg.run_group(base) for base in t.runs()))
+
+
 def target_tags(targets: list[str] | None) -> dict[str, str]:
     """Tags marking the table / figure targets a run belongs to: ``protoclip.target.<t> = 1`` each (filter the
     runs table with ``tags.`protoclip.target.table_V` = '1'``) and ``protoclip.targets`` = the sorted list."""
@@ -180,7 +189,8 @@ def read_run_id(path: Path) -> str | None:
 def training_run(cfg, run_name: str, resume_id_file: Path | None, targets: list[str] | None = None
                  ) -> Iterator[Tracker]:
     """A new MLflow run for a training from scratch (``resume_id_file`` None), or the MLflow run whose id
-    ``resume_id_file`` holds (a resumed training; a new run if that id is unknown to this store)."""
+    ``resume_id_file`` holds (a resumed training; a new run if that id is unknown to this store). ``targets``:
+    the run's paper targets (tags); None = :func:`run_targets` of the config."""
     mlflow = _mlflow(cfg)
     if mlflow is None:
         yield Tracker()
@@ -190,6 +200,7 @@ def training_run(cfg, run_name: str, resume_id_file: Path | None, targets: list[
         log.warning("MLflow run %s of %s is not in %s: logging into a new run", run_id, run_name,
                     cfg.paths.mlflow_uri)
         run_id = None
+    targets = run_targets(cfg, run_name) if targets is None else targets
     tags = {"protoclip.run": run_name, "protoclip.kind": "train", **target_tags(targets)}
     with _open(mlflow, run_id, run_name, tags) as tracker:
         tracker.set_tags({"protoclip.stage.train": "started"})
@@ -200,7 +211,7 @@ def training_run(cfg, run_name: str, resume_id_file: Path | None, targets: list[
 @contextmanager
 def evaluation_run(cfg, run_name: str, model_sha256: str, targets: list[str] | None = None) -> Iterator[Tracker]:
     """The MLflow run that produced the model with this sha256 (tag ``protoclip.model_sha256``), else a new
-    run carrying that tag."""
+    run carrying that tag. ``targets``: as for :func:`training_run`."""
     mlflow = _mlflow(cfg)
     if mlflow is None:
         yield Tracker()
@@ -209,6 +220,7 @@ def evaluation_run(cfg, run_name: str, model_sha256: str, targets: list[str] | N
                                              f"tags.`protoclip.run` = '{run_name}'",
                                max_results=1, order_by=["start_time DESC"], output_format="list")
     run_id = found[0].info.run_id if found else None
+    targets = run_targets(cfg, run_name) if targets is None else targets
     tags = {"protoclip.run": run_name, "protoclip.model_sha256": model_sha256, **target_tags(targets)}
     if run_id is None:
         tags["protoclip.kind"] = "evaluate"  # the training that made this model logged elsewhere

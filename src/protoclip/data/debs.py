@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from protoclip.atomic import write_json, write_text
+from protoclip.errors import UserError
 from protoclip.hashing import sha256_file
 from protoclip.layout import Layout
 
@@ -31,8 +32,10 @@ log = logging.getLogger(__name__)
 MARKER = ".unpacked"  # file inside layout.unpacked/<package>/ holding the sha256 of the unpacked .deb
 
 
-class PackageHashError(RuntimeError):
+class PackageHashError(UserError, RuntimeError):
     """A downloaded package's sha256 differs from the pinned one (raised only with strict hashes)."""
+
+    kind = "package error"  # one line through the CLI: the download, not the code, is wrong
 
 
 @dataclass(frozen=True)

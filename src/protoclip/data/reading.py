@@ -41,6 +41,8 @@ class ImageReadError(ConfigError):
     kept, so the CLI still prints one line.
     """
 
+    kind = "data error"  # what the CLI prints before the message (the image, not the config, is wrong)
+
     def __init__(self, msg: str) -> None:
         line = str(msg).strip().splitlines()[-1] if str(msg).strip() else str(msg)
         prefix = f"{__name__}.{type(self).__name__}: "

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from protoclip import completion, records
+from protoclip.atomic import clean_stale_temps_of
 from protoclip.config import ConfigError, require_path
 from protoclip.evaluate.config import NOT_APPLICABLE, TASKS, EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import (HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set,
@@ -334,7 +335,7 @@ def run_collect(cfg, run: str) -> Path:
     is simply absent.
     """
     layout = Layout.from_config(cfg)
-    completion.clean_temps_of(layout.metrics_summary(run))  # a killed collect's half-written metrics.json
+    clean_stale_temps_of([layout.metrics_summary(run)])  # a killed collect's half-written metrics.json
     summary = records.run_results(layout, run)
     for name, ds_cfg in cfg.evaluate.datasets.items():
         reason = missing_reason(name, ds_cfg, layout)

@@ -98,16 +98,44 @@ def _as_float_tensor(x: torch.Tensor | np.ndarray) -> torch.Tensor:
     return x
 
 
+# faiss's loader (faiss/loader.py) tries the AVX512-SPR, AVX512 and AVX2 builds first and logs each miss at INFO
+# with the ModuleNotFoundError ("No module named 'faiss.swigfaiss_avx512'"): under the CLI's INFO logging every
+# rule log carried lines that read like a failure. The wheels ship some of these builds only (faiss-cpu 1.15.1 on
+# x86-64: the generic one), so the misses are expected; load_faiss() imports faiss with that logger at WARNING and
+# logs the build that loaded once. FAISS_OPT_LEVEL (faiss's own variable) still picks a build.
+FAISS_BUILDS = {"swigfaiss_avx512_spr": "AVX512-SPR", "swigfaiss_avx512": "AVX512", "swigfaiss_avx2": "AVX2",
+                "swigfaiss_sve": "SVE", "swigfaiss": "generic"}  # faiss module -> instruction set, loader's order
+
+
+def load_faiss():
+    """``import faiss`` without the loader's fallback messages; logs the instruction set loaded (once per process).
+    Raises ImportError when faiss is not installed. Every faiss import of the project goes through here."""
+    import sys
+
+    if "faiss" in sys.modules:
+        return sys.modules["faiss"]
+    loader_log = logging.getLogger("faiss.loader")
+    level = loader_log.level
+    loader_log.setLevel(logging.WARNING)
+    try:
+        import faiss
+    finally:
+        loader_log.setLevel(level)
+    build = next((name for mod, name in FAISS_BUILDS.items() if f"faiss.{mod}" in sys.modules), "unknown")
+    logger.info("faiss %s loaded: %s instruction set", getattr(faiss, "__version__", "?"), build)
+    return faiss
+
+
 def _faiss_available() -> bool:
     try:
-        import faiss  # noqa: F401
+        load_faiss()
     except ImportError:
         return False
     return True
 
 
 def _faiss_num_gpus() -> int:
-    import faiss
+    faiss = load_faiss()
 
     get = getattr(faiss, "get_num_gpus", None)
     return int(get()) if get is not None else 0
@@ -253,7 +281,7 @@ def _lloyd_torch(x: torch.Tensor, init: torch.Tensor, iters: int, spherical: boo
 
 
 def _lloyd_faiss(x: np.ndarray, k: int, init: np.ndarray | None, iters: int, seed: int, spherical: bool, gpu: bool) -> np.ndarray:
-    import faiss
+    faiss = load_faiss()
 
     km = faiss.Kmeans(
         x.shape[1],

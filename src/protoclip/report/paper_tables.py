@@ -2,7 +2,9 @@
 
 Each declared table (``kind: table`` targets) keeps the paper's rows and columns. Every paper column becomes a
 column group of two: ``ours`` (mean ± std over the row's seeds, or "(1 seed)") and ``paper`` (transcribed,
-``paper_numbers.yaml``). A leading ``ours: run`` column names the run group, its epochs and seeds. The caption
+``paper_numbers.yaml``, printed exactly as the paper prints it in every format). Where the paper prints a "+/-"
+row (Tables V-VIII: ProtoCLIP minus CLIP) the table has it too, ours (difference of our means) beside the paper's.
+A leading ``ours: run`` column names the run group, its epochs and seeds. The caption
 states the paper's caption and source, our config and training data, and each column's mapping to offline
 stand-ins ("ImageNet zero-shot: imagenet -> fashion_mnist"), and chance level for zero-shot sets.
 
@@ -23,10 +25,17 @@ from protoclip.report.values import Cell, Results, paper_numbers, paper_value
 OURS, PAPER = "ours", "paper"
 
 
-def _fmt_paper(v, decimals: int = 2) -> str:
+def _fmt_paper(v) -> str:
+    """The paper's number as printed (:class:`~protoclip.report.values.PaperNumber` keeps the transcribed text)."""
     if v is None:
         return "-"
-    return f"{v:.{decimals}f}" if isinstance(v, (int, float)) else str(v)
+    return getattr(v, "text", None) or str(v)
+
+
+def _signed(v: float, digits: int) -> str:
+    """A difference as the paper prints it: ``+0.80``, ``-1.04``, ``0.00``."""
+    text = f"{v:.{digits}f}"
+    return text if float(text) == 0 else f"{v:+.{digits}f}"
 
 
 def run_label(cfg, base: str | None) -> str:
@@ -58,7 +67,9 @@ def build_table(cfg, results: Results, target: TargetConfig) -> tuple[pd.DataFra
         if col.task == "zeroshot":
             runs = [r for b in target.runs() for r in cfg.run_group(b)]
             chance.update(results.chance(sets, runs))
-    data, long = [], []
+    data, long, labels = [], [], []
+    cells: dict[str, dict[str, Cell]] = {}  # paper row key -> column label -> our cell (for difference rows)
+    differences = entry.get("differences") or {}
     for row in target.rows:
         line = {("", "ours: run"): run_label(cfg, row.run)}
         for col, sets, _ in columns:
@@ -68,16 +79,25 @@ def build_table(cfg, results: Results, target: TargetConfig) -> tuple[pd.DataFra
                 cell = results.epoch_cell(row.run, target.reference_run)
             else:
                 cell = results.cell(row.run, col, sets)
+            cells.setdefault(row.paper_key, {})[col.label] = cell
             pv = paper_value(entry, row.paper_key, col.paper_key)
             digits = 3 if col.metric in ("ari", "ami") else 2
             line[(col.label, OURS)] = cell.fmt(digits) if row.run else ""
-            line[(col.label, PAPER)] = _fmt_paper(pv, entry.get("decimals", 2))
+            line[(col.label, PAPER)] = _fmt_paper(pv)
             long.append({"target": target.id, "row": row.label, "column": col.label, "run": row.run or "",
                          "datasets": "+".join(sets), "ours_mean": cell.mean, "ours_std": cell.std,
                          "ours_seeds": cell.n, "ours_text": cell.fmt(digits) if row.run else "",
                          "paper": pv if pv is not None else ""})
         data.append(line)
-    table = pd.DataFrame(data, index=pd.Index([r.label for r in target.rows], name=target.id))
+        labels.append(row.label)
+        # the paper's "+/-" row under this row (Tables V-VIII: ProtoCLIP minus CLIP), ours beside it
+        for diff_label, diff in differences.items():
+            if diff.get("minuend") == row.paper_key:
+                line, recs = difference_row(target, columns, cells, diff_label, diff)
+                data.append(line)
+                labels.append(diff_label)
+                long += recs
+    table = pd.DataFrame(data, index=pd.Index(labels, name=target.id))
     table.columns = pd.MultiIndex.from_tuples(table.columns)
     cap = [f"{target.id.replace('_', ' ')} (paper: {target.caption})"]
     if entry:
@@ -93,11 +113,35 @@ def build_table(cfg, results: Results, target: TargetConfig) -> tuple[pd.DataFra
     return table, " ".join(cap), long
 
 
+def difference_row(target: TargetConfig, columns: list, cells: dict[str, dict[str, Cell]], label: str,
+                   diff: dict) -> tuple[dict, list[dict]]:
+    """(table line, long records) of a difference row: ours = minuend mean - subtrahend mean (same columns, same
+    data sets), signed as the paper prints; paper = its printed difference (``paper_numbers.yaml``)."""
+    a, b = cells.get(diff["minuend"], {}), cells.get(diff["subtrahend"], {})
+    line = {("", "ours: run"): f"difference of our means: {diff['minuend']} - {diff['subtrahend']}"}
+    recs = []
+    for col, sets, _ in columns:
+        pv = (diff.get("values") or {}).get(col.paper_key)
+        ca, cb = a.get(col.label), b.get(col.label)
+        ours = None
+        if col.task != "epochs" and ca is not None and cb is not None and ca.mean is not None and cb.mean is not None:
+            ours = ca.mean - cb.mean
+        digits = 3 if col.metric in ("ari", "ami") else 2
+        line[(col.label, OURS)] = "" if col.task == "epochs" else ("-" if ours is None else _signed(ours, digits))
+        line[(col.label, PAPER)] = "" if col.task == "epochs" else _fmt_paper(pv)
+        if col.task != "epochs":
+            recs.append({"target": target.id, "row": label, "column": col.label, "run": "",
+                         "datasets": "+".join(sets), "ours_mean": ours, "ours_std": None, "ours_seeds": 0,
+                         "ours_text": line[(col.label, OURS)], "paper": pv if pv is not None else ""})
+    return line, recs
+
+
 def _markdown(table: pd.DataFrame) -> str:
     flat = table.copy()
     flat.columns = [a if not b or b == "ours: run" else f"{a} ({b})" for a, b in table.columns]
     flat.columns = ["ours: run" if c == "" else c for c in flat.columns]
-    return flat.reset_index().to_markdown(index=False)
+    # disable_numparse: tabulate would re-parse "41.30" as a number and print 41.3 (the paper printed 41.30)
+    return flat.reset_index().to_markdown(index=False, disable_numparse=True)
 
 
 def write_table(cfg, results: Results, target: TargetConfig) -> tuple[str, str, list[dict]]:

@@ -11,7 +11,7 @@ caption), and ``results/tables/index.md`` listing the skipped data sets once at 
 Also, per task, the generic ``results/tables/<task>.{csv,md,tex}`` (rows: data set x headline metric;
 columns: runs; skipped sets left out, they are listed in the index), all values with their skip lines in
 ``results/tables/metrics_long.csv``, ``results/figures/train_curves.png`` and ``results/tables/train_loss.csv``
-(a DVC plot) from each run's ``train_log.jsonl``.
+from each run's ``train_log.jsonl``, and the data of dvc.yaml's ``plots:`` (:mod:`protoclip.report.dvc_plots`).
 """
 from __future__ import annotations
 
@@ -105,6 +105,7 @@ def rst_escape(text: str) -> str:
 
 
 def run_report(cfg) -> Path:
+    from protoclip.report.dvc_plots import write_plot_data
     from protoclip.report.figures import write_figure
     from protoclip.report.paper_tables import write_table
     from protoclip.report.targets import targets
@@ -157,6 +158,7 @@ def run_report(cfg) -> Path:
     losses = train_losses(layout, runs)
     with atomic_path(layout.tables / "train_loss.csv") as tmp:
         losses.to_csv(tmp, index=False)
+    write_plot_data(layout, runs, losses, records)  # dvc.yaml `plots:` (protoclip.report.dvc_plots)
     if plot_train_curves(losses, layout.figures / "train_curves.png"):
         lines += ["![training curves](../figures/train_curves.png)", ""]
     index = write_text(layout.report_index, "\n".join(lines) + "\n")

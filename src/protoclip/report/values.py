@@ -29,9 +29,28 @@ from protoclip.report.targets import ColumnConfig, TargetConfig
 PHASES = ("extract", "kmeans", "pbt", "train")  # the episode phases the trainer times (train/loop.py)
 
 
+class PaperNumber(float):
+    """A transcribed paper number that keeps its printed text (``41.30``, ``27.2``, ``+0.8``) for the tables."""
+    text: str
+
+    def __new__(cls, value: float, text: str) -> "PaperNumber":
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+
+class _PaperLoader(yaml.SafeLoader):
+    """YAML floats as :class:`PaperNumber` (value and literal): a float loses "41.30" -> 41.3."""
+
+
+_PaperLoader.add_constructor("tag:yaml.org,2002:float", lambda loader, node: PaperNumber(
+    loader.construct_yaml_float(node), loader.construct_scalar(node)))
+
+
 @lru_cache(maxsize=1)
 def _paper_file() -> dict:
-    return yaml.safe_load(resources.files("protoclip.report").joinpath("paper_numbers.yaml").read_text("utf-8"))
+    text = resources.files("protoclip.report").joinpath("paper_numbers.yaml").read_text("utf-8")
+    return yaml.load(text, Loader=_PaperLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def paper_numbers(key: str | None) -> dict:
@@ -204,4 +223,4 @@ def phase_times(log_path: Path) -> dict[str, float] | None:
     return out if math.isfinite(out["total"]) else None
 
 
-__all__ = ["paper_numbers", "paper_value", "Cell", "Results", "phase_times", "mean_std", "PHASES"]
+__all__ = ["PaperNumber", "paper_numbers", "paper_value", "Cell", "Results", "phase_times", "mean_std", "PHASES"]

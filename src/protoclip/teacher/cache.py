@@ -35,7 +35,7 @@ from sklearn.decomposition import PCA
 from tqdm.auto import tqdm
 
 from protoclip.atomic import atomic_path, write_json
-from protoclip.completion import clean_temps_of
+from protoclip.atomic import clean_stale_temps_of
 from protoclip.layout import Layout
 from protoclip.teacher.encoders import (
     PACKAGED, TextTeacher, cached_weights, find_weights, packaged_path, load_text_teacher, sha256_file,
@@ -136,7 +136,7 @@ def run_teacher(cfg, teacher: TextTeacher | None = None) -> Path:
     layout = Layout.from_config(cfg)
     out = layout.teacher_features(tc.name)
     meta_path = out.with_suffix(".json")
-    clean_temps_of(out, meta_path)  # a killed run's half-written cache (other teachers' jobs share the folder)
+    clean_stale_temps_of([out, meta_path])  # a killed run's half-written cache (other teachers' jobs share the folder)
     ids, captions = train_captions(layout)
 
     weights = teacher.weights if teacher is not None else weights_path(tc.name)

@@ -216,13 +216,13 @@ def run_toy_nemd(cfg, layout=None) -> Path:
 
 
 def _run(tcfg: ToyConfig, layout) -> Path:
-    from protoclip.completion import clean_temps_of
+    from protoclip.atomic import clean_stale_temps_of
 
-    clean_temps_of(*toy_outputs(layout).values())  # temp files of a killed run's writes
+    clean_stale_temps_of(list(toy_outputs(layout).values()))  # temp files of a killed run's writes
     try:
-        import faiss
+        from protoclip.prototypes.kmeans import load_faiss
 
-        faiss.omp_set_num_threads(1)
+        load_faiss().omp_set_num_threads(1)
     except ImportError:
         pass
     rows, embeddings = [], {}

@@ -73,7 +73,9 @@ def kmeans_runs(
             runs.append((float(km.inertia_), pred))
         return runs
     if backend == "faiss":
-        import faiss  # imported here: only this backend needs it
+        from protoclip.prototypes.kmeans import load_faiss  # imported here: only this backend needs it
+
+        faiss = load_faiss()
 
         xf = np.ascontiguousarray(x, dtype=np.float32)
         for init_seed in init_seeds(seed, n_init):

@@ -1,0 +1,155 @@
+"""Export a trained run as an open_clip model folder, for the field's own tools (open_clip, CLIP_benchmark).
+
+    protoclip export --config config/config.yaml --run clip_tiny [--out DIR]   # default results/export/<run>
+
+    import open_clip
+    model, _, preprocess = open_clip.create_model_and_transforms("local-dir:results/export/clip_tiny")
+    tokenizer = open_clip.get_tokenizer("local-dir:results/export/clip_tiny")
+
+The folder is open_clip's ``local-dir:`` / Hugging Face hub layout (open_clip 3.3.0 ``factory.py``:
+``_find_checkpoint_in_dir``, ``push_to_hf_hub.save_config_for_hf``):
+
+* ``open_clip_model.safetensors``: the state dict of the run's open_clip CLIP (``model.clip``: both towers,
+  ``logit_scale`` = the learned 1/tau_CLIP); the ProtoCLIP projection heads g^I, g^T and tau_Proto are left out
+  (they map into the prototype space, which no open_clip tool reads; zero-shot and retrieval use z);
+* ``open_clip_config.json``: ``model_cfg`` (the open_clip architecture config with the run's overrides: d_z,
+  text context length, input size), ``preprocess_cfg`` (the evaluation transform of
+  :func:`protoclip.data.transforms.eval_transform`: open_clip's defaults at the run's image size) and a
+  ``protoclip`` block (run, method, source model sha256, notes). The tokenizer is open_clip's BPE
+  ``SimpleTokenizer`` (shipped with open_clip), at the context length in ``model_cfg.text_cfg``.
+
+What open_clip can represent: a CLIP whose image-text score is the cosine of the two towers' embeddings. A run is
+exported when its evaluation similarity is that cosine (CLIP, ProtoCLIP, xCLIP, PAUC, ...). It stops with one line
+(:class:`ExportError`, exit 2) when the method scores pairs otherwise (nCLIP: the heads' cross-entropy) or its
+towers are not open_clip's (multi-class-token CLIP), since an open_clip model would give other numbers than the
+project's. An image-only method (PCL) is exported with a note: its text tower is untrained, so only the image
+tower's numbers (linear probe, kNN) mean anything.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "open_clip_model.safetensors"  # first in open_clip's preferred order (factory._find_checkpoint_in_dir)
+CONFIG_FILE = "open_clip_config.json"  # what `local-dir:` and `hf-hub:` read (model_cfg + preprocess_cfg)
+
+
+class ExportError(ValueError):
+    """A run open_clip cannot represent; the message says why in one line."""
+
+
+def export_dir(cfg, run: str) -> Path:
+    """Default output folder of ``protoclip export --run <run>`` (Layout.export_dir: ``results/export/<run>``)."""
+    from protoclip.layout import Layout
+
+    return Layout.from_config(cfg).export_dir(run)
+
+
+def open_clip_model_cfg(model) -> dict:
+    """The open_clip ``model_cfg`` of a :class:`~protoclip.models.ProtoCLIPModel` (its name's config plus the
+    architecture overrides it was built with)."""
+    from protoclip.models.build import architecture_overrides, model_config
+
+    cfg = copy.deepcopy(model_config(model.name))
+    cfg.update(architecture_overrides(cfg, model.embed_dim, model.context_length, model.image_size))
+    return cfg
+
+
+def preprocess_cfg(image_size: int) -> dict:
+    """open_clip's inference preprocessing at ``image_size``: what ``eval_transform`` builds (open_clip's
+    ``image_transform(size, is_train=False)`` with its defaults: OpenAI mean / std, bicubic, shortest-side resize)."""
+    from open_clip.transform import PreprocessCfg
+
+    out = asdict(PreprocessCfg(size=int(image_size)))
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items()}
+
+
+def export_refusal(run: str, method: str | None, similarity: str, class_tokens: int) -> str | None:
+    """Why a run cannot be exported to open_clip (one line), or None when it can. ``similarity``: the evaluation
+    similarity its method declares (:class:`~protoclip.models.checkpoint.EvalSpec`)."""
+    if class_tokens > 0:
+        return (f"run '{run}' ({method}): multi-class-token towers (class_tokens={class_tokens}) are not an "
+                "open_clip architecture; open_clip cannot load them")
+    if similarity != "cosine":
+        return (f"run '{run}' ({method}) scores image-text pairs by '{similarity}', not by the cosine of the towers' "
+                "embeddings that open_clip models compute; its numbers would not carry over")
+    return None
+
+
+def exportable_runs(cfg) -> list[str]:
+    """The configured runs ``protoclip export`` can write (the DAG's export target exports these), decided from
+    each run's config by its method's evaluation spec, as the train stage records it in model.pt."""
+    from protoclip.train.methods import method_class
+
+    out = []
+    for r in cfg.run_names():
+        tcfg = cfg.run(r)
+        spec = method_class(tcfg.method).eval_spec(tcfg)
+        if export_refusal(r, tcfg.method, spec["similarity"], int(tcfg.class_tokens)) is None:
+            out.append(r)
+    return out
+
+
+def export_notes(model, config: dict, spec) -> list[str]:
+    """Why the run cannot be exported (raises :class:`ExportError`), else the notes that go with the export.
+    ``spec``: the model file's :class:`~protoclip.models.checkpoint.EvalSpec`."""
+    method = spec.method or config.get("method")
+    refusal = export_refusal(config.get("name", "?"), method, spec.similarity, int(getattr(model, "class_tokens", 0)))
+    if refusal:
+        raise ExportError(refusal)
+    notes = ["projection heads g^I, g^T (prototype space) and tau_Proto are not exported: open_clip tools use the "
+             "towers' embeddings z only"]
+    if spec.image_only:
+        notes.append(f"image-only method ({method}): the text tower is untrained, so zero-shot and retrieval "
+                     "numbers are chance; use the image tower (linear probe, kNN)")
+    return notes
+
+
+def export_openclip(model_path: str | Path, out_dir: str | Path) -> Path:
+    """Write the open_clip folder of the model file ``model_path`` to ``out_dir``; returns ``out_dir``."""
+    from safetensors.torch import save as safetensors_bytes
+
+    from protoclip.atomic import atomic_path, clean_stale_temps, write_json
+    from protoclip.hashing import sha256_file
+    from protoclip.models.checkpoint import load_model, read_eval_spec
+
+    model_path, out_dir = Path(model_path), Path(out_dir)
+    model, config = load_model(model_path)
+    spec = read_eval_spec(model_path)
+    notes = export_notes(model, config, spec)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(out_dir, recursive=False)
+    (out_dir / CONFIG_FILE).unlink(missing_ok=True)  # written last: a folder without it is an unfinished export
+    state = {k: v.detach().cpu().contiguous() for k, v in model.clip.state_dict().items()}
+    with atomic_path(out_dir / WEIGHTS_FILE) as tmp:
+        tmp.write_bytes(safetensors_bytes(state, metadata={"format": "pt"}))
+    write_json(out_dir / CONFIG_FILE, {
+        "model_cfg": open_clip_model_cfg(model),
+        "preprocess_cfg": preprocess_cfg(model.image_size),
+        "protoclip": {"run": config.get("name"), "method": spec.method or config.get("method"),
+                      "model_name": model.name,
+                      "source": str(model_path), "source_sha256": sha256_file(model_path), "notes": notes},
+    })
+    for note in notes[1:]:
+        log.warning("export %s: %s", config.get("name"), note)
+    log.info("exported %s to %s (open_clip local-dir:%s)", model_path, out_dir, out_dir)
+    return out_dir
+
+
+def run_export(cfg, run: str, out: str | Path | None = None) -> Path:
+    """``protoclip export``: the run's ``model.pt`` -> ``out`` (default :func:`export_dir`)."""
+    from protoclip.config import require_path
+    from protoclip.layout import Layout
+
+    cfg.run(run)  # an unknown run is a config error naming the defined ones
+    model_path = require_path(Layout.from_config(cfg).model(run), f"export run '{run}'")
+    return export_openclip(model_path, out if out is not None else export_dir(cfg, run))
+
+
+__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "ExportError", "export_dir", "export_notes", "export_openclip",
+           "export_refusal", "exportable_runs",
+           "open_clip_model_cfg", "preprocess_cfg", "run_export"]

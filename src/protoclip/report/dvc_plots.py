@@ -1,0 +1,77 @@
+"""DVC plots of the report: every run's training curve and each paper target's numbers, for ``dvc plots show`` and
+``dvc plots diff`` (DVC's own way to compare revisions), beside the report's PNG figures.
+
+``protoclip report`` writes the data files inside ``results/tables`` (an output of the report stage)::
+
+    results/tables/plots/train_loss/<run>.csv   step, loss       every logged training step of the run
+    results/tables/plots/<table id>.csv         cell, ours, paper  one line per cell of a paper table ("row | column")
+
+and :func:`dvc_plots` gives the top-level ``plots:`` entries of ``dvc.yaml`` that show them (``protoclip
+dvc-yaml`` writes them from the same configured runs and targets as the stages): one ``linear`` plot of every
+run's loss against its step (one series per file), per table target a ``bar_horizontal`` plot of our numbers and
+one of the paper's, and every figure target's PNG as an image plot. DVC reads CSV / JSON / YAML data, not the
+runs' ``train_log.jsonl``, hence the per-run CSV copies of the step records.
+
+    dvc plots show                       # dvc_plots/index.html: curves, per-target bars, figures
+    dvc plots diff HEAD~1 --targets "training loss"
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from protoclip.atomic import atomic_path
+
+TRAIN_LOSS_PLOT = "training loss"  # plot id of the training curves in dvc.yaml
+
+
+def write_plot_data(layout, runs: list[str], losses: pd.DataFrame, records: list[dict]) -> list[Path]:
+    """Write (at ``layout``'s paths) the loss file of every run in ``runs`` (``losses``: run, step, loss; a run without a train log gets
+    the header only, so DVC finds every declared file) and the per-table files (``records``: the report's target
+    cells, ``ours_mean`` and ``paper`` numbers); returns the paths written."""
+    out = []
+    for run in runs:
+        sub = losses[losses["run"] == run]
+        path = layout.loss_curve(run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            sub[["step", "loss"]].to_csv(tmp, index=False)
+        out.append(path)
+    frame = pd.DataFrame(records, columns=["target", "row", "column", "ours_mean", "paper"])
+    for target, sub in frame.groupby("target", sort=False):
+        rows = pd.DataFrame({"cell": sub["row"] + " | " + sub["column"],
+                             "ours": pd.to_numeric(sub["ours_mean"], errors="coerce"),
+                             "paper": pd.to_numeric(sub["paper"], errors="coerce")})
+        path = layout.target_plot_data(str(target))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            rows.to_csv(tmp, index=False)
+        out.append(path)
+    return out
+
+
+def dvc_plots(cfg) -> list[dict | str]:
+    """The top-level ``plots:`` entries of dvc.yaml for ``cfg``'s runs and paper targets (paths as in dvc.yaml)."""
+    from protoclip.layout import Layout
+    from protoclip.report.targets import targets
+
+    layout = Layout.from_config(cfg)
+    runs = cfg.run_names()
+    plots: list[dict] = []
+    if runs:
+        plots.append({TRAIN_LOSS_PLOT: {"template": "linear", "x": "step",
+                                        "y": {str(layout.loss_curve(r)): "loss" for r in runs},
+                                        "x_label": "training step", "y_label": "total loss"}})
+    for t in targets(cfg):
+        if t.kind == "table":
+            data = str(layout.target_plot_data(t.id))
+            for field in ("ours", "paper"):
+                plots.append({f"{t.id} ({field})": {"template": "bar_horizontal", "x": field, "y": {data: "cell"},
+                                                    "title": f"{t.id}: {field}", "x_label": field, "y_label": ""}})
+        else:
+            plots.append(str(layout.target_files(t.id, t.kind)[0]))  # the figure's PNG: an image plot
+    return plots
+
+
+__all__ = ["TRAIN_LOSS_PLOT", "dvc_plots", "write_plot_data"]

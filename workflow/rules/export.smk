@@ -1,0 +1,28 @@
+# Models for the field's own tools (protoclip.models.export_openclip): `snakemake export_all --cores 2` writes an
+# open_clip `local-dir:` folder for every trained run open_clip can represent. Not part of `all` (the report does
+# not read them) and no DVC stage: a folder per run is a hand-off, made on demand from the cached model.pt.
+from protoclip.models import export_openclip
+
+EXPORTABLE = export_openclip.exportable_runs(PROJECT)
+
+
+rule export:
+    """One run's model.pt as an open_clip folder (open_clip_config.json + open_clip_model.safetensors)."""
+    input:
+        model=lambda wc: str(LAYOUT.model(wc.run)),
+    output:
+        directory(str(export_openclip.export_dir(PROJECT, "{run}"))),
+    conda:
+        "../../environment.yml"
+    log:
+        "logs/export_{run}.log",
+    wildcard_constraints:
+        run="|".join(EXPORTABLE) or "NO_RUNS",
+    shell:
+        f"protoclip export --config {CONFIG_FILE} --run {{wildcards.run}} --out {{output}} 2>&1 | tee {{log}}"
+
+
+rule export_all:
+    """Every run open_clip can represent (nCLIP and multi-class-token runs cannot: export_openclip.export_refusal)."""
+    input:
+        expand(rules.export.output, run=EXPORTABLE),
