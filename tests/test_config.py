@@ -193,3 +193,29 @@ def test_progress_bars_update_every_30s_in_log_files(monkeypatch):
 
     assert frames() <= 3  # the first and the final frame only
     assert frames(TQDM_MININTERVAL="0.01") >= 10  # a user's own setting wins: frequent updates, as logs had before
+
+
+@pytest.mark.parametrize("section,key,value,message", [
+    ("nclip", "lambda1", -0.1, "nclip lambdas and weights must be >= 0"),
+    ("nclip", "clip_weight", -1.0, "nclip lambdas and weights must be >= 0"),
+    ("pcl", "tau", 0.0, "pcl.tau, pcl.phi_alpha must be > 0"),
+    ("pcl", "momentum", 1.5, "pcl.momentum in [0, 1]"),
+    ("pcl", "num_clusters", [], "pcl.num_clusters and pcl.samples_per_cluster must be non-empty"),
+    ("pcl", "samples_per_cluster", [0.5], "pcl.num_clusters and pcl.samples_per_cluster must be non-empty"),
+    ("pcl", "kmeans_redo", 0, "pcl.kmeans_iters/redo >= 1"),
+])
+def test_method_owned_sections_are_checked_for_every_run(tmp_path, section, key, value, message):
+    """``nclip`` / ``pcl`` are defined in their method modules (train/methods/nclip.py, pcl.py) and checked by
+    ``TrainConfig.validate`` for every run, whatever its method; the nearest good value loads."""
+    from protoclip.train.methods.nclip import NCLIPConfig
+    from protoclip.train.methods.pcl import PCLConfig
+
+    assert {"nclip": NCLIPConfig, "pcl": PCLConfig}[section] is type(getattr(TrainConfig(), section))
+    path = write(tmp_path, {"runs": {"r": {"method": "clip", section: {key: value}}}})
+    with pytest.raises(ConfigError) as err:
+        load_config(path).run("r")
+    assert message in str(err.value) and str(path) in str(err.value)
+    good = {"lambda1": 0.0, "clip_weight": 0.0, "tau": 0.01, "momentum": 1.0, "num_clusters": [1],
+            "samples_per_cluster": [1.0], "kmeans_redo": 1}[key]
+    path = write(tmp_path, {"runs": {"r": {"method": "clip", section: {key: good}}}}, "good.yaml")
+    assert getattr(getattr(load_config(path).run("r"), section), key) == good

@@ -13,10 +13,10 @@ from train_fixtures import RandomPairs, one_thread, tiny_config, tiny_model  # n
 
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.train.checkpoint import load_checkpoint  # noqa: E402
-from protoclip.train.config import PAUCConfig, PCLConfig  # noqa: E402
+from protoclip.train.config import PAUCConfig  # noqa: E402
 from protoclip.records import read_train_log  # noqa: E402
 from protoclip.train.loop import train  # noqa: E402
-from protoclip.train.methods.pcl import PCLMethod, cluster_counts  # noqa: E402
+from protoclip.train.methods.pcl import PCLConfig, PCLMethod, cluster_counts  # noqa: E402
 
 _threads = pytest.fixture(autouse=True)(one_thread)
 

@@ -1,9 +1,18 @@
 """Config of one training run (owned by protoclip.train). Defaults follow ProtoCLIP Table I
-where a number is given there; CPU-sized defaults are overridden per run in config/experiments/."""
+where a number is given there; CPU-sized defaults are overridden per run in config/experiments/.
+
+The sections every method shares are defined here; a section read by one method family is defined in that
+method's module (``nclip`` -> :class:`protoclip.train.methods.nclip.NCLIPConfig`, ``pcl`` ->
+:class:`protoclip.train.methods.pcl.PCLConfig`) and checked by its ``check()``. ``pauc`` stays here: two
+method families (``pcl``, ``protoclip``) read it (``Method.reads_pauc``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+# a method's own section lives in its method module (importing those does not import torch)
+from protoclip.train.methods.nclip import NCLIPConfig
+from protoclip.train.methods.pcl import PCLConfig
 
 
 @dataclass
@@ -36,38 +45,9 @@ class LossConfig:
 
 
 @dataclass
-class NCLIPConfig:
-    """nCLIP / xCLIP (nclip-xclip.txt Eqs. 2-5, Table 14)."""
-    lambda1: float = 0.5  # per-sample entropy weight, minimised (paper)
-    lambda2: float = 1.5  # batch-mean entropy weight, maximised (paper: lambda1 = lambda2 - 1)
-    weight: float = 1.0  # lambda_nCLIP of xCLIP (Eq. 5)
-    clip_weight: float = 0.2  # lambda_CLIP of xCLIP (Eq. 5); nCLIP alone has no CLIP term
-
-
-@dataclass
-class PCLConfig:
-    """``method: pcl`` (pcl-protonce.txt; methods-spec 4). Paper-scale values; CPU runs override them."""
-
-    tau: float = 0.2  # InfoNCE temperature and mean phi: PCL v2 (MLP head + MoCo v2 aug; v1: 0.1) [Sec. 4.1]
-    momentum: float = 0.999  # key-encoder EMA [Sec. 4.1]
-    queue_size: int = 16000  # r instance negatives [Sec. 4.1] (ref-code: 16384)
-    negatives: int = 16000  # r negative prototypes per clustering, capped at K_min / 2 (spec 4.7.5)
-    # K list: `num_clusters` if given, else dataset size / each entry of `samples_per_cluster`;
-    # paper K = {25k, 50k, 100k} on 1.28M ImageNet images = N / {51.2, 25.6, 12.8} [Sec. 4.1]
-    num_clusters: list[int] | None = None
-    samples_per_cluster: list[float] = field(default_factory=lambda: [51.2, 25.6, 12.8])
-    infonce_only_episodes: int = 20  # warm-up: InfoNCE only for the first 20 epochs (= episodes) [Sec. 4.1]
-    kmeans_iters: int = 20  # ref-code faiss settings (spec 4.7.3)
-    kmeans_redo: int = 5
-    phi_alpha: float = 10.0  # alpha of Eq. 12
-    mask_duplicate_pos: bool = False  # spec 4.2 option; False = ref-code (another sample's positive is a negative)
-    infonce_weight: float = 1.0  # Eq. 11: InfoNCE + ProtoNCE with weight 1 each
-    protonce_weight: float = 1.0
-
-
-@dataclass
 class PAUCConfig:
-    """PAUC regularisers (pauc-nemd.txt Eqs. 4-7; methods-spec 3.3) on ``method: pcl`` or ``protoclip`` h-space."""
+    """PAUC regularisers (pauc-nemd.txt Eqs. 4-7; methods-spec 3.3) on ``method: pcl`` or ``protoclip`` h-space
+    (shared by two methods, hence defined here rather than in one method module)."""
 
     enabled: bool = False
     alpha: float = 1.0  # alignment weight: not in the paper, spec 3.3 [rec]
@@ -195,18 +175,9 @@ class TrainConfig:
             raise ValueError("class_tokens must be >= 0 and loss.subspheres >= 1")
         if self.loss.clip_max_logit_scale is not None and self.loss.clip_max_logit_scale <= 1:
             raise ValueError("loss.clip_max_logit_scale must be > 1")
-        if min(self.nclip.lambda1, self.nclip.lambda2, self.nclip.weight, self.nclip.clip_weight) < 0:
-            raise ValueError("nclip lambdas and weights must be >= 0")
-        p, a = self.pcl, self.pauc
-        if p.tau <= 0 or not 0 <= p.momentum <= 1 or p.queue_size < 1 or p.negatives < 1 or p.phi_alpha <= 0:
-            raise ValueError("pcl.tau, pcl.phi_alpha must be > 0, pcl.momentum in [0, 1], pcl.queue_size and "
-                             "pcl.negatives >= 1")
-        if (p.num_clusters is not None and (not p.num_clusters or min(p.num_clusters) < 1)) or (
-                not p.samples_per_cluster or min(p.samples_per_cluster) < 1):
-            raise ValueError("pcl.num_clusters and pcl.samples_per_cluster must be non-empty lists of values >= 1")
-        if p.infonce_only_episodes < 0 or p.kmeans_iters < 1 or p.kmeans_redo < 1 or min(
-                p.infonce_weight, p.protonce_weight) < 0:
-            raise ValueError("pcl.infonce_only_episodes, pcl weights must be >= 0, pcl.kmeans_iters/redo >= 1")
+        self.nclip.check()
+        self.pcl.check()
+        a = self.pauc
         if min(a.alpha, a.beta, a.gamma) < 0 or min(a.s, a.t, a.tau_c) <= 0:
             raise ValueError("pauc.alpha, beta, gamma must be >= 0 and pauc.s, t, tau_c > 0")
         method.check_config(self)  # the method's own rules (e.g. pcl: no locked image tower)

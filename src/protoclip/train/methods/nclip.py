@@ -16,6 +16,7 @@ xCLIP, by the CE similarity of the nCLIP distributions for nCLIP.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from protoclip.train.methods.base import register
@@ -26,6 +27,21 @@ if TYPE_CHECKING:
 
     from protoclip.train.config import TrainConfig
     from protoclip.train.distributed import DistInfo
+
+
+@dataclass
+class NCLIPConfig:
+    """The ``nclip`` section of ``TrainConfig`` (nCLIP / xCLIP; nclip-xclip.txt Eqs. 2-5, Table 14)."""
+    lambda1: float = 0.5  # per-sample entropy weight, minimised (paper)
+    lambda2: float = 1.5  # batch-mean entropy weight, maximised (paper: lambda1 = lambda2 - 1)
+    weight: float = 1.0  # lambda_nCLIP of xCLIP (Eq. 5)
+    clip_weight: float = 0.2  # lambda_CLIP of xCLIP (Eq. 5); nCLIP alone has no CLIP term
+
+    def check(self) -> None:
+        """Value rules, run by ``TrainConfig.validate`` for every run (not named ``validate``: the loader would
+        run that on the section alone, before the method check and with another message prefix)."""
+        if min(self.lambda1, self.lambda2, self.weight, self.clip_weight) < 0:
+            raise ValueError("nclip lambdas and weights must be >= 0")
 
 
 def in_batch_accuracy(sim: torch.Tensor) -> float:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from protoclip.train.methods.base import EpisodeData, Method, MultiView, register
@@ -40,6 +41,42 @@ if TYPE_CHECKING:
     from protoclip.train.distributed import DistInfo
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class PCLConfig:
+    """The ``pcl`` section of ``TrainConfig`` (pcl-protonce.txt; methods-spec 4). Paper-scale values; CPU runs
+    override them."""
+
+    tau: float = 0.2  # InfoNCE temperature and mean phi: PCL v2 (MLP head + MoCo v2 aug; v1: 0.1) [Sec. 4.1]
+    momentum: float = 0.999  # key-encoder EMA [Sec. 4.1]
+    queue_size: int = 16000  # r instance negatives [Sec. 4.1] (ref-code: 16384)
+    negatives: int = 16000  # r negative prototypes per clustering, capped at K_min / 2 (spec 4.7.5)
+    # K list: `num_clusters` if given, else dataset size / each entry of `samples_per_cluster`;
+    # paper K = {25k, 50k, 100k} on 1.28M ImageNet images = N / {51.2, 25.6, 12.8} [Sec. 4.1]
+    num_clusters: list[int] | None = None
+    samples_per_cluster: list[float] = field(default_factory=lambda: [51.2, 25.6, 12.8])
+    infonce_only_episodes: int = 20  # warm-up: InfoNCE only for the first 20 epochs (= episodes) [Sec. 4.1]
+    kmeans_iters: int = 20  # ref-code faiss settings (spec 4.7.3)
+    kmeans_redo: int = 5
+    phi_alpha: float = 10.0  # alpha of Eq. 12
+    mask_duplicate_pos: bool = False  # spec 4.2 option; False = ref-code (another sample's positive is a negative)
+    infonce_weight: float = 1.0  # Eq. 11: InfoNCE + ProtoNCE with weight 1 each
+    protonce_weight: float = 1.0
+
+    def check(self) -> None:
+        """Value rules, run by ``TrainConfig.validate`` for every run (not named ``validate``: the loader would
+        run that on the section alone, before the method check and with another message prefix)."""
+        if (self.tau <= 0 or not 0 <= self.momentum <= 1 or self.queue_size < 1 or self.negatives < 1
+                or self.phi_alpha <= 0):
+            raise ValueError("pcl.tau, pcl.phi_alpha must be > 0, pcl.momentum in [0, 1], pcl.queue_size and "
+                             "pcl.negatives >= 1")
+        if (self.num_clusters is not None and (not self.num_clusters or min(self.num_clusters) < 1)) or (
+                not self.samples_per_cluster or min(self.samples_per_cluster) < 1):
+            raise ValueError("pcl.num_clusters and pcl.samples_per_cluster must be non-empty lists of values >= 1")
+        if self.infonce_only_episodes < 0 or self.kmeans_iters < 1 or self.kmeans_redo < 1 or min(
+                self.infonce_weight, self.protonce_weight) < 0:
+            raise ValueError("pcl.infonce_only_episodes, pcl weights must be >= 0, pcl.kmeans_iters/redo >= 1")
 
 
 def cluster_counts(cfg: TrainConfig, n: int) -> list[int]:
