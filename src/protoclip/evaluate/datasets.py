@@ -261,9 +261,11 @@ class WdsSplit:
 
 
 def _shard_error(shard: str, err: BaseException) -> EvalDataError:
-    return EvalDataError(f"{shard}: cannot read the webdataset shard ({type(err).__name__}: "
-                         f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); it is cut or not a tar: "
-                         "restore it")
+    # webdataset re-raises tar errors with (message, stream, url) as args: keep the message
+    text = err.args[0] if err.args and isinstance(err.args[0], str) else str(err)
+    text = text.strip().splitlines()[0] if text.strip() else ""
+    return EvalDataError(f"{shard}: cannot read the webdataset shard ({type(err).__name__}: {text}); it is cut or "
+                         "not a tar: restore it")
 
 
 @dataclass
