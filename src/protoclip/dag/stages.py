@@ -222,7 +222,7 @@ def evaluations(cfg) -> dict[str, dict[str, list[str] | None]]:
     """{run: {set: tasks or None (all)}}: the evaluation jobs of the DAG. A run that paper targets show is
     evaluated only on the sets and tasks those targets read (protoclip.report.targets.evaluation_requests);
     a run no target shows gets every task on every evaluated set. A run a target shows but whose targets read
-    no evaluation (a temperature-study figure) gets none."""
+    no evaluation (a figure drawn from the train log alone) gets none."""
     from protoclip.report.targets import evaluation_requests, targets
 
     sets = evaluated_sets(cfg)
@@ -230,7 +230,7 @@ def evaluations(cfg) -> dict[str, dict[str, list[str] | None]]:
     shown = {run for t in targets(cfg) for base in t.runs() for run in cfg.run_group(base)}
     out: dict[str, dict[str, list[str] | None]] = {}
     for run in cfg.run_names():
-        if run in shown:  # e.g. a temperature-study run: its figure reads the train log only
+        if run in shown:  # only what its targets read (possibly nothing)
             out[run] = {d: list(tasks) for d, tasks in requests.get(run, {}).items() if d in sets}
         else:
             out[run] = {d: None for d in sets}
@@ -240,7 +240,7 @@ def evaluations(cfg) -> dict[str, dict[str, list[str] | None]]:
 def collect_stage(cfg, config_file: str, run: str, datasets: list[str]) -> Stage:
     """``metrics.json`` of ``run``. Besides its evaluation folders it depends on the prepared data: `collect`
     reports a configured set as "not found" when its data is missing, so it must run after `prepare` made it
-    (a run that no target evaluates, e.g. the temperature runs, would otherwise be collected before `prepare`
+    (a run that no target evaluates would otherwise be collected before `prepare`
     finished and list the offline sets as not found)."""
     lay = Layout.from_config(cfg)
     outs = collect_outs(lay, run)

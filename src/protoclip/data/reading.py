@@ -133,6 +133,11 @@ def read_image(path: str, tars: TarCache | None = None, offset: int = -1, size: 
     if sha256 and hashlib.sha256(data).hexdigest() != sha256:
         raise ImageReadError(f"{path}: the image changed since `protoclip prepare` (sha256 differs from the "
                              "manifest's); rerun prepare")
+    return decode_image(data, path)
+
+
+def decode_image(data: bytes, path: str) -> Image.Image:
+    """Image bytes -> RGB PIL image; bytes that do not decode raise :class:`ImageReadError` naming ``path``."""
     try:
         img = Image.open(io.BytesIO(data))
         img.load()
@@ -141,4 +146,4 @@ def read_image(path: str, tars: TarCache | None = None, offset: int = -1, size: 
         raise ImageReadError(f"{path}: cannot decode the image ({type(err).__name__}: {err})") from None
 
 
-__all__ = ["SEP", "MAX_OPEN_SHARDS", "ImageReadError", "TarCache", "read_bytes", "read_image"]
+__all__ = ["SEP", "MAX_OPEN_SHARDS", "ImageReadError", "TarCache", "decode_image", "read_bytes", "read_image"]

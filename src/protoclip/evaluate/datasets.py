@@ -23,6 +23,12 @@ Kinds (``EvalDatasetConfig.kind``):
 * ``coco``: COCO captions (Karpathy 5k test split from ``dataset_coco.json`` when present, else
   ``annotations/captions_val2017.json`` with ``val2017/``).
 
+Broken data stops evaluation (our choice, the project's rule for evaluation inputs): an image that does not
+decode (a file of a folder / COCO / torchvision set, a member of a webdataset shard), a shard cut in the
+middle, or an offline ``.npz`` that is cut or not an npz raises a :class:`~protoclip.errors.UserError`
+naming the file (``shard.tar::member`` for a shard member): the CLI prints one line and exits 2. Skipping
+would silently score the model on a smaller test set, which changes the numbers.
+
 ``max_train`` / ``max_test`` of a set's config cut a labelled set's splits to a fixed seeded subsample
 (:func:`subsample_set`: class-stratified when the labels are known without decoding, uniform otherwise, the
 same images for every run; webdataset splits stay whole); caption sets are never cut.
@@ -36,6 +42,7 @@ import json
 import logging
 import re
 import tarfile
+import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -45,7 +52,8 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from protoclip.data.reading import SEP, TarCache, read_image
+from protoclip.data.reading import SEP, ImageReadError, TarCache, decode_image, read_image
+from protoclip.errors import UserError
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.prompts import canonical, has_prompts, load_prompts
 from protoclip.layout import Layout
@@ -56,6 +64,12 @@ HELDOUT = "heldout_pairs"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".ppm", ".tif", ".tiff")
 # split directory names accepted for the folder kind (UCF101 splits are often trainlist01 / testlist01)
 SPLIT_DIRS = {"train": ("train", "trainlist01", "training"), "test": ("test", "testlist01", "val", "validation")}
+
+
+class EvalDataError(UserError):
+    """An evaluation set's file (an offline ``.npz``, a webdataset shard) cannot be read; the message names it."""
+
+    kind = "data error"
 
 
 # --------------------------------------------------------------------------- interface
@@ -176,8 +190,24 @@ class TorchvisionSplit(_Indexed):
         return len(self.dataset)
 
     def __getitem__(self, i: int) -> tuple[Image.Image, int]:
-        img, y = self.dataset[i]
-        return to_rgb(img), int(y)
+        try:
+            img, y = self.dataset[i]
+            return to_rgb(img), int(y)
+        # what PIL raises for a cut / foreign image file (torchvision's loader opens it with PIL): one line
+        # naming the file, not a traceback (module docstring)
+        except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as err:
+            raise ImageReadError(f"{_torchvision_item(self.dataset, i)}: cannot decode the image "
+                                 f"({type(err).__name__}: {err})") from None
+
+
+def _torchvision_item(dataset: Any, i: int) -> str:
+    """The file of item ``i`` of a torchvision set (the attribute differs by class), else the set and index."""
+    for attr in ("samples", "_samples", "imgs", "_image_files", "_images"):
+        files = getattr(dataset, attr, None)
+        if isinstance(files, (list, tuple)) and len(files) == len(dataset):
+            item = files[i]
+            return str(item[0] if isinstance(item, (list, tuple)) else item)
+    return f"{type(dataset).__name__} at {getattr(dataset, 'root', '?')}, item {i}"
 
 
 @dataclass
@@ -186,22 +216,56 @@ class WdsSplit:
     shards: list[str]
     _len: int | None = field(default=None, repr=False)
 
+    image_exts: tuple[str, ...] = ("webp", "jpg", "jpeg", "png")  # first present is the sample's image
+
     def __len__(self) -> int:
         if self._len is None:  # one pass over the tar headers, no decoding
             n = 0
             for shard in self.shards:
-                with tarfile.open(shard) as tf:
-                    n += sum(1 for m in tf.getmembers() if m.name.endswith(".cls"))
+                try:
+                    with tarfile.open(shard) as tf:
+                        n += sum(1 for m in tf.getmembers() if m.name.endswith(".cls"))
+                except (tarfile.TarError, OSError, EOFError) as err:
+                    raise _shard_error(shard, err) from None
             self._len = n
         return self._len
 
     def __iter__(self) -> Iterator[tuple[Image.Image, int]]:
+        """Samples in shard order. Bytes are decoded here rather than by webdataset's ``.decode("pil")`` so
+        that a bad image is reported as ``shard::member`` (webdataset's decoder error names neither); one
+        pipeline per shard so that a cut shard is named."""
         import webdataset as wds
 
-        pipeline = wds.WebDataset(self.shards, shardshuffle=False, empty_check=False).decode("pil").to_tuple(
-            "webp;jpg;jpeg;png", "cls")
-        for img, y in pipeline:
-            yield to_rgb(img), int(y)
+        for shard in self.shards:
+            samples = iter(wds.WebDataset([shard], shardshuffle=False, empty_check=False))
+            while True:
+                try:
+                    sample = next(samples)
+                except StopIteration:
+                    break
+                except (tarfile.TarError, OSError, EOFError, ValueError) as err:
+                    raise _shard_error(shard, err) from None
+                yield self._decode(shard, sample)
+
+    def _decode(self, shard: str, sample: dict[str, Any]) -> tuple[Image.Image, int]:
+        key = sample.get("__key__", "?")
+        ext = next((e for e in self.image_exts if e in sample), None)
+        if ext is None or "cls" not in sample:
+            raise EvalDataError(f"{shard}{SEP}{key}: sample has no {'cls' if ext else ' / '.join(self.image_exts)} "
+                                f"member (has {sorted(k for k in sample if not k.startswith('__'))})")
+        try:
+            y = int(sample["cls"])
+        except ValueError:
+            raise EvalDataError(f"{shard}{SEP}{key}.cls: not an integer class id ({sample['cls'][:20]!r})") from None
+        return decode_image(sample[ext], f"{shard}{SEP}{key}.{ext}"), y
+
+
+def _shard_error(shard: str, err: BaseException) -> EvalDataError:
+    # webdataset re-raises tar errors with (message, stream, url) as args: keep the message
+    text = err.args[0] if err.args and isinstance(err.args[0], str) else str(err)
+    text = text.strip().splitlines()[0] if text.strip() else ""
+    return EvalDataError(f"{shard}: cannot read the webdataset shard ({type(err).__name__}: {text}); it is cut or "
+                         "not a tar: restore it")
 
 
 @dataclass
@@ -330,15 +394,26 @@ def _fingerprint(*paths: Path) -> str:
 
 # --------------------------------------------------------------------------- offline
 def load_offline_npz(name: str, path: Path) -> LabelledSet:
-    """``data/prepared/eval/<name>.npz`` -> LabelledSet; templates from the prompts JSON when it has the set."""
-    with np.load(path, allow_pickle=False) as z:
-        missing = {"images", "labels", "split", "classnames"} - set(z.files)
-        if missing:
-            raise ValueError(f"{path}: missing arrays {sorted(missing)} (has {z.files})")
-        images, labels = z["images"], z["labels"].astype(np.int64)
-        split, classnames = z["split"].astype(str), [str(c) for c in z["classnames"]]
+    """``data/prepared/eval/<name>.npz`` -> LabelledSet; templates from the prompts JSON when it has the set.
+
+    A file that is cut, not an npz, or lacks / misshapes the arrays raises :class:`EvalDataError` naming it."""
+    redo = "rerun `protoclip prepare` (it writes this file) or, if the file is your own, replace it"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = {"images", "labels", "split", "classnames"} - set(z.files)
+            if missing:
+                raise EvalDataError(f"{path}: missing arrays {sorted(missing)} (has {z.files}); {redo}")
+            images, labels = z["images"], z["labels"].astype(np.int64)
+            split, classnames = z["split"].astype(str), [str(c) for c in z["classnames"]]
+    except EvalDataError:
+        raise
+    # np.load / the lazy array reads of a cut or foreign file: BadZipFile, ValueError (pickled or bad
+    # header), EOFError / OSError (cut), zlib.error (damaged deflate stream)
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError, KeyError, zlib.error) as err:
+        raise EvalDataError(f"{path}: cannot read the offline evaluation set ({type(err).__name__}: "
+                            f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); {redo}") from None
     if images.dtype != np.uint8 or images.ndim not in (3, 4) or not len(images) == len(labels) == len(split):
-        raise ValueError(f"{path}: images must be uint8 [N,H,W(,3)] with one label and split per image, "
+        raise EvalDataError(f"{path}: images must be uint8 [N,H,W(,3)] with one label and split per image, "
                          f"got {images.dtype} {images.shape}, {labels.shape} labels, {split.shape} splits")
     templates: list[str] = []
     if has_prompts(name):
@@ -351,7 +426,7 @@ def load_offline_npz(name: str, path: Path) -> LabelledSet:
                         name, classnames[:3], prompts.classnames[:3])
     train, test = split == "train", split == "test"
     if not test.any():
-        raise ValueError(f"{path}: no rows with split == 'test'")
+        raise EvalDataError(f"{path}: no rows with split == 'test'")
     return LabelledSet(
         name=name, classnames=classnames, templates=templates,
         train=ArraySplit(images[train], labels[train]) if train.any() else None,

@@ -128,18 +128,18 @@ def run_report(cfg) -> Path:
     if skipped:
         lines += ["## Skipped data sets (listed once; their cells read '-' or use the stand-in named in each "
                   "caption)", ""] + [f"- {line}" for line in skipped.values()] + [""]
-    records = []
+    cells = []  # every target cell, ours and the paper's (targets_long.csv)
     for target in targets(cfg):
         if target.kind == "table":
             md, caption, recs = write_table(cfg, results, target)
-            records += recs
+            cells += recs
             lines += [f"## {target.id}", "", caption, "", md, ""]
         else:
             png, caption = write_figure(cfg, results, target)
             lines += [f"## {target.id}", "", caption, "", f"![{target.id}](../figures/{png.name})", ""]
         write_text(layout.caption(target.id), rst_escape(caption) + "\n")
     with atomic_path(layout.tables / "targets_long.csv") as tmp:  # every target cell, ours and the paper's
-        pd.DataFrame(records).to_csv(tmp, index=False)
+        pd.DataFrame(cells).to_csv(tmp, index=False)
     with atomic_path(layout.tables / "metrics_long.csv") as tmp:
         long.to_csv(tmp, index=False)  # every headline value and skip line, machine-readable
     lines += ["## Every task and run (generic tables)", ""]
@@ -158,7 +158,7 @@ def run_report(cfg) -> Path:
     losses = train_losses(layout, runs)
     with atomic_path(layout.tables / "train_loss.csv") as tmp:
         losses.to_csv(tmp, index=False)
-    write_plot_data(layout, runs, losses, records)  # dvc.yaml `plots:` (protoclip.report.dvc_plots)
+    write_plot_data(layout, runs, losses, cells)  # dvc.yaml `plots:` (protoclip.report.dvc_plots)
     if plot_train_curves(losses, layout.figures / "train_curves.png"):
         lines += ["![training curves](../figures/train_curves.png)", ""]
     index = write_text(layout.report_index, "\n".join(lines) + "\n")
