@@ -128,8 +128,11 @@ def read_image(path: str, tars: TarCache | None = None, offset: int = -1, size: 
     try:
         data = read_bytes(path, tars, offset, size)
     except (OSError, EOFError, tarfile.TarError) as err:
-        raise ImageReadError(f"{path}: cannot read the image ({type(err).__name__}: {err}); it was readable when "
-                             "`protoclip prepare` ran: restore it or rerun prepare") from None
+        # a manifest path (it carries its sha256) was readable when prepare ran; an evaluation set's own file
+        # (image folder, COCO) was never prepared, so the only advice is to restore it
+        hint = ("it was readable when `protoclip prepare` ran: restore it or rerun prepare" if sha256
+                else "restore it")
+        raise ImageReadError(f"{path}: cannot read the image ({type(err).__name__}: {err}); {hint}") from None
     if sha256 and hashlib.sha256(data).hexdigest() != sha256:
         raise ImageReadError(f"{path}: the image changed since `protoclip prepare` (sha256 differs from the "
                              "manifest's); rerun prepare")
