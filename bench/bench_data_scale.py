@@ -285,7 +285,7 @@ def plot(results: dict, path: Path) -> None:
 def text_report(info: dict, results: dict) -> str:
     lines = [f"# bench_data_scale.py: {info['date_utc']} UTC on {info['host']} ({info['cpus']} CPUs, {info['cpu']}), "
              f"Python {info['python']}", f"# load average at start: {info['loadavg_at_start']} "
-             f"(other sessions' work ran on the machine at the same time)", f"# args: {info['args']}", ""]
+             f"(1 / 5 / 15 min; well above the CPU count: other work shared the machine)", f"# args: {info['args']}", ""]
     lines.append(f"{'pairs':>9} {'prepare s':>10} {'ms/pair':>8} {'CPU ms/pair':>12} {'serial ms/pair':>15} "
                  f"{'RSS main':>9} "
                  f"{'RSS wkr':>8} {'USS+ flat':>10} {'USS+ lists':>11} {'/1M flat':>9} {'/1M lists':>10}")
@@ -293,11 +293,13 @@ def text_report(info: dict, results: dict) -> str:
         r = results[n]
         p, mem = r["prepare"], r["memory"]
         serial = r.get("prepare_serial", {}).get("ms_per_pair")
-        lines.append(f"{int(n):>9} {p['wall_s']:>10.1f} {p['ms_per_pair']:>8.3f} {p['cpu_ms_per_pair']:>12.3f} "
-                     f"{(f'{serial:.3f}' if serial else '-'):>15} {p['rss_main_mib']:>8.0f}M "
-                     f"{p['rss_worker_max_mib']:>7.0f}M "
-                     f"{mem['flat']['growth_mib']:>9.1f}M {mem['lists']['growth_mib']:>10.1f}M "
+        line = (f"{int(n):>9} {p['wall_s']:>10.1f} {p['ms_per_pair']:>8.3f} {p['cpu_ms_per_pair']:>12.3f} "
+                f"{(f'{serial:.3f}' if serial else '-'):>15} {p['rss_main_mib']:>8.0f}M "
+                f"{p['rss_worker_max_mib']:>7.0f}M ")
+        if mem:  # --skip memory leaves it empty
+            line += (f"{mem['flat']['growth_mib']:>9.1f}M {mem['lists']['growth_mib']:>10.1f}M "
                      f"{mem['flat']['growth_mib_per_1m_rows']:>8.1f}M {mem['lists']['growth_mib_per_1m_rows']:>9.1f}M")
+        lines.append(line)
     lines.append("")
     lines.append(f"{'pairs':>9} {'workers':>8} {'ours s/s':>9} {'wds s/s':>8} {'ours/wkr':>9} {'wds/wkr':>8} "
                  f"{'ratio':>6}"
@@ -310,6 +312,8 @@ def text_report(info: dict, results: dict) -> str:
     lines.append(f"{'pairs':>9} {'m':>6} {'K':>5} {'extract s':>10} {'ms/sample':>10} {'k-means s':>10}")
     for n in sorted(results, key=int):
         e = results[n]["episode"]
+        if not e:  # --skip episode
+            continue
         lines.append(f"{int(n):>9} {e['m']:>6} {e['k']:>5} {e['extract_s']:>10.1f} {e['extract_ms_per_sample']:>10.2f} "
                      f"{e['kmeans_s']:>10.2f}")
     return "\n".join(lines) + "\n"
