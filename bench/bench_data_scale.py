@@ -284,8 +284,8 @@ def plot(results: dict, path: Path) -> None:
 
 def text_report(info: dict, results: dict) -> str:
     lines = [f"# bench_data_scale.py: {info['date_utc']} UTC on {info['host']} ({info['cpus']} CPUs, {info['cpu']}), "
-             f"Python {info['python']}", f"# load average at start: {info['loadavg_at_start']} "
-             f"(1 / 5 / 15 min; well above the CPU count: other work shared the machine)", f"# args: {info['args']}", ""]
+             f"Python {info['python']}", f"# load average at start: {info['loadavg_at_start']} (1 / 5 / 15 min): "
+             f"{'other work shared the machine' if info['loadavg_at_start'][0] > info['cpus'] else 'otherwise idle'}", f"# args: {info['args']}", ""]
     lines.append(f"{'pairs':>9} {'prepare s':>10} {'ms/pair':>8} {'CPU ms/pair':>12} {'serial ms/pair':>15} "
                  f"{'RSS main':>9} "
                  f"{'RSS wkr':>8} {'USS+ flat':>10} {'USS+ lists':>11} {'/1M flat':>9} {'/1M lists':>10}")
