@@ -188,7 +188,7 @@ def test_clip_benchmark_scores_the_export_as_the_project_does(tmp_path):
 
 def test_exportable_runs_are_read_from_the_config(tmp_path):
     from protoclip.config import load_config
-    from protoclip.models.export_openclip import exportable_runs
+    from protoclip.dag.stages import exportable_runs
 
     cfg = {"paths": {"data_dir": str(tmp_path / "data"), "results_dir": str(tmp_path / "results")},
            "train": {"model": "tiny-vit", "teacher": None, "lock_image_epoch": None},
@@ -204,7 +204,7 @@ def test_snakemake_export_all_exports_every_exportable_run():
     import re
 
     from protoclip.config import load_config
-    from protoclip.models.export_openclip import exportable_runs
+    from protoclip.dag.stages import exportable_runs
 
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     out = subprocess.run([sys.executable, "-m", "snakemake", "export_all", "-n", "--quiet", "rules"], cwd=REPO, env=env,

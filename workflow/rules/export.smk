@@ -3,7 +3,7 @@
 # not read them) and no DVC stage: a folder per run is a hand-off, made on demand from the cached model.pt.
 from protoclip.models import export_openclip
 
-EXPORTABLE = export_openclip.exportable_runs(PROJECT)
+EXPORTABLE = dag_stages.exportable_runs(PROJECT)
 
 
 rule export:

@@ -305,3 +305,18 @@ def dvc_yaml_text(cfg, config_file: str) -> str:
     }
     body = yaml.safe_dump(doc, sort_keys=False, width=120)
     return header.format(cfg=config_file) + body
+
+
+def exportable_runs(cfg) -> list[str]:
+    """The configured runs ``protoclip export`` can write (the DAG's ``export_all`` target exports these), decided
+    from each run's config by its method's evaluation spec, as the train stage records it in model.pt."""
+    from protoclip.models.export_openclip import export_refusal
+    from protoclip.train.methods import method_class
+
+    out = []
+    for r in cfg.run_names():
+        tcfg = cfg.run(r)
+        spec = method_class(tcfg.method).eval_spec(tcfg)
+        if export_refusal(r, tcfg.method, spec["similarity"], int(tcfg.class_tokens)) is None:
+            out.append(r)
+    return out

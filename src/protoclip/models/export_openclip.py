@@ -80,20 +80,6 @@ def export_refusal(run: str, method: str | None, similarity: str, class_tokens: 
     return None
 
 
-def exportable_runs(cfg) -> list[str]:
-    """The configured runs ``protoclip export`` can write (the DAG's export target exports these), decided from
-    each run's config by its method's evaluation spec, as the train stage records it in model.pt."""
-    from protoclip.train.methods import method_class
-
-    out = []
-    for r in cfg.run_names():
-        tcfg = cfg.run(r)
-        spec = method_class(tcfg.method).eval_spec(tcfg)
-        if export_refusal(r, tcfg.method, spec["similarity"], int(tcfg.class_tokens)) is None:
-            out.append(r)
-    return out
-
-
 def export_notes(model, config: dict, spec) -> list[str]:
     """Why the run cannot be exported (raises :class:`ExportError`), else the notes that go with the export.
     ``spec``: the model file's :class:`~protoclip.models.checkpoint.EvalSpec`."""
@@ -151,5 +137,5 @@ def run_export(cfg, run: str, out: str | Path | None = None) -> Path:
 
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "ExportError", "export_dir", "export_notes", "export_openclip",
-           "export_refusal", "exportable_runs",
+           "export_refusal",
            "open_clip_model_cfg", "preprocess_cfg", "run_export"]
