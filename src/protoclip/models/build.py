@@ -27,6 +27,7 @@ from typing import Callable
 import open_clip
 import torch
 
+from protoclip.model_configs import image_step
 from protoclip.models.model import ProtoCLIPModel
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,7 @@ def architecture_overrides(cfg: dict, embed_dim: int | None, context_length: int
         out["text_cfg"] = {**cfg["text_cfg"], "context_length": int(context_length)}
     if image_size is not None and image_size != _image_size(cfg):
         vision = cfg["vision_cfg"]
-        # ModifiedResNet downsamples 32x (attention pool over (size/32)^2 positions); a ViT needs whole patches
-        step = vision["patch_size"] if vision.get("patch_size") else 32
+        step = image_step(vision)  # the rule the config loader checks (whole ViT patches, else 32)
         if image_size < step or image_size % step:
             raise ValueError(f"image_size must be a positive multiple of {step} for this architecture, got {image_size}")
         out["vision_cfg"] = {**vision, "image_size": int(image_size)}
