@@ -18,7 +18,9 @@ import torch
 import yaml
 
 from protoclip.cli import main
-from protoclip.config import ConfigError, load_config, read_yaml
+from protoclip.errors import ConfigError
+from protoclip.schema import read_yaml
+from protoclip.config import load_config
 
 # (key path under a run, bad value, the word the message must contain): each loaded without a word before
 BAD_VALUES = [

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from protoclip.config import ConfigError, load_config
+from protoclip.errors import ConfigError
+from protoclip.config import load_config
 from protoclip.train.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]

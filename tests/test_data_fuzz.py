@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import make_png
 
-from protoclip.config import ConfigError
+from protoclip.errors import ConfigError
 from protoclip.data.config import UserDataConfig
 from protoclip.data.pairs import read_image
 from protoclip.data.userdata import scan_csv, scan_wds

@@ -119,7 +119,7 @@ def test_image_text_dataset_reads_tar_members_with_open_clip_tokenizer(tmp_path)
 
 
 def test_empty_or_broken_manifest_is_a_config_error_naming_the_file(tmp_path):
-    from protoclip.config import ConfigError
+    from protoclip.errors import ConfigError
     from protoclip.data.manifest import to_frame, write_manifest
     from protoclip.layout import Layout
 

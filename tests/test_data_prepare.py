@@ -150,7 +150,7 @@ def test_config_rejects_bad_user_data_names():
 
 
 def test_unusable_user_file_stops_before_anything_prepared_is_touched(world):
-    from protoclip.config import ConfigError
+    from protoclip.errors import ConfigError
     cfg, layout = world
     prepare.run_prepare(cfg)
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in layout.prepared.rglob("*") if p.is_file()}

@@ -113,7 +113,7 @@ def test_csv_bad_rows_are_skipped_and_counted(tmp_path):
 
 def test_csv_without_the_caption_column_is_a_one_line_config_error(tmp_path, capsys):
     from protoclip.cli import main
-    from protoclip.config import ConfigError
+    from protoclip.errors import ConfigError
 
     (tmp_path / "p.csv").write_text("filepath,text\na.png,hello\n")
     cfg = UserDataConfig(name="c", format="csv", path=str(tmp_path / "p.csv"))
@@ -214,7 +214,7 @@ def test_webdataset_offsets_read_the_same_bytes_as_tarfile(tmp_path):
 
 
 def test_csv_unterminated_quote_is_one_line_naming_file_and_line(tmp_path):
-    from protoclip.config import ConfigError
+    from protoclip.errors import ConfigError
     make_png(tmp_path / "a.png", "red", "circle")
     make_png(tmp_path / "b.png", "blue", "square")
     (tmp_path / "p.csv").write_text('filepath,caption\na.png,a red circle\nb.png,"a blue\nb.png,swallowed\n'

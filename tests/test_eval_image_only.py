@@ -18,7 +18,7 @@ from protoclip.models import EvalSpec, build_model, read_eval_spec, save_model  
 
 def _save_as(layout, method: str) -> EvalSpec:
     """Re-save the fixture's model as trained by ``method`` (the spec its class writes at save time)."""
-    from protoclip.config import build
+    from protoclip.schema import build
     from protoclip.train.config import TrainConfig
 
     tcfg = build(TrainConfig, {"method": method, "lock_image_epoch": None})

@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 from protoclip import records
-from protoclip.config import ConfigError, PathsConfig, ProjectConfig
+from protoclip.errors import ConfigError
+from protoclip.config import PathsConfig, ProjectConfig
 from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import LabelledSet, load_eval_set
 from protoclip.evaluate.features import FeatureExtractor, encode_images

@@ -14,7 +14,9 @@ import pandas as pd
 import pytest
 import torch
 
-from protoclip.config import ConfigError, PathsConfig, ProjectConfig, build
+from protoclip.errors import ConfigError
+from protoclip.schema import build
+from protoclip.config import PathsConfig, ProjectConfig
 from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import (
     ArraySplit, FileSplit, LabelledSet, SubsetSplit, TorchvisionSplit, load_eval_set, stratified_indices,

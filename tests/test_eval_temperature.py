@@ -30,7 +30,7 @@ def _toy_set():
 
 
 def _features(tmp_path, cfg):
-    from protoclip.config import to_dict
+    from protoclip.schema import to_dict
     from protoclip.evaluate.features import FeatureExtractor
     from protoclip.models import save_model
     from protoclip.train.methods import method_class

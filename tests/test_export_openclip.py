@@ -21,7 +21,7 @@ from train_fixtures import WORDS, one_thread  # noqa: E402
 
 import open_clip  # noqa: E402
 
-from protoclip.config import to_dict  # noqa: E402
+from protoclip.schema import to_dict  # noqa: E402
 from protoclip.data.transforms import eval_transform  # noqa: E402
 from protoclip.models import build_model, get_tokenizer, load_model, save_model  # noqa: E402
 from protoclip.models.export_openclip import CONFIG_FILE, WEIGHTS_FILE, ExportError, export_openclip  # noqa: E402

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from protoclip.config import ConfigError, load_config
+from protoclip.errors import ConfigError
+from protoclip.config import load_config
 from protoclip.gpu_slots import GpuSlotsConfig, SlotError, acquire, configured_ids, try_acquire, visible_ids
 from protoclip.launch import evaluate_gpus, place, torchrun_args
 

@@ -16,7 +16,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import tiny_config  # noqa: E402
 
-from protoclip.config import ConfigError, build, load_config, to_dict  # noqa: E402
+from protoclip.errors import ConfigError  # noqa: E402
+from protoclip.schema import build, to_dict  # noqa: E402
+from protoclip.config import load_config  # noqa: E402
 from protoclip.models import EvalSpec, read_eval_spec, save_model  # noqa: E402
 from protoclip.models.checkpoint import legacy_eval_spec  # noqa: E402
 from protoclip.train.config import TrainConfig  # noqa: E402
@@ -96,7 +98,7 @@ def test_config_registry_check_does_not_import_torch(tmp_path):
     """The config loader consults the methods (names, rules, teacher needs) without importing torch."""
     import subprocess
 
-    code = ("import sys; from protoclip.config import build; from protoclip.train.config import TrainConfig; "
+    code = ("import sys; from protoclip.schema import build; from protoclip.train.config import TrainConfig; "
             "c = build(TrainConfig, {'method': 'protoclip', 'teacher': 't'}); assert c.reads_teacher(); "
             "import protoclip.train.methods; print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'numpy', 'open_clip')))")

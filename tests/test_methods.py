@@ -26,7 +26,8 @@ NEW = {  # the tiny settings of each new method
 
 
 def test_registry_holds_the_shipped_methods_and_the_config_checks_names_against_it():
-    from protoclip.config import ConfigError, build
+    from protoclip.errors import ConfigError
+    from protoclip.schema import build
     from protoclip.train.config import TrainConfig
 
     assert set(METHODS) >= {"clip", "protoclip", "nclip", "xclip", "pcl"}
@@ -194,7 +195,7 @@ def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
     similarity (nCLIP -CE / summed per-token cosine), checked against scores computed here from the model."""
     import numpy as np
 
-    from protoclip.config import to_dict
+    from protoclip.schema import to_dict
     from protoclip.data.transforms import eval_transform
     from protoclip.evaluate.config import EvaluateConfig
     from protoclip.evaluate.datasets import ArraySplit, CaptionSet, LabelledSet

@@ -17,7 +17,8 @@ import pytest
 import yaml
 from conftest import mark_evaluated
 
-from protoclip.config import ConfigError, load_config
+from protoclip.errors import ConfigError
+from protoclip.config import load_config
 from protoclip.layout import Layout
 from protoclip.report.figures import shared_subsample
 from protoclip.report.targets import evaluation_requests, target_outputs, targets

@@ -190,7 +190,8 @@ def test_log_every_thins_step_lines_but_not_episode_means(tmp_path, pairs):
 @pytest.mark.parametrize("bad", [{"lr": 0.0}, {"log_every": 0}, {"loss": {"tau_y": 0.0}},
                                  {"kmeans": {"images_per_prototype": 0}}, {"loss": {"clip_weight": -1.0}}])
 def test_config_validation_rejects(bad):
-    from protoclip.config import ConfigError, build, to_dict
+    from protoclip.errors import ConfigError
+    from protoclip.schema import build, to_dict
     from protoclip.train.config import TrainConfig
 
     data = to_dict(tiny_config())

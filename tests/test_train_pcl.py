@@ -56,7 +56,8 @@ def test_cluster_counts_scale_with_data():
 
 
 def test_config_rejects_locked_image_and_two_view_on_protoclip():
-    from protoclip.config import ConfigError, build
+    from protoclip.errors import ConfigError
+    from protoclip.schema import build
     from protoclip.train.config import TrainConfig
 
     with pytest.raises(ConfigError, match="lock_image_epoch"):

@@ -14,7 +14,8 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import WORDS, one_thread  # noqa: E402
 
-from protoclip.config import ConfigError, load_config  # noqa: E402
+from protoclip.errors import ConfigError  # noqa: E402
+from protoclip.config import load_config  # noqa: E402
 from protoclip.data.manifest import Pair, to_frame, write_manifest  # noqa: E402
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.records import read_train_log  # noqa: E402

@@ -21,7 +21,9 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import WORDS, RandomPairs, one_thread, tiny_config, tiny_model  # noqa: E402
 
-from protoclip.config import ConfigError, load_config, to_dict  # noqa: E402
+from protoclip.errors import ConfigError  # noqa: E402
+from protoclip.schema import to_dict  # noqa: E402
+from protoclip.config import load_config  # noqa: E402
 from protoclip.data.manifest import Pair, to_frame, write_manifest  # noqa: E402
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.train.checkpoint import CheckpointError, resume_key, resume_point, save_checkpoint  # noqa: E402

@@ -2,7 +2,8 @@
 import pandas as pd
 import pytest
 
-from protoclip.config import ConfigError, load_config
+from protoclip.errors import ConfigError
+from protoclip.config import load_config
 from protoclip.train.stage import subsample_pairs
 
 

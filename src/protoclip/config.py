@@ -1,19 +1,12 @@
-"""Typed, validated configuration: YAML -> dataclasses, checked up front.
+"""The project config: the YAML file every stage reads, composed from the sections of the packages that use them.
 
-Every stage reads one YAML file (default ``config/config.yaml``) into :class:`ProjectConfig`.
-Each section is a dataclass owned by the package that uses it (``protoclip.data.config``,
-``protoclip.teacher.config``, ...); this module only composes them and validates strictly:
-
-* an unknown key stops with ``<file>: unknown key 'train.lrr' (known: ...)``;
-* a wrong type stops with ``<file>: 'train.lr' must be float, got str ('abc')``; numbers written as
-  ``1e9`` (a string to PyYAML) are accepted, non-finite numbers (``.nan``, ``.inf``) are errors;
-* a configured input path that does not exist stops with a message naming the path
-  (see :func:`require_path`);
-* a YAML file with a repeated key (two ``train:`` blocks, a run declared twice) stops naming the key, the
-  file and both lines (PyYAML keeps the last one silently; :class:`StrictLoader`); a folder or a file that
-  is not UTF-8 stops naming the file;
-* every value is checked when the config loads, not seconds later inside the job: each section's
-  ``validate()`` (ranges, model architecture, device names), so a bad value is one line naming key and file.
+``load_config`` reads one file (default ``config/config.yaml``) and the experiment files it lists into a
+:class:`ProjectConfig`, strictly (:mod:`protoclip.schema`: unknown keys, wrong types, repeated YAML keys and
+bad values stop with one line naming key and file), and checks every run and target up front, not when
+a job starts. Each section is a dataclass owned by its package (``protoclip.data.config``,
+``protoclip.teacher.config``, ``protoclip.train.config``, ``protoclip.evaluate.config``,
+``protoclip.report.config``, ...); this module only composes them, so it stands above them all and is
+imported by the CLI, ``protoclip.dag`` and the stage entry points only.
 
 Runs (``runs:`` in the experiment files listed under ``experiments:``) are overrides merged
 onto the ``train:`` defaults, so every run's resolved config is a complete ``TrainConfig``.
@@ -24,263 +17,19 @@ onto the ``train:`` defaults, so every run's resolved config is a complete ``Tra
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
-import math
-import re
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
-import yaml
-
-from protoclip.errors import UserError
-
-
-class ConfigError(UserError):
-    """A configuration problem; the message names the file and the key."""
-
-    kind = "config error"
-
-
-# --------------------------------------------------------------------------- strict builder
-def _type_name(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in get_args(tp))
-    if origin is not None:
-        return f"{getattr(origin, '__name__', origin)}[{', '.join(_type_name(a) for a in get_args(tp))}]"
-    return getattr(tp, "__name__", str(tp))
-
-
-# PyYAML implements YAML 1.1, whose float pattern needs a dot and a signed exponent: ``1e9``, ``5e-4`` and
-# ``2E5`` load as *strings*, although users (and YAML 1.2) read them as numbers. Numeric fields accept such
-# strings when Python's float() parses them; '.nan' / '.inf' (and 'nan', 'inf') parse too and are then
-# rejected as non-finite with the key named.
-_NUMBER = re.compile(r"[+-]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][+-]?\d+)?")
-
-
-def _number(value: Any) -> int | float | None:
-    """``value`` as an int/float if a user wrote a number (YAML 1.1 or 1.2 spelling), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return value
-    if isinstance(value, str):
-        text = value.strip()
-        if _NUMBER.fullmatch(text):
-            number = float(text.replace("_", ""))
-            return int(number) if number.is_integer() and not re.search(r"[.eE]", text) else number
-        if text.lower().lstrip("+-") in (".nan", "nan", ".inf", "inf", "infinity"):
-            return float(text.lower().replace(".", ""))
-    return None
-
-
-def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
-    """Check ``value`` against annotation ``tp`` and build nested dataclasses."""
-    origin = get_origin(tp)
-    bad = ConfigError(f"{where}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({value!r})")
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        args = get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, key, where)
-            except ConfigError:
-                pass  # the next type of the union; none fits: `bad` names the union
-        raise bad
-    if origin is Literal:
-        if value in get_args(tp):
-            return value
-        raise bad
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise bad
-        return build(tp, value, where, prefix=f"{key}.")
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise bad
-        args = get_args(tp) or (Any,)
-        if origin is tuple and Ellipsis not in args and len(value) != len(args):  # tuple[float, float]: 2 values
-            raise ConfigError(f"{where}: '{key}' must have {len(args)} values, got {len(value)} ({value!r})")
-        item_tp = args[0]
-        items = [_coerce(item_tp, v, f"{key}[{i}]", where) for i, v in enumerate(value)]
-        return items if origin is list else tuple(items)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise bad
-        key_tp, val_tp = get_args(tp) or (Any, Any)
-        return {k: _coerce(val_tp, v, f"{key}.{k}", where) for k, v in value.items()}
-    if tp is float:
-        number = _number(value)
-        if number is None:
-            raise bad
-        if not math.isfinite(number):
-            raise ConfigError(f"{where}: '{key}' must be a finite number, got {value!r}")
-        return float(number)
-    if tp is int:
-        number = _number(value)
-        if number is None:
-            raise bad
-        if isinstance(number, float):
-            if not math.isfinite(number):
-                raise ConfigError(f"{where}: '{key}' must be a finite integer, got {value!r}")
-            if not number.is_integer():
-                raise ConfigError(f"{where}: '{key}' must be an integer, got {value!r}")
-            number = int(number)
-        return number
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise bad
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise bad
-        return value
-    if tp in (dict, list):  # bare container: type checked, contents checked where they are used
-        if not isinstance(value, tp):
-            raise bad
-        return value
-    if tp is Path:
-        if not isinstance(value, (str, Path)):
-            raise bad
-        return Path(value)
-    raise ConfigError(f"{where}: '{key}' has an unsupported annotation {_type_name(tp)}")
-
-
-def build(cls: type, data: dict | None, where: str = "<config>", prefix: str = ""):
-    """Build dataclass ``cls`` from ``data`` strictly: unknown keys and wrong types are errors."""
-    data = {} if data is None else data
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: '{prefix.rstrip('.') or '<top>'}' must be a mapping, got {type(data).__name__}")
-    hints = get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown key '{prefix}{unknown[0]}' (known keys of '{prefix.rstrip('.') or '<top>'}': "
-            f"{', '.join(names)})"
-        )
-    kwargs = {name: _coerce(hints[name], data[name], prefix + name, where) for name in names if name in data}
-    try:
-        obj = cls(**kwargs)
-    except TypeError as err:  # a required field is missing
-        raise ConfigError(f"{where}: {prefix or ''}{err}") from None
-    check = getattr(obj, "validate", None)
-    if callable(check):
-        try:
-            check()
-        except ValueError as err:
-            raise ConfigError(f"{where}: {prefix}{err}") from None
-    return obj
-
-
-def to_dict(obj: Any) -> Any:
-    """Dataclass tree -> plain YAML-able dict (Paths become strings)."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
-def deep_merge(base: dict, override: dict) -> dict:
-    """Recursive dict merge; ``override`` wins. Inputs are not modified."""
-    out = copy.deepcopy(base)
-    for k, v in (override or {}).items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
-
-
-def require_path(path: str | Path, what: str) -> Path:
-    """Return ``path`` if it exists, else stop with a message naming it."""
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"{what}: input path not found: {p}")
-    return p
-
-
-class DuplicateKeyError(yaml.MarkedYAMLError):
-    """A mapping repeats a key (raised by :class:`StrictLoader`)."""
-
-
-class StrictLoader(yaml.SafeLoader):
-    """PyYAML's SafeLoader that refuses a key repeated in one mapping.
-
-    YAML 1.2 requires mapping keys to be unique, but PyYAML keeps the last value without a word, so a second
-    ``train:`` block silently replaces the first. Keys merged in with ``<<: *anchor`` may be overridden (that
-    is what merge keys are for); only keys written twice in the same mapping are errors.
-    """
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.get(key)
-                except TypeError:  # an unhashable key: SafeConstructor reports it
-                    continue
-                if first is not None:
-                    raise DuplicateKeyError(
-                        None, None, f"key '{key}' is repeated (first at line {first.line + 1}); PyYAML would "
-                        "silently keep the last one", key_node.start_mark)
-                seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_yaml(path: str | Path) -> dict:
-    """The mapping in YAML file ``path``; a missing file, a folder, non-UTF-8 bytes, invalid YAML or a repeated
-    key stops with a :class:`ConfigError` naming the file (and the line)."""
-    p = require_path(path, "config")
-    if p.is_dir():
-        raise ConfigError(f"{p}: is a folder, not a YAML file")
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {err.start}: {err.object[err.start:err.start + 1]!r})") from None
-    except OSError as err:
-        raise ConfigError(f"{p}: cannot be read ({err.strerror or err})") from None
-    try:
-        data = yaml.load(text, Loader=StrictLoader) or {}
-    except DuplicateKeyError as err:
-        raise ConfigError(f"{p}: line {err.problem_mark.line + 1}: {err.problem}") from None
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        what = "; ".join(str(x) for x in (err.context, err.problem) if x)
-        raise ConfigError(f"{p}: {where}not valid YAML: {' '.join(what.split())}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{p}: not valid YAML: {' '.join(str(err).split())}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: top level must be a mapping")
-    return data
-
-
-# --------------------------------------------------------------------------- project config
-from protoclip.data.config import PrepareConfig  # noqa: E402  (sections live with their packages)
-from protoclip.gpu_slots import GpuSlotsConfig  # noqa: E402
-from protoclip.evaluate.config import EvaluateConfig  # noqa: E402
-from protoclip.teacher.config import TeacherConfig  # noqa: E402
-from protoclip.toy.config import ToyConfig  # noqa: E402
-from protoclip.train.config import TrainConfig  # noqa: E402
+from protoclip.data.config import PrepareConfig
+from protoclip.errors import ConfigError
+from protoclip.evaluate.config import EvaluateConfig
+from protoclip.gpu_slots import GpuSlotsConfig
+from protoclip.report.targets import TargetConfig
+from protoclip.schema import build, deep_merge, read_yaml, to_dict
+from protoclip.teacher.config import TeacherConfig
+from protoclip.toy.config import ToyConfig
+from protoclip.train.config import TrainConfig
 
 
 @dataclass
@@ -376,8 +125,6 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
     A run declared in several experiment files (shared by several targets) is trained once: its
     definitions must be identical, else it is an error naming both files.
     """
-    from protoclip.report.targets import TargetConfig
-
     path = Path(path)
     data = deep_merge(read_yaml(path), overrides or {})
     cfg = build(ProjectConfig, data, str(path))
@@ -434,7 +181,4 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
     return cfg
 
 
-__all__ = [
-    "ConfigError", "ProjectConfig", "PathsConfig", "build", "to_dict", "deep_merge", "load_config",
-    "require_path", "read_yaml", "expand_seeds", "StrictLoader", "UserError",
-]
+__all__ = ["ProjectConfig", "PathsConfig", "load_config", "expand_seeds"]

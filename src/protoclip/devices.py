@@ -15,6 +15,8 @@ import os
 import re
 from typing import TYPE_CHECKING
 
+from protoclip.errors import ConfigError
+
 if TYPE_CHECKING:
     import torch
 
@@ -33,8 +35,6 @@ def check_device_name(device: str) -> None:
 def resolve_device(device: str) -> torch.device:
     """'auto' -> cuda when available, else cpu; 'cuda[:N]' only when that GPU is visible."""
     import torch
-
-    from protoclip.config import ConfigError  # here: the section configs import this module
 
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

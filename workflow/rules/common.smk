@@ -4,7 +4,9 @@
 import json
 import sys
 
-from protoclip.config import ConfigError, load_config, to_dict
+from protoclip.errors import ConfigError
+from protoclip.schema import to_dict
+from protoclip.config import load_config
 from protoclip.layout import Layout
 from protoclip import launch
 from protoclip.dag import dvc_sync, snakemake as dag_snakemake, stages as dag_stages

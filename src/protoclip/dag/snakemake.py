@@ -11,6 +11,7 @@ from pathlib import Path
 
 from protoclip.dag.stages import Out
 from protoclip.layout import Layout
+from protoclip.schema import read_yaml
 
 
 def outputs(targets: dict[str, Out], directory) -> dict:
@@ -60,7 +61,6 @@ def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_co
     """
     import yaml
 
-    from protoclip.config import read_yaml
 
     base = read_yaml(default_file)
     if merged == base:

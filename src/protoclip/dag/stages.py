@@ -26,6 +26,7 @@ from pathlib import Path
 from protoclip.evaluate.config import EvaluateConfig
 from protoclip.evaluate.datasets import HELDOUT, eval_data_path, missing_reason
 from protoclip.layout import Layout
+from protoclip.schema import read_yaml
 
 CODE = "src/protoclip"  # every stage runs this package: a DVC dep of each stage
 
@@ -88,7 +89,6 @@ def norm_path(p) -> str:
 def _params(config_file: str, *keys: str) -> list:
     """DVC params entry for the dotted ``keys`` that ``config_file`` sets (DVC reports a key the file does not
     set as changed forever; a default that is not in the file is code, covered by the CODE dep)."""
-    from protoclip.config import read_yaml
 
     data = read_yaml(config_file)
 

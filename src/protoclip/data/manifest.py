@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from protoclip.atomic import atomic_path
-from protoclip.config import ConfigError
+from protoclip.errors import ConfigError
 
 COLUMNS = ["id", "path", "caption", "source", "label", "sha256", "split", "licence", "offset", "size"]
 INT_COLUMNS = ("offset", "size")

@@ -25,7 +25,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-from protoclip.config import ConfigError
+from protoclip.errors import ConfigError
 from protoclip.data.reading import SEP, TarCache, read_image  # noqa: F401  (re-exported)
 from protoclip.data.manifest import read_manifest
 from protoclip.layout import Layout

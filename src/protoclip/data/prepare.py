@@ -29,7 +29,7 @@ import shutil
 from pathlib import Path
 
 from protoclip.atomic import clean_stale_temps, write_json
-from protoclip.config import to_dict
+from protoclip.schema import to_dict
 from protoclip.data import debs, emoji, evalsets, openclipart, tuxpaint, userdata
 from protoclip.data.captions import english_lexicon
 from protoclip.data.config import PrepareConfig

@@ -27,7 +27,7 @@ import tarfile
 
 from PIL import Image
 
-from protoclip.config import ConfigError
+from protoclip.errors import ConfigError
 
 SEP = "::"  # manifest path of a tar member: <shard.tar>::<member>
 MAX_OPEN_SHARDS = 64  # open shard files kept per process (least recently used closed first)

@@ -39,7 +39,7 @@ from pathlib import Path
 from braceexpand import braceexpand
 from tqdm import tqdm
 
-from protoclip.config import ConfigError
+from protoclip.errors import ConfigError
 from protoclip.data.captions import CaptionError, decode_caption
 from protoclip.data.config import UserDataConfig
 from protoclip.data.images import open_image_bytes

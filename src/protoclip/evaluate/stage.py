@@ -45,7 +45,8 @@ import numpy as np
 
 from protoclip import completion, records
 from protoclip.atomic import clean_stale_temps_of
-from protoclip.config import ConfigError, require_path
+from protoclip.errors import ConfigError
+from protoclip.schema import require_path
 from protoclip.evaluate.config import NOT_APPLICABLE, TASKS, EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import (HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set,
                                          missing_reason)

@@ -128,7 +128,7 @@ def export_openclip(model_path: str | Path, out_dir: str | Path) -> Path:
 
 def run_export(cfg, run: str, out: str | Path | None = None) -> Path:
     """``protoclip export``: the run's ``model.pt`` -> ``out`` (default :func:`export_dir`)."""
-    from protoclip.config import require_path
+    from protoclip.schema import require_path
     from protoclip.layout import Layout
 
     cfg.run(run)  # an unknown run is a config error naming the defined ones

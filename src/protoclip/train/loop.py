@@ -14,7 +14,7 @@ reaches the same weights as an uninterrupted run (the resume policy: :mod:`proto
 run trained from scratch first removes the run's old ``model.pt`` and checkpoint, so a failed retrain never leaves
 a model of another config beside the new one (as Snakemake and DVC delete outputs before a rerun). A config
 whose episodes would hold no batch of two items (batch or episode size 1) stops before training with a
-:class:`~protoclip.config.ConfigError`. A non-finite loss term, gradient norm or k-means feature stops the run
+:class:`~protoclip.errors.ConfigError`. A non-finite loss term, gradient norm or k-means feature stops the run
 with :class:`NonFiniteLossError` naming step, episode and term, non-finite weights or optimizer state before a
 save with :class:`~protoclip.train.checkpoint.NonFiniteStateError` (both
 :class:`~protoclip.train.checkpoint.TrainingStopped`: one line, exit 2 through the CLI); the last checkpoint is
@@ -47,7 +47,8 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from protoclip.atomic import write_text
-from protoclip.config import ConfigError, to_dict
+from protoclip.errors import ConfigError
+from protoclip.schema import to_dict
 from protoclip.devices import resolve_device
 from protoclip.layout import Layout
 from protoclip.losses.proto import NonFiniteFeaturesError

@@ -25,7 +25,9 @@ import numpy as np
 import torch
 
 from protoclip.atomic import clean_stale_temps_of, write_json
-from protoclip.config import ConfigError, ProjectConfig, to_dict
+from protoclip.errors import ConfigError
+from protoclip.schema import to_dict
+from protoclip.config import ProjectConfig
 from protoclip.layout import Layout
 from protoclip.tracking import Tracker, training_run
 from protoclip.train.config import TrainConfig
