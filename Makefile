@@ -34,9 +34,15 @@ checkout: $(STAMP)
 	PATH=$(BIN):$$PATH dvc status --quiet || { echo "outputs differ from dvc.lock: run 'make run'"; exit 1; }
 	PATH=$(BIN):$$PATH snakemake --touch --forceall --cores 1 --quiet
 
-# The tests (what CI runs through .ci/run).
-test: $(STAMP)
+# The tests (what CI runs through .ci/run), with what they start: the MLflow tracking server's packages (pip extra
+# `tracking-server`) and, as root, Debian's PostgreSQL (.ci/install-postgresql; each step does nothing when done).
+test: $(VENV)/.installed-tracking-server
+	.ci/install-postgresql
 	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q
+
+$(VENV)/.installed-tracking-server: $(STAMP)
+	$(BIN)/python -m pip install -qq -e '.[tracking-server]'
+	touch $@
 
 lint: $(STAMP)
 	PATH=$(BIN):$$PATH snakemake --lint
