@@ -123,6 +123,20 @@ def test_concurrent_jobs_on_the_sqlite_default_lose_nothing(tmp_path):
     check_everything_logged(uri, env)
 
 
+def test_a_job_that_loses_the_race_to_create_the_experiment_takes_the_winners(tmp_path):
+    """On a server the first jobs create the experiment at once (no file lock there): the losers' create answers
+    RESOURCE_ALREADY_EXISTS and they log into the winner's experiment."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from protoclip.tracking import _create_experiment
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient()
+    winner = client.create_experiment("cluster")
+    assert _create_experiment(mlflow, client, "cluster") == winner
+
+
 # --------------------------------------------------------------------------- a cluster: server + PostgreSQL
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
