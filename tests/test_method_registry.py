@@ -149,7 +149,8 @@ def test_toy_method_trains_and_evaluates_through_the_normal_path(tmp_path, monke
     from test_eval_stage import RecordingTracker, _digits_npz
     from test_train_stage import _project
 
-    from protoclip.evaluate.config import NOT_APPLICABLE, EvalDatasetConfig, EvaluateConfig
+    from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
+    from protoclip.tasks import NOT_APPLICABLE
     from protoclip.evaluate.stage import run_evaluate
     from protoclip.layout import Layout
     from protoclip.records import read_train_log as read_log

@@ -24,11 +24,12 @@ import pandas as pd
 from protoclip import records
 from protoclip.atomic import atomic_path, clean_stale_temps, write_text
 from protoclip.layout import Layout
+from protoclip.tasks import HEADLINE
 
 log = logging.getLogger(__name__)
 
 # task -> metrics shown in its generic table (first = headline): every task but t-SNE, whose output is a figure
-TABLE_METRICS = {task: metrics for task, metrics in records.HEADLINE.items() if task != "tsne"}
+TABLE_METRICS = {task: metrics for task, metrics in HEADLINE.items() if task != "tsne"}
 
 
 def collect_metrics(layout: Layout, runs: list[str]) -> pd.DataFrame:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from protoclip.evaluate.config import TASKS as EVAL_TASKS
+from protoclip.tasks import TASKS as EVAL_TASKS
 from protoclip.layout import Layout
 
 SPECIAL_TASKS = ("epochs",)  # computed from train logs, not metrics files
