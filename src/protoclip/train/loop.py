@@ -51,7 +51,7 @@ from protoclip.errors import ConfigError
 from protoclip.schema import to_dict
 from protoclip.devices import resolve_device
 from protoclip.layout import Layout
-from protoclip.losses.proto import NonFiniteFeaturesError
+from protoclip.prototypes.episode import NonFiniteFeaturesError
 from protoclip.provenance import provenance
 from protoclip.records import TrainLog
 from protoclip.tracking import Tracker
