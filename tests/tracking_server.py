@@ -171,7 +171,10 @@ class MlflowServer:
         """The README's server command, on this PostgreSQL and a free loopback port."""
         cmd = [str(Path(sys.executable).with_name("mlflow")), "server",
                "--backend-store-uri", self.pg.uri("mlflow"), "--artifacts-destination", str(self.root / "artifacts"),
-               "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
+               "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers),
+               # uvicorn restarts a worker that misses a 5 s health check, mid-request: on a busy host (16 jobs
+               # starting at once on 2 cores here) workers were killed in a loop
+               "--uvicorn-opts", "--timeout-worker-healthcheck 120"]
         return cmd + (["--app-name", "basic-auth"] if self.auth else [])
 
     def server_env(self) -> dict:
