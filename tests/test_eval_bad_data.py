@@ -72,15 +72,18 @@ def _folder_set(root: Path) -> str:
 
 
 def _dtd_set(root: Path) -> str:
-    """torchvision's DTD layout (47 classes, one image each) with one non-image file."""
+    """torchvision's DTD layout (the 47 classes, one image each) with one non-image file."""
+    from protoclip.evaluate.prompts import load_prompts
+
     base = root / "dtd" / "dtd"
     (base / "labels").mkdir(parents=True)
     lines = []
-    for c in range(47):
-        (base / "images" / f"c{c:02d}").mkdir(parents=True)
-        (base / "images" / f"c{c:02d}" / "0.jpg").write_bytes(_png(c))
-        lines.append(f"c{c:02d}/0.jpg")
-    bad = base / "images" / "c05" / "0.jpg"
+    classes = load_prompts("dtd").classnames
+    for c, name in enumerate(classes):
+        (base / "images" / name).mkdir(parents=True)
+        (base / "images" / name / "0.jpg").write_bytes(_png(c))
+        lines.append(f"{name}/0.jpg")
+    bad = base / "images" / classes[5] / "0.jpg"
     bad.write_bytes(b"GIF89a cut")
     for s in ("train1", "test1"):
         (base / "labels" / f"{s}.txt").write_text("\n".join(lines) + "\n")

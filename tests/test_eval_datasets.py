@@ -195,13 +195,9 @@ def test_folder_tree_classnames_txt_and_numeric_folders(tmp_path):
 
 
 def test_imagenet_folder_tree_with_wnids(tmp_path):
-    wnids = [f"n{i:08d}" for i in range(1000)]
-    for w in wnids[:3] + wnids[-1:]:
-        (tmp_path / "val" / w).mkdir(parents=True)
-    for w in wnids[3:-1]:  # the others exist but are empty: only the count and order matter
-        (tmp_path / "val" / w).mkdir(parents=True)
-    _write_png(tmp_path / "val" / wnids[21] / "x.JPEG", 3)
-    _write_png(tmp_path / "val" / wnids[999] / "y.JPEG", 4)
+    wnids = load_prompts("imagenet").wnids  # the 1000 classes' WordNet ids, in label order
+    _write_png(tmp_path / "val" / wnids[21] / "x.JPEG", 3)  # a partial tree: labels come from the wnid, not the
+    _write_png(tmp_path / "val" / wnids[999] / "y.JPEG", 4)  # folder's rank among the folders present
     ds = load_eval_set("imagenet", EvalDatasetConfig(kind="torchvision", path=str(tmp_path)), Layout(tmp_path))
     assert ds.classnames[21] == "kite (bird of prey)"
     assert [y for _, y in ds.test] == [21, 999]
@@ -248,27 +244,28 @@ def test_coco_captions_val2017(tmp_path):
                            for i in (1, 2, 3) for j in range(2)]}
     (tmp_path / "annotations").mkdir()
     (tmp_path / "annotations" / "captions_val2017.json").write_text(json.dumps(ann))
-    ds = load_eval_set("coco", EvalDatasetConfig(kind="coco", path=str(tmp_path)), Layout(tmp_path))
+    ds = load_eval_set("coco", EvalDatasetConfig(kind="coco", path=str(tmp_path), split="val2017"), Layout(tmp_path))
     assert isinstance(ds, CaptionSet)
     assert ds.captions == [[f"img {i} cap 0", f"img {i} cap 1"] for i in (1, 2, 3)]  # sorted by image id
     assert list(ds.text_to_image) == [0, 0, 1, 1, 2, 2]
     assert [_mean(im) for im, _ in ds.images] == [51, 52, 50]
 
 
-def test_coco_karpathy_split_preferred(tmp_path):
+def test_coco_karpathy_split(tmp_path):
     _coco_images(tmp_path, "val2014", ["a.jpg", "b.jpg", "c.jpg"])
     imgs = [{"filepath": "val2014", "filename": f, "split": s,
              "sentences": [{"raw": f"{f} one"}, {"raw": f"{f} two"}]}
             for f, s in (("a.jpg", "test"), ("b.jpg", "train"), ("c.jpg", "test"))]
     (tmp_path / "dataset_coco.json").write_text(json.dumps({"images": imgs}))
-    ds = load_eval_set("coco", EvalDatasetConfig(kind="coco", path=str(tmp_path)), Layout(tmp_path))
+    ds = load_eval_set("coco", EvalDatasetConfig(kind="coco", path=str(tmp_path), split="karpathy_test"),
+                       Layout(tmp_path))
     assert ds.captions == [["a.jpg one", "a.jpg two"], ["c.jpg one", "c.jpg two"]]
     assert [_mean(im) for im, _ in ds.images] == [50, 52]
 
 
 def test_reads_the_digits_set_prepare_writes(tmp_path):
     """Contract with protoclip.data: the npz that `prepare` writes is what the evaluator reads."""
-    evalsets = pytest.importorskip("protoclip.data.evalsets")
+    from protoclip.data import evalsets
     layout = Layout(tmp_path / "data", tmp_path / "results")
     arrays = evalsets.build_digits()
     evalsets.save_eval_set(layout.eval_set("digits"), arrays)

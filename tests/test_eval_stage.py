@@ -20,8 +20,8 @@ from protoclip.evaluate.features import FeatureExtractor, encode_images
 from protoclip.evaluate.stage import not_applicable, run_collect, run_evaluate, static_tasks, summary_table
 from protoclip.hashing import sha256_file
 from protoclip.layout import Layout
+from protoclip import models
 
-models = pytest.importorskip("protoclip.models")
 RUN = "tiny"
 
 

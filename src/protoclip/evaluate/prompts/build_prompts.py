@@ -10,7 +10,8 @@ Sources (ProtoCLIP Sec. IV-C1: "class names and prompt templates are consistent 
 explanations to some classes, e.g. 'kite' -> 'kite (bird of prey)', are added following CLOOB"):
 
 * ImageNet: ``open_clip.zero_shot_metadata`` (``IMAGENET_CLASSNAMES``, ``OPENAI_IMAGENET_TEMPLATES``, the
-  80 templates of CLIP's ImageNet notebook). open_clip's class names are the CLIP notebook names with the
+  80 templates of CLIP's ImageNet notebook), and the WordNet ids of the classes in label order (``wnids``, from
+  CLIP_benchmark's ``all_imagenet_wordnet_ids``): what the data on disk names its classes by. open_clip's class names are the CLIP notebook names with the
   CLOOB-era disambiguations already in (``kite (bird of prey)``, ``crane bird`` / ``construction crane``,
   ...), which is what the ProtoCLIP code (megvii-research/protoclip, ``zero_shot.py``) uses too. The
   disambiguations the paper names are listed in :data:`FIXES` and asserted / applied here, so the JSON
@@ -88,10 +89,14 @@ def parse_clip_prompts(text: str) -> dict[str, dict[str, list[str]]]:
 
 
 def imagenet_entry() -> dict[str, list[str]]:
+    from clip_benchmark.datasets.builder import all_imagenet_wordnet_ids
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
 
     templates = [t("{}") for t in OPENAI_IMAGENET_TEMPLATES]  # the lambdas, rendered with a placeholder
-    return {"classnames": list(IMAGENET_CLASSNAMES), "templates": templates}
+    wnids = list(all_imagenet_wordnet_ids)  # label order: the sorted WordNet ids (torchvision's ImageNet targets)
+    if wnids != sorted(wnids) or len(wnids) != len(IMAGENET_CLASSNAMES):
+        raise ValueError("CLIP_benchmark's ImageNet wnids are not the 1000 sorted ids of the class names")
+    return {"classnames": list(IMAGENET_CLASSNAMES), "templates": templates, "wnids": wnids}
 
 
 def apply_fixes(name: str, classnames: list[str]) -> tuple[list[str], list[dict]]:
@@ -123,6 +128,7 @@ def build(reference: Path) -> dict:
         if len(names) != expected[key]:
             raise ValueError(f"{key}: {len(names)} classes, expected {expected[key]} (ProtoCLIP Table II)")
         entries[key] = {"classnames": names, "templates": list(entry["templates"]), "fixes": fixes,
+                        **({"wnids": entry["wnids"]} if "wnids" in entry else {}),
                         "source": "open_clip.zero_shot_metadata" if key == "imagenet" else
                         f"CLIP clip-prompts.md '## {CLIP_SECTIONS[key][0]}'"}
     entries["fashion_mnist"] = {"classnames": FASHION_MNIST_CLASSES, "templates": FASHION_MNIST_TEMPLATES,
