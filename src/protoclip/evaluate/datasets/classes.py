@@ -45,7 +45,7 @@ def reorder(name: str, known: list[str], data_names: list[str], source: str) -> 
     by_key = {norm(c): c for c in known}
     if [norm(c) for c in known] == [norm(d) for d in data_names]:
         return list(known)
-    if len(by_key) == len(known) and Counter(by_key) == Counter(norm(d) for d in data_names):
+    if len(by_key) == len(known) and Counter(map(norm, known)) == Counter(map(norm, data_names)):
         log.info("%s: the prompt class names follow the data's label order (%s), not the prompts file's",
                  name, source)
         return [by_key[norm(d)] for d in data_names]
