@@ -369,6 +369,18 @@ def _png_bytes(img: Image.Image) -> bytes:
     return buf.getvalue()
 
 
+def test_imagenet_flat_val_with_torchvisions_meta_bin(tmp_path):
+    import torch
+
+    s = Serials()
+    images = _imagenet_images(s)
+    for fname, _, data in images:
+        _write(tmp_path / "val" / fname, data)
+    torch.save(({w: (n,) for w, n in zip(WNIDS, NAMES)}, [WNIDS[c] for _, c, _ in images]), tmp_path / "meta.bin")
+    ds = _load("imagenet", "torchvision", tmp_path, tasks=["zeroshot"])
+    assert s.check(ds) == 12 and [y for _, y in ds.test] == [c for _, c, _ in images]
+
+
 def test_imagenet_flat_val_without_labels_is_one_line(tmp_path):
     s = Serials()
     for fname, _, data in _imagenet_images(s):

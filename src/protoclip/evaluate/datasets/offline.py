@@ -100,7 +100,7 @@ def load_heldout_pairs(layout: Layout, manifest: Path | None = None) -> Labelled
     df["label"] = df["label"].fillna("").astype(str)
     held = df[df["split"] == "heldout"].reset_index(drop=True)
     if held.empty:
-        raise ValueError(f"{manifest}: no rows with split == 'heldout'")
+        raise EvalDataError(f"{manifest}: no rows with split == 'heldout'; rerun `protoclip prepare`")
     captions = CaptionSet(HELDOUT, FileSplit(list(held["path"]), list(range(len(held)))),
                           [[str(c)] for c in held["caption"]], source=fingerprint(manifest))
     lab_test = held[held["label"] != ""]

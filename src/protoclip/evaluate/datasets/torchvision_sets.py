@@ -26,6 +26,7 @@ in the data's label order and checked against the data's own names (:mod:`.class
 """
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,11 @@ def build_split(spec: TvSet, root: Path, split: str) -> Any:
         return spec.build(str(root), split)
     except (RuntimeError, FileNotFoundError) as err:  # "Dataset not found ...", or a split's list file
         raise SplitNotFound(f"{type(err).__name__}: {err}") from None
+    # a list, label or pickle file that is there but cut or foreign (pickle, json, scipy.io, csv parsing)
+    except (ValueError, KeyError, IndexError, TypeError, EOFError, OSError, pickle.UnpicklingError) as err:
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise EvalDataError(f"{root / spec.folder}: torchvision cannot read the {split} split ({type(err).__name__}: "
+                            f"{text}); the files are cut or not {spec.folder}'s") from None
 
 
 def load_torchvision(name: str, path: Path, need_train: bool = True) -> LabelledSet:
