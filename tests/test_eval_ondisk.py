@@ -546,3 +546,17 @@ def test_flickr30k_karpathy_test(fmt, tmp_path):
     ds = _load("flickr30k", "flickr30k", tmp_path, split="karpathy_test")
     assert [s.names[Serials.serial_of(img)] for img, _ in ds.images] == test
     assert ds.captions == [[f"{f}, a dog", f"{f} b"] for f in test]
+
+
+def test_retrieval_split_is_a_required_config_setting():
+    from protoclip.errors import ConfigError
+    from protoclip.evaluate.config import EvaluateConfig
+    from protoclip.schema import build
+
+    with pytest.raises(ConfigError, match=r"evaluate\.datasets\.mscoco\.split must be one of karpathy_test, val2017"):
+        build(EvaluateConfig, {"datasets": {"mscoco": {"kind": "coco", "path": "/x"}}}, "cfg.yaml", "evaluate.")
+    with pytest.raises(ConfigError, match="split applies to kinds coco / flickr30k only"):
+        build(EvaluateConfig, {"datasets": {"dtd": {"kind": "torchvision", "split": "val2017"}}}, "cfg.yaml",
+              "evaluate.")
+    ok = build(EvaluateConfig, {"datasets": {"f": {"kind": "flickr30k", "split": "karpathy_test"}}}, "c", "evaluate.")
+    assert ok.datasets["f"].split == "karpathy_test"

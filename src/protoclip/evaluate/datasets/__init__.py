@@ -41,8 +41,7 @@ from protoclip.evaluate.datasets.subsample import (cheap_labels, stratified_indi
 from protoclip.evaluate.datasets.torchvision_sets import load_torchvision
 from protoclip.evaluate.datasets.wds import load_wds
 from protoclip.layout import Layout
-
-PROBE_TASKS = ("linear", "knn")  # the tasks that read a train split
+from protoclip.tasks import PROBE_TASKS
 
 LOADERS: dict[str, Callable[[str, Path, EvalDatasetConfig, bool], EvalSet]] = {
     "torchvision": lambda name, root, cfg, train: load_torchvision(name, root, train),
@@ -103,7 +102,7 @@ def _open_eval_set(name: str, cfg: EvalDatasetConfig, layout: Layout, need_train
 
 
 __all__ = [
-    "HELDOUT", "HELDOUT_TEMPLATES", "PROBE_TASKS", "ArraySplit", "CaptionSet", "EvalDataError", "EvalSet",
+    "HELDOUT", "HELDOUT_TEMPLATES", "ArraySplit", "CaptionSet", "EvalDataError", "EvalSet",
     "FileSplit", "ImageSplit", "LabelledSet", "Skipped", "SubsetSplit", "TorchvisionSplit", "WdsSplit", "cheap_labels",
     "eval_data_path", "label_words", "load_eval_set", "load_heldout_pairs", "load_offline_npz", "missing_reason",
     "stratified_indices", "subsample_indices", "subsample_set", "to_rgb",

@@ -17,13 +17,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from protoclip.train.methods.base import EpisodeData, register
+from protoclip.train.config import TrainConfig
+from protoclip.train.methods.base import EpisodeData
+from protoclip.train.registry import register
 from protoclip.train.methods.clip import CLIPMethod
 
 if TYPE_CHECKING:
     import torch
 
-    from protoclip.train.config import TrainConfig
     from protoclip.train.distributed import DistInfo
     from protoclip.train.episode import EpisodeFeatures
 
