@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from protoclip.errors import UserError
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.datasets import (
     HELDOUT_TEMPLATES, CaptionSet, LabelledSet, Skipped, label_words, load_eval_set,
@@ -192,6 +193,21 @@ def test_folder_tree_classnames_txt_and_numeric_folders(tmp_path):
     ds = load_eval_set("birdsnap", EvalDatasetConfig(kind="folder", path=str(tmp_path)), Layout(tmp_path))
     assert ds.classnames == ["Coopers Hawk", "Northern Goshawk"]
     assert ds.templates == ["a photo of a {}, a type of bird."]
+
+
+def test_folder_tree_of_class_ids_takes_the_prompts_in_id_order(tmp_path):
+    """CLOOB-style trees named by class id: the prompts' list is in id order; numbers sort as numbers."""
+    names = load_prompts("gtsrb").classnames
+    for c in range(43):  # unpadded numbers: as strings "10" < "2", as ids 2 < 10
+        _write_png(tmp_path / "test" / str(c) / "a.png", c)
+    ds = load_eval_set("gtsrb", EvalDatasetConfig(kind="folder", path=str(tmp_path)), Layout(tmp_path))
+    assert ds.classnames == names
+    assert sorted((_mean(img), y) for img, y in ds.test) == [(c, c) for c in range(43)]
+    import shutil
+
+    shutil.rmtree(tmp_path / "test" / "42")
+    with pytest.raises(UserError, match="42 class folders named by id, but gtsrb has 43 prompt classes"):
+        load_eval_set("gtsrb", EvalDatasetConfig(kind="folder", path=str(tmp_path)), Layout(tmp_path))
 
 
 def test_imagenet_folder_tree_with_wnids(tmp_path):

@@ -16,7 +16,6 @@ with lists every worker's private memory grows by the size of the list over an e
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import numpy as np

@@ -6,8 +6,10 @@ and of what ``protoclip birdsnap`` / ``protoclip ucf101`` write. Split folders: 
 ``trainlist01``, ``training``), test (``test``, ``testlist01``, ``val``, ``validation``); the train split is read
 only when a task needs it.
 
-Class names: ``classnames.txt`` (one per line, in sorted folder order), else the folder names. For a set with
-prompts every name must be one of its prompt class names (matched up to case and punctuation: ``ApplyEyeMakeup``
+Class names: ``classnames.txt`` (one per line, in sorted folder order), else the folder names. Folders named by
+class id (numbers, or Country211's ISO codes) take the prompts' list, which is in id order, when they are all of
+its classes (checked by count; numbers compared as numbers, not as strings). For a set with
+prompts every other name must be one of its prompt class names (matched up to case and punctuation: ``ApplyEyeMakeup``
 == ``Apply Eye Makeup``), else the set is refused (:class:`~.classes.ClassNamesError`); prompt classes without a
 folder are left out with a warning (Birdsnap: images that are no longer online leave classes empty, and the
 ProtoCLIP code drops those classes too) and the labels follow the prompts' order of the classes present.
@@ -15,11 +17,12 @@ ProtoCLIP code drops those classes too) and the labels follow the prompts' order
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
-from protoclip.evaluate.datasets.classes import ClassNamesError, prompt_templates, templates_from_file
-from protoclip.evaluate.datasets.sets import IMAGE_SUFFIXES, EvalDataError, FileSplit, LabelledSet, images_under, \
-    norm, read_lines
+from protoclip.evaluate.datasets.classes import ClassNamesError, prompt_classes, prompt_templates, templates_from_file
+from protoclip.evaluate.datasets.sets import (IMAGE_SUFFIXES, EvalDataError, FileSplit, LabelledSet, images_under,
+                                              norm, read_lines)
 from protoclip.evaluate.prompts import canonical, has_prompts, load_prompts
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,8 @@ def folder_classes(name: str, root: Path, folders: list[str]) -> tuple[list[str]
     if len(names) != len(folders):
         raise EvalDataError(f"{names_file}: {len(names)} names but {len(folders)} class folders (one name per "
                             "folder, in sorted folder order)")
+    if has_prompts(name) and not names_file.exists() and _id_folders(folders):
+        return _classes_by_id(name, root, folders)
     if not has_prompts(name):
         if all(f.isdigit() for f in names):
             raise EvalDataError(f"{root}: class folders are numbered; add a classnames.txt (one name per line, in "
@@ -65,6 +70,29 @@ def folder_classes(name: str, root: Path, folders: list[str]) -> tuple[list[str]
                     ", ".join(absent[:10]) + (" ..." if len(absent) > 10 else ""))
     relabel = {j: k for k, j in enumerate(order)}
     return [known[i] for i in order], {f: relabel[v] for f, v in hits.items()}
+
+
+def _id_folders(folders: list[str]) -> bool:
+    """Folders named by class id (GTSRB's 00000.., Flowers' 1..102) or ISO code (Country211), not by name."""
+    return all(f.isdigit() for f in folders) or all(re.fullmatch(r"[A-Z]{2}", f) for f in folders)
+
+
+def _classes_by_id(name: str, root: Path, folders: list[str]) -> tuple[list[str], dict[str, int]]:
+    """Id folders of a set with prompts: CLIP's list is in id order (numbers: 0..n-1 or 1..n, compared as numbers;
+    ISO codes: sorted), so the folders must be all n classes of the prompts (checked by count)."""
+    known = load_prompts(name).classnames
+    if len(folders) != len(known):
+        raise ClassNamesError(f"{root}: {len(folders)} class folders named by id, but {name} has {len(known)} "
+                              "prompt classes; add a classnames.txt (one name per line, in sorted folder order)")
+    classnames, _ = prompt_classes(name, None, str(root), by_count=len(folders))
+    if all(f.isdigit() for f in folders):
+        ids = sorted(int(f) for f in folders)
+        first = ids[0]
+        if ids != list(range(first, first + len(ids))) or first not in (0, 1):
+            raise ClassNamesError(f"{root}: numbered class folders must run 0..{len(ids) - 1} or 1..{len(ids)}; add a "
+                                  "classnames.txt (one name per line, in sorted folder order)")
+        return classnames, {f: int(f) - first for f in folders}
+    return classnames, {f: i for i, f in enumerate(folders)}
 
 
 def load_folder(name: str, root: Path, need_train: bool = True) -> LabelledSet:
