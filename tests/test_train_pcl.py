@@ -164,7 +164,7 @@ def test_protoclip_with_pauc_and_phi_protonce_resumes_exactly(tmp_path):
 
 def test_phi_protonce_changes_the_proto_term():
     """With the switch the logged ``proto`` is PCL's phi-scaled CE, not the soft-target CE."""
-    from protoclip.losses.proto import EpisodePrototypes
+    from protoclip.prototypes.episode import EpisodePrototypes
     from protoclip.train.methods.protoclip import ProtoCLIPMethod
 
     g = torch.Generator().manual_seed(0)

@@ -22,7 +22,7 @@ class EvalDatasetConfig:
     # ProtoCLIP code evaluates (megvii-research/protoclip src/training/evaluations/coco_retrieval.py)
     split: str | None = None
     tasks: list[str] = field(default_factory=lambda: list(TASKS))  # tasks run on this set (if they apply)
-    # Probe on a fixed subsample (issue: budget): null = the whole split; N = a seeded subset of at most N
+    # Probe on a fixed subsample (the offline budget): null = the whole split; N = a seeded subset of at most N
     # images of the split (class-stratified when the labels are known without decoding images, else uniform;
     # seeded by evaluate.seed and the set's name, never by the run), the same images for every run so runs
     # stay comparable. A split of at most N images is used whole. See datasets.subsample_set.
