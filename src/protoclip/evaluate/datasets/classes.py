@@ -1,13 +1,14 @@
 """The prompt class names of a set, in the label order of its data, checked against the data's own names.
 
 Zero-shot scores image ``i`` against ``classnames[label]``, so the prompt names must follow the data's label
-order. The prompts JSON (``protoclip.evaluate.prompts``) holds CLIP's lists, most of which are in label order;
-Oxford-IIIT Pets' is not (CLIP sorted the breeds case-sensitively, cats first; the data's ids follow the
-official, case-insensitive order). :func:`prompt_classes` therefore compares the JSON with the class names the
-data itself carries (torchvision's ``classes``, the folder names, ``classnames.txt``, ImageNet's wnids):
+order. The prompts JSON (``protoclip.evaluate.prompts``) holds CLIP's lists in label order (Oxford-IIIT Pets'
+reordered: CLIP sorted the breeds case-sensitively, cats first, while the data's ids follow the official,
+case-insensitive order). Since a list in another order scores images against other classes' names without a
+word, :func:`prompt_classes` compares it with the class names the data itself carries (torchvision's ``classes``, the folder names, ``classnames.txt``, ImageNet's wnids):
 
 * the same names (up to case and punctuation, :func:`~.sets.norm`) in the same order: the JSON's spellings;
-* the same names in another order: the JSON's names put in the data's order (Pets);
+* the same names in another order (a copy relabelled by its own class list, e.g. CLIP_benchmark shards with a
+  ``classnames.txt``): the JSON's names put in the data's order;
 * anything else: :class:`ClassNamesError`, one line naming the file the data's names came from. Scoring images
   against another class's name gives a number that looks plausible and is wrong.
 

@@ -2,12 +2,13 @@
 
     root/{train,test}/nshards.txt, 0.tar, 1.tar, ...     samples: an image (webp / png / jpg) and .cls (or .txt)
     root/classnames.txt                                  label order (classification)
-    root/zeroshot_classification_templates.txt           templates with {c} (optional: else the prompts file's)
+    root/zeroshot_classification_templates.txt           templates with {c} (read for sets without prompts)
     root/dataset_type.txt                                "retrieval" for caption sets (wds_mscoco_captions, ...)
 
 ``nshards.txt`` says how many shards a split has (shards ``0.tar`` .. ``N-1.tar``): a missing one is an error
 naming it, so a partial download is never scored as the whole set; without it every ``*.tar`` is read, in
-numeric order. A classification set becomes a :class:`~.sets.LabelledSet` (its ``classnames.txt`` checked
+numeric order. A set that has prompts takes CLIP's templates from the prompts file (the paper's protocol). A
+classification set becomes a :class:`~.sets.LabelledSet` (its ``classnames.txt`` checked
 against the prompts file when the set has prompts, :mod:`.classes`), a retrieval set a
 :class:`~.sets.CaptionSet` whose captions are each sample's ``.txt`` lines. The train split is read only when a
 task needs it.

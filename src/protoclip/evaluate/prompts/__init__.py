@@ -1,7 +1,8 @@
 """Class names and prompt templates of the zero-shot evaluation sets (package data).
 
-``zeroshot_prompts.json`` holds, per set, ``classnames`` (CLIP's lists: in label order except Oxford-IIIT Pets',
-which the loaders put in the data's order, ``evaluate.datasets.classes``), ``templates`` (strings with one
+``zeroshot_prompts.json`` holds, per set, ``classnames`` (CLIP's lists, in the data's label order: Oxford-IIIT
+Pets' reordered, ``build_prompts.LABEL_ORDER``; the loaders check the order against the data's own class names,
+``evaluate.datasets.classes``), ``templates`` (strings with one
 ``{}``), the CLOOB-style name ``fixes``, the ``source`` and for ImageNet the ``wnids`` of the classes. It is built by ``build_prompts.py`` from CLIP's
 prompt file and open_clip's ImageNet metadata, and committed.
 
