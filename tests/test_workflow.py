@@ -25,13 +25,15 @@ def test_dvc_yaml_is_generated_from_the_config(monkeypatch):
 
 
 def dry_jobs(*args: str) -> dict[str, dict[str, list[str]]]:
-    """``snakemake -n -p`` -> {stage command: {"input": [...], "output": [...]}} of every job."""
+    """``snakemake -n -p`` -> {stage command: {"input": [...], "output": [...]}} of every job (the train rule's
+    ``PROTOCLIP_JOB_PID=$PPID`` prefix, which ties the trainer to its job, aside)."""
     dry = snakemake("-n", "-p", "--cores", "1", *args)
     assert dry.returncode == 0, dry.stderr + dry.stdout
     jobs = {}
     for block in (dry.stdout + dry.stderr).split("\nrule ")[1:]:
         fields = dict(re.findall(r"^    (input|output): (.*)$", block, flags=re.M))
-        cmd = re.search(r"^(?:Shell command: )?(protoclip .*?)(?: 2>&1 \| tee \S+)?$", block, flags=re.M)
+        cmd = re.search(r"^(?:Shell command: )?(?:PROTOCLIP_JOB_PID=\$PPID )?(protoclip .*?)(?: 2>&1 \| tee \S+)?$",
+                        block, flags=re.M)
         if cmd:
             jobs[cmd.group(1).strip()] = {k: v.split(", ") for k, v in fields.items()}
     return jobs
