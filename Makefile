@@ -34,9 +34,15 @@ checkout: $(STAMP)
 	PATH=$(BIN):$$PATH dvc status --quiet || { echo "outputs differ from dvc.lock: run 'make run'"; exit 1; }
 	PATH=$(BIN):$$PATH snakemake --touch --forceall --cores 1 --quiet
 
-# The tests (what CI runs through .ci/run).
-test: $(STAMP)
+# The tests (what CI runs through .ci/run), with what they start: the SLURM plugin (pip extra `slurm`) and, as
+# root, the Debian packages of the test cluster (.ci/install-slurm; each step does nothing when done).
+test: $(VENV)/.installed-slurm
+	.ci/install-slurm
 	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q
+
+$(VENV)/.installed-slurm: $(STAMP)
+	$(BIN)/python -m pip install -qq -e '.[slurm]'
+	touch $@
 
 lint: $(STAMP)
 	PATH=$(BIN):$$PATH snakemake --lint
