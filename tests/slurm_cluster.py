@@ -12,7 +12,7 @@ ids can be compared). The node declares what this machine has (its CPUs, a few G
 
 Nothing collides with another cluster on the machine: the daemons listen on free loopback ports picked at
 start, the munge socket is the folder's own, and every command finds this cluster through ``SLURM_CONF``
-(:meth:`SlurmCluster.env`). No accounting (``AccountingStorageType=accounting_storage/none``): finished jobs
+(:meth:`SlurmCluster.env`; and ``bin/`` shims of the client commands, for the job steps that lose it). No accounting (``AccountingStorageType=accounting_storage/none``): finished jobs
 stay visible to ``squeue`` for ``MinJobAge`` seconds (300), which is what the slurm profile's
 ``slurm-status-command: squeue`` reads. ``JobCompType=jobcomp/filetxt`` writes one line per finished job
 (:meth:`SlurmCluster.finished_jobs`), the cluster's own record of what ran.
@@ -78,7 +78,21 @@ class SlurmCluster:
         SLURM job variables inherited from an outer allocation."""
         env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("SLURM_")}
         env["SLURM_CONF"] = str(self.conf)
+        env["PATH"] = f"{self.root / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         return env
+
+    def _write_shims(self) -> None:
+        """``bin/<command>`` for each client command: the real one with ``SLURM_CONF`` set. The SLURM executor
+        plugin's job step runs ``srun`` with every ``SLURM_*`` variable removed but the job's ids, SLURM_CONF
+        too; a real site's commands find their config at the default path (or from slurmd, configless), this
+        cluster's is in its temp folder."""
+        (self.root / "bin").mkdir(exist_ok=True)
+        for name in ("sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo", "sacct", "sacctmgr", "sshare"):
+            real = shutil.which(name)
+            if real:
+                shim = self.root / "bin" / name
+                shim.write_text(f'#!/bin/sh\nSLURM_CONF="{self.conf}" exec {real} "$@"\n')
+                shim.chmod(0o755)
 
     def _write_config(self) -> None:
         ctld_port, slurmd_port = free_ports(2)
@@ -122,10 +136,12 @@ ReturnToService=2
 MpiDefault=none
 SwitchType=switch/none
 MailProg=/bin/true
+KillWait=5
 SchedulerParameters=sched_interval=1
 NodeName={NODE} NodeHostname={host} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.mem_mb} Gres=gpu:{N_GPUS} State=UNKNOWN
 PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 """)
+        self._write_shims()
         (r / "gres.conf").write_text(f"AutoDetect=off\nNodeName={NODE} Name=gpu File={self.dev}/nvidia[0-{N_GPUS - 1}]\n")
 
     def _daemon(self, name: str, *args: str) -> None:

@@ -12,8 +12,8 @@
     protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands
     protoclip launch   --config config/config.yaml --gpus 2 -- <command>   # a command on 2 free GPUs
 
-`train` and `evaluate` place themselves on free GPUs first (protoclip.launch): a run with ``gpu: k`` takes k
-GPU slots and restarts as k torchrun ranks.
+`train`, `evaluate` and `teacher` place themselves on free GPUs first (protoclip.launch): a run with ``gpu: k``
+takes k GPU slots and restarts as k torchrun ranks.
 
 Stages are pure functions of (config, inputs) -> outputs; this module only parses the command line,
 loads and validates the config, and turns a user error raised anywhere in a stage (a bad config value, an
@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
             if args.name:
                 cfg.teacher.name = args.name
+            placement = launch.place(cfg.gpus, launch.teacher_gpus(cfg), who=f"teacher {cfg.teacher.name}")  # noqa: F841
             run_teacher(cfg)
         elif args.stage == "train":
             k = launch.train_gpus(cfg.run(args.run))

@@ -56,9 +56,10 @@ from protoclip.provenance import provenance
 from protoclip.records import TrainLog
 from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import (TrainingStopped, check_state_finite, kept_checkpoint, restore_rng,
-                                       resume_key, resume_point, save_checkpoint)
+                                       resume_key, resume_point, rng_state, save_checkpoint)
 from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo, barrier, broadcast_object, env_world, init_from_env, sync_buffers
+from protoclip.train.distributed import (DistInfo, barrier, broadcast_object, destroy, env_world, gather_object,
+                                        init_from_env, seed_rank, sync_buffers)
 from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
 from protoclip.train.methods import EpisodeData, Method, build_method
 from protoclip.train.schedule import Schedule, early_stop_update, per_rank_batch, trained_batches_per_episode
@@ -242,6 +243,18 @@ def restore(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimize
     return Progress(state["episode"], state["step"], state["prototypes"], state["extra"].get("early_stop"))
 
 
+def restore_rank_rng(state: dict, seed: int, info: DistInfo) -> None:
+    """A resumed rank r > 0 continues its own RNG streams (``extra.rng_ranks`` of a checkpoint of the same world
+    size); :func:`restore` gave it rank 0's. Otherwise (another world size) it reseeds as a fresh rank r."""
+    if info.rank == 0:
+        return
+    ranks = state["extra"].get("rng_ranks")
+    if ranks and len(ranks) == info.world_size:
+        restore_rng(ranks[info.rank])
+    else:
+        seed_rank(seed, info)
+
+
 def world_record(cfg: TrainConfig, info: DistInfo) -> dict[str, int]:
     """The resolved process count and batch sizes of the run (issue 21: logged and saved with the run)."""
     return {"world_size": info.world_size, "per_rank_batch": per_rank_batch(cfg.batch_size, info.world_size),
@@ -337,12 +350,14 @@ def end_episode(s: Session, progress: Progress, ep_rec: dict[str, Any], stopping
         # the barrier for a rank 0 that refused to save
         check_state_finite(s.model, s.optimizer, step=progress.step - 1, episode=progress.episode - 1,
                            checkpoint=s.checkpoint)
+        rng_ranks = gather_object(rng_state(), s.info) if s.info.enabled else None  # each rank's own streams
         if s.info.is_main:
             protos = progress.prototypes
             save_checkpoint(s.checkpoint, model=s.model, optimizer=s.optimizer, episode=progress.episode,
                             step=progress.step, prototypes=protos.to("cpu") if hasattr(protos, "to") else protos,
                             extra={"run": s.run, "config": s.resume_key, "method": s.method.state_dict(),
-                                   "early_stop": progress.early_stop})
+                                   "early_stop": progress.early_stop,
+                                   **({"rng_ranks": rng_ranks} if rng_ranks else {})})
     if s.info.is_main:
         s.tlog.append(ep_rec)
         s.tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=ep_rec["episode"])
@@ -439,15 +454,18 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     state = resume_point(layout.checkpoint(run), key, map_location=device) if resume is True else (resume or None)
     if state is not None:
         progress = restore(state, model, optimizer, method)
+        restore_rank_rng(state, cfg.seed, info)
         state.clear()  # its tensors now live in the model and optimizer: free them (the stage's reference too)
         tlog.truncate_to(progress.episode, progress.step)
         log.info("resumed %s at episode %d / %d (step %d)", run, progress.episode, sched.n_episodes, progress.step)
     else:
         progress = Progress()
         start_fresh(layout, run, info)
+        seed_rank(cfg.seed, info)  # rank r > 0: its own augmentation stream (the weights are built already)
     s = Session(cfg, run, model, wrap_for_ddp(model, method, device, info), optimizer, method, sched, dataset,
                 teacher, cfg.reads_teacher() and teacher is not None, info, device,
                 autocast_factory(cfg.precision, device), tlog, tracker or Tracker(), layout.checkpoint(run), key)
     log_start(s, progress, config, layout.run_config(run))
     run_episodes(s, progress, stop_after_episodes)
+    destroy(info)  # the process group ends with the training (a no-op for one process)
     return model
