@@ -4,10 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-TASKS = ("zeroshot", "linear", "knn", "retrieval", "clustering", "nemd", "tsne", "temperature")
-# prefix of the skip line of a task that does not apply to a run or set (e.g. zero-shot of an image-only PCL run):
-# the report reads it as "n/a", not as a missing data set
-NOT_APPLICABLE = "not applicable: "
+from protoclip.devices import check_device_name
+from protoclip.tasks import TASKS, check_tasks
 
 
 @dataclass
@@ -19,7 +17,7 @@ class EvalDatasetConfig:
     kind: Literal["offline", "torchvision", "folder", "wds", "coco"]
     path: str | None = None  # root folder / shard folder / COCO root; null = not configured (reported skipped)
     tasks: list[str] = field(default_factory=lambda: list(TASKS))  # tasks run on this set (if they apply)
-    # Probe on a fixed subsample (issue: budget): null = the whole split; N = a seeded subset of at most N
+    # Probe on a fixed subsample (the offline budget): null = the whole split; N = a seeded subset of at most N
     # images of the split (class-stratified when the labels are known without decoding images, else uniform;
     # seeded by evaluate.seed and the set's name, never by the run), the same images for every run so runs
     # stay comparable. A split of at most N images is used whole. See datasets.subsample_set.
@@ -31,9 +29,7 @@ class EvalDatasetConfig:
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ValueError(f"{key} must be >= 1 or null (the whole split), got {value}")
-        unknown = [t for t in self.tasks if t not in TASKS]
-        if unknown:
-            raise ValueError(f"unknown evaluation task '{unknown[0]}' (known: {', '.join(TASKS)})")
+        check_tasks(self.tasks)
 
 
 @dataclass
@@ -90,6 +86,4 @@ class EvaluateConfig:
             raise ValueError(f"knn_temperature must be > 0, got {self.knn_temperature}")
         if self.nemd_max_pairs < 1 or self.tsne_max_points < 1 or self.linear_sgd_above < 0 or self.seed < 0:
             raise ValueError("nemd_max_pairs and tsne_max_points must be >= 1, linear_sgd_above and seed >= 0")
-        from protoclip.devices import check_device_name
-
         check_device_name(self.device)
