@@ -56,8 +56,8 @@ def test_rank_seeding_leaves_a_one_process_run_unchanged(tmp_path, monkeypatch):
 
     def once(root):
         torch.manual_seed(cfg.seed)
-        return loop.train(tiny_model(cfg, seed=cfg.seed), RandomPairs(n=32), cfg, Layout(root / "d", root / "r"),
-                          "one").state_dict()
+        return loop.train(tiny_model(cfg, seed=cfg.seed), RandomPairs(n=32), cfg,
+                          Layout(root / "d", root / "r").train_files("one")).state_dict()
 
     torch.set_num_threads(1)
     with_seeding = once(tmp_path / "a")

@@ -92,7 +92,7 @@ def ddp_worker(rank: int, world: int, port: int, out_dir: str, cfg: TrainConfig)
     import torch.distributed as dist
 
     try:
-        train(model, pairs, cfg, layout, "ddp")
+        train(model, pairs, cfg, layout.train_files("ddp"))
         group_after = dist.is_initialized()  # train() ends the process group
         from protoclip.train.checkpoint import load_checkpoint
 
@@ -154,3 +154,18 @@ def global_nclip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
                    f"{out_dir}/nclip{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def last_state(layout, run: str, cfg: TrainConfig):
+    """The train stage's resume decision, for tests that call the loop: the run's checkpoint state when it
+    continues ``cfg``, else None (protoclip.train.stage.prepare_run_dir)."""
+    from protoclip.schema import to_dict
+    from protoclip.train.checkpoint import resume_key, resume_point
+
+    return resume_point(layout.checkpoint(run), resume_key(to_dict(cfg)))
+
+
+def training_records(records: list[dict]) -> list[dict]:
+    """A train log's records without what differs between an uninterrupted and a resumed run of one config:
+    wall-clock fields (``time/*``) and the ``resume`` records of restarts."""
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records if r["kind"] != "resume"]

@@ -24,17 +24,29 @@ by hand):
   kernel kills them if the agent dies (:func:`die_with_launcher`).
 
 Every GPU job says where it was placed in one line (``protoclip: <who>: CUDA_VISIBLE_DEVICES=...``) in its log.
+
+A job's processes also end with the job (:func:`follow_job`): a workflow rule names the process that runs it in
+``PROTOCLIP_JOB_PID`` (the train rule: ``PROTOCLIP_JOB_PID=$PPID protoclip train ...``, so Snakemake's pid,
+or under SLURM the pid of Snakemake's job step), and the command kills itself as soon as that process or any
+process between them (the job's shell) ends. Without it a kill of the job's shell or of Snakemake would
+leave the trainer running after Snakemake declared the job failed, beside the trainer of the rerun.
 """
 from __future__ import annotations
 
 import os
+import select
+import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from protoclip.gpu_slots import GpuSlotsConfig, Held, SlotError, acquire, effective_policy, visible_ids
 
 CVD = "CUDA_VISIBLE_DEVICES"
 LAUNCHER_PID = "PROTOCLIP_LAUNCHER_PID"  # set for the ranks run_ranks starts: the process holding their slots
+JOB_PID = "PROTOCLIP_JOB_PID"  # set by a workflow rule: the process running the job (follow_job)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -142,12 +154,93 @@ def die_with_launcher(env: dict | None = None) -> None:
     pid = env.get(LAUNCHER_PID)
     if not pid or not sys.platform.startswith("linux"):
         return
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    _set_parent_death_signal()
     if os.getppid() != int(pid):  # the launcher died before prctl took effect
         os._exit(1)
+
+
+def _set_parent_death_signal() -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+def parent_of(pid: int) -> int:
+    """The parent pid of ``pid`` from /proc (0 when it is gone or has none)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
+
+
+def ancestors(pid: int) -> list[int]:
+    """``pid``'s parent, grandparent, ... up to (not including) pid 1 / 0."""
+    out = []
+    parent = parent_of(pid)
+    while parent > 1 and parent not in out:
+        out.append(parent)
+        parent = parent_of(parent)
+    return out
+
+
+def _end_with_job(pid: int) -> None:
+    print(f"protoclip: the job's process {pid} ended (the job was cancelled, its shell or Snakemake killed): "
+          "stopping", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # as the kill of the job would have; torchrun ranks die with this one
+
+
+def _watch(pids: list[int]) -> None:
+    """Block until one of ``pids`` ends, then end this process (thread body). Uses pidfds (Linux >= 5.3): no
+    polling, and a pid reused by another process cannot be mistaken for the watched one; polls /proc once a
+    second where pidfds are not available."""
+    fds: dict[int, int] = {}
+    try:
+        for pid in pids:
+            fds[os.pidfd_open(pid)] = pid
+    except ProcessLookupError:
+        _end_with_job(pid)
+    except (OSError, AttributeError):  # no pidfd_open here (old kernel, seccomp): poll
+        for fd in fds:
+            os.close(fd)
+        while True:
+            gone = [p for p in pids if not Path(f"/proc/{p}").exists()]
+            if gone:
+                _end_with_job(gone[0])
+            time.sleep(1.0)
+    if ancestors(os.getpid())[:len(pids)] != pids:  # one ended before its pidfd was open
+        _end_with_job(next(p for p in pids if p not in ancestors(os.getpid())))
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)  # a pidfd becomes readable when its process exits
+    while True:
+        for fd, _event in poller.poll():
+            _end_with_job(fds[fd])
+
+
+def follow_job(env: dict | None = None) -> list[int]:
+    """End this process with its job: when ``PROTOCLIP_JOB_PID`` names one of its ancestors, watch that process
+    and every process between them (the job's shell), and SIGKILL this one when any of them ends. The parent is
+    watched by the kernel too (parent-death signal), the others by a daemon thread. Returns the watched pids
+    ([] when the variable is unset, names no ancestor, or on a system other than Linux).
+
+    A command started by hand (no variable) keeps today's behaviour, so ``nohup protoclip train ... &`` survives
+    its shell. Torchrun ranks started by :func:`run_ranks` inherit the variable and follow the same job.
+    """
+    env = os.environ if env is None else env
+    value = env.get(JOB_PID, "")
+    if not value or not sys.platform.startswith("linux"):
+        return []
+    chain = ancestors(os.getpid())
+    if not value.isdigit() or int(value) not in chain:
+        print(f"protoclip: {JOB_PID}={value} is not a process this one runs under: not followed", file=sys.stderr)
+        return []
+    watched = chain[:chain.index(int(value)) + 1]
+    _set_parent_death_signal()
+    if os.getppid() != watched[0]:  # the parent died before the signal was set
+        _end_with_job(watched[0])
+    threading.Thread(target=_watch, args=(watched,), name="protoclip-follow-job", daemon=True).start()
+    return watched
 
 
 def torchrun_args(nproc: int) -> list[str]:
