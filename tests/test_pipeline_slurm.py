@@ -10,7 +10,7 @@ fixture corpus of drawn shapes (4 episodes each):
 * ``g2``: ProtoCLIP on 2 GPUs, reading the teacher cache: one job, ``torchrun`` with 2 ranks (gloo on CPU),
   after a teacher job that is a GPU job of its own; evaluated like ``g1a``;
 * ``kill``: ``g1a``'s config under another name; the test ``scancel``s its train job after its first episode
-  checkpoint, and the profile's retry resubmits it, resumes, and ends with ``g1a``'s weights;
+  checkpoint, and the profile's retry resubmits it, resumes, and ends with ``g1a``'s weights and train log;
 * ``cpu``: CLIP without GPU (its job asks SLURM for none).
 
 With this machine's 2 CPUs two jobs run at once, and of any two of the four jobs ready after ``prepare``
@@ -234,8 +234,11 @@ def test_slurm_profile_runs_the_dag_through_sbatch(slurm_cluster, tmp_path):
     idx = {jid: j["idx"] for jid, j in watch.jobs.items() if j["idx"] is not None}
     assert idx and all(placed[jid] == ids for jid, ids in idx.items() if jid in placed), (placed, idx)
 
-    # the 2-GPU run: torchrun with 2 ranks inside its allocation, 1 thread each
+    # threads from the site file inside the allocation too (Snakemake prints them when > 1): a 1-GPU job 1, the
+    # 2-GPU run 2, as torchrun's 2 ranks of 1 thread each inside its allocation
+    assert "threads:" not in logs["rule_train/g1a"][-1].read_text()
     g2_log = logs["rule_train/g2"][-1].read_text()
+    assert "threads: 2" in g2_log and "threads: 4" not in g2_log
     assert "torch.distributed.run --standalone --nproc_per_node=2" in g2_log
     assert "OMP_NUM_THREADS=1 per rank" in g2_log
     from protoclip.records import read_train_log
@@ -248,6 +251,14 @@ def test_slurm_profile_runs_the_dag_through_sbatch(slurm_cluster, tmp_path):
     assert re.search(r"resumed kill at episode [1-5]", logs["rule_train/kill"][1].read_text())
     wa, wk = weights(remote, "g1a"), weights(remote, "kill")
     assert wa.keys() == wk.keys() and all(torch.equal(wa[k], wk[k]) for k in wa)
+    # ... and its train log holds every episode and step once, as the uninterrupted run's (wall-clock fields aside)
+    def records(run: str, kind: str) -> list[dict]:
+        return [{k: v for k, v in r.items() if not k.startswith("time")}
+                for r in read_train_log(remote / "results" / "runs" / run / "train_log.jsonl", kind)]
+
+    assert [r["episode"] for r in records("kill", "episode")] == [0, 1, 2, 3]
+    for kind in ("episode", "step"):
+        assert records("kill", kind) == records("g1a", kind), kind
 
     # the same metrics as the local run
     for run in EVALUATED:

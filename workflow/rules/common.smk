@@ -2,6 +2,7 @@
 # here, before any job runs) and the stages (protoclip.dag.stages: each rule's inputs, outputs and command, the
 # same ones dvc.yaml holds).
 import json
+import os
 import sys
 
 from protoclip.errors import ConfigError
@@ -61,10 +62,14 @@ _SITE = []
 
 
 def on_slurm() -> bool:
-    """Whether jobs run through SLURM. Known once execution starts, which is when Snakemake evaluates a rule's
+    """Whether jobs run through SLURM: the slurm profile's executor, the job step it runs in the allocation, or
+    the Snakemake that step starts with srun to run the job (remote mode, inside a SLURM job; a Snakemake run by
+    hand inside `salloc` is not remote). Known once execution starts, which is when Snakemake evaluates a rule's
     threads and resources (so the local runs never read the site file)."""
     plugin = workflow.executor_plugin
-    return plugin is not None and plugin.name in SLURM_EXECUTORS
+    if plugin is not None and plugin.name in SLURM_EXECUTORS:
+        return True
+    return workflow.remote_exec and "SLURM_JOB_ID" in os.environ
 
 
 def site():
