@@ -49,3 +49,33 @@ def test_gpus_are_generic_resources_slurm_places(slurm_cluster, tmp_path):
     assert outs[single].read_text().split() == ["2"]  # the other one: a GPU the pair does not hold
     assert (tmp_path / f"{none}.out").read_text().split() == ["[unset]"]  # no --gpus: SLURM sets none
     assert all(done[j]["JobState"] == "COMPLETED" for j in done)
+
+
+def test_jobs_inside_an_allocation_share_its_gpus_without_sharing_one(slurm_cluster, tmp_path):
+    """The gpu profile inside `salloc --gpus=3` + `srun --pty bash` (one job step holding the allocation's GPUs):
+    three concurrent `protoclip launch --gpus 1` (the placement train / evaluate run first) take its three GPU
+    ids, one each; in the salloc shell itself (no step: SLURM sets no CUDA_VISIBLE_DEVICES) a GPU job stops
+    with one line instead of taking the node's GPUs."""
+    import os
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "c.yaml").write_text(f"gpus: {{lock_dir: {tmp_path / 'locks'}, poll_s: 0.1}}\n")
+    env = slurm_cluster.env({**os.environ, "PYTHONPATH": str(repo / "src"),
+                             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    launch = (f"{sys.executable} -m protoclip.cli launch --config {tmp_path / 'c.yaml'} --gpus 1 -- sh -c "
+              f"'echo $CUDA_VISIBLE_DEVICES > {tmp_path}/$0.cvd; while [ ! -e {tmp_path}/go ]; do sleep 0.1; done'")
+    script = (f"for j in a b c; do {launch} $j & done; "
+              f"while [ $(ls {tmp_path}/*.cvd 2>/dev/null | wc -l) -lt 3 ]; do sleep 0.2; done; "
+              f"touch {tmp_path}/go; wait")
+    out = subprocess.run(["salloc", "--gpus=3", "--cpus-per-task=1", "--mem=300", "srun", "sh", "-c", script],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ids = sorted((tmp_path / f"{j}.cvd").read_text().strip() for j in "abc")
+    assert ids == ["0", "1", "2"], ids  # each job its own GPU of the allocation, none on another's
+    bare = subprocess.run(["salloc", "--gpus=1", "--cpus-per-task=1", "--mem=300", "sh", "-c", launch.replace("$0", "x")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert bare.returncode == 2 and "CUDA_VISIBLE_DEVICES is not set" in bare.stderr, bare.stderr[-2000:]
+    assert not (tmp_path / "x.cvd").exists()

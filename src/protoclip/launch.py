@@ -131,6 +131,11 @@ def place(cfg: GpuSlotsConfig, n_gpus: int, ranks: int = 1, who: str = "", env: 
         env[CVD] = ",".join(have[:n_gpus])
         _say_placed(who, env)
         return Placement(env[CVD], ranks)
+    if cfg.ids == "all" and env.get("SLURM_JOB_ID") and CVD not in env:
+        # an `salloc` shell (no job step yet) or a job that asked for no GPU: nvidia-smi would list the node's
+        # GPUs, other jobs' included
+        raise SlotError(f"inside SLURM job {env['SLURM_JOB_ID']} but {CVD} is not set, so its GPUs are unknown: run "
+                        "in a job step of an allocation with GPUs (after `salloc --gpus=N`: `srun --pty bash`)")
     held = acquire(cfg, n_gpus, who=who, env=env)
     held.inheritable()
     env[CVD] = held.env_value()
