@@ -97,8 +97,8 @@ def env(cluster=None) -> dict:
 
 
 class SlurmWatch(threading.Thread):
-    """Polls SLURM every 0.3 s: {job id: {"comment", "gres" (the GPU request), "idx" (GPU indices held)}} and
-    snapshots of the GPU indices of the jobs running at the same moment."""
+    """Polls SLURM every 0.3 s: {job id: {"comment", "gres" (its GPU request, e.g. gres:gpu:2), "idx" (the GPU
+    indices it holds)}}, and snapshots of the GPU indices of the jobs running at the same moment."""
 
     def __init__(self, cluster):
         super().__init__(daemon=True)
@@ -108,10 +108,11 @@ class SlurmWatch(threading.Thread):
     def run(self):
         e = self.cluster.env()
         while not self.halt.is_set():
-            out = subprocess.run(["squeue", "-h", "-o", "%i|%k|%b|%T"], env=e, capture_output=True, text=True)
+            out = subprocess.run(["squeue", "-h", "-O", "JobID:|,Comment:300|,tres-per-job:|,State:|"], env=e,
+                                 capture_output=True, text=True)
             running = {}
             for line in out.stdout.splitlines():
-                jid, comment, gres, state = line.split("|")
+                jid, comment, gres, state = (f.strip() for f in line.split("|")[:4])
                 job = self.jobs.setdefault(jid, {"comment": comment, "gres": gres, "idx": None})
                 if state == "RUNNING" and gres != "N/A":
                     if job["idx"] is None:
