@@ -31,7 +31,9 @@ def dry_jobs(*args: str) -> dict[str, dict[str, list[str]]]:
     jobs = {}
     for block in (dry.stdout + dry.stderr).split("\nrule ")[1:]:
         fields = dict(re.findall(r"^    (input|output): (.*)$", block, flags=re.M))
-        cmd = re.search(r"^(?:Shell command: )?(protoclip .*?)(?: 2>&1 \| tee \S+)?$", block, flags=re.M)
+        # the command, after any environment assignments the rule adds (train: PROTOCLIP_JOB_PID=$PPID)
+        cmd = re.search(r"^(?:Shell command: )?(?:[A-Z_]+=\S+ )*(protoclip .*?)(?: 2>&1 \| tee \S+)?$", block,
+                        flags=re.M)
         if cmd:
             jobs[cmd.group(1).strip()] = {k: v.split(", ") for k, v in fields.items()}
     return jobs
