@@ -20,7 +20,9 @@ which gives each GPU job one thread per GPU as the site file does: both must end
 own view while the workflow runs (``squeue``: each job's comment, i.e. rule and wildcards, and GPU request;
 ``scontrol -d show job``: the GPU indices a running job holds).
 
-Cost: about N min on the 2-core machine (measured; README "On a cluster").
+Cost: 24 min measured on the shared 2-core machine at a load average of ~19 (463 s the local run, 951 s the
+SLURM run; README "On a cluster"); most of it is process start-up (torch, Snakemake, and on SLURM the plugin's
+job step and the Snakemake it starts inside each allocation).
 """
 from __future__ import annotations
 
