@@ -21,7 +21,7 @@ own view while the workflow runs (``squeue``: each job's comment, i.e. rule and 
 ``scontrol -d show job``: the GPU indices a running job holds).
 
 Cost: 24 min measured on the shared 2-core machine at a load average of ~19 (463 s the local run, 951 s the
-SLURM run; README "On a cluster"); most of it is process start-up (torch, Snakemake, and on SLURM the plugin's
+SLURM run), 16 min at ~10 (187 s, 743 s; README "On a cluster"); most of it is process start-up (torch, Snakemake, and on SLURM the plugin's
 job step and the Snakemake it starts inside each allocation).
 """
 from __future__ import annotations
