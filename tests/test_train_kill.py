@@ -18,7 +18,6 @@ About 2-3 minutes on 2 cores: every Snakemake start builds the project's DAG, ev
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 import socket
@@ -211,8 +210,11 @@ def test_killed_train_jobs_rerun_to_the_whole_log_once(root):
         for pid in trainers.values():
             if alive(pid):
                 os.kill(pid, signal.SIGCONT)
-        # a trainer never outlives its job: the shell's and Snakemake's deaths reach the frozen trainers too
-        wait_for(lambda: not any(alive(p) for p in job), "every process of the killed jobs to end", timeout=15)
+        # a trainer never outlives its job: the shell's and Snakemake's deaths reach the frozen trainers too; one
+        # that trained on (an orphan) would be alive here, or done and have written its model
+        wait_for(lambda: not any(alive(p) for p in job), "every process of the killed jobs to end", timeout=10)
+        layout = Layout(root / "data", root / "results")
+        assert [run for run in VICTIMS if layout.model(run).exists()] == []
     finally:
         for pid in job:
             if alive(pid):
