@@ -89,15 +89,17 @@ def ddp_worker(rank: int, world: int, port: int, out_dir: str, cfg: TrainConfig)
     torch.manual_seed(cfg.seed)  # same initial weights on every rank, as the stage does
     model = tiny_model(cfg, seed=cfg.seed)
     layout = Layout(f"{out_dir}/data", f"{out_dir}/results")
+    import torch.distributed as dist
+
     try:
         train(model, pairs, cfg, layout.train_files("ddp"))
+        group_after = dist.is_initialized()  # train() ends the process group
         from protoclip.train.checkpoint import load_checkpoint
 
         protos = load_checkpoint(layout.checkpoint("ddp"))["prototypes"] if rank == 0 else None
-        torch.save({"state": model.state_dict(), "protos": protos}, f"{out_dir}/rank{rank}.pt")
+        torch.save({"state": model.state_dict(), "protos": protos, "group_after": group_after},
+                   f"{out_dir}/rank{rank}.pt")
     finally:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 

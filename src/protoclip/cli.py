@@ -14,9 +14,9 @@
     protoclip birdsnap --src /data/birdsnap --out data/external/birdsnap   # Birdsnap's lists -> class folders
     protoclip ucf101   --src /data/ucf101 --out data/external/ucf101       # UCF101 test videos -> middle frames
 
-`train` and `evaluate` place themselves on free GPUs first (protoclip.launch): a run with ``gpu: k`` takes k
-GPU slots and restarts as k torchrun ranks. `train` first holds its run (protoclip.run_lock: one trainer per run;
-a second waits with one line naming the holder). A command whose environment names its job's process
+`train`, `evaluate` and `teacher` place themselves on free GPUs first (protoclip.launch): a run with ``gpu: k``
+takes k GPU slots and restarts as k torchrun ranks. `train` first holds its run (protoclip.run_lock: one trainer
+per run; a second waits with one line naming the holder). A command whose environment names its job's process
 (``PROTOCLIP_JOB_PID``, set by the train rule) ends when that process or the job's shell ends
 (protoclip.launch.follow_job).
 
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
             if args.name:
                 cfg.teacher.name = args.name
+            placement = launch.place(cfg.gpus, launch.teacher_gpus(cfg), who=f"teacher {cfg.teacher.name}")  # noqa: F841
             run_teacher(cfg)
         elif args.stage == "train":
             k = launch.train_gpus(cfg.run(args.run))

@@ -13,9 +13,11 @@ rule train:
         "benchmarks/train_{run}.tsv"
     wildcard_constraints:
         run="|".join(RUNS) or "NO_RUNS",
+    # a run's `gpu: k`: k GPU slots (protoclip.launch places the job on k free ids; k > 1 runs torchrun, each rank
+    # with threads / k); threads and, on SLURM, CPUs and memory sized per GPU (common.smk: job sizes)
+    threads: job_threads(lambda wc: launch.train_gpus(PROJECT.run(wc.run)))
     resources:
-        # a run's `gpu: k`: k GPU slots (protoclip.launch places the job on k free ids; k > 1 runs torchrun)
-        gpu=lambda wc: launch.train_gpus(PROJECT.run(wc.run)),
+        **job_resources(lambda wc: launch.train_gpus(PROJECT.run(wc.run))),
     params:
         settings=lambda wc: settings(PROJECT.run(wc.run)),
         cmd=stage_cmd(lambda wc: f"train_{wc.run}"),

@@ -57,9 +57,10 @@ from protoclip.provenance import provenance
 from protoclip.records import TrainLog
 from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import (TrainingStopped, check_state_finite, kept_checkpoint, restore_rng,
-                                       resume_key, save_checkpoint)
+                                       resume_key, rng_state, save_checkpoint)
 from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo, barrier, broadcast_object, env_world, init_from_env, sync_buffers
+from protoclip.train.distributed import (DistInfo, barrier, broadcast_object, destroy, env_world, gather_object,
+                                        init_from_env, seed_rank, sync_buffers)
 from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
 from protoclip.train.methods.base import EpisodeData, Method, build_method
 from protoclip.train.schedule import Schedule, early_stop_update, per_rank_batch, trained_batches_per_episode
@@ -231,6 +232,18 @@ def restore(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimize
     return Progress(state["episode"], state["step"], state["prototypes"], state["extra"].get("early_stop"))
 
 
+def restore_rank_rng(state: dict, seed: int, info: DistInfo) -> None:
+    """A resumed rank r > 0 continues its own RNG streams (``extra.rng_ranks`` of a checkpoint of the same world
+    size); :func:`restore` gave it rank 0's. Otherwise (another world size) it reseeds as a fresh rank r."""
+    if info.rank == 0:
+        return
+    ranks = state["extra"].get("rng_ranks")
+    if ranks and len(ranks) == info.world_size:
+        restore_rng(ranks[info.rank])
+    else:
+        seed_rank(seed, info)
+
+
 def world_record(cfg: TrainConfig, info: DistInfo) -> dict[str, int]:
     """The resolved process count and batch sizes of the run (logged and saved with the run)."""
     return {"world_size": info.world_size, "per_rank_batch": per_rank_batch(cfg.batch_size, info.world_size),
@@ -332,6 +345,7 @@ def end_episode(s: Session, progress: Progress, records: list[dict[str, Any]], s
         # the barrier for a rank 0 that refused to save
         check_state_finite(s.model, s.optimizer, step=progress.step - 1, episode=progress.episode - 1,
                            checkpoint=s.checkpoint)
+    rng_ranks = gather_object(rng_state(), s.info) if save and s.info.enabled else None  # each rank's own streams
     for rec in records:
         s.tlog.append(rec)
     if save:
@@ -340,7 +354,8 @@ def end_episode(s: Session, progress: Progress, records: list[dict[str, Any]], s
             save_checkpoint(s.checkpoint, model=s.model, optimizer=s.optimizer, episode=progress.episode,
                             step=progress.step, prototypes=protos.to("cpu") if hasattr(protos, "to") else protos,
                             extra={"run": s.run, "config": s.resume_key, "method": s.method.state_dict(),
-                                   "early_stop": progress.early_stop})
+                                   "early_stop": progress.early_stop,
+                                   **({"rng_ranks": rng_ranks} if rng_ranks else {})})
     if s.info.is_main:
         ep_rec = records[0]
         s.tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=ep_rec["episode"])
@@ -437,16 +452,19 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
     tlog = TrainLog(files.log, files.log_work, enabled=info.is_main)
     if state is not None:
         progress = restore(state, model, optimizer, method)
+        restore_rank_rng(state, cfg.seed, info)
         tlog.resume_at(progress.episode, progress.step)
         log.info("resumed %s at episode %d / %d (step %d)", cfg.name, progress.episode, sched.n_episodes,
                  progress.step)
     else:
         progress = Progress()
         tlog.begin()
+        seed_rank(cfg.seed, info)  # rank r > 0: its own augmentation stream (the weights are built already)
     s = Session(cfg, cfg.name, model, wrap_for_ddp(model, method, device, info), optimizer, method, sched, dataset,
                 teacher, cfg.reads_teacher() and teacher is not None, info, device,
                 autocast_factory(cfg.precision, device), tlog, tracker or Tracker(), files.checkpoint, key)
     log_start(s, progress, config, files.config, resumed=state is not None)
     run_episodes(s, progress, stop_after_episodes)
     tlog.publish()  # train_log.jsonl = the checkpoint's log, whatever happened to the output file meanwhile
+    destroy(info)  # the process group ends with the training (a no-op for one process)
     return model
