@@ -95,8 +95,15 @@ def job_threads(gpus_of):
         k = gpus_of(wildcards)
         if on_slurm():
             return job_sizes.slurm_threads(site(), k)
-        return job_sizes.local_threads(k, workflow.cores, gpu_slots())
+        return job_sizes.local_threads(k, call_cores(k), gpu_slots())
     return threads
+
+
+def call_cores(n_gpus: int) -> int:
+    """--cores of this call; a call without (`snakemake --report`, a dry run) sizes a k-GPU job at k threads,
+    as `workflow.cores` itself raises there."""
+    cores = workflow.global_resources["_cores"].value
+    return cores if isinstance(cores, int) else max(1, n_gpus)
 
 
 def job_resources(gpus_of, cpus: bool = True) -> dict:
