@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,6 +22,9 @@ from protoclip.evaluate.stage import not_applicable, run_collect, run_evaluate, 
 from protoclip.hashing import sha256_file
 from protoclip.layout import Layout
 from protoclip import models
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_fixtures import write_pairs  # noqa: E402
 
 RUN = "tiny"
 
@@ -46,14 +50,8 @@ def _digits_npz(layout: Layout, n_per_class: int = 4) -> None:
 
 
 def _manifest(layout: Layout) -> None:
-    rows = []
-    for i in range(16):
-        path = layout.prepared / "images" / f"{i}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(np.full((16, 16, 3), 15 * i, dtype=np.uint8)).save(path)
-        rows.append({"id": f"s{i}", "path": str(path), "caption": f"a picture number {i}", "source": "t",
-                     "label": ["animals", "food"][i % 2], "sha256": "", "split": "heldout" if i >= 10 else "train"})
-    pd.DataFrame(rows).to_parquet(layout.manifest)
+    """16 grey PNGs with captions and two coarse labels (animals / food), the last 6 held out (heldout_pairs)."""
+    write_pairs(layout, n=16, heldout=6, size=16, images="gray", captions="numbered", labels=["animals", "food"])
 
 
 def _project(tmp_path: Path, datasets: dict) -> ProjectConfig:

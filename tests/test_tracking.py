@@ -3,20 +3,15 @@ a resumed one continues its own, evaluate finds the run by the model's sha256, t
 training-runs view, and the report gets a run of its own with the tables as artifacts."""
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-import yaml
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_fixtures import WORDS, one_thread  # noqa: E402
+from train_fixtures import one_thread, tiny_project  # noqa: E402
 
 from protoclip.config import load_config  # noqa: E402
-from protoclip.data.manifest import Pair, to_frame, write_manifest  # noqa: E402
 from protoclip.hashing import sha256_file  # noqa: E402
 from protoclip.layout import Layout  # noqa: E402
 
@@ -29,26 +24,8 @@ RUN = {"method": "clip", "teacher": None, "model": "tiny-rn", "head_hidden": 32,
 
 def project(tmp_path: Path, lr: float) -> Path:
     """24 random PNGs (4 held out) and one CLIP run; rewriting it with another ``lr`` changes the run's config."""
-    layout = Layout(tmp_path / "data", tmp_path / "results")
-    if not layout.manifest.exists():
-        rng = np.random.default_rng(0)
-        img_dir = layout.prepared / "images" / "tuxpaint"
-        img_dir.mkdir(parents=True)
-        pairs = []
-        for i in range(24):
-            Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(img_dir / f"{i}.png")
-            pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
-                              source="tuxpaint", label="",
-                              sha256=hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest(),
-                              split="heldout" if i >= 20 else "train"))
-        write_manifest(to_frame(pairs), layout.manifest)
-    cfg = {"paths": {"data_dir": str(layout.data_dir), "results_dir": str(layout.results_dir),
-                     "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db", "mlflow_experiment": "exp"},
-           "prepare": {"offline_sources": ["tuxpaint"], "eval_sets": []},
-           "train": RUN, "runs": {"clip": {"lr": lr}}}
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return tiny_project(tmp_path, {"paths": {"mlflow_experiment": "exp"}, "prepare": {"eval_sets": []},
+                                   "train": RUN, "runs": {"clip": {"lr": lr}}}, n=24, heldout=4)
 
 
 def client(cfg):

@@ -7,7 +7,6 @@ Manual look: ``python tests/test_tracking_targets.py OUT_DIR`` writes OUT_DIR/ml
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -17,17 +16,13 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_fixtures import WORDS, free_port  # noqa: E402
+from train_fixtures import free_port, tiny_project  # noqa: E402
 
 from protoclip.config import load_config  # noqa: E402
-from protoclip.data.manifest import Pair, to_frame, write_manifest  # noqa: E402
-from protoclip.layout import Layout  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -42,19 +37,8 @@ COLUMN = {"label": "kNN", "task": "knn", "metric": "top1", "offline": ["digits"]
 def project(tmp_path: Path) -> Path:
     """16 random PNGs; two experiment files: table_V shows runs clip_a and pair_b (seeds 0, 1), fig_x shows clip_a;
     run lonely (inline) is in no target."""
-    layout = Layout(tmp_path / "data", tmp_path / "results")
-    rng = np.random.default_rng(0)
-    img_dir = layout.prepared / "images" / "tuxpaint"
-    img_dir.mkdir(parents=True)
-    pairs = []
-    for i in range(16):
-        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(img_dir / f"{i}.png")
-        sha = hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest()  # training checks images against it
-        pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
-                          source="tuxpaint", label="", sha256=sha, split="train"))
-    write_manifest(to_frame(pairs), layout.manifest)
     exp = tmp_path / "experiments"
-    exp.mkdir()
+    exp.mkdir(parents=True)
     (exp / "table_V.yaml").write_text(yaml.safe_dump({
         "target": {"id": "table_V", "kind": "table", "caption": "t", "columns": [COLUMN],
                    "rows": [{"label": "CLIP", "run": "clip_a"}, {"label": "B", "run": "pair_b"}]},
@@ -63,14 +47,9 @@ def project(tmp_path: Path) -> Path:
         "target": {"id": "fig_x", "kind": "figure", "plot": "bars", "caption": "f", "columns": [COLUMN],
                    "rows": [{"label": "CLIP", "run": "clip_a"}]},
         "runs": {"clip_a": {}}}))
-    cfg = {"paths": {"data_dir": str(layout.data_dir), "results_dir": str(layout.results_dir),
-                     "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db", "mlflow_experiment": "exp"},
-           "prepare": {"offline_sources": ["tuxpaint"], "eval_sets": []},
-           "train": RUN, "experiments": ["experiments/table_V.yaml", "experiments/fig_x.yaml"],
-           "runs": {"lonely": {}}}
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return tiny_project(tmp_path, {"paths": {"mlflow_experiment": "exp"}, "prepare": {"eval_sets": []},
+                                   "train": RUN, "experiments": ["experiments/table_V.yaml", "experiments/fig_x.yaml"],
+                                   "runs": {"lonely": {}}}, n=16, size=32)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

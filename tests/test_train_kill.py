@@ -17,7 +17,6 @@ About 2-3 minutes on 2 cores: every Snakemake start builds the project's DAG, ev
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import socket
@@ -26,14 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-import yaml
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_fixtures import training_records  # noqa: E402
+from train_fixtures import tiny_project, training_records  # noqa: E402
 
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.records import read_train_log  # noqa: E402
@@ -61,25 +57,9 @@ def env() -> dict:
 def root(tmp_path_factory) -> Path:
     """The project, and the uninterrupted run ``ref`` trained by the train rule's command."""
     root = tmp_path_factory.mktemp("kill")
-    layout = Layout(root / "data", root / "results")
-    rng = np.random.default_rng(0)
-    img_dir = layout.prepared / "images" / "tuxpaint"
-    img_dir.mkdir(parents=True)
-    from protoclip.data.manifest import Pair, to_frame, write_manifest
-
-    pairs = []
-    for i in range(36):
-        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(img_dir / f"{i}.png")
-        pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=f"picture number {i}",
-                          source="tuxpaint", label="", split="train",
-                          sha256=hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest()))
-    write_manifest(to_frame(pairs), layout.manifest)
-    (root / "config").mkdir()
-    (root / "config" / "config.yaml").write_text(yaml.safe_dump({
-        "paths": {"data_dir": "data", "results_dir": "results", "mlflow_uri": "sqlite:///results/mlflow.db",
-                  "mlflow_experiment": "kill"},
-        "prepare": {"offline_sources": ["tuxpaint"], "eval_sets": []},
-        "train": RUN, "runs": {name: {} for name in RUNS}}))
+    tiny_project(root, {"paths": {"mlflow_experiment": "kill"}, "prepare": {"eval_sets": []}, "train": RUN,
+                        "runs": {name: {} for name in RUNS}},
+                 relative=True, config_name="config/config.yaml", n=36, size=32, captions="numbered")
     done = subprocess.run(train_cmd("ref"), cwd=root, env=env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return root

@@ -1,22 +1,19 @@
 """`run_train` on a fixture project (64 random PNGs + captions, a random teacher cache): outputs and errors."""
 from __future__ import annotations
 
-import hashlib
 import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_fixtures import WORDS, one_thread  # noqa: E402
+from train_fixtures import one_thread, tiny_project  # noqa: E402
 
 from protoclip.errors import ConfigError  # noqa: E402
 from protoclip.config import load_config  # noqa: E402
-from protoclip.data.manifest import Pair, to_frame, write_manifest  # noqa: E402
+from protoclip.data.manifest import to_frame, write_manifest  # noqa: E402
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.records import read_train_log  # noqa: E402
 from protoclip.train.stage import resolve_sources, run_train  # noqa: E402
@@ -29,35 +26,12 @@ RUN = {"model": "tiny-rn", "head_hidden": 32, "head_out": 16, "epochs": 1.0, "ep
 
 
 def _project(tmp_path: Path, n: int = 40, teacher: bool = True) -> Path:
-    rng = np.random.default_rng(0)
-    data, results = tmp_path / "data", tmp_path / "results"
-    layout = Layout(data, results)
-    img_dir = layout.prepared / "images" / "tuxpaint"
-    img_dir.mkdir(parents=True)
-    pairs = []
-    for i in range(n):
-        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(img_dir / f"{i}.png")
-        split = "heldout" if i >= n - 4 else "train"
-        pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
-                          source="tuxpaint", label="",
-                          sha256=hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest(),
-                          split=split))
-    write_manifest(to_frame(pairs), layout.manifest)
-    if teacher:
-        ids = np.array([p.id for p in pairs][::-1])  # cache order differs from the manifest's
-        feats = rng.standard_normal((n, 8)).astype(np.float32)
-        layout.teacher_features("toy-teacher").parent.mkdir(parents=True)
-        np.savez(layout.teacher_features("toy-teacher"), ids=ids, features=feats)
-    cfg = {"paths": {"data_dir": str(data), "results_dir": str(results),
-                     "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db", "mlflow_experiment": "test"},
-           "prepare": {"offline_sources": ["tuxpaint"]},
-           "teacher": {"name": "toy-teacher", "pca_dim": 8},
-           "train": RUN,
-           "runs": {"proto": {"method": "protoclip", "teacher": "toy-teacher"},
-                    "clip": {"method": "clip", "teacher": None}}}
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    """``n`` random PNGs (4 held out), the 8-d cache of 'toy-teacher' (unless ``teacher`` is false), runs 'proto'
+    (ProtoCLIP with the teacher) and 'clip'."""
+    return tiny_project(tmp_path, {"teacher": {"name": "toy-teacher", "pca_dim": 8}, "train": RUN,
+                                   "runs": {"proto": {"method": "protoclip", "teacher": "toy-teacher"},
+                                            "clip": {"method": "clip", "teacher": None}}},
+                        n=n, heldout=4, teacher="toy-teacher" if teacher else None)
 
 
 @pytest.mark.slow

@@ -6,25 +6,20 @@ pairs; the stage-level cases fail before any training step, so they take about a
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-import yaml
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_fixtures import WORDS, RandomPairs, one_thread, tiny_config, tiny_model  # noqa: E402
+from train_fixtures import RandomPairs, one_thread, tiny_config, tiny_model, tiny_project  # noqa: E402
 
 from protoclip.errors import ConfigError  # noqa: E402
 from protoclip.schema import to_dict  # noqa: E402
 from protoclip.config import load_config  # noqa: E402
-from protoclip.data.manifest import Pair, to_frame, write_manifest  # noqa: E402
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.train.checkpoint import CheckpointError, resume_key, resume_point, save_checkpoint  # noqa: E402
 from protoclip.train.distributed import DistInfo  # noqa: E402
@@ -53,26 +48,9 @@ def _mlflow_store(tmp_path_factory):
 
 def _project(tmp_path: Path, **train) -> Path:
     """12 train pairs of one source; runs 'clip' and 'proto' (teacher 'toy-teacher', whose cache is absent)."""
-    rng = np.random.default_rng(0)
-    layout = Layout(tmp_path / "data", tmp_path / "results")
-    img_dir = layout.prepared / "images" / "tuxpaint"
-    img_dir.mkdir(parents=True)
-    pairs = []
-    for i in range(12):
-        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(img_dir / f"{i}.png")
-        pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
-                          source="tuxpaint", label="", split="train",
-                          sha256=hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest()))
-    write_manifest(to_frame(pairs), layout.manifest)
-    cfg = {"paths": {"data_dir": str(layout.data_dir), "results_dir": str(layout.results_dir),
-                     "mlflow_uri": MLFLOW_URI, "mlflow_experiment": "test"},
-           "prepare": {"offline_sources": ["tuxpaint"]},
-           "train": {**RUN, **train},
-           "runs": {"clip": {"method": "clip", "teacher": None},
-                    "proto": {"method": "protoclip", "teacher": "toy-teacher"}}}
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return tiny_project(tmp_path, {"paths": {"mlflow_uri": MLFLOW_URI}, "train": {**RUN, **train},
+                                   "runs": {"clip": {"method": "clip", "teacher": None},
+                                            "proto": {"method": "protoclip", "teacher": "toy-teacher"}}}, n=12)
 
 
 def _cli(path: Path, capsys, *extra: str) -> tuple[int, list[str], str]:

@@ -16,22 +16,18 @@ tiny-vit (LayerNorm) with single-Linear heads. Images are uniform colours, so th
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-import yaml
-from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from train_fixtures import WORDS  # noqa: E402
+from train_fixtures import tiny_project  # noqa: E402
 
 from protoclip.gpu_slots import GpuSlotsConfig, try_acquire  # noqa: E402
 
@@ -45,35 +41,14 @@ ATOL, RTOL = 1e-5, 1e-4
 
 def project(tmp_path: Path) -> Path:
     """32 train + 4 held-out pairs of uniform-colour 32 px PNGs; runs of CLIP / ProtoCLIP on 1 and 2 GPUs."""
-    from protoclip.data.manifest import Pair, to_frame, write_manifest
-    from protoclip.layout import Layout
-
-    rng = np.random.default_rng(0)
-    layout = Layout(tmp_path / "data", tmp_path / "results")
-    img_dir = layout.prepared / "images" / "tuxpaint"
-    img_dir.mkdir(parents=True)
-    pairs = []
-    for i in range(36):
-        colour = tuple(int(c) for c in rng.integers(0, 255, 3))
-        Image.new("RGB", (32, 32), colour).save(img_dir / f"{i}.png")
-        pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=" ".join(rng.choice(WORDS, 3)),
-                          source="tuxpaint", label="",
-                          sha256=hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest(),
-                          split="heldout" if i >= 32 else "train"))
-    write_manifest(to_frame(pairs), layout.manifest)
     runs = {}
     for method in ("clip", "protoclip"):
         for k in (1, 2):
             runs[f"{method}_{k}"] = {"method": method, "gpu": k}
     runs["protoclip_2k"] = {"method": "protoclip", "gpu": 2}  # the one killed and resumed
-    cfg = {"paths": {"data_dir": str(layout.data_dir), "results_dir": str(layout.results_dir),
-                     "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db", "mlflow_experiment": "test"},
-           "prepare": {"offline_sources": ["tuxpaint"]},
-           "gpus": {"ids": [0, 1], "lock_dir": str(tmp_path / "locks"), "poll_s": 0.1},  # 2 fake GPUs
-           "train": RUN, "runs": runs}
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return tiny_project(tmp_path, {"gpus": {"ids": [0, 1], "lock_dir": str(tmp_path / "locks"), "poll_s": 0.1},
+                                   "train": RUN, "runs": runs},  # 2 fake GPUs
+                        n=36, heldout=4, size=32, images="colour")
 
 
 def train_cmd(config: Path, run: str) -> list[str]:

@@ -1,12 +1,21 @@
-"""Tiny in-memory fixtures shared by tests/test_train_*.py (no files, no network)."""
+"""Tiny fixtures shared by the training tests: in-memory data and configs, and :func:`tiny_project`, the one
+on-disk project (a prepared manifest of PNGs + config.yaml) the stage, tracking, kill and torchrun tests train.
+No network."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
+from PIL import Image
 from torch.utils.data import Dataset
 
+from protoclip.data.manifest import Pair, to_frame, write_manifest
+from protoclip.layout import Layout
+from protoclip.schema import deep_merge
 from protoclip.train.config import KMeansConfig, LossConfig, TrainConfig
 
 WORDS = ["red", "green", "blue", "cat", "dog", "car", "tree", "house", "sun", "moon", "boat", "bird"]
@@ -169,3 +178,58 @@ def training_records(records: list[dict]) -> list[dict]:
     """A train log's records without what differs between an uninterrupted and a resumed run of one config:
     wall-clock fields (``time/*``) and the ``resume`` records of restarts."""
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records if r["kind"] != "resume"]
+
+
+def write_pairs(layout: Layout, *, n: int, heldout: int = 0, size: int = 64, images: str = "noise",
+                captions: str = "words", labels: list[str] | None = None, seed: int = 0) -> list[Pair]:
+    """``n`` image-caption pairs as ``protoclip prepare`` leaves them: PNGs of ``size`` px under
+    ``<prepared>/images/tuxpaint/`` and the manifest (source ``tuxpaint``, ids ``tux-<i>``, each image's real sha256,
+    the last ``heldout`` rows held out), drawn from one seeded stream. ``images``: "noise" (uniform noise),
+    "colour" (one random colour) or "gray" (grey level 15 i); ``captions``: "words" (three of :data:`WORDS`, drawn
+    after each image) or "numbered" ("picture number <i>"); ``labels``: coarse labels, row i gets
+    ``labels[i % len(labels)]`` (none: empty)."""
+    rng = np.random.default_rng(seed)
+    img_dir = layout.prepared / "images" / "tuxpaint"
+    img_dir.mkdir(parents=True, exist_ok=True)
+    pairs = []
+    for i in range(n):
+        if images == "noise":
+            img = Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
+        elif images == "colour":
+            img = Image.new("RGB", (size, size), tuple(int(c) for c in rng.integers(0, 255, 3)))
+        else:
+            img = Image.fromarray(np.full((size, size, 3), 15 * i, dtype=np.uint8))
+        img.save(img_dir / f"{i}.png")
+        caption = " ".join(rng.choice(WORDS, 3)) if captions == "words" else f"picture number {i}"
+        pairs.append(Pair(id=f"tux-{i}", path=f"images/tuxpaint/{i}.png", caption=caption, source="tuxpaint",
+                          label=labels[i % len(labels)] if labels else "",
+                          sha256=hashlib.sha256((img_dir / f"{i}.png").read_bytes()).hexdigest(),
+                          split="heldout" if i >= n - heldout else "train"))
+    write_manifest(to_frame(pairs), layout.manifest)
+    return pairs
+
+
+def tiny_project(root: Path, config: dict, *, teacher: str | None = None, relative: bool = False,
+                 config_name: str = "config.yaml", **pairs) -> Path:
+    """A project under ``root`` as ``protoclip prepare`` leaves it (:func:`write_pairs` with ``pairs``, once: an
+    existing manifest is kept) and its config file ``root/config_name`` (returned): ``config`` over the paths
+    (absolute, or relative to ``root`` with ``relative``), an MLflow store under ``root`` and
+    ``prepare.offline_sources: [tuxpaint]``. ``teacher``: a cache of that name with 8-d random features (its
+    ids in reverse manifest order)."""
+    layout = Layout(root / "data", root / "results")
+    if not layout.manifest.exists():
+        made = write_pairs(layout, **pairs)
+        if teacher:
+            ids = np.array([p.id for p in made][::-1])  # the cache's order differs from the manifest's
+            feats = np.random.default_rng(1).standard_normal((len(made), 8)).astype(np.float32)
+            layout.teacher_features(teacher).parent.mkdir(parents=True, exist_ok=True)
+            np.savez(layout.teacher_features(teacher), ids=ids, features=feats)
+    base = Path("data") if relative else root / "data"
+    store = "sqlite:///results/mlflow.db" if relative else f"sqlite:///{root}/mlflow.db"
+    defaults = {"paths": {"data_dir": str(base), "results_dir": str(base.parent / "results"), "mlflow_uri": store,
+                          "mlflow_experiment": "test"},
+                "prepare": {"offline_sources": ["tuxpaint"]}}
+    path = root / config_name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(deep_merge(defaults, config)))
+    return path
