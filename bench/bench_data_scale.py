@@ -214,7 +214,7 @@ def episode_cost(manifest_df, image_size: int, m: int, workers: int) -> dict:
 
     from protoclip.data.pairs import ImageTextDataset
     from protoclip.data.transforms import train_transform
-    from protoclip.losses.proto import EpisodePrototypes
+    from protoclip.prototypes.episode import EpisodePrototypes
     from protoclip.models import build_model, get_tokenizer
     from protoclip.train.distributed import DistInfo
     from protoclip.train.episode import episode_loader, extract_features, sample_episode

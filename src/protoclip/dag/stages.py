@@ -218,16 +218,39 @@ def evaluate_stage(cfg, config_file: str, run: str, dataset: str, tasks: list[st
                  list(outs.values()), outs)
 
 
+def target_outputs(cfg) -> list[Path]:
+    """Every file ``protoclip report`` writes for the configured targets (stable: from the declarations)."""
+    lay = Layout.from_config(cfg)
+    out = [lay.report_index]
+    for t in cfg.paper_targets():
+        out += lay.target_files(t.id, t.kind) + [lay.caption(t.id)]
+    return out
+
+
+def evaluation_requests(cfg) -> dict[str, dict[str, list[str]]]:
+    """{run (expanded name): {dataset: sorted tasks}}: what the targets show, so the DAG evaluates only that.
+
+    Only data sets configured under ``evaluate.datasets`` are requested.
+    """
+    out: dict[str, dict[str, set[str]]] = {}
+    for t in cfg.paper_targets():
+        req = t.requests()
+        for base in t.runs():
+            for run in cfg.run_group(base):
+                for d, tasks in req.items():
+                    if d in cfg.evaluate.datasets:
+                        out.setdefault(run, {}).setdefault(d, set()).update(tasks)
+    return {r: {d: sorted(ts) for d, ts in sorted(v.items())} for r, v in out.items()}
+
+
 def evaluations(cfg) -> dict[str, dict[str, list[str] | None]]:
     """{run: {set: tasks or None (all)}}: the evaluation jobs of the DAG. A run that paper targets show is
-    evaluated only on the sets and tasks those targets read (protoclip.report.targets.evaluation_requests);
+    evaluated only on the sets and tasks those targets read (:func:`evaluation_requests`);
     a run no target shows gets every task on every evaluated set. A run a target shows but whose targets read
     no evaluation (a figure drawn from the train log alone) gets none."""
-    from protoclip.report.targets import evaluation_requests, targets
-
     sets = evaluated_sets(cfg)
     requests = evaluation_requests(cfg)
-    shown = {run for t in targets(cfg) for base in t.runs() for run in cfg.run_group(base)}
+    shown = {run for t in cfg.paper_targets() for base in t.runs() for run in cfg.run_group(base)}
     out: dict[str, dict[str, list[str] | None]] = {}
     for run in cfg.run_names():
         if run in shown:  # only what its targets read (possibly nothing)
@@ -251,9 +274,7 @@ def collect_stage(cfg, config_file: str, run: str, datasets: list[str]) -> Stage
 
 
 def report_stage(cfg, config_file: str) -> Stage:
-    """Every declared paper target (protoclip.report.targets.target_outputs: tables, figures, captions)."""
-    from protoclip.report.targets import target_outputs
-
+    """Every declared paper target (:func:`target_outputs`: tables, figures, captions)."""
     lay = Layout.from_config(cfg)
     runs = cfg.run_names()
     outs = {f"file{i}": Out(norm_path(p)) for i, p in enumerate(target_outputs(cfg))}
@@ -311,7 +332,7 @@ def exportable_runs(cfg) -> list[str]:
     """The configured runs ``protoclip export`` can write (the DAG's ``export_all`` target exports these), decided
     from each run's config by its method's evaluation spec, as the train stage records it in model.pt."""
     from protoclip.models.export_openclip import export_refusal
-    from protoclip.train.methods import method_class
+    from protoclip.train.registry import method_class
 
     out = []
     for r in cfg.run_names():

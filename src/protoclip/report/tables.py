@@ -3,7 +3,7 @@
     protoclip report --config config/config.yaml
 
 Writes every declared paper target (``target:`` blocks of the experiment files, see
-:mod:`protoclip.report.targets`): ``results/tables/<id>.{csv,md,tex,html}`` with our numbers and the paper's
+:mod:`protoclip.report.config`): ``results/tables/<id>.{csv,md,tex,html}`` with our numbers and the paper's
 side by side (:mod:`protoclip.report.paper_tables`), ``results/figures/<id>.png``
 (:mod:`protoclip.report.figures`), each with its caption ``results/report/<id>.rst`` (the Snakemake report's
 caption), and ``results/tables/index.md`` listing the skipped data sets once at the top, then every target.
@@ -109,7 +109,6 @@ def run_report(cfg) -> Path:
     from protoclip.report.dvc_plots import write_plot_data
     from protoclip.report.figures import write_figure
     from protoclip.report.paper_tables import write_table
-    from protoclip.report.targets import targets
     from protoclip.report.values import Results
 
     layout = Layout.from_config(cfg)
@@ -130,7 +129,7 @@ def run_report(cfg) -> Path:
         lines += ["## Skipped data sets (listed once; their cells read '-' or use the stand-in named in each "
                   "caption)", ""] + [f"- {line}" for line in skipped.values()] + [""]
     cells = []  # every target cell, ours and the paper's (targets_long.csv)
-    for target in targets(cfg):
+    for target in cfg.paper_targets():
         if target.kind == "table":
             md, caption, recs = write_table(cfg, results, target)
             cells += recs
@@ -163,5 +162,5 @@ def run_report(cfg) -> Path:
     if plot_train_curves(losses, layout.figures / "train_curves.png"):
         lines += ["![training curves](../figures/train_curves.png)", ""]
     index = write_text(layout.report_index, "\n".join(lines) + "\n")
-    log.info("report: %d targets, index %s", len(targets(cfg)), index)
+    log.info("report: %d targets, index %s", len(cfg.paper_targets()), index)
     return index

@@ -24,7 +24,7 @@ import yaml
 from protoclip import records
 from protoclip.tasks import NOT_APPLICABLE  # a run's inapplicable task: cells read n/a
 from protoclip.layout import Layout
-from protoclip.report.targets import ColumnConfig, TargetConfig
+from protoclip.report.config import ColumnConfig, TargetConfig
 
 PHASES = ("extract", "kmeans", "pbt", "train")  # the episode phases the trainer times (train/loop.py)
 
