@@ -19,6 +19,8 @@
   one-line error naming it, never a partial result; a 0-byte or cut file is one line naming it too.
 * ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or {"skipped": line}}}`` of the whole run
   (``protoclip collect``; the DVC metrics file).
+* ``results/tables/claims.json``: the claims ledger as a DVC metrics file, ``{claim id: {"ours", "ci_low",
+  "ci_high", "paper": numbers or null, "verdict": text}}`` (protoclip.report.claims; :func:`write_claims`).
 * ``results/runs/<run>/train_log.jsonl``: one JSON object per line, appended as training goes. Kinds:
   ``start`` (config + provenance, once per (re)start), ``step`` (loss terms, temperatures, LRs of one
   optimizer step), ``episode`` (cluster statistics and the phase times ``time/extract``, ``time/kmeans``,
@@ -158,6 +160,18 @@ def write_tasks(path: Path, run: str, dataset: str, status: dict[str, str], mode
     if subsample is not None:
         record["subsample"] = subsample
     return completion.finish(path, record, files)
+
+
+# --------------------------------------------------------------------------- claims.json
+def write_claims(path: Path, claims: dict[str, dict[str, Any]]) -> Path:
+    """The ledger's numbers and verdicts (non-finite numbers as null: JSON has no NaN)."""
+    clean = {cid: {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in c.items()}
+             for cid, c in claims.items()}
+    return write_json(path, clean)
+
+
+def read_claims(path: Path) -> dict[str, dict[str, Any]]:
+    return completion.read_record(Path(path))
 
 
 # --------------------------------------------------------------------------- train_log.jsonl
