@@ -71,8 +71,8 @@ def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_co
     adds nothing to ``default_file``, the default file itself is used (the commands in dvc.yaml). Otherwise the
     merged config is written to ``resolved_path`` (rewritten only when it changes) and every command reads it,
     so an override takes effect in every stage, or fails validation there with the key named. Relative
-    ``experiments``, ``targets`` and ``claims.files`` entries keep meaning "relative to the file that listed them" (rewritten relative to the
-    resolved file; from ``--config``: relative to the working directory).
+    ``experiments``, ``targets`` and ``claims.files`` entries keep meaning "relative to the file that listed them"
+    (rewritten relative to the resolved file; from ``--config``: relative to the working directory).
     """
     import yaml
 

@@ -274,8 +274,11 @@ class ClaimEngine:
     def _why_empty(self, note: str, runs: list[str], col: ColumnConfig, sets: list[str]) -> str:
         """The one-line reason of an empty cell: the first skip line of its runs' result files, or the note."""
         for r in runs:
+            # a set whose data is missing has no evaluation folder: `collect` put its skip line in metrics.json
+            summary = records.read_summary(self.results.layout.metrics_summary(r)).get(col.task, {})
             for d in sets:
-                if (line := records.skip_line(self.results.metrics(r, col.task, d))) is not None:
+                result = self.results.metrics(r, col.task, d) or summary.get(d)
+                if (line := records.skip_line(result)) is not None:
                     more = sum(self.results.value(r, col.task, x, col.metric) is None for x in sets) - 1
                     return line + (f" (and {more} more of {len(sets)} sets)" if more > 0 else "")
         return {"no result": f"no result of {col.task} {col.metric} on {' + '.join(sets)} for {', '.join(runs)}"
