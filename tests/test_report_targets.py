@@ -96,7 +96,7 @@ def synthesize(cfg) -> None:
 def test_shipped_config_declares_every_paper_target_and_unique_outputs():
     cfg = load_config(ROOT / "config" / "config.yaml")
     assert [t.id for t in cfg.paper_targets()] == ALL_TARGETS
-    outs = target_outputs(cfg)
+    outs = target_outputs(cfg, Layout.from_config(cfg))
     assert len(outs) == len(set(outs))
     assert {p.name for p in outs} >= {"table_III.csv", "table_III.md", "table_III.tex", "fig_6a.png", "fig_9.png"}
     # main comparisons have 3 seeds; shared runs (t3_protoclip in Tables III, IV, X, XI) exist once
@@ -220,7 +220,7 @@ def test_report_writes_every_target_with_ours_and_the_papers_numbers(tmp_path):
     cfg = load_config(project_copy(tmp_path))
     synthesize(cfg)
     index = run_report(cfg)
-    for path in target_outputs(cfg):
+    for path in target_outputs(cfg, Layout.from_config(cfg)):
         assert path.exists() and path.stat().st_size > 0, path
     text = index.read_text()
     # skipped sets listed once at the top, not in the tables

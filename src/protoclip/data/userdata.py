@@ -74,7 +74,7 @@ def _pair_split(cfg: UserDataConfig) -> str:
 
 
 # A caption longer than this is junk for a 76/77-token text encoder (and is the csv module's own default
-# field limit, which used to stop the whole scan with a traceback): the row is dropped as caption_too_long.
+# field limit, which would stop the whole scan with a traceback): the row is dropped as caption_too_long.
 MAX_CAPTION_CHARS = 131_072
 # the csv module's limit while reading: big enough that no real field trips it (rows are judged by us)
 _CSV_FIELD_LIMIT = 1 << 30

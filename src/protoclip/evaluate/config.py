@@ -17,7 +17,7 @@ class EvalDatasetConfig:
     kind: Literal["offline", "torchvision", "folder", "wds", "coco"]
     path: str | None = None  # root folder / shard folder / COCO root; null = not configured (reported skipped)
     tasks: list[str] = field(default_factory=lambda: list(TASKS))  # tasks run on this set (if they apply)
-    # Probe on a fixed subsample (issue: budget): null = the whole split; N = a seeded subset of at most N
+    # Probe on a fixed subsample (the offline budget): null = the whole split; N = a seeded subset of at most N
     # images of the split (class-stratified when the labels are known without decoding images, else uniform;
     # seeded by evaluate.seed and the set's name, never by the run), the same images for every run so runs
     # stay comparable. A split of at most N images is used whole. See datasets.subsample_set.

@@ -115,7 +115,7 @@ def run_report(cfg) -> Path:
     from protoclip.report.values import Results
 
     layout = Layout.from_config(cfg)
-    for folder in (layout.tables, layout.figures, Path(cfg.paths.results_dir) / "report"):
+    for folder in (layout.tables, layout.figures, layout.report_dir):
         clean_stale_temps(folder)  # the report job is these folders' only writer: a killed run's temp files
     runs = cfg.run_names()
     long = collect_metrics(layout, runs)
@@ -145,29 +145,28 @@ def run_report(cfg) -> Path:
     rows, files = run_ledger(cfg, results, engine)  # the claims ledger (protoclip.report.claims)
     lines += ["## Claims ledger", "", files["md"].read_text().strip(), "",
               f"![claims](../figures/{files['png'].name})", ""]
-    with atomic_path(layout.tables / "targets_long.csv") as tmp:  # every target cell, ours and the paper's
+    with atomic_path(layout.targets_long) as tmp:  # every target cell, ours and the paper's
         pd.DataFrame(cells).to_csv(tmp, index=False)
-    with atomic_path(layout.tables / "metrics_long.csv") as tmp:
+    with atomic_path(layout.metrics_long) as tmp:
         long.to_csv(tmp, index=False)  # every headline value and skip line, machine-readable
     lines += ["## Every task and run (generic tables)", ""]
     for task in TABLE_METRICS:
         table, _ = task_table(long, task)
         if table.empty:
             continue
-        base = layout.tables / task
-        with atomic_path(base.with_suffix(".csv")) as tmp:
+        with atomic_path(layout.task_table(task, ".csv")) as tmp:
             table.to_csv(tmp)
         md = table.reset_index().to_markdown(index=False)
-        write_text(base.with_suffix(".md"), md + "\n")
-        with atomic_path(base.with_suffix(".tex")) as tmp:
+        write_text(layout.task_table(task, ".md"), md + "\n")
+        with atomic_path(layout.task_table(task, ".tex")) as tmp:
             table.to_latex(tmp)
         lines += [f"### {task}", "", md, ""]
     losses = train_losses(layout, runs)
-    with atomic_path(layout.tables / "train_loss.csv") as tmp:
+    with atomic_path(layout.train_losses) as tmp:
         losses.to_csv(tmp, index=False)
     write_plot_data(layout, runs, losses, cells)  # dvc.yaml `plots:` (protoclip.report.dvc_plots)
-    if plot_train_curves(losses, layout.figures / "train_curves.png"):
-        lines += ["![training curves](../figures/train_curves.png)", ""]
+    if plot_train_curves(losses, layout.train_curves):
+        lines += [f"![training curves](../figures/{layout.train_curves.name})", ""]
     index = write_text(layout.report_index, "\n".join(lines) + "\n")
     log.info("report: %d targets, index %s", len(cfg.paper_targets()), index)
     return index

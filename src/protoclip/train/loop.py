@@ -243,7 +243,7 @@ def restore(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 
 def world_record(cfg: TrainConfig, info: DistInfo) -> dict[str, int]:
-    """The resolved process count and batch sizes of the run (issue 21: logged and saved with the run)."""
+    """The resolved process count and batch sizes of the run (logged and saved with the run)."""
     return {"world_size": info.world_size, "per_rank_batch": per_rank_batch(cfg.batch_size, info.world_size),
             "global_batch": cfg.batch_size}  # batch_size is the global batch (train/schedule.py)
 
