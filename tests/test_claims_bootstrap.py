@@ -1,11 +1,13 @@
 """The claims ledger's bootstrap (protoclip.claims.bootstrap) against scipy, a naive loop and closed forms."""
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 from scipy import stats
 
-from protoclip.claims.bootstrap import Component, Units, percentile_interval, point, resample
+from protoclip.claims.bootstrap import Component, Units, percentile_interval, point, resample, stream
 
 
 def planted_pair(n: int, p_a: float, p_b: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -18,31 +20,33 @@ def planted_pair(n: int, p_a: float, p_b: float, seed: int) -> tuple[np.ndarray,
 
 def test_one_seed_paired_difference_is_scipys_percentile_bootstrap_to_the_bit():
     a, b = planted_pair(300, 0.6, 0.5, seed=1)
-    A, B = resample([Component([Units.mean(a)], [Units.mean(b)])], n_resamples=500, seed=7)
+    A, B = resample([Component([Units.mean(a)], [Units.mean(b)], key="digits")], n_resamples=500, seed=7)
     lo, hi = percentile_interval((A - B).mean(0), 0.95)
+    assert stream(7, "examples/digits").integers(0, 10, 5).tolist() == \
+        np.random.default_rng([7, zlib.crc32(b"examples/digits")]).integers(0, 10, 5).tolist()
     ref = stats.bootstrap((a.astype(float), b.astype(float)),
                           lambda x, y, axis: 100 * (x.mean(axis=axis) - y.mean(axis=axis)), paired=True,
-                          vectorized=True, method="percentile", n_resamples=500, rng=np.random.default_rng(7))
+                          vectorized=True, method="percentile", n_resamples=500,
+                          rng=stream(7, "examples/digits"))
     assert (lo, hi) == pytest.approx((ref.confidence_interval.low, ref.confidence_interval.high), rel=1e-12)
     np.testing.assert_allclose((A - B)[0], ref.bootstrap_distribution, rtol=1e-12, atol=1e-12)
 
 
 def naive(components, n_resamples, seed):
-    """The documented draw order, one resample and one unit at a time (no counts, no matrix products)."""
-    rng = np.random.default_rng(seed)
+    """The documented draws (named streams), one resample and one unit at a time (no counts, no products)."""
     draws = []
-    for comp in components:
+    for c, comp in enumerate(components):
+        key = f"examples/{comp.key or c}"
         if comp.paired:
-            idx = rng.integers(0, comp.a[0].n, (n_resamples, comp.a[0].n))
+            idx = stream(seed, key).integers(0, comp.a[0].n, (n_resamples, comp.a[0].n))
             draws.append(([idx] * len(comp.a), [idx] * len(comp.b)))
         else:
-            da = [rng.integers(0, u.n, (n_resamples, u.n)) for u in comp.a]
-            db = [rng.integers(0, u.n, (n_resamples, u.n)) for u in comp.b]
+            da = [stream(seed, f"{key}/a{j}").integers(0, u.n, (n_resamples, u.n)) for j, u in enumerate(comp.a)]
+            db = [stream(seed, f"{key}/b{j}").integers(0, u.n, (n_resamples, u.n)) for j, u in enumerate(comp.b)]
             draws.append((da, db))
-    sa = rng.integers(0, len(components[0].a), (n_resamples, len(components[0].a))) if len(components[0].a) > 1 \
-        else np.zeros((n_resamples, 1), int)
-    nb = len(components[0].b)
-    sb = rng.integers(0, nb, (n_resamples, nb)) if nb > 1 else np.zeros((n_resamples, 1), int)
+    na, nb = len(components[0].a), len(components[0].b)
+    sa = stream(seed, "seeds/a").integers(0, na, (n_resamples, na)) if na > 1 else np.zeros((n_resamples, 1), int)
+    sb = stream(seed, "seeds/b").integers(0, nb, (n_resamples, nb)) if nb > 1 else np.zeros((n_resamples, 1), int)
 
     def value(u, rows):
         total = 0.0
@@ -83,6 +87,14 @@ def test_hierarchical_seeds_several_components_ratios_and_unpaired_units_match_a
     nA, nB = naive(comps, 40, 3)
     np.testing.assert_allclose(A, nA, rtol=1e-12)
     np.testing.assert_allclose(B, nB, rtol=1e-12)
+    # the draw counts kept in a cache give the same resamples; a set under its own key is drawn the same way
+    cache = {}
+    A2, B2 = resample(comps, n_resamples=40, seed=3, cache=cache)
+    A3, _ = resample(comps, n_resamples=40, seed=3, cache=cache)
+    assert len(cache) == 2 and np.array_equal(A, A2) and np.array_equal(B, B2) and np.array_equal(A, A3)
+    keyed = [Component(c1.a, c1.b, key="s"), Component(c1.a, c1.b, key="s"), Component(c1.a, c1.b, key="t")]
+    K, _ = resample(keyed, n_resamples=40, seed=3)
+    assert np.array_equal(K[0], K[1]) and not np.array_equal(K[0], K[2])
     # without resampling: each family's mean over seeds of its full-data value
     pa, pb = point(comps)
     assert pa[0] == pytest.approx(np.mean([100 * u.num.mean() for u in c1.a]))

@@ -12,28 +12,31 @@ captions, so an image is drawn with its captions); a phase's share of the episod
 seconds, ``den`` = the episode's seconds. With ``w = 1`` it is the metric as the metrics file holds it.
 
 How. A claim has one or more *components* (data sets: a column averaged over several sets, or counted over
-them) and two run *families* (a run, or its seeds). The draws, in this order (a naive loop reproduces them:
-tests/test_claims_bootstrap.py):
+them) and two run *families* (a run, or its seeds). Every draw comes from a named stream,
+``np.random.default_rng([seed, zlib.crc32(name)])`` (:func:`stream`), so a naive loop reproduces it
+(tests/test_claims_bootstrap.py) and the same data set is resampled the same way wherever it appears:
 
-1. per component, in order: ``paired`` (both families scored on the same units, the same test images): one
-   ``rng.integers(0, n, (B, n))`` draw shared by every run and seed of both families (the pairing over examples);
-   unpaired (each run its own units, e.g. its training episodes): one such draw per run, family A's seeds
-   first;
-2. then per family with S > 1 seeds: ``rng.integers(0, S, (B, S))``, the same seeds for every component
-   (a seed is one trained model).
+1. per component: ``paired`` (both families scored on the same units, the same test images): one
+   ``integers(0, n, (B, n))`` draw from stream ``examples/<key>`` (``key``: the data set), shared by every run
+   and seed of both families (the pairing over examples); unpaired (each run its own units, e.g. its training
+   episodes): one such draw per run from ``examples/<key>/a<i>`` / ``examples/<key>/b<i>``;
+2. per family with S > 1 seeds: ``integers(0, S, (B, S))`` from stream ``seeds/a`` / ``seeds/b``, the same
+   seeds for every component (a seed is one trained model).
 
 A family's value in resample b is the mean over its drawn seeds of their values under the component's draw:
 a two-level bootstrap, seeds then examples (for the same test images across seeds: the examples crossed with
 the seeds, both resampled), which adds the seed spread to the example spread. With three seeds the seed level
 has only 10 distinct draws and the percentile interval is a rough one; that is what three seeds can tell.
-The interval is the percentile interval of the B resampled statistics (``np.quantile``, linear). With one
-seed per family and one paired component this is exactly ``scipy.stats.bootstrap(..., paired=True,
-method='percentile')`` for the same ``np.random.default_rng(seed)`` (the same index draw; tested), as long as
-the draw fits in one call (``B * n <= MAX_DRAW``; larger sets draw in chunks of resamples, an equally valid
+Different data sets come from different streams (independent resamples); the same set in two cells or claims
+gets the same draw (a ``cache`` dict passed to :func:`resample` keeps its draw counts, so a report builds them
+once per set). The interval is the percentile interval of the B resampled statistics (``np.quantile``,
+linear). With one seed per family and one paired component this is exactly ``scipy.stats.bootstrap(...,
+paired=True, method='percentile', rng=stream(seed, "examples/<key>"))`` (the same index draw; tested), as long
+as the draw fits in one call (``B * n <= MAX_DRAW``; larger sets draw in chunks of resamples, an equally valid
 bootstrap that no longer matches scipy's draw bit for bit).
 
     from protoclip.claims.bootstrap import Component, Units, resample, percentile_interval
-    comp = Component([Units.mean(hits_a)], [Units.mean(hits_b)])     # one seed each, same test images
+    comp = Component([Units.mean(hits_a)], [Units.mean(hits_b)], key="fashion_mnist")  # one seed each
     a, b = resample([comp], n_resamples=2000, seed=0)                 # [components, B] each
     lo, hi = percentile_interval((a - b).mean(0), 0.95)
 
@@ -41,6 +44,7 @@ Pure numpy: no project config, no files.
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,6 +93,7 @@ class Component:
     a: list[Units]
     b: list[Units] = field(default_factory=list)
     paired: bool = True  # same units for every run (test images); False: each run its own (episodes)
+    key: str = ""  # the stream's name (the data set): the same key, the same draw; "" = its position
 
     def __post_init__(self) -> None:
         if not self.a:
@@ -99,6 +104,11 @@ class Component:
                 raise ValueError(f"Component: paired runs must score the same units, got sizes {sorted(sizes)}")
 
 
+def stream(seed: int, name: str) -> np.random.Generator:
+    """The generator of one named stream of draws: ``np.random.default_rng([seed, zlib.crc32(name)])``."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
 def _draw(rng: np.random.Generator, n_resamples: int, n: int) -> np.ndarray:
     """[B, n] unit indices: one call when it fits MAX_DRAW (scipy.stats.bootstrap's draw), else chunks."""
     if n_resamples * n <= MAX_DRAW:
@@ -107,41 +117,66 @@ def _draw(rng: np.random.Generator, n_resamples: int, n: int) -> np.ndarray:
     return np.concatenate([rng.integers(0, n, (min(step, n_resamples - s), n)) for s in range(0, n_resamples, step)])
 
 
-def _values(units: list[Units], idx: np.ndarray) -> np.ndarray:
-    """Each of ``units``' value under each resample of ``idx`` ([B, n] indices, shared) -> [len(units), B]; the
-    draw counts are built once per chunk of resamples."""
+def _counts(idx: np.ndarray) -> list[np.ndarray]:
+    """How often each unit is drawn in each resample of ``idx`` ([B, n]), as float64 chunks of resamples."""
     n_resamples, n = idx.shape
     step = max(1, MAX_DRAW // (4 * n))
-    out = np.empty((len(units), n_resamples))
+    out = []
     for s in range(0, n_resamples, step):
         rows = idx[s:s + step]
         flat = (rows + (np.arange(len(rows)) * n)[:, None]).ravel()
-        counts = np.bincount(flat, minlength=len(rows) * n).reshape(len(rows), n).astype(np.float64)
-        for i, u in enumerate(units):
-            out[i, s:s + step] = u.value(counts)
+        out.append(np.bincount(flat, minlength=len(rows) * n).reshape(len(rows), n).astype(np.float64))
     return out
 
 
-def resample(components: list[Component], n_resamples: int = 2000, seed: int = 0
+def _values(units: list[Units], counts: list[np.ndarray]) -> np.ndarray:
+    """Each of ``units``' value under each resample (``counts`` chunks) -> [len(units), B]."""
+    return np.stack([np.concatenate([u.value(c) for c in counts]) for u in units])
+
+
+class CountsCache(dict):
+    """Draw counts of paired streams kept between :func:`resample` calls, up to ``max_elements`` counts in all
+    (float64: 8 bytes each; beyond it a set's counts are built again for each call)."""
+
+    def __init__(self, max_elements: int = MAX_DRAW):
+        super().__init__()
+        self.max_elements = max_elements
+
+    def __setitem__(self, key, counts: list[np.ndarray]) -> None:
+        held = sum(c.size for v in self.values() for c in v)
+        if held + sum(c.size for c in counts) <= self.max_elements:
+            super().__setitem__(key, counts)
+
+
+def resample(components: list[Component], n_resamples: int = 2000, seed: int = 0, cache: dict | None = None
              ) -> tuple[np.ndarray, np.ndarray | None]:
     """(A, B): each family's value per component in every resample, ``[components, n_resamples]`` (B: None
-    when no component has a family b). Draw order: the module docstring."""
+    when no component has a family b). Draws: the module docstring. ``cache``: a dict (:class:`CountsCache`)
+    that keeps each paired stream's draw counts for later calls (a report builds each set's counts once)."""
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     if not components:
         raise ValueError("resample: no component")
-    rng = np.random.default_rng(seed)
     per_run: list[tuple[np.ndarray, np.ndarray]] = []  # per component: [S_a, B], [S_b, B]
-    for comp in components:
+    for i, comp in enumerate(components):
+        key = f"examples/{comp.key or i}"
         if comp.paired:
-            v = _values(comp.a + comp.b, _draw(rng, n_resamples, comp.a[0].n))
+            n = comp.a[0].n
+            ck = (key, n, n_resamples, seed)
+            counts = cache.get(ck) if cache is not None else None
+            if counts is None:
+                counts = _counts(_draw(stream(seed, key), n_resamples, n))
+                if cache is not None:
+                    cache[ck] = counts
+            v = _values(comp.a + comp.b, counts)
         else:
-            v = np.concatenate([_values([u], _draw(rng, n_resamples, u.n)) for u in comp.a + comp.b])
-        va, vb = v[:len(comp.a)], v[len(comp.a):]
-        per_run.append((va, vb))
-    seeds_a = _seed_draw(rng, len(components[0].a), n_resamples)
+            names = [f"{key}/a{j}" for j in range(len(comp.a))] + [f"{key}/b{j}" for j in range(len(comp.b))]
+            v = np.concatenate([_values([u], _counts(_draw(stream(seed, name), n_resamples, u.n)))
+                                for u, name in zip(comp.a + comp.b, names)])
+        per_run.append((v[:len(comp.a)], v[len(comp.a):]))
+    seeds_a = _seed_draw(stream(seed, "seeds/a"), len(components[0].a), n_resamples)
     n_b = len(components[0].b)
-    seeds_b = _seed_draw(rng, n_b, n_resamples) if n_b else None
+    seeds_b = _seed_draw(stream(seed, "seeds/b"), n_b, n_resamples) if n_b else None
     a = np.stack([_family(va, seeds_a) for va, _ in per_run])
     b = np.stack([_family(vb, seeds_b) for _, vb in per_run]) if n_b else None
     return a, b
@@ -176,4 +211,4 @@ def percentile_interval(theta: np.ndarray, confidence: float = 0.95) -> tuple[fl
     return float(lo), float(hi)
 
 
-__all__ = ["Units", "Component", "resample", "point", "percentile_interval", "MAX_DRAW"]
+__all__ = ["Units", "Component", "CountsCache", "resample", "point", "percentile_interval", "stream", "MAX_DRAW"]

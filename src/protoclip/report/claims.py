@@ -33,7 +33,7 @@ import pandas as pd
 from protoclip import records
 from protoclip.atomic import atomic_path, write_text
 from protoclip.claims import ledger
-from protoclip.claims.bootstrap import Component, Units, percentile_interval, point, resample
+from protoclip.claims.bootstrap import Component, CountsCache, Units, percentile_interval, point, resample
 from protoclip.claims.config import ClaimConfig
 from protoclip.layout import Layout
 from protoclip.report.config import ColumnConfig, TargetConfig, first_configured
@@ -131,6 +131,7 @@ class ClaimEngine:
         self.cfg, self.results = cfg, results
         self.settings = cfg.claims
         self._units: dict[tuple, tuple[Units, np.ndarray]] = {}
+        self._counts = CountsCache()  # each set's resample counts, built once per report (bootstrap.resample)
         self._targets = {t.id: t for t in cfg.paper_targets()}
 
     # ---- per-example results of one run
@@ -192,7 +193,7 @@ class ClaimEngine:
             odd = next((r for r, (_, y) in zip(runs_a + runs_b, ua + ub) if not np.array_equal(y, first)), None)
             if odd is not None:
                 raise NotRun(f"{runs_a[0]} and {odd} were scored on different test examples of {d}")
-            comps.append(Component([u for u, _ in ua], [u for u, _ in ub]))
+            comps.append(Component([u for u, _ in ua], [u for u, _ in ub], key=d))
         return comps
 
     def column_draws(self, runs_a: list[str], runs_b: list[str], columns: list[tuple[ColumnConfig, list[str]]]
@@ -203,7 +204,7 @@ class ClaimEngine:
             new = self.column_components(runs_a, runs_b, col, sets)
             comps += new
             owner += [i] * len(new)
-        a, b = resample(comps, self.settings.resamples, self.settings.seed)
+        a, b = resample(comps, self.settings.resamples, self.settings.seed, self._counts)
         owner = np.array(owner)
         return np.stack([(a - b)[owner == i].mean(axis=0) for i in range(len(columns))])
 
@@ -298,7 +299,7 @@ class ClaimEngine:
         per_epoch = claim.kind != "time_ratio"
         phase_a = claim.phase if claim.kind == "share" else "total"
         comp = Component([units(r, phase_a, per_epoch) for r in runs_a],
-                         [units(r, "total", per_epoch) for r in runs_b], paired=False)
+                         [units(r, "total", per_epoch) for r in runs_b], paired=False, key="episodes")
         pa, pb = point([comp])
         a, b = resample([comp], self.settings.resamples, self.settings.seed)
         stat = {"share": lambda x, y: 100.0 * x / y, "overhead": lambda x, y: 100.0 * (x / y - 1.0),
