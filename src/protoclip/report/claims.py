@@ -397,22 +397,27 @@ def forest_plot(rows: list[LedgerRow], out: Path) -> Path:
             color = COLORS[r.verdict]
             if r.ours is not None and r.lo is not None:
                 ax.plot([r.lo, r.hi], [yi, yi], color="black", lw=2, solid_capstyle="butt")
-            if r.ours is not None:
                 ax.plot(r.ours, yi, "o", color="black", ms=5)
+            elif r.ours is not None:  # a point without an interval (not run: nothing to resample)
+                ax.plot(r.ours, yi, "o", mfc="none", mec="#888888", ms=5)
             if r.claim.paper_value is not None:
                 ax.plot(r.claim.paper_value, yi, "D", color="#d62728", ms=6, alpha=0.85)
             if len(r.claim.band) == 2:
                 ax.plot(r.claim.band, [yi, yi], color="#d62728", lw=6, alpha=0.15, solid_capstyle="butt")
             ax.annotate(r.verdict if r.verdict != ledger.NOT_RUN else "not run", (1.01, yi),
                         xycoords=("axes fraction", "data"), va="center", fontsize=8, color=color)
-        if unit in ("points",):
+        if unit == "points":
             ax.axvline(0.0, color="#888888", lw=0.8, ls="--")
+        if unit == "sets":  # a count over N sets: the whole range, half marked (the count rule)
+            n = max(len(r.claim.columns) for r in group)
+            ax.set_xlim(-0.5, n + 0.5)
+            ax.axvline(n / 2.0, color="#888888", lw=0.8, ls="--")
         ax.set_yticks(y, [r.claim.id for r in group], fontsize=8)
         ax.set_ylim(-0.7, max(len(group), 1) - 0.3)
         ax.set_xlabel(unit, fontsize=9)
         ax.grid(axis="x", color="#eeeeee")
-    axes[0, 0].set_title("Claims: paper (red diamond; red band: the claim's range) vs ours (black, 95 % interval)",
-                         fontsize=10)
+    axes[0, 0].set_title("Claims: the paper's number (red diamond; band: the claim's range) vs ours (black: estimate "
+                         "and 95 % interval; hollow: no interval)", fontsize=9)
     fig.tight_layout()
     fig.subplots_adjust(right=0.8)
     out.parent.mkdir(parents=True, exist_ok=True)
