@@ -303,3 +303,26 @@ def test_retrieval_units_give_the_metrics_files_recalls():
     for metric in ("image_to_text_R@1", "text_to_image_R@5", "mean_recall"):
         assert metric_units("retrieval", metric, examples).value()[0] == pytest.approx(m[metric], rel=1e-12)
     assert metric_units("clustering", "ari", {}) is None and metric_units("knn", "top5", {"top1": ranks}) is None
+
+
+def test_ledger_in_a_real_mlflow_store(planted):
+    """`protoclip report`'s claims run in the project's SQLite MLflow store: found by the verdict tag, with our
+    estimate, interval and the paper's number as metrics and the ledger files as artifacts."""
+    import mlflow
+
+    from protoclip.tracking import claims_run
+
+    cfg, _ = planted
+    run_ledger(cfg, Results(cfg))
+    with claims_run(cfg) as tracker:
+        log_ledger(cfg, tracker)
+    mlflow.set_tracking_uri(cfg.paths.mlflow_uri)
+    found = mlflow.search_runs(experiment_names=[cfg.paths.mlflow_experiment], output_format="list",
+                               filter_string="tags.`protoclip.claim.planted` = 'reproduced'")
+    assert len(found) == 1 and found[0].info.run_name == "claims"
+    run = found[0]
+    assert run.data.tags["protoclip.kind"] == "claims" and run.data.tags["protoclip.claim.identical"] == NOT_RESOLVED
+    assert run.data.metrics["claim/planted/paper"] == 10.0 and run.data.metrics["claim/planted/ours"] == \
+        pytest.approx(10.0)
+    arts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(run.info.run_id, "claims")}
+    assert {"claims/claims.md", "claims/claims.csv", "claims/claims.png"} <= arts
