@@ -101,7 +101,7 @@ def test_small_temperature_does_not_overflow_in_float32():
     train_x = centers[train_y] + 3.0 * rng.normal(size=(300, d))
     test_x = centers[test_y] + 3.0 * rng.normal(size=(80, d))
     for T in (0.01, 0.005):
-        top1, top5 = naive_knn(train_x, train_y, test_x, test_y, k=60, T=T)  # Python floats (float64)
+        top1, top5, _, _ = naive_knn(train_x, train_y, test_x, test_y, k=60, T=T)  # Python floats (float64)
         out = knn_classifier(train_x.astype(np.float32), train_y, test_x.astype(np.float32), test_y, k=60, T=T)
         assert out["top1"] == pytest.approx(top1) and out["top5"] == pytest.approx(top5)
     # the votes of one chunk are finite and the best class of each row has weight >= 1
