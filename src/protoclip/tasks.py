@@ -37,6 +37,10 @@ TASKS: tuple[str, ...] = tuple(HEADLINE)  # every task, in the order summaries l
 # "not applicable" (its text tower is untrained: the numbers would be chance)
 TEXT_TASKS: tuple[str, ...] = ("zeroshot", "retrieval", "temperature")
 
+# tasks that read a labelled set's train split (the probes): only they make a loader build it, and a copy of a set
+# without one skips them with the reason
+PROBE_TASKS: tuple[str, ...] = ("linear", "knn")
+
 # the key of a task that did not run, in metrics files and metrics.json; its value is one line:
 # ``skipped: <set> not found at <path>`` (data missing), ``not applicable: <why>`` (the task does not apply to
 # the run or set: the report's cells read n/a) or ``not run: <why>`` (the splits were too small)
@@ -52,4 +56,4 @@ def check_tasks(names, where: str = "") -> None:
         raise ValueError(f"{where}unknown evaluation task '{unknown[0]}' (known: {', '.join(TASKS)})")
 
 
-__all__ = ["HEADLINE", "TASKS", "TEXT_TASKS", "SKIPPED", "NOT_APPLICABLE", "NOT_RUN", "check_tasks"]
+__all__ = ["HEADLINE", "TASKS", "TEXT_TASKS", "PROBE_TASKS", "SKIPPED", "NOT_APPLICABLE", "NOT_RUN", "check_tasks"]

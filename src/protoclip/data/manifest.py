@@ -3,18 +3,21 @@
 Columns (docs/architecture.md): ``id`` (unique), ``path`` (a file, or ``shard.tar::member``),
 ``caption``, ``source``, ``label`` (coarse, may be empty), ``sha256`` (of the image bytes), ``split``
 (``train`` / ``heldout``), plus ``licence``. Paths of rendered images are stored relative to
-``layout.prepared`` (so a moved or DVC-restored data folder stays valid); :func:`load_manifest` in
-``protoclip.data.pairs`` makes them absolute again. User-data paths are stored absolute.
+``layout.prepared`` (so a moved or DVC-restored data folder stays valid); :func:`absolute_paths` makes them
+absolute again (the one rule, for training's ``load_manifest`` and the evaluation of the held-out pairs).
+User-data paths are stored absolute.
 """
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
 
 from protoclip.atomic import atomic_path
+from protoclip.data.reading import SEP
 from protoclip.errors import ConfigError
 
 COLUMNS = ["id", "path", "caption", "source", "label", "sha256", "split", "licence", "offset", "size"]
@@ -80,6 +83,13 @@ def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
     return Path(path)
 
 
+def absolute_paths(paths: Iterable[str], root: str | Path) -> list[str]:
+    """Manifest paths made absolute: a relative path (a rendered image) is relative to ``root``, the folder of the
+    manifest (``layout.prepared``); an absolute one (user data, ``shard.tar::member``) is kept."""
+    root = Path(root).resolve()
+    return [p if Path(p.split(SEP, 1)[0]).is_absolute() else str(root / p) for p in paths]
+
+
 def read_manifest(path: str | Path) -> pd.DataFrame:
     p = Path(path)
     if not p.exists():
@@ -96,4 +106,5 @@ def read_manifest(path: str | Path) -> pd.DataFrame:
     return df
 
 
-__all__ = ["COLUMNS", "INT_COLUMNS", "Pair", "deduplicate", "to_frame", "write_manifest", "read_manifest"]
+__all__ = ["COLUMNS", "INT_COLUMNS", "Pair", "deduplicate", "to_frame", "write_manifest", "read_manifest",
+           "absolute_paths"]

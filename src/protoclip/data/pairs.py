@@ -16,7 +16,6 @@ with lists every worker's private memory grows by the size of the list over an e
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -27,7 +26,7 @@ from torch.utils.data import Dataset
 
 from protoclip.errors import ConfigError
 from protoclip.data.reading import SEP, TarCache, read_image  # noqa: F401  (re-exported)
-from protoclip.data.manifest import read_manifest
+from protoclip.data.manifest import absolute_paths, read_manifest
 from protoclip.layout import Layout
 
 
@@ -48,9 +47,8 @@ def load_manifest(layout: Layout, sources: Iterable[str] | None = None, split: s
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
         df = df[df["split"] == split]
-    root = Path(layout.prepared).resolve()
     df = df.copy()
-    df["path"] = [p if Path(p.split(SEP, 1)[0]).is_absolute() else str(root / p) for p in df["path"]]
+    df["path"] = absolute_paths(df["path"], layout.prepared)
     return df.reset_index(drop=True)
 
 

@@ -53,9 +53,11 @@ from protoclip.schema import require_path
 from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import (HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set,
                                          missing_reason)
+from protoclip.evaluate.datasets.wds import dataset_type as wds_dataset_type
 from protoclip.layout import Layout
 from protoclip.provenance import provenance
-from protoclip.tasks import HEADLINE, NOT_APPLICABLE, NOT_RUN, SKIPPED, TASKS, TEXT_TASKS, check_tasks
+from protoclip.tasks import (HEADLINE, NOT_APPLICABLE, NOT_RUN, PROBE_TASKS, SKIPPED, TASKS, TEXT_TASKS,
+                             check_tasks)
 from protoclip.tracking import evaluation_run
 
 log = logging.getLogger(__name__)
@@ -64,8 +66,10 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- applicability
 def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
     """The configured tasks that can apply to a set of this kind (used for sets that are skipped)."""
-    if cfg.kind == "coco":
-        possible = {"retrieval", "temperature"}
+    retrieval_only = {"retrieval", "temperature"}
+    if cfg.kind in ("coco", "flickr30k") or (cfg.kind == "wds" and cfg.path and wds_dataset_type(
+            Path(cfg.path).expanduser()) == "retrieval"):
+        possible = retrieval_only
     elif cfg.kind == "offline" and name == HELDOUT:
         possible = set(TASKS)  # coarse labels in words have prompt templates (datasets.HELDOUT_TEMPLATES)
     else:
@@ -112,7 +116,8 @@ def plan_tasks(name: str, ds: EvalSet | Skipped | None, wanted: list[str], image
                ) -> dict[str, TaskPlan]:
     """Run or skip, per task of ``wanted`` on the loaded set ``ds``: the one place that decides it.
 
-    A set whose data is missing (:class:`Skipped`): every task's metrics file and status carry its skip line.
+    A set whose data is missing (:class:`Skipped`): every task's metrics file and status carry its skip line; a
+    probe of a set whose train split is missing (``LabelledSet.train_missing``): the same, with that reason.
     A text-tower task of an image-only run's (``image_only``: its method) that would apply to the set: a
     ``not applicable`` metrics file, so the report's cells read n/a (tasks.json does not list it). A task that
     does not apply to the set (:func:`not_applicable`): a ``not applicable`` status only.
@@ -121,6 +126,8 @@ def plan_tasks(name: str, ds: EvalSet | Skipped | None, wanted: list[str], image
     for task in wanted:
         if isinstance(ds, Skipped):
             out[task] = TaskPlan(False, ds.reason, metrics_file=True)
+        elif task in PROBE_TASKS and isinstance(ds, LabelledSet) and ds.train is None and ds.train_missing:
+            out[task] = TaskPlan(False, f"skipped: {name}: {ds.train_missing}", metrics_file=True)
         elif (reason := not_applicable(task, ds)) is not None:
             out[task] = TaskPlan(False, f"{NOT_APPLICABLE}{reason}")
         elif image_only and task in TEXT_TASKS:
@@ -425,7 +432,7 @@ class SetEvaluation:
         old_marker = completion.start(folder, self.layout.eval_tasks(self.run, name))
         ds_cfg = self.ecfg.datasets[name]
         wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
-        ds = load_eval_set(name, ds_cfg, self.layout, seed=self.ecfg.seed) if wanted else None
+        ds = load_eval_set(name, ds_cfg, self.layout, seed=self.ecfg.seed, tasks=wanted) if wanted else None
         if isinstance(ds, Skipped):
             log.warning(ds.reason)
         status: dict[str, str] = {}
