@@ -145,15 +145,15 @@ class ClaimEngine:
 
     def _load_units(self, run: str, task: str, dataset: str, metric: str) -> tuple[Units, np.ndarray]:
         examples = records.read_examples(self.results.layout, run, task, dataset)
+        what = metric if metric == task else f"{task} {metric}"
         if examples is None:
             if task not in ("zeroshot", "linear", "knn", "retrieval"):
-                raise NotRun(f"{metric} ({task}) is not a mean over test examples: no per-example results, "
-                             "no interval")
+                raise NotRun(f"{what} is not a mean over test examples: no per-example results, no interval")
             raise NotRun(f"{run}: no per-example results for {task} on {dataset} (evaluated before they were "
                          "kept: rerun its evaluation)")
         units = metric_units(task, metric, examples)
         if units is None:
-            raise NotRun(f"{metric} ({task}) is not a mean over test examples: no interval")
+            raise NotRun(f"{what} is not a mean over test examples: no interval")
         expected = self.results.value(run, task, dataset, metric)
         got = float(units.value()[0])
         if expected is None or not math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9):
