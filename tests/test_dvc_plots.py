@@ -82,7 +82,9 @@ def test_dvc_yaml_declares_a_plot_per_run_curve_table_and_figure(project):
 @pytest.mark.skipif(DVC is None, reason="dvc is not installed")
 def test_dvc_renders_the_plots(project):
     root, cfg = project
-    (root / "dvc.yaml").write_text(yaml.safe_dump({"plots": dvc_plots(cfg)}, sort_keys=False))
+    claims_json = str(Layout.from_config(cfg).claims_files()[4])
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"metrics": [claims_json], "plots": dvc_plots(cfg)},
+                                                  sort_keys=False))
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
     subprocess.run([DVC, "init", "--no-scm", "-q"], cwd=root, env=env, check=True, capture_output=True, timeout=120)
     out = subprocess.run([DVC, "plots", "show", "--json"], cwd=root, env=env, capture_output=True, text=True,
@@ -95,3 +97,10 @@ def test_dvc_renders_the_plots(project):
     assert "protoclip_tiny_s0.csv" in text and "clip_tiny_s0.csv" in text
     assert "table_V (ours)" in shown and "results/figures/fig_9.png" in shown
     assert "RN50 ProtoCLIP | Linear 9 Avg." in json.dumps(shown["table_V (ours)"])
+    assert "results/figures/claims.png" in shown  # the claims ledger's forest plot
+    # the ledger as DVC metrics (dvc.yaml's top-level `metrics:`, as `protoclip dvc-yaml` writes it)
+    out = subprocess.run([DVC, "metrics", "show", "--json"], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    metrics = json.dumps(json.loads(out.stdout))
+    assert "cc_linear_32ep" in metrics and "f9_epoch_overhead" in metrics and "ci_low" in metrics

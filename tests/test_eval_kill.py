@@ -23,6 +23,7 @@ import pytest
 import torch
 import yaml
 
+from protoclip import records
 from protoclip.cli import main
 from protoclip.config import load_config
 from protoclip.errors import UserError
@@ -182,4 +183,11 @@ def test_evaluating_some_tasks_keeps_the_others_complete(completed):
     assert main(["collect", "--config", str(cfg_path), "--run", RUN]) == 0
     assert set(json.loads(layout.metrics_summary(RUN).read_text())) == set(TASKS)
     marker = json.loads(layout.eval_tasks(RUN, "digits").read_text())
-    assert marker["tasks"] == {"knn": "ran"} and set(marker["complete_files"]) == {f"{t}.json" for t in TASKS}
+    # knn's per-example results too (clustering keeps none: ARI is no mean over test examples)
+    assert marker["tasks"] == {"knn": "ran"} and set(marker["complete_files"]) == {f"{t}.json" for t in TASKS} | {
+        "knn.examples.npz"}
+    # then `--task clustering`: knn's metrics file and its per-example results stay vouched for (same model)
+    run_evaluate(cfg, RUN, tasks=["clustering"], datasets=["digits"])
+    marker = json.loads(layout.eval_tasks(RUN, "digits").read_text())
+    assert set(marker["complete_files"]) == {"knn.json", "clustering.json", "knn.examples.npz"}
+    assert records.read_examples(layout, RUN, "knn", "digits") is not None

@@ -121,6 +121,7 @@ def test_run_evaluate_end_to_end(project):
             assert Path(m["figure"]) == layout.tsne_figure(RUN, ds) and Path(m["figure"]).stat().st_size > 0
     zs = json.loads(layout.metrics(RUN, "zeroshot", "digits").read_text())["metrics"]
     assert zs["n_classes"] == 10 and zs["top1"] <= zs["top5"]
+    check_examples_reproduce_metrics(layout, RUN, expect)
     summary = json.loads(layout.metrics_summary(RUN).read_text())
     assert summary["knn"]["digits"]["top1"] == json.loads(layout.metrics(RUN, "knn", "digits").read_text())[
         "metrics"]["top1"]
@@ -135,6 +136,38 @@ def test_run_evaluate_end_to_end(project):
     logged = found[0].data.metrics
     assert logged["eval/knn/digits/top1"] == pytest.approx(summary["knn"]["digits"]["top1"])
     assert "eval/retrieval/heldout_pairs/image_to_text_R_at_1" in logged
+
+
+def check_examples_reproduce_metrics(layout: Layout, run: str, evaluated: set) -> None:
+    """Each task that scores examples kept them, vouched for by tasks.json, and they give the metrics file's
+    numbers to the last bit (the claims ledger bootstraps these arrays, never the features again)."""
+    for task, ds in sorted(evaluated):
+        m = records.read_metrics(layout.metrics(run, task, ds))
+        ex = records.read_examples(layout, run, task, ds)
+        if records.skip_line(m) is not None or task not in ("zeroshot", "linear", "knn", "retrieval"):
+            assert ex is None and not layout.examples(run, task, ds).exists(), (task, ds)
+            continue
+        assert ex is not None, (task, ds)
+        if task == "retrieval":
+            assert len(ex["image_to_text_rank"]) == json.loads(layout.metrics(run, task, ds).read_text())["n_images"]
+            recalls = []
+            for direction in ("image_to_text", "text_to_image"):
+                rank = ex[f"{direction}_rank"]
+                for k in (1, 5, 10):
+                    assert m[f"{direction}_R@{k}"] == 100.0 * int((rank < k).sum()) / len(rank)
+                    recalls.append(m[f"{direction}_R@{k}"])
+            assert m["mean_recall"] == float(np.mean(recalls))
+            assert np.array_equal(np.unique(ex["text_to_image"]), np.arange(len(ex["image_to_text_rank"])))
+            continue
+        assert len(ex["labels"]) == len(ex["top1"]) == json.loads(layout.metrics(run, task, ds).read_text())["n_test"]
+        for key in ("top1", "top5"):
+            if key not in m:
+                assert key not in ex
+                continue
+            hits = ex[key]
+            assert hits.dtype == bool
+            # the L-BFGS probe reports 100 * mean (unchanged); the others 100 * hits / n
+            assert m[key] == (100.0 * float(hits.mean()) if task == "linear" else 100.0 * int(hits.sum()) / len(hits))
 
 
 class RecordingTracker:

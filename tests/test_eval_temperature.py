@@ -73,8 +73,9 @@ def test_temperature_task_matches_the_model(tmp_path, kind):
     assert too_small("temperature", f) is None
     ecfg = EvaluateConfig(temperature=TemperatureDiagnosticsConfig(
         batch_sizes=[3, 8], shuffle_shares=[0.0], scale_min=0.5, scale_max=50.0, scale_steps=5, histogram_bins=4))
-    m, what, sizes = task_temperature(f, ds, ecfg, tmp_path)
-    assert sizes["n_pairs"] == 3 and m["skipped_batch_sizes"] == [8]
+    result = task_temperature(f, ds, ecfg, tmp_path)
+    m, sizes = result.metrics, result.sizes
+    assert sizes["n_pairs"] == 3 and result.examples == {} and m["skipped_batch_sizes"] == [8]
     # oracle: the 3 pairs (first caption per image) encoded here; the method's similarity in float64
     zi, zt = _encode(model, cfg, [Image.fromarray(im) for im in imgs[:3]], ["a red cat", "a blue car", "a green tree"])
     sim = (neg_distance(zi, zt, "ps_negtrace", 4) if kind == "multitoken" else neg_distance(zi, zt)).tolist()
@@ -88,7 +89,7 @@ def test_temperature_task_matches_the_model(tmp_path, kind):
         return
     # Table 11: zero-shot with 1 of the 4 tokens = per-token cosines averaged over the prompts (logits averaged)
     t = m["token_subsets"]
-    assert m["tokens"] == 4 and t["all"] == pytest.approx(task_zeroshot(f, ds, ecfg, tmp_path)[0]["top1"])
+    assert m["tokens"] == 4 and t["all"] == pytest.approx(task_zeroshot(f, ds, ecfg, tmp_path).metrics["top1"])
     xi, xt = _encode(model, cfg, [Image.fromarray(im) for im in imgs],
                      [tpl.format(c) for c in ds.classnames for tpl in ds.templates])
     ci = torch.nn.functional.normalize(xi.reshape(6, 4, -1), dim=-1)

@@ -230,7 +230,8 @@ def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
     got = torch.from_numpy(f["test_s"] @ f["zeroshot_classifier_s"].T)
     torch.testing.assert_close(got, scores.float(), atol=1e-4, rtol=1e-4)  # the cached dot product is the score
     want = 100.0 * float((scores.argmax(1) == torch.tensor([0, 1, 2, 0, 1, 2])).float().mean())
-    m, what, _ = task_zeroshot(f, ds, EvaluateConfig(), tmp_path)
-    assert m["top1"] == pytest.approx(want) and ("nclip_ce" in what or "product_sphere" in what)
-    r, what, _ = task_retrieval(f, caps, EvaluateConfig(), tmp_path)
-    assert "similarity" in what and 0.0 <= r["mean_recall"] <= 100.0
+    zs = task_zeroshot(f, ds, EvaluateConfig(), tmp_path)
+    assert zs.metrics["top1"] == pytest.approx(want) and ("nclip_ce" in zs.features or "product_sphere" in zs.features)
+    assert torch.equal(torch.from_numpy(zs.examples["top1"]), scores.argmax(1) == torch.tensor([0, 1, 2, 0, 1, 2]))
+    r = task_retrieval(f, caps, EvaluateConfig(), tmp_path)
+    assert "similarity" in r.features and 0.0 <= r.metrics["mean_recall"] <= 100.0

@@ -12,7 +12,7 @@ from protoclip.evaluate.metrics.knn import knn_classifier
 
 def naive_knn(train_x, train_y, test_x, test_y, k, T):
     """One test point at a time: cosine sims, k largest, sum exp(sim/T) per label."""
-    top1 = top5 = 0
+    hits1, hits5 = [], []
     for x, y in zip(test_x, test_y):
         sims = [float(x @ t / (np.linalg.norm(x) * np.linalg.norm(t))) for t in train_x]
         nearest = sorted(range(len(sims)), key=lambda i: -sims[i])[:k]
@@ -21,10 +21,10 @@ def naive_knn(train_x, train_y, test_x, test_y, k, T):
             votes[int(train_y[i])] = votes.get(int(train_y[i]), 0.0) + math.exp(sims[i] / T)
         ranked = sorted(votes, key=lambda c: -votes[c])
         assert len(ranked) >= 5, "fixture must give every test point >= 5 voted classes (no zero-vote ties)"
-        top1 += ranked[0] == y
-        top5 += y in ranked[:5]
+        hits1.append(ranked[0] == y)
+        hits5.append(y in ranked[:5])
     n = len(test_y)
-    return 100 * top1 / n, 100 * top5 / n
+    return 100 * sum(hits1) / n, 100 * sum(hits5) / n, np.array(hits1), np.array(hits5)
 
 
 def test_matches_naive_weighted_vote_and_is_chunk_invariant(monkeypatch):
@@ -36,11 +36,17 @@ def test_matches_naive_weighted_vote_and_is_chunk_invariant(monkeypatch):
     train_x = centers[train_y] + 3.0 * rng.normal(size=(300, d))
     test_x = centers[test_y] + 3.0 * rng.normal(size=(80, d))
     # k = 30 neighbours over 6 classes: every test point gets >= 5 voted classes (checked in the oracle)
-    top1, top5 = naive_knn(train_x, train_y, test_x, test_y, k=30, T=0.07)
+    top1, top5, hits1, hits5 = naive_knn(train_x, train_y, test_x, test_y, k=30, T=0.07)
     for chunk in (7, 1000):
         out = knn_classifier(train_x, train_y, test_x, test_y, k=30, T=0.07, chunk_size=chunk)
         assert out["top1"] == pytest.approx(top1)
         assert out["top5"] == pytest.approx(top5)
+        # per test image (the claims ledger's bootstrap units): the naive hits, and the same numbers
+        same, hits = knn_classifier(train_x, train_y, test_x, test_y, k=30, T=0.07, chunk_size=chunk,
+                                    per_example=True)
+        assert same == out
+        np.testing.assert_array_equal(hits["top1"], hits1)
+        np.testing.assert_array_equal(hits["top5"], hits5)
     # the memory cap on the similarity block only changes the chunking, never the answer
     monkeypatch.setattr(knn_mod, "MAX_SIM_ELEMENTS", 3 * 300)  # -> 3 test rows per chunk
     assert knn_classifier(train_x, train_y, test_x, test_y, k=30, T=0.07) == out
@@ -95,7 +101,7 @@ def test_small_temperature_does_not_overflow_in_float32():
     train_x = centers[train_y] + 3.0 * rng.normal(size=(300, d))
     test_x = centers[test_y] + 3.0 * rng.normal(size=(80, d))
     for T in (0.01, 0.005):
-        top1, top5 = naive_knn(train_x, train_y, test_x, test_y, k=60, T=T)  # Python floats (float64)
+        top1, top5, _, _ = naive_knn(train_x, train_y, test_x, test_y, k=60, T=T)  # Python floats (float64)
         out = knn_classifier(train_x.astype(np.float32), train_y, test_x.astype(np.float32), test_y, k=60, T=T)
         assert out["top1"] == pytest.approx(top1) and out["top5"] == pytest.approx(top5)
     # the votes of one chunk are finite and the best class of each row has weight >= 1

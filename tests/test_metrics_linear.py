@@ -61,6 +61,11 @@ def test_separable_features_give_100_and_refit_matches_sklearn():
     out = linear_probe(xtr, ytr, xte, yte, C_grid=[0.01, 1.0])
     ref = LogisticRegression(C=out["C"], max_iter=1000, random_state=0).fit(xtr, ytr)
     assert out["top1"] == pytest.approx(100 * (ref.predict(xte) == yte).mean())
+    # per test image (the claims ledger's bootstrap units): the reference model's hits, the same numbers
+    same, hits = linear_probe(xtr, ytr, xte, yte, C_grid=[0.01, 1.0], per_example=True)
+    assert same == out
+    np.testing.assert_array_equal(hits["top1"], ref.predict(xte) == yte)
+    assert out["top1"] == 100.0 * float(hits["top1"].mean())
 
 
 def test_random_labels_give_chance():
@@ -80,6 +85,14 @@ def test_sgd_probe_separable_and_deterministic():
     b = sgd_linear_probe(xtr, ytr, xte, yte, epochs=5, batch_size=64, show_progress=False)
     assert a["top1"] == 100.0 and a["top5"] == 100.0
     assert a == b
+    rng = np.random.default_rng(5)  # overlapping classes: some hits, some misses
+    xtr, ytr = rng.normal(size=(300, 6)), rng.integers(0, 6, 300)
+    xte, yte = rng.normal(size=(100, 6)) + np.eye(6)[rng.integers(0, 6, 100)], rng.integers(0, 6, 100)
+    out, hits = sgd_linear_probe(xtr, ytr, xte, yte, epochs=3, batch_size=64, show_progress=False,
+                                 per_example=True)
+    assert out == sgd_linear_probe(xtr, ytr, xte, yte, epochs=3, batch_size=64, show_progress=False)
+    assert hits["top1"].shape == (100,) and 0 < hits["top1"].sum() < 100 and hits["top5"].sum() >= hits["top1"].sum()
+    assert out["top1"] == 100.0 * float(hits["top1"].mean()) and out["top5"] == 100.0 * float(hits["top5"].mean())
 
 
 def test_linear_eval_dispatches_on_train_size_and_rejects_bad_input():

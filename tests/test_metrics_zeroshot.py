@@ -78,15 +78,22 @@ def test_matches_naive_loop_and_is_batch_invariant():
     rng = np.random.default_rng(2)
     C, n, d = 7, 250, 12
     x, w, y = rng.normal(size=(n, d)), rng.normal(size=(C, d)), rng.integers(0, C, n)
-    top1 = top5 = 0
+    hits1, hits5 = [], []
     for i in range(n):
         sims = [x[i] @ w[c] / (np.linalg.norm(x[i]) * np.linalg.norm(w[c])) for c in range(C)]
         order = sorted(range(C), key=lambda c: -sims[c])
-        top1 += order[0] == y[i]
-        top5 += y[i] in order[:5]
+        hits1.append(order[0] == y[i])
+        hits5.append(y[i] in order[:5])
     out = zeroshot_classify(torch.tensor(x), torch.tensor(w), torch.tensor(y), batch_size=17)
-    assert out["top1"] == pytest.approx(100 * top1 / n)
-    assert out["top5"] == pytest.approx(100 * top5 / n)
+    assert out["top1"] == pytest.approx(100 * sum(hits1) / n)
+    assert out["top5"] == pytest.approx(100 * sum(hits5) / n)
+    # per image (the claims ledger's bootstrap units): the naive hits, and exactly the same numbers
+    same, hits = zeroshot_classify(torch.tensor(x), torch.tensor(w), torch.tensor(y), batch_size=17,
+                                   per_example=True)
+    assert same == out
+    np.testing.assert_array_equal(hits["top1"], hits1)
+    np.testing.assert_array_equal(hits["top5"], hits5)
+    assert out["top1"] == 100.0 * int(hits["top1"].sum()) / n
 
 
 def test_top5_only_with_at_least_5_classes_and_label_checks():

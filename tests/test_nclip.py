@@ -226,7 +226,7 @@ def test_zeroshot_logs_the_image_as_target_variant(tmp_path):
     f = {"test_s": similarity_embeddings("nclip_ce", "image", None, hi).numpy(), "test_y": y.numpy(),
          "zeroshot_classifier_s": cls.numpy(), "similarity": np.array("nclip_ce")}
     ds = type("DS", (), {"classnames": list("abcdef"), "templates": ["{}", "a {}"]})()
-    m, _, _ = task_zeroshot(f, ds, EvaluateConfig(), tmp_path)
+    m = task_zeroshot(f, ds, EvaluateConfig(), tmp_path).metrics
     p_i = torch.softmax(hi.double(), 1)
     logq = torch.softmax(ht.double(), 2).mean(1).log()
     want_target = 100.0 * float(((p_i @ logq.T).argmax(1) == y).double().mean())

@@ -210,6 +210,8 @@ def check_project(root: Path, cfg_file: Path, args: tuple) -> None:
     t5 = (results / "tables" / "table_V.md").read_text()
     assert "Zero-shot chance level: " in t5 and "heldout_pairs 25.0%" in t5, t5[:2000]
 
+    check_ledger(cfg, results)
+
     dry = snakemake(root, *args, "-n")
     assert "Nothing to be done" in dry.stdout, dry.stdout[-3000:] + dry.stderr[-3000:]
 
@@ -217,3 +219,27 @@ def check_project(root: Path, cfg_file: Path, args: tuple) -> None:
     snakemake(root, "--configfile", str(cfg_file.relative_to(root)), "--report", str(html.relative_to(root)))
     text = html.read_text(errors="replace")
     assert all(i in text for i in ("table_III", "table_XII", "fig_6a", "fig_9", "fig_temperature")), text[:2000]
+    assert "Claims" in text and "claims forest plot" in text  # the ledger's section of the HTML report
+
+
+def check_ledger(cfg, results: Path) -> None:
+    """The claims ledger lists every claim of config/claims.yaml with a verdict, never blank: "not run" with its
+    reason where this config has no runs (or data) for it; the claims on runs the fixture trains have intervals;
+    the paper tables' difference rows carry theirs."""
+    from protoclip.claims.ledger import NOT_RUN, VERDICTS
+
+    ledger = pd.read_csv(results / "tables" / "claims.csv")
+    assert list(ledger["id"]) == [c.id for c in cfg.paper_claims()] and len(ledger) >= 20
+    assert ledger["verdict"].isin(VERDICTS).all(), ledger[["id", "verdict"]].to_string()
+    not_run = ledger[ledger["verdict"] == NOT_RUN]
+    assert not_run["reason"].fillna("").str.len().gt(0).all(), not_run[["id", "reason"]].to_string()
+    ran = ledger.set_index("id")
+    for cid in ("cc_linear_32ep", "cc_zeroshot_32ep", "f9_epoch_overhead", "f9_extraction_share", "xclip_zeroshot",
+                "nclip_zeroshot", "xclip_retrieval", "multitoken_zeroshot", "pauc_vs_pcl_linear"):
+        assert ran.loc[cid, "verdict"] != NOT_RUN, (cid, ran.loc[cid, "reason"])
+        assert ran.loc[cid, "ci_low"] <= ran.loc[cid, "ours"] <= ran.loc[cid, "ci_high"], cid
+    assert "run t3_no_roberta is not configured" in ran.loc["t10_proto", "reason"]  # not trained by the fixture
+    assert ran.loc["t6_nine_of_fourteen", "reason"].startswith("Birdsnap: skipped: birdsnap not found")
+    assert (results / "figures" / "claims.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    t5 = (results / "tables" / "table_V.md").read_text()
+    assert re.search(r"\| [+-]\d+\.\d\d \[[+-]?\d+\.\d\d, [+-]?\d+\.\d\d\] \|", t5), t5[-3000:]

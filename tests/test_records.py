@@ -38,6 +38,35 @@ def test_metrics_files_read_back_in_one_shape(tmp_path):
     assert json.loads(lay.metrics("r", "zeroshot", "cifar10").read_text())["task"] == "zeroshot"
 
 
+def test_per_example_results_round_trip_vouched_and_byte_deterministic(tmp_path):
+    import pytest
+
+    from protoclip.completion import IncompleteOutputError
+
+    lay = Layout(tmp_path / "data", tmp_path / "results")
+    hits = {"top1": np.array([True, False, True]), "top5": np.ones(3, bool), "labels": np.array([2, 0, 1])}
+    path = records.write_examples(lay.examples("r", "knn", "digits"), hits)
+    assert path.name == "knn.examples.npz" and path.parent == lay.metrics("r", "knn", "digits").parent
+    first = path.read_bytes()
+    records.write_examples(path, dict(reversed(list(hits.items()))))  # same arrays, later, other order
+    assert path.read_bytes() == first  # fixed zip entry times: no change for DVC
+    records.write_metrics(lay.metrics("r", "knn", "digits"), {"metrics": {"top1": 200 / 3}})
+    # no marker yet: the folder is incomplete (killed half-way), never read as a result
+    with pytest.raises(IncompleteOutputError, match="tasks.json"):
+        records.read_examples(lay, "r", "knn", "digits")
+    records.write_tasks(lay.eval_tasks("r", "digits"), "r", "digits", {"knn": "ran"}, "0" * 64,
+                        files=[lay.metrics("r", "knn", "digits"), path])
+    back = records.read_examples(lay, "r", "knn", "digits")
+    assert set(back) == set(hits) and all(np.array_equal(back[k], v) and back[k].dtype == v.dtype
+                                          for k, v in hits.items())
+    assert records.read_examples(lay, "r", "zeroshot", "digits") is None  # the marker lists none
+    assert records.read_examples(lay, "r", "knn", "cifar10") is None  # no folder
+    assert [t for t, _, _ in records.metrics_files(lay, "r")] == ["knn"]  # the .npz is no metrics file
+    path.write_bytes(first[:-10])  # changed after the marker was written
+    with pytest.raises(IncompleteOutputError, match="changed after"):
+        records.read_examples(lay, "r", "knn", "digits")
+
+
 def test_train_log_round_trip_filters_kinds_and_cleans_non_finite(tmp_path):
     log = records.TrainLog(tmp_path / "train_log.jsonl")
     log.append({"kind": "start", "episode": 0})

@@ -47,7 +47,7 @@ def build_report(tmp_path: Path) -> Path:
 
     cfg_file = project_copy(tmp_path)
     cfg = load_config(cfg_file)
-    synthesize(cfg)
+    synthesize(cfg, examples=True)  # per-example results: the claims ledger and difference rows get intervals
     layout = Layout.from_config(cfg)
     for run in cfg.run_names():  # the report rule's inputs: every run's metrics summary
         layout.metrics_summary(run).write_text(json.dumps({"run": run}))
@@ -99,6 +99,22 @@ def test_snakemake_report_has_every_target_and_renders_in_chromium(tmp_path):
     shot = tmp_path / "report.png"
     r = chromium([f"--screenshot={shot}", "--window-size=1400,1000", html.as_uri()])
     assert r.returncode == 0 and shot.exists() and shot.stat().st_size > 5000
+    # the claims ledger: its own category with the ledger table and the forest plot, drawn by the browser
+    dom = chromium(["--dump-dom", with_script(html, "app.showCategory('Claims')", tmp_path).as_uri()])
+    drawn = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)
+    assert ">claims ledger<" in drawn and ">claims forest plot<" in drawn, drawn[-3000:]
+    assert "not resolved at this scale" in text or "reproduced" in text  # the verdict rule in the caption
+    for name, kind in (("claims.html", "html"), ("claims.png", "img")):
+        shot = tmp_path / f"{name}.png"
+        r = chromium([f"--screenshot={shot}", "--window-size=1600,1000", with_script(html, view(name, kind),
+                                                                                    tmp_path).as_uri()])
+        assert r.returncode == 0 and shot.stat().st_size > 5000, name
+
+
+def view(name: str, kind: str) -> str:
+    """JavaScript that opens one result of the report as its eye button does (``kind``: html | img)."""
+    return (f"const k = Object.keys(results).find(p => p.endsWith({name!r})); app.showResultInfo(k); "
+            f"app.setView({{content: {kind!r}, contentPath: results[k].data_uri}});")
 
 
 if __name__ == "__main__":  # manual check: build the report and a screenshot to look at
@@ -107,9 +123,8 @@ if __name__ == "__main__":  # manual check: build the report and a screenshot to
     page = build_report(out)
     if CHROMIUM:
         chromium([f"--screenshot={out / 'report.png'}", "--window-size=1400,1000", page.as_uri()])
-        for name, kind in (("table_V.html", "html"), ("fig_8.png", "img")):
-            js = (f"const k = Object.keys(results).find(p => p.endsWith({name!r})); app.showResultInfo(k); "
-                  f"app.setView({{content: {kind!r}, contentPath: results[k].data_uri}});")
+        for name, kind in (("table_V.html", "html"), ("fig_8.png", "img"), ("claims.html", "html"),
+                           ("claims.png", "img")):
             chromium([f"--screenshot={out / (name + '.png')}", "--window-size=1600,1000",
-                      with_script(page, js, out).as_uri()])
+                      with_script(page, view(name, kind), out).as_uri()])
     print(page, *sorted(out.glob("*.png")), sep="\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 import yaml
 from conftest import mark_evaluated
 
+from protoclip import records
 from protoclip.errors import ConfigError
 from protoclip.config import load_config
 from protoclip.layout import Layout
@@ -55,8 +57,10 @@ def metric_value(run: str, task: str, dataset: str, metric: str) -> float:
     return v / 100.0 if metric in ("ari", "ami") else v
 
 
-def synthesize(cfg) -> None:
-    """Metrics files (the paper sets skipped, as offline), train logs, and feature caches for every run."""
+def synthesize(cfg, examples: bool = False) -> None:
+    """Metrics files (the paper sets skipped, as offline), train logs, and feature caches for every run; with
+    ``examples``, zero-shot / linear / kNN per-example results on 1,000 test images whose accuracy is exactly
+    the metrics file's top1 and top5 (the claims ledger and the tables' difference rows then have intervals)."""
     layout = Layout.from_config(cfg)
     metrics = {"zeroshot": ["top1", "top5"], "linear": ["top1"], "knn": ["top1"], "clustering": ["ari", "ami"],
                "nemd": ["nemd"], "temperature": ["n_pairs", "tokens"],
@@ -75,6 +79,12 @@ def synthesize(cfg) -> None:
                 if task == "zeroshot":
                     m["n_classes"] = 10 if dataset != "heldout_pairs" else 40
                 write(path, {"run": run, "task": task, "dataset": dataset, "metrics": m})
+                if examples and task in ("zeroshot", "linear", "knn"):
+                    rng_ex = np.random.default_rng(zlib.crc32(f"{run}|{task}|{dataset}".encode()))
+                    hits = {k: rng_ex.permutation(np.arange(1000) < round(10 * m[k])) for k in ("top1", "top5")
+                            if k in m}  # metric_value has one decimal: exactly m[k] % of 1,000
+                    records.write_examples(layout.examples(run, task, dataset),
+                                           {**hits, "labels": np.arange(1000) % 10})
     rng = np.random.default_rng(0)
     y = np.repeat(np.arange(4), 30)
     for i, run in enumerate(cfg.run_names()):

@@ -181,14 +181,21 @@ def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_
     (tmp_path / "config" / "experiments" / "t.yaml").write_text(yaml.safe_dump(exp))
     (tmp_path / "config" / "experiments" / "r.yaml").write_text(yaml.safe_dump({"runs": {"b": {"method": "clip"}}}))
     (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump({"experiments": []}))
-    cli = {"experiments": ["experiments/r.yaml"], "targets": ["experiments/t.yaml"]}
+    claim = {"id": "c", "paper": "P", "source": "p.txt", "line": 1, "where": "w", "quote": "q", "paper_value": 1.0,
+             "paper_text": "+1", "target": "t_only", "a": "A", "b": "A", "columns": ["L"]}
+    (tmp_path / "config" / "claims.yaml").write_text(yaml.safe_dump({"claims": [claim]}))
+    cli = {"experiments": ["experiments/r.yaml"], "targets": ["experiments/t.yaml"],
+           "claims": {"files": ["claims.yaml"], "resamples": 500}}  # a nested list of files: rewritten too
     (tmp_path / "config" / "over.yaml").write_text(yaml.safe_dump(cli))
     path = resolve_config(cli, "config/config.yaml", ["config/over.yaml"], {})
     assert path == ".snakemake/protoclip/config.yaml"
     data = yaml.safe_load(Path(path).read_text())
     assert data["targets"] == ["../../config/experiments/t.yaml"]
+    assert data["claims"] == {"files": ["../../config/claims.yaml"], "resamples": 500}
+    assert cli["claims"]["files"] == ["claims.yaml"]  # Snakemake's own config is left as it was
     cfg = load_config(path)
     assert cfg.run_names() == ["b"] and list(cfg._targets) == ["t_only"]  # the target, without its runs
+    assert [c.id for c in cfg.paper_claims()] == ["c"]
 
 
 def test_stages_to_commit_takes_what_ran_what_the_lock_lacks_and_their_downstream(tmp_path, monkeypatch):

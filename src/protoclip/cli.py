@@ -148,11 +148,14 @@ def main(argv: list[str] | None = None) -> int:
             run_collect(cfg, args.run)
         elif args.stage == "report":
             from protoclip.report.tables import run_report
-            from protoclip.tracking import log_report
+            from protoclip.report.claims import log_ledger
+            from protoclip.tracking import claims_run, log_report
 
             run_report(cfg)
             Layout.from_config(cfg).figures.mkdir(parents=True, exist_ok=True)  # an output even with no figure
             log_report(cfg)  # the tables and figures as artifacts of a `report` MLflow run
+            with claims_run(cfg) as tracker:  # the claims ledger: a tag and metrics per claim
+                log_ledger(cfg, tracker)
         elif args.stage == "export":
             from protoclip.models.export_openclip import ExportError, run_export
 

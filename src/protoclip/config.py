@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from protoclip.claims.config import ClaimConfig, ClaimsConfig
 from protoclip.data.config import PrepareConfig
 from protoclip.errors import ConfigError
 from protoclip.evaluate.config import EvaluateConfig
@@ -58,6 +59,7 @@ class ProjectConfig:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     toy: ToyConfig = field(default_factory=ToyConfig)  # PAUC's NEMD toy experiment (protoclip toy-nemd)
     gpus: GpuSlotsConfig = field(default_factory=GpuSlotsConfig)  # which GPU ids jobs run on (protoclip.gpu_slots)
+    claims: ClaimsConfig = field(default_factory=ClaimsConfig)  # the claims ledger (protoclip.report.claims)
     experiments: list[str] = field(default_factory=list)  # experiment files (relative to this config)
     # files whose `target:` block only is read (their runs are not): a config with its own runs of the same
     # names (config/paper.yaml) reuses the offline default's target declarations this way
@@ -73,11 +75,17 @@ class ProjectConfig:
     _groups: dict = field(default_factory=dict, repr=False)
     # {target id -> (protoclip.report.config.TargetConfig, file it came from)}
     _targets: dict = field(default_factory=dict, repr=False)
+    # the claims of `claims.files`, in order: [(protoclip.claims.config.ClaimConfig, file it came from)]
+    _claims: list = field(default_factory=list, repr=False)
 
     def paper_targets(self) -> list[TargetConfig]:
         """The declared paper targets (tables, figures) in declaration order, resolved: each row names the run
         it uses in this config (``TargetConfig.resolved``)."""
         return [t.resolved(self) for t, _ in self._targets.values()]
+
+    def paper_claims(self) -> list[ClaimConfig]:
+        """The claims of the ledger (``claims.files``) in declaration order."""
+        return [c for c, _ in self._claims]
 
     def run_names(self) -> list[str]:
         return list(self._runs)
@@ -130,6 +138,36 @@ def _read_experiment(exp_path: Path, with_runs: bool) -> tuple[dict, Any]:
     if not isinstance(runs, dict):
         raise ConfigError(f"{exp_path}: 'runs' must be a mapping of run name -> overrides")
     return (runs if with_runs else {}), exp_data.get("target")
+
+
+def _read_claims(path: Path, cfg: ProjectConfig) -> list[tuple[ClaimConfig, str]]:
+    """The claims of ``cfg.claims.files`` (each a YAML file with a top-level ``claims:`` list), validated; a
+    claim naming a declared target must name its rows and columns (a typo stops here, not in the report)."""
+    out: list[tuple[ClaimConfig, str]] = []
+    seen: dict[str, str] = {}
+    for name in cfg.claims.files:
+        file = (path.parent / name) if not Path(name).is_absolute() else Path(name)
+        data = read_yaml(file)
+        unknown = sorted(set(data) - {"claims"})
+        if unknown or not isinstance(data.get("claims"), list):
+            raise ConfigError(f"{file}: a claims file holds one key, `claims:`, a list"
+                              + (f" (unknown key '{unknown[0]}')" if unknown else ""))
+        for i, entry in enumerate(data["claims"]):
+            claim = build(ClaimConfig, entry, str(file), prefix=f"claims[{i}].")
+            if claim.id in seen:
+                raise ConfigError(f"{file}: claim '{claim.id}' is already declared in {seen[claim.id]}")
+            seen[claim.id] = str(file)
+            if claim.target in cfg._targets:
+                target = cfg._targets[claim.target][0]
+                rows, cols = {r.label for r in target.rows}, {c.label for c in target.columns}
+                bad = [r for r in (claim.a, claim.b) if r is not None and r not in rows]
+                bad += [c for c in claim.columns if c not in cols]
+                if bad:
+                    raise ConfigError(f"{file}: claim '{claim.id}': target '{claim.target}' has no row or column "
+                                      f"'{bad[0]}' (rows: {', '.join(sorted(rows))}; columns: "
+                                      f"{', '.join(c.label for c in target.columns)})")
+            out.append((claim, str(file)))
+    return out
 
 
 def load_config(path: str | Path = "config/config.yaml", overrides: dict | None = None) -> ProjectConfig:
@@ -185,6 +223,7 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
         if with_runs and wanted and not t.resolved(cfg).runs_configured(cfg):
             raise ConfigError(f"{where}: target '{tid}': none of its rows' runs ({wanted}) is defined")
     cfg._targets = {tid: (t, where) for tid, (t, where, _) in targets.items()}
+    cfg._claims = _read_claims(path, cfg)
     sources = {"offline"} | {u.name for u in cfg.prepare.user_data}
     for name in runs:  # validate every run now, not when it starts training
         unknown = [d for d in cfg.run(name).data if d not in sources]

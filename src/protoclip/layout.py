@@ -14,6 +14,8 @@
                                         run id), train.lock (held by the process training the run)
     results/runs/<run>/eval/<set>/      one evaluation job's outputs (a DVC out of stage evaluate_<run>_<set>):
         <task>.json                     metrics of one task (also logged to the run's MLflow run)
+        <task>.examples.npz             its per-example results (zero-shot, probes: hit per test image;
+                                        retrieval: rank of each query's first match), for the claims ledger
         features.npz                    cached evaluation features
         tsne.png                        t-SNE figure (when the task ran)
         tasks.json                      what each configured task did on this set (ran / skipped / not applicable);
@@ -21,6 +23,7 @@
     results/runs/<run>/metrics.json     all of a run's metrics in one file (`protoclip collect`)
     results/tables/<target>.{csv,md,tex,html}, results/figures/<target>.png   paper targets (`protoclip report`)
     results/tables/index.md             every target and the skipped data sets
+    results/tables/claims.{md,csv,tex,html,json}, results/figures/claims.png   the claims ledger
     results/report/<target>.rst         each target's caption (Snakemake report)
     results/tables/plots/               dvc.yaml `plots:` data: train_loss/<run>.csv, <table target>.csv
     results/export/<run>/               `protoclip export`: the run as an open_clip local-dir: folder
@@ -154,6 +157,10 @@ class Layout:
     def metrics(self, run: str, task: str, dataset: str) -> Path:
         return self.eval_dir(run, dataset) / f"{task}.json"
 
+    def examples(self, run: str, task: str, dataset: str) -> Path:
+        """A task's per-example results beside its metrics file (protoclip.records.write_examples)."""
+        return self.eval_dir(run, dataset) / f"{task}.examples.npz"
+
     @property
     def tables(self) -> Path:
         return self.results_dir / "tables"
@@ -176,6 +183,12 @@ class Layout:
         if kind == "table":
             return [(self.tables / target_id).with_suffix(s) for s in (".csv", ".md", ".tex", ".html")]
         return [self.figures / f"{target_id}.png"]
+
+    def claims_files(self) -> list[Path]:
+        """The claims ledger (protoclip.report.claims): ``tables/claims.{md,csv,tex,html,json}``, the forest plot
+        ``figures/claims.png`` and its caption ``report/claims.rst``."""
+        return ([(self.tables / "claims").with_suffix(s) for s in (".md", ".csv", ".tex", ".html", ".json")]
+                + [self.figures / "claims.png", self.caption("claims")])
 
     @property
     def targets_long(self) -> Path:

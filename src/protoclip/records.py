@@ -5,6 +5,12 @@
   ``skipped``, a one-line reason: ``skipped: <set> not found at <path>`` (the set's data is missing) or
   ``not applicable: <why>`` (:data:`NOT_APPLICABLE`, e.g. zero-shot of an image-only run). Read back with
   :func:`read_metrics`, "not run" has one shape: ``{"skipped": line}``; a file that does not exist reads None.
+* ``results/runs/<run>/eval/<set>/<task>.examples.npz``: the per-example results of a task that scores test
+  examples (:func:`write_examples`): zero-shot, linear and kNN ``top1`` / ``top5`` (bool per test image, the
+  ``labels`` they were scored against), retrieval ``image_to_text_rank`` / ``text_to_image_rank`` (0-based rank of
+  each query's first match) with ``text_to_image``. The metrics file's accuracies and recalls are computed from
+  exactly these, so the claims ledger bootstraps them without extracting features again. Vouched for by the
+  folder's tasks.json like the metrics files (:func:`read_examples`; None where a task keeps none).
 * ``results/runs/<run>/eval/<set>/tasks.json``: what each configured task did on the set (``ran``,
   a skip line, ``not applicable: ...`` or ``not run: ...``), the model's sha256 and the probe subsample. It is
   the folder's completion marker (:mod:`protoclip.completion`): deleted when an evaluation of the set starts,
@@ -13,6 +19,8 @@
   one-line error naming it, never a partial result; a 0-byte or cut file is one line naming it too.
 * ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or {"skipped": line}}}`` of the whole run
   (``protoclip collect``; the DVC metrics file).
+* ``results/tables/claims.json``: the claims ledger as a DVC metrics file, ``{claim id: {"ours", "ci_low",
+  "ci_high", "paper": numbers or null, "verdict": text}}`` (protoclip.report.claims; :func:`write_claims`).
 * ``results/runs/<run>/train_log.jsonl``: one JSON object per line, appended as training goes. Kinds:
   ``start`` (provenance and the resolved schedule, once), ``resume`` (the same, at each restart from a
   checkpoint), ``step`` (loss terms, temperatures, LRs of one optimizer step), ``episode`` (cluster statistics
@@ -28,13 +36,17 @@
 """
 from __future__ import annotations
 
+import io
 import json
 import math
+import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from protoclip import completion
-from protoclip.atomic import write_json, write_text
+from protoclip.atomic import atomic_path, write_json, write_text
 from protoclip.tasks import NOT_APPLICABLE, SKIPPED, TASKS
 
 
@@ -75,7 +87,41 @@ def is_not_applicable(line: str) -> bool:
 def _vouched(layout, run: str, dataset: str) -> list[Path]:
     """The task files of one evaluation folder that its completion marker vouches for."""
     files = completion.complete_files(layout.eval_dir(run, dataset), layout.eval_tasks(run, dataset))
-    return [p for p in files if p.stem in TASKS]
+    return [p for p in files if p.suffix == ".json" and p.stem in TASKS]
+
+
+# --------------------------------------------------------------------------- per-example results
+_EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip entries' fixed time: the same arrays give the same bytes
+
+
+def write_examples(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    """A task's per-example arrays as an .npz (``np.load`` reads it), byte-deterministic (np.savez stamps each
+    zip entry with the current time: a re-evaluation with identical results would change the file for DVC)."""
+    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name in sorted(arrays):
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=_EPOCH)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, buf.getvalue())
+    return Path(path)
+
+
+def read_examples(layout, run: str, task: str, dataset: str) -> dict[str, np.ndarray] | None:
+    """The per-example arrays of ``task`` on ``dataset`` that the folder's completion marker vouches for; None
+    when it lists none (the task keeps none, or the folder was evaluated before they were kept). A folder
+    killed half-way, or a file changed since, stops with one line naming it (as for metrics files)."""
+    path = layout.examples(run, task, dataset)
+    if not layout.eval_dir(run, dataset).is_dir():
+        return None
+    if path not in completion.complete_files(path.parent, layout.eval_tasks(run, dataset), pattern="*.npz"):
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise completion.RecordError(f"{path}: not a readable .npz ({type(err).__name__}: {err}); "
+                                     "run its evaluation again") from None
 
 
 def metrics_files(layout, run: str) -> list[tuple[str, str, Path]]:
@@ -118,6 +164,18 @@ def write_tasks(path: Path, run: str, dataset: str, status: dict[str, str], mode
     if subsample is not None:
         record["subsample"] = subsample
     return completion.finish(path, record, files)
+
+
+# --------------------------------------------------------------------------- claims.json
+def write_claims(path: Path, claims: dict[str, dict[str, Any]]) -> Path:
+    """The ledger's numbers and verdicts (non-finite numbers as null: JSON has no NaN)."""
+    clean = {cid: {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in c.items()}
+             for cid, c in claims.items()}
+    return write_json(path, clean)
+
+
+def read_claims(path: Path) -> dict[str, dict[str, Any]]:
+    return completion.read_record(Path(path))
 
 
 # --------------------------------------------------------------------------- train_log.jsonl

@@ -8,7 +8,9 @@ Which MLflow run a stage logs into (never found by name alone):
 * ``evaluate`` logs into the MLflow run tagged with the sha256 of the ``model.pt`` it evaluates (the train
   stage sets ``protoclip.model_sha256`` when it writes the model); with no such run (e.g. a model restored by
   ``dvc pull`` into a fresh tracking store) it opens a new run carrying that tag.
-* ``report`` opens a new run tagged ``protoclip.kind = report`` with the tables and figures as artifacts.
+* ``report`` opens a new run tagged ``protoclip.kind = report`` with the tables and figures as artifacts, and a
+  ``claims`` run (``protoclip.kind = claims``) with a tag ``protoclip.claim.<id>`` = its verdict per claim of the
+  ledger and our estimate, interval and the paper's number as metrics ``claim/<id>/{ours,ci_low,ci_high,paper}``.
 
 The experiment is tagged ``mlflow.experimentKind = custom_model_development`` so that MLflow 3's UI opens it on
 the training-runs table, not on the GenAI overview.
@@ -246,13 +248,21 @@ def evaluation_run(cfg, run_name: str, model_sha256: str, targets: list[str] | N
 
 
 @contextmanager
-def report_run(cfg, name: str = "report") -> Iterator[Tracker]:
-    """A new MLflow run holding one report's tables and figures as artifacts."""
+def report_run(cfg, name: str = "report", kind: str = "report") -> Iterator[Tracker]:
+    """A new MLflow run holding one report's tables and figures as artifacts (``kind``: its protoclip.kind tag)."""
     mlflow = _mlflow(cfg)
     if mlflow is None:
         yield Tracker()
         return
-    with _open(mlflow, None, name, {"protoclip.kind": "report"}) as tracker:
+    with _open(mlflow, None, name, {"protoclip.kind": kind}) as tracker:
+        yield tracker
+
+
+@contextmanager
+def claims_run(cfg) -> Iterator[Tracker]:
+    """A new ``claims`` MLflow run (tag ``protoclip.kind = claims``): the claims ledger's summary, a tag per claim
+    (protoclip.report.claims.log_ledger). In the UI: search ``tags.protoclip.kind = 'claims'``."""
+    with report_run(cfg, name="claims", kind="claims") as tracker:
         yield tracker
 
 

@@ -6,6 +6,7 @@ stages of :mod:`protoclip.dag.stages` (the same files dvc.yaml holds).
 """
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -36,14 +37,30 @@ def report_outputs(cfg, report) -> dict:
         else:
             out[t.id] = report(paths[0], category="Figures", **flag)
         out[f"{t.id}_caption"] = str(caption)
+    # the claims ledger: its table and forest plot in their own category, captioned with the verdict rule
+    md, csv, tex, htm, js, png, rst = (str(p) for p in lay.claims_files())
+    flag = {"caption": os.path.abspath(rst), "category": "Claims"}
+    out["claims"] = report(htm, labels={"target": "claims ledger"}, **flag)
+    out["claims_plot"] = report(png, labels={"target": "claims forest plot"}, **flag)
+    out["claims_files"] = [md, csv, tex, js]
+    out["claims_caption"] = rst
     return out
 
 
 RESOLVED_CONFIG = ".snakemake/protoclip/config.yaml"
 
 
-# config keys that list files relative to the config file that lists them (protoclip.config.load_config)
-PATH_LIST_KEYS = ("experiments", "targets")
+# config keys (dotted: nested) that list files relative to the config file that lists them (protoclip.config)
+PATH_LIST_KEYS = ("experiments", "targets", "claims.files")
+
+
+def _get(data: dict, dotted: str):
+    """The value at a dotted key of nested mappings, or None."""
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
 
 
 def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_config: dict,
@@ -54,8 +71,8 @@ def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_co
     adds nothing to ``default_file``, the default file itself is used (the commands in dvc.yaml). Otherwise the
     merged config is written to ``resolved_path`` (rewritten only when it changes) and every command reads it,
     so an override takes effect in every stage, or fails validation there with the key named. Relative
-    ``experiments`` and ``targets`` entries keep meaning "relative to the file that listed them" (rewritten relative to the
-    resolved file; from ``--config``: relative to the working directory).
+    ``experiments``, ``targets`` and ``claims.files`` entries keep meaning "relative to the file that listed them"
+    (rewritten relative to the resolved file; from ``--config``: relative to the working directory).
     """
     import yaml
 
@@ -63,21 +80,26 @@ def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_co
     base = read_yaml(default_file)
     if merged == base:
         return default_file
-    data = dict(merged)
+    data = copy.deepcopy(merged)
     out_dir = Path(resolved_path).parent.resolve()
     for key in PATH_LIST_KEYS:
-        if key not in data:
+        entries = _get(data, key)
+        if not isinstance(entries, list):
             continue
         origin = Path(default_file).parent
-        if key in cli_config:
+        if _get(cli_config, key) is not None:
             origin = Path(".")
         else:
             for f in reversed(cli_files):
-                if key in (read_yaml(f) or {}):
+                if _get(read_yaml(f) or {}, key) is not None:
                     origin = Path(f).parent
                     break
-        data[key] = [e if Path(e).is_absolute() else os.path.relpath((origin / e).resolve(), out_dir)
-                     for e in data[key]]
+        *parents, last = key.split(".")
+        holder = data
+        for part in parents:
+            holder = holder[part]
+        holder[last] = [e if Path(e).is_absolute() else os.path.relpath((origin / e).resolve(), out_dir)
+                        for e in entries]
     text = ("# Written by workflow/rules/common.smk: the project config merged with the command line's\n"
             "# --configfile / --config overrides. Every rule's command reads this file.\n"
             + yaml.safe_dump(data, sort_keys=False))

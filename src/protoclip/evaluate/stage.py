@@ -20,7 +20,10 @@ temperature caption pairs, the run's similarity; token     metrics.temperature (
 =========== ============================================ ====================================================
 
 it writes ``results/runs/<run>/eval/<set>/<task>.json`` (metrics, run, dataset, task, sizes, feature kind,
-provenance, and the probe subsample when ``max_train`` / ``max_test`` cut the set's splits), logs the numbers
+provenance, and the probe subsample when ``max_train`` / ``max_test`` cut the set's splits) and, for the tasks
+that score test examples (zero-shot, linear, kNN, retrieval), ``<task>.examples.npz``: each test image's hit or
+each query's rank of its first match, from which those numbers are computed (the claims ledger's bootstrap
+reads them, protoclip.records), logs the numbers
 into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws t-SNE plots to
 ``results/runs/<run>/eval/<set>/tsne.png``, records what each task did in ``eval/<set>/tasks.json`` and prints
 a summary table. ``tasks.json`` is written last and lists the sha256 of every metrics file of the folder: it is
@@ -37,7 +40,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -159,16 +162,27 @@ def too_small(task: str, feats: dict[str, np.ndarray]) -> str | None:
 
 
 # --------------------------------------------------------------------------- tasks
-# each: (features, labelled set or caption set, evaluate config, figure path) -> (metrics, feature kind, sizes)
-TaskResult = tuple[dict[str, Any], str, dict[str, int]]
-TASK_FUNCS: dict[str, Callable[..., TaskResult]] = {}  # task name (protoclip.tasks) -> the function that runs it
+@dataclass
+class TaskResult:
+    """What a task function returns: the metrics file's ``metrics``, what the task scored (``features``), the
+    split sizes (top-level keys of the metrics file), and its per-example arrays (``<task>.examples.npz``,
+    protoclip.records.write_examples; empty for a task whose number is no mean over test examples)."""
+    metrics: dict[str, Any]
+    features: str
+    sizes: dict[str, int]
+    examples: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def runs_task(name: str) -> Callable[[Callable[..., TaskResult]], Callable[..., TaskResult]]:
+# each: (features, labelled set or caption set, evaluate config, figure path) -> TaskResult
+TaskFunction = Callable[[dict, EvalSet, EvaluateConfig, Path], TaskResult]
+TASK_FUNCS: dict[str, TaskFunction] = {}  # task name (protoclip.tasks) -> the function that runs it
+
+
+def runs_task(name: str) -> Callable[[TaskFunction], TaskFunction]:
     """Decorator: the function runs evaluation task ``name`` (a name of :data:`protoclip.tasks.TASKS`)."""
     check_tasks([name])
 
-    def deco(fn: Callable[..., TaskResult]) -> Callable[..., TaskResult]:
+    def deco(fn: TaskFunction) -> TaskFunction:
         TASK_FUNCS[name] = fn
         return fn
 
@@ -182,12 +196,18 @@ def _sizes(f: dict[str, np.ndarray], train: bool = False) -> dict[str, int]:
     return out
 
 
+def _with_labels(hits: dict[str, np.ndarray], f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-image hits plus the test labels they were scored against (runs are paired on the same images)."""
+    return {**hits, "labels": np.asarray(f["test_y"])}
+
+
 @runs_task("zeroshot")
 def task_zeroshot(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.zeroshot import zeroshot_classify
 
     if "test_s" in f:  # the method's own similarity as a dot product (evaluate.features.similarity_embeddings)
-        m = zeroshot_classify(f["test_s"], f["zeroshot_classifier_s"], f["test_y"], normalize=False)
+        m, hits = zeroshot_classify(f["test_s"], f["zeroshot_classifier_s"], f["test_y"], normalize=False,
+                                    per_example=True)
         what = f"{str(f['similarity'])} similarity (image vs prompt-ensembled text)"
         if str(f["similarity"]) == "nclip_ce":  # spec 1.7.4: also the image-as-target score p_I . log p_T
             from protoclip.evaluate.features import nclip_image_as_target
@@ -195,10 +215,10 @@ def task_zeroshot(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> T
             xi, wt = nclip_image_as_target(f["test_s"], f["zeroshot_classifier_s"])
             m["image_as_target"] = zeroshot_classify(xi, wt, f["test_y"], normalize=False)
     else:
-        m = zeroshot_classify(f["test_z"], f["zeroshot_classifier"], f["test_y"])
+        m, hits = zeroshot_classify(f["test_z"], f["zeroshot_classifier"], f["test_y"], per_example=True)
         what = "z_image (L2-normalised) vs prompt-ensembled z_text"
     m["n_classes"], m["n_templates"] = len(ds.classnames), len(ds.templates)
-    return m, what, _sizes(f)
+    return TaskResult(m, what, _sizes(f), _with_labels(hits, f))
 
 
 @runs_task("linear")
@@ -207,21 +227,23 @@ def task_linear(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> Tas
 
     args = (f["train_z"], f["train_y"], f["test_z"], f["test_y"])
     if len(f["train_y"]) > cfg.linear_sgd_above:  # paper: SGD for ImageNet, L-BFGS for the small sets
-        m = {**sgd_linear_probe(*args, seed=cfg.seed, num_classes=len(ds.classnames)), "solver": "sgd"}
+        m, hits = sgd_linear_probe(*args, seed=cfg.seed, num_classes=len(ds.classnames), per_example=True)
+        m["solver"] = "sgd"
     else:
-        m = {**linear_probe(*args, seed=cfg.seed, max_iter=cfg.linear_max_iter, center=cfg.linear_center),
-             "solver": "lbfgs", "centred": cfg.linear_center}
-    return m, "z_image (not normalised)", _sizes(f, train=True)
+        m, hits = linear_probe(*args, seed=cfg.seed, max_iter=cfg.linear_max_iter, center=cfg.linear_center,
+                               per_example=True)
+        m.update(solver="lbfgs", centred=cfg.linear_center)
+    return TaskResult(m, "z_image (not normalised)", _sizes(f, train=True), _with_labels(hits, f))
 
 
 @runs_task("knn")
 def task_knn(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.knn import knn_classifier
 
-    m = knn_classifier(f["train_z"], f["train_y"], f["test_z"], f["test_y"], k=cfg.knn_k, T=cfg.knn_temperature,
-                       num_classes=len(ds.classnames))
+    m, hits = knn_classifier(f["train_z"], f["train_y"], f["test_z"], f["test_y"], k=cfg.knn_k,
+                             T=cfg.knn_temperature, num_classes=len(ds.classnames), per_example=True)
     m["k"], m["T"] = cfg.knn_k, cfg.knn_temperature
-    return m, "z_image (L2-normalised, cosine)", _sizes(f, train=True)
+    return TaskResult(m, "z_image (L2-normalised, cosine)", _sizes(f, train=True), _with_labels(hits, f))
 
 
 @runs_task("retrieval")
@@ -229,20 +251,23 @@ def task_retrieval(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> Task
     from protoclip.evaluate.metrics.retrieval import retrieval_recall
 
     if "caption_image_s" in f:  # the method's own similarity (evaluate.features.similarity_embeddings)
-        m = retrieval_recall(f["caption_image_s"], f["caption_text_s"], f["caption_text_to_image"], normalize=False)
+        m, ranks = retrieval_recall(f["caption_image_s"], f["caption_text_s"], f["caption_text_to_image"],
+                                    normalize=False, per_example=True)
         what = f"{str(f['similarity'])} similarity"
     else:
-        m = retrieval_recall(f["caption_image_z"], f["caption_text_z"], f["caption_text_to_image"])
+        m, ranks = retrieval_recall(f["caption_image_z"], f["caption_text_z"], f["caption_text_to_image"],
+                                    per_example=True)
         what = "z_image vs z_text (L2-normalised, dot product)"
     sizes = {"n_images": int(len(f["caption_image_z"])), "n_texts": int(len(f["caption_text_z"]))}
-    return m, what, sizes
+    return TaskResult(m, what, sizes, {**ranks, "text_to_image": np.asarray(f["caption_text_to_image"])})
 
 
 @runs_task("clustering")
 def task_clustering(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.clustering import cluster_scores
 
-    return cluster_scores(f["test_z"], f["test_y"], seed=cfg.seed), "z_image (L2-normalised)", _sizes(f)
+    m = cluster_scores(f["test_z"], f["test_y"], seed=cfg.seed)
+    return TaskResult(m, "z_image (L2-normalised)", _sizes(f))
 
 
 @runs_task("nemd")
@@ -252,7 +277,7 @@ def task_nemd(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskR
     # methods-spec 3.4: NEMD on h^I (the prototype space) and on z^I separately; h^I is the headline
     m = nemd_report(f["test_h"], f["test_y"], seed=cfg.seed, max_pairs=cfg.nemd_max_pairs)
     m["z_image"] = nemd_report(f["test_z"], f["test_y"], seed=cfg.seed, max_pairs=cfg.nemd_max_pairs)
-    return m, "h_image (projection head g^I); z_image under 'z_image'", _sizes(f)
+    return TaskResult(m, "h_image (projection head g^I); z_image under 'z_image'", _sizes(f))
 
 
 @runs_task("tsne")
@@ -262,7 +287,7 @@ def task_tsne(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskR
     m = tsne_plot(f["test_z"], f["test_y"], ds.classnames, fig, seed=cfg.seed, max_points=cfg.tsne_max_points,
                   title=f"{ds.name}: t-SNE of z_image")
     m["figure"] = str(fig)
-    return m, "z_image (L2-normalised)", _sizes(f)
+    return TaskResult(m, "z_image (L2-normalised)", _sizes(f))
 
 
 @runs_task("temperature")
@@ -297,7 +322,7 @@ def task_temperature(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> Ta
                                                       t.token_subsets, t.token_draws, seed=cfg.seed)
         sizes["n_test"] = int(len(f["test_y"]))
         what.append(f"token subsets of the {tokens} tokens (zero-shot, prompt-averaged)")
-    return m, "; ".join(what), sizes
+    return TaskResult(m, "; ".join(what), sizes)
 
 
 assert set(TASK_FUNCS) == set(TASKS), "every task of protoclip.tasks has its function here"
@@ -339,14 +364,14 @@ def _numbers(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- stage
 def _still_valid(old_marker: dict | None, folder: Path, model_sha256: str) -> list[Path]:
-    """Metrics files of an earlier complete evaluation of this folder that stay valid beside this one's (an
-    evaluation of some tasks only, ``--task``): intact since and of the same model."""
-    keep = []
-    for name in completion.vouched(old_marker, folder):
-        path = folder / name
-        if completion.read_record(path).get("model_sha256") == model_sha256:
-            keep.append(path)
-    return keep
+    """Metrics files (and their per-example files) of an earlier complete evaluation of this folder that stay
+    valid beside this one's (an evaluation of some tasks only, ``--task``): intact since and of the same model."""
+    intact = completion.vouched(old_marker, folder)
+    keep = [folder / name for name in intact if name.endswith(".json")
+            and completion.read_record(folder / name).get("model_sha256") == model_sha256]
+    kept_tasks = {p.stem for p in keep}
+    return keep + [folder / name for name in intact if name.endswith(".examples.npz")
+                   and name.removesuffix(".examples.npz") in kept_tasks]
 
 
 def run_collect(cfg, run: str) -> Path:
@@ -370,6 +395,98 @@ def run_collect(cfg, run: str) -> Path:
     return out
 
 
+def _requested(cfg, tasks: list[str] | None, datasets: list[str] | None) -> tuple[list[str], list[str]]:
+    """(tasks, data sets) of an evaluation request, checked against the task names and the configured sets."""
+    tasks = list(tasks or TASKS)
+    try:
+        check_tasks(tasks)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    names = list(datasets or cfg.evaluate.datasets)
+    bad = [d for d in names if d not in cfg.evaluate.datasets]
+    if bad:
+        raise ConfigError(f"{cfg.source}: data set '{bad[0]}' is not under evaluate.datasets "
+                          f"(configured: {', '.join(cfg.evaluate.datasets) or 'none'})")
+    return tasks, names
+
+
+@dataclass
+class SetEvaluation:
+    """One run's evaluation on its sets: the model, what every set shares, and the one MLflow run."""
+    ecfg: EvaluateConfig
+    layout: Layout
+    run: str
+    extractor: Any  # protoclip.evaluate.features.FeatureExtractor of the run's model
+    tracker: Any  # protoclip.tracking.Tracker
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def model_sha256(self) -> str:
+        return self.extractor.model_sha256
+
+    def evaluate(self, name: str, tasks: list[str]) -> list[Path]:
+        """Every task of ``tasks`` that applies to set ``name``; returns the metrics files written. The folder
+        is incomplete (no tasks.json) from its start until the marker is written last."""
+        folder = self.layout.eval_dir(self.run, name)
+        folder.mkdir(parents=True, exist_ok=True)  # the job's output: present even when no task runs
+        old_marker = completion.start(folder, self.layout.eval_tasks(self.run, name))
+        ds_cfg = self.ecfg.datasets[name]
+        wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
+        ds = load_eval_set(name, ds_cfg, self.layout, seed=self.ecfg.seed, tasks=wanted) if wanted else None
+        if isinstance(ds, Skipped):
+            log.warning(ds.reason)
+        status: dict[str, str] = {}
+        metrics_files: list[Path] = []
+        other_files: list[Path] = []  # vouched for by the marker too: per-example results
+        plans = plan_tasks(name, ds, wanted, image_only_method(self.extractor.spec))
+        for task, plan in plans.items():
+            if not plan.run:
+                metrics_files += self._skip(name, task, plan, status)
+        runnable = [task for task, plan in plans.items() if plan.run]
+        feats = self.extractor.features(self.layout.features(self.run, name), ds) if runnable else {}
+        for task in runnable:
+            if (reason := too_small(task, feats)) is not None:
+                log.warning("%s: %s not run (%s)", name, task, reason)
+                status[task] = f"{NOT_RUN}{reason}"
+                continue
+            metrics_file, examples_file = self._run_task(name, task, feats, ds)
+            metrics_files.append(metrics_file)
+            other_files += [examples_file] if examples_file else []
+            status[task] = "ran"
+        kept = _still_valid(old_marker, folder, self.model_sha256)
+        records.write_tasks(self.layout.eval_tasks(self.run, name), self.run, name, status, self.model_sha256,
+                            getattr(ds, "subsample", None), files=metrics_files + other_files + kept)
+        return metrics_files
+
+    def _skip(self, name: str, task: str, plan: TaskPlan, status: dict[str, str]) -> list[Path]:
+        """Record why ``task`` does not run on set ``name`` (tasks.json and / or its metrics file)."""
+        log.info("%s: %s not run (%s)", name, task, plan.reason)
+        if plan.status:
+            status[task] = plan.reason
+        if not plan.metrics_file:
+            return []
+        return [records.write_skip(self.layout.metrics(self.run, task, name), self.run, name, task, plan.reason)]
+
+    def _run_task(self, name: str, task: str, feats: dict, ds: EvalSet) -> tuple[Path, Path | None]:
+        """Run ``task`` on set ``name``: its metrics file and per-example file (None: it keeps none)."""
+        fig = self.layout.tsne_figure(self.run, name)
+        log.info("%s: %s", name, task)
+        result = TASK_FUNCS[task](feats, ds, self.ecfg, fig)
+        record = {"run": self.run, "dataset": name, "task": task, "metrics": result.metrics, **result.sizes,
+                  "features": result.features, "model_sha256": self.model_sha256, "source": ds.source,
+                  "provenance": self.provenance}
+        if task != "retrieval" and getattr(ds, "subsample", None) is not None:
+            record["subsample"] = ds.subsample  # the fixed probe subsample (datasets.subsample_set)
+        examples = None
+        if result.examples:
+            examples = records.write_examples(self.layout.examples(self.run, task, name), result.examples)
+        metrics_file = records.write_metrics(self.layout.metrics(self.run, task, name), record)
+        self.tracker.log_metrics(_numbers(result.metrics, f"eval/{task}/{name}/"))
+        if task == "tsne":
+            self.tracker.log_artifact(fig, f"figures/{name}")
+        return metrics_file, examples
+
+
 def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[str] | None = None,
                  targets: list[str] | None = None) -> list[Path]:
     """Evaluate ``run`` on the configured sets; returns the metrics files written.
@@ -378,72 +495,19 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
     workflow's per-set jobs leave that to its ``collect`` job. ``targets``: table targets (MLflow tags).
     """
     ecfg: EvaluateConfig = cfg.evaluate
+    tasks, names = _requested(cfg, tasks, datasets)
     layout = Layout.from_config(cfg)
-    tasks = list(tasks or TASKS)
-    try:
-        check_tasks(tasks)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    names = list(datasets or ecfg.datasets)
-    bad = [d for d in names if d not in ecfg.datasets]
-    if bad:
-        raise ConfigError(f"{cfg.source}: data set '{bad[0]}' is not under evaluate.datasets "
-                          f"(configured: {', '.join(ecfg.datasets) or 'none'})")
     model_path = require_path(layout.model(run), f"evaluate run '{run}'")
     from protoclip.evaluate.features import FeatureExtractor  # torch + open_clip: not needed by `collect`
 
     extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size, ecfg.num_workers)
-    prov = provenance(ecfg.seed)
-    image_only = image_only_method(extractor.spec)
     written: list[Path] = []
     with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
         tracker.log_params({"evaluate": {"seed": ecfg.seed, "knn_k": ecfg.knn_k,
                                          "knn_temperature": ecfg.knn_temperature}})
+        job = SetEvaluation(ecfg, layout, run, extractor, tracker, provenance(ecfg.seed))
         for name in names:
-            # the job's output folder (a DVC out and a Snakemake directory): present even when no task runs
-            folder = layout.eval_dir(run, name)
-            folder.mkdir(parents=True, exist_ok=True)
-            # incomplete until tasks.json is written last: a kill from here on is never read as complete
-            old_marker = completion.start(folder, layout.eval_tasks(run, name))
-            first = len(written)
-            status: dict[str, str] = {}
-            ds_cfg = ecfg.datasets[name]
-            wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
-            ds = load_eval_set(name, ds_cfg, layout, seed=ecfg.seed, tasks=wanted) if wanted else None
-            if isinstance(ds, Skipped):
-                log.warning(ds.reason)
-            runnable = []
-            for task, plan in plan_tasks(name, ds, wanted, image_only).items():
-                if plan.run:
-                    runnable.append(task)
-                    continue
-                log.info("%s: %s not run (%s)", name, task, plan.reason)
-                if plan.status:
-                    status[task] = plan.reason
-                if plan.metrics_file:
-                    written.append(records.write_skip(layout.metrics(run, task, name), run, name, task, plan.reason))
-            feats = extractor.features(layout.features(run, name), ds) if runnable else {}
-            for task in runnable:
-                reason = too_small(task, feats)
-                if reason:
-                    log.warning("%s: %s not run (%s)", name, task, reason)
-                    status[task] = f"{NOT_RUN}{reason}"
-                    continue
-                fig = layout.tsne_figure(run, name)
-                log.info("%s: %s", name, task)
-                metrics, kind, sizes = TASK_FUNCS[task](feats, ds, ecfg, fig)
-                record = {"run": run, "dataset": name, "task": task, "metrics": metrics, **sizes, "features": kind,
-                          "model_sha256": extractor.model_sha256, "source": ds.source, "provenance": prov}
-                if task != "retrieval" and getattr(ds, "subsample", None) is not None:
-                    record["subsample"] = ds.subsample  # the fixed probe subsample (datasets.subsample_set)
-                written.append(records.write_metrics(layout.metrics(run, task, name), record))
-                status[task] = "ran"
-                tracker.log_metrics(_numbers(metrics, f"eval/{task}/{name}/"))
-                if task == "tsne":
-                    tracker.log_artifact(fig, f"figures/{name}")
-            records.write_tasks(layout.eval_tasks(run, name), run, name, status, extractor.model_sha256,
-                                getattr(ds, "subsample", None),
-                                files=written[first:] + _still_valid(old_marker, folder, extractor.model_sha256))
+            written += job.evaluate(name, tasks)
         if datasets is None:
             written.append(run_collect(cfg, run))
             tracker.log_artifact(layout.metrics_summary(run), "metrics")

@@ -3,7 +3,8 @@
 Each declared table (``kind: table`` targets) keeps the paper's rows and columns. Every paper column becomes a
 column group of two: ``ours`` (mean ± std over the row's seeds, or "(1 seed)") and ``paper`` (transcribed,
 ``paper_numbers.yaml``, printed exactly as the paper prints it in every format). Where the paper prints a "+/-"
-row (Tables V-VIII: ProtoCLIP minus CLIP) the table has it too, ours (difference of our means) beside the paper's.
+row (Tables V-VIII: ProtoCLIP minus CLIP) the table has it too, ours (difference of our means, with its 95 %
+bootstrap interval in brackets: ``+1.80 [-0.40, +3.90]``, protoclip.report.claims) beside the paper's.
 A leading ``ours: run`` column names the run group, its epochs and seeds. The caption
 states the paper's caption and source, our config and training data, and each column's mapping to offline
 stand-ins ("ImageNet zero-shot: imagenet -> fashion_mnist"), and chance level for zero-shot sets.
@@ -18,6 +19,7 @@ import html
 import pandas as pd
 
 from protoclip.atomic import atomic_path, write_text
+from protoclip.claims.ledger import signed, with_interval
 from protoclip.layout import Layout
 from protoclip.report.config import TargetConfig
 from protoclip.report.values import Cell, Results, paper_numbers, paper_value
@@ -30,12 +32,6 @@ def _fmt_paper(v) -> str:
     if v is None:
         return "-"
     return getattr(v, "text", None) or str(v)
-
-
-def _signed(v: float, digits: int) -> str:
-    """A difference as the paper prints it: ``+0.80``, ``-1.04``, ``0.00``."""
-    text = f"{v:.{digits}f}"
-    return text if float(text) == 0 else f"{v:+.{digits}f}"
 
 
 def run_label(cfg, base: str | None) -> str:
@@ -51,8 +47,9 @@ def run_label(cfg, base: str | None) -> str:
     return f"{base}: {rc.method}, {rc.model}, {'+'.join(rc.data)}, {rc.epochs:g} ep{teacher}, {seeds}"
 
 
-def build_table(cfg, results: Results, target: TargetConfig) -> tuple[pd.DataFrame, str, list[dict]]:
-    """(display table, caption, long records) of a table target."""
+def build_table(cfg, results: Results, target: TargetConfig, engine=None) -> tuple[pd.DataFrame, str, list[dict]]:
+    """(display table, caption, long records) of a table target. ``engine``: a
+    :class:`protoclip.report.claims.ClaimEngine` giving the difference rows their intervals (None: points only)."""
     entry = paper_numbers(target.paper_key)
     columns = []
     mappings, chance = [], {}
@@ -69,6 +66,7 @@ def build_table(cfg, results: Results, target: TargetConfig) -> tuple[pd.DataFra
             chance.update(results.chance(sets, runs))
     data, long, labels = [], [], []
     cells: dict[str, dict[str, Cell]] = {}  # paper row key -> column label -> our cell (for difference rows)
+    runs = {row.paper_key: row.run for row in target.rows}  # paper row key -> our run group (difference rows)
     differences = entry.get("differences") or {}
     for row in target.rows:
         line = {("", "ours: run"): run_label(cfg, row.run)}
@@ -93,7 +91,7 @@ def build_table(cfg, results: Results, target: TargetConfig) -> tuple[pd.DataFra
         # the paper's "+/-" row under this row (Tables V-VIII: ProtoCLIP minus CLIP), ours beside it
         for diff_label, diff in differences.items():
             if diff.get("minuend") == row.paper_key:
-                line, recs = difference_row(target, columns, cells, diff_label, diff)
+                line, recs = difference_row(target, columns, cells, diff_label, diff, runs, cfg, engine)
                 data.append(line)
                 labels.append(diff_label)
                 long += recs
@@ -108,31 +106,50 @@ def build_table(cfg, results: Results, target: TargetConfig) -> tuple[pd.DataFra
                "epochs, seeds); mean ± sample std over seeds where a row has several.")
     if mappings:
         cap.append("Column mapping (paper set -> set used here): " + "; ".join(mappings) + ".")
+    if differences and engine is not None:
+        cap.append(f"Difference rows: ours = the difference of our means with its {cfg.claims.confidence:.0%} "
+                   "bootstrap interval in brackets (test examples paired, then seeds; results/tables/claims.md); "
+                   "without brackets: no per-example results to resample.")
     if chance:
         cap.append("Zero-shot chance level: " + ", ".join(f"{d} {c:.1f}%" for d, c in sorted(chance.items())) + ".")
     return table, " ".join(cap), long
 
 
 def difference_row(target: TargetConfig, columns: list, cells: dict[str, dict[str, Cell]], label: str,
-                   diff: dict) -> tuple[dict, list[dict]]:
+                   diff: dict, runs: dict[str, str | None] | None = None, cfg=None, engine=None
+                   ) -> tuple[dict, list[dict]]:
     """(table line, long records) of a difference row: ours = minuend mean - subtrahend mean (same columns, same
-    data sets), signed as the paper prints; paper = its printed difference (``paper_numbers.yaml``)."""
+    data sets), signed as the paper prints, with its interval when ``engine`` can resample it (``runs``: paper
+    row key -> our run group); paper = its printed difference (``paper_numbers.yaml``)."""
+    from protoclip.report.claims import NotRun
+
     a, b = cells.get(diff["minuend"], {}), cells.get(diff["subtrahend"], {})
     line = {("", "ours: run"): f"difference of our means: {diff['minuend']} - {diff['subtrahend']}"}
     recs = []
     for col, sets, _ in columns:
         pv = (diff.get("values") or {}).get(col.paper_key)
         ca, cb = a.get(col.label), b.get(col.label)
-        ours = None
+        ours = lo = hi = None
         if col.task != "epochs" and ca is not None and cb is not None and ca.mean is not None and cb.mean is not None:
             ours = ca.mean - cb.mean
         digits = 3 if col.metric in ("ari", "ami") else 2
-        line[(col.label, OURS)] = "" if col.task == "epochs" else ("-" if ours is None else _signed(ours, digits))
+        text = "-" if ours is None else signed(ours, digits)
+        if ours is not None and engine is not None:
+            group_a, group_b = (cfg.run_group((runs or {}).get(diff[k]) or "") for k in ("minuend", "subtrahend"))
+            try:
+                if not group_a or not group_b:
+                    raise NotRun("no run group")
+                iv = engine.column_interval(group_a, group_b, col, sets, ours)
+                lo, hi, text = iv.lo, iv.hi, with_interval(ours, iv.lo, iv.hi, digits)
+            except NotRun:
+                pass  # the point without brackets (the caption says why)
+        line[(col.label, OURS)] = "" if col.task == "epochs" else text
         line[(col.label, PAPER)] = "" if col.task == "epochs" else _fmt_paper(pv)
         if col.task != "epochs":
             recs.append({"target": target.id, "row": label, "column": col.label, "run": "",
                          "datasets": "+".join(sets), "ours_mean": ours, "ours_std": None, "ours_seeds": 0,
-                         "ours_text": line[(col.label, OURS)], "paper": pv if pv is not None else ""})
+                         "ours_text": line[(col.label, OURS)], "paper": pv if pv is not None else "",
+                         "ours_ci_low": lo, "ours_ci_high": hi})
     return line, recs
 
 
@@ -144,9 +161,9 @@ def _markdown(table: pd.DataFrame) -> str:
     return flat.reset_index().to_markdown(index=False, disable_numparse=True)
 
 
-def write_table(cfg, results: Results, target: TargetConfig) -> tuple[str, str, list[dict]]:
+def write_table(cfg, results: Results, target: TargetConfig, engine=None) -> tuple[str, str, list[dict]]:
     """Write ``<id>.{csv,md,tex,html}``; returns (markdown, caption, long records)."""
-    table, caption, long = build_table(cfg, results, target)
+    table, caption, long = build_table(cfg, results, target, engine)
     csv, md, tex, htm = Layout.from_config(cfg).target_files(target.id, target.kind)
     csv.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(csv) as tmp:

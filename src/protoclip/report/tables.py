@@ -6,7 +6,9 @@ Writes every declared paper target (``target:`` blocks of the experiment files, 
 :mod:`protoclip.report.config`): ``results/tables/<id>.{csv,md,tex,html}`` with our numbers and the paper's
 side by side (:mod:`protoclip.report.paper_tables`), ``results/figures/<id>.png``
 (:mod:`protoclip.report.figures`), each with its caption ``results/report/<id>.rst`` (the Snakemake report's
-caption), and ``results/tables/index.md`` listing the skipped data sets once at the top, then every target.
+caption), the claims ledger ``results/tables/claims.{md,csv,tex,html,json}`` with its forest plot
+``results/figures/claims.png`` (:mod:`protoclip.report.claims`), and ``results/tables/index.md`` listing the
+skipped data sets once at the top, then every target and the ledger.
 
 Also, per task, the generic ``results/tables/<task>.{csv,md,tex}`` (rows: data set x headline metric;
 columns: runs; skipped sets left out, they are listed in the index), all values with their skip lines in
@@ -106,6 +108,7 @@ def rst_escape(text: str) -> str:
 
 
 def run_report(cfg) -> Path:
+    from protoclip.report.claims import ClaimEngine, run_ledger
     from protoclip.report.dvc_plots import write_plot_data
     from protoclip.report.figures import write_figure
     from protoclip.report.paper_tables import write_table
@@ -128,16 +131,20 @@ def run_report(cfg) -> Path:
     if skipped:
         lines += ["## Skipped data sets (listed once; their cells read '-' or use the stand-in named in each "
                   "caption)", ""] + [f"- {line}" for line in skipped.values()] + [""]
+    engine = ClaimEngine(cfg, results)  # intervals of the difference rows and the claims ledger
     cells = []  # every target cell, ours and the paper's (targets_long.csv)
     for target in cfg.paper_targets():
         if target.kind == "table":
-            md, caption, recs = write_table(cfg, results, target)
+            md, caption, recs = write_table(cfg, results, target, engine)
             cells += recs
             lines += [f"## {target.id}", "", caption, "", md, ""]
         else:
             png, caption = write_figure(cfg, results, target)
             lines += [f"## {target.id}", "", caption, "", f"![{target.id}](../figures/{png.name})", ""]
         write_text(layout.caption(target.id), rst_escape(caption) + "\n")
+    rows, files = run_ledger(cfg, results, engine)  # the claims ledger (protoclip.report.claims)
+    lines += ["## Claims ledger", "", files["md"].read_text().strip(), "",
+              f"![claims](../figures/{files['png'].name})", ""]
     with atomic_path(layout.targets_long) as tmp:  # every target cell, ours and the paper's
         pd.DataFrame(cells).to_csv(tmp, index=False)
     with atomic_path(layout.metrics_long) as tmp:

@@ -8,11 +8,13 @@ chunks so the [chunk, N_train] similarity matrix stays small. Written in torch r
 
     from protoclip.evaluate.metrics.knn import knn_classifier
     knn_classifier(train_x, train_y, test_x, test_y, k=20, T=0.07)   # -> {"top1": .., "top5": ..} (percent)
+    m, hits = knn_classifier(..., per_example=True)   # hits["top1"]: bool per test image, the same numbers
 """
 from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -54,11 +56,13 @@ def knn_classifier(
     num_classes: int | None = None,
     chunk_size: int = 1024,
     device: str | torch.device = "cpu",
-) -> dict[str, float]:
+    per_example: bool = False,
+) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """DINO weighted k-NN top-1 / top-5 accuracy in percent (top5 only when num_classes >= 5).
 
     ``k`` is capped at the number of training samples. ``num_classes`` defaults to 1 + the largest
-    label seen in train or test.
+    label seen in train or test. ``per_example``: return ``(metrics, {"top1": bool[n], "top5": bool[n]})``,
+    each test image's hit (the percentages are ``100 * hits.sum() / n`` of these).
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -72,18 +76,19 @@ def knn_classifier(
         log.warning("k=%d is larger than the %d training samples; using k=%d", k, xtr.shape[0], k_eff)
     # ImageNet: 1.28M train rows, so 1024 test rows at once would already be a 5 GB block
     chunk_size = max(1, min(chunk_size, MAX_SIM_ELEMENTS // xtr.shape[0]))
-    top1 = top5 = 0
+    top1, top5 = [], []
     for start in tqdm(range(0, xte.shape[0], chunk_size), desc="kNN", leave=False,
                       disable=xte.shape[0] <= chunk_size):
         votes = knn_votes(xtr, ytr, xte[start:start + chunk_size], k_eff, T, num_classes)
         # DINO ranks classes by votes (sort descending); top-5 looks at min(5, k) ranked classes
         pred = votes.topk(min(5, num_classes), dim=1).indices
         hit = pred == yte[start:start + chunk_size, None]
-        top1 += int(hit[:, 0].sum())
-        top5 += int(hit[:, : min(5, k_eff)].any(dim=1).sum())
+        top1.append(hit[:, 0])
+        top5.append(hit[:, : min(5, k_eff)].any(dim=1))
     n = xte.shape[0]
-    out = {"top1": 100.0 * top1 / n}
+    examples = {"top1": torch.cat(top1).cpu().numpy()}
     if num_classes >= 5:
-        out["top5"] = 100.0 * top5 / n
+        examples["top5"] = torch.cat(top5).cpu().numpy()
+    out = {key: 100.0 * int(h.sum()) / n for key, h in examples.items()}
     log.info("kNN (k=%d, T=%g) on %d test / %d train: %s", k_eff, T, n, xtr.shape[0], out)
-    return out
+    return (out, examples) if per_example else out

@@ -32,6 +32,7 @@ Features are the un-normalised image representations (the paper: "before normali
 
     from protoclip.evaluate.metrics.linear import linear_probe
     linear_probe(train_x, train_y, test_x, test_y)   # -> {"top1": 83.1, "C": 0.316, "val_top1": 82.5}
+    m, hits = linear_probe(..., per_example=True)   # hits["top1"]: bool per test image, the same numbers
 """
 from __future__ import annotations
 
@@ -135,14 +136,16 @@ def linear_probe(
     warm_start: bool = True,
     threads: int | None = 1,
     center: bool = True,
-) -> dict[str, float]:
+    per_example: bool = False,
+) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """L-BFGS logistic regression; C picked on a validation split of train; test top-1 in percent.
 
     ``warm_start``: start each fit from the nearest C's solution (same optimum, fewer iterations).
     ``threads``: BLAS/OpenMP threads of the fits (None: the libraries' default, all cores).
     ``center``: fit on features minus the training mean (same optimum, far fewer L-BFGS iterations).
     Returns ``{"top1": test accuracy of the model refit on all of train, "C": chosen C,
-    "val_top1": validation accuracy at that C}``.
+    "val_top1": validation accuracy at that C}``; with ``per_example`` also ``{"top1": bool[n]}``, each test
+    image's hit (``top1`` is ``100 * hits.sum() / n`` of it).
     """
     xtr, xte = features_np(train_x, "train_x"), features_np(test_x, "test_x")
     same_dim(xtr, xte, "train_x", "test_x")
@@ -183,8 +186,9 @@ def linear_probe(
         pbar.close()
         log.info("linear probe: best C=%.3g (val acc %.4f) after %d fits", best_C, tried[best_C], len(tried))
         clf = _fit_logreg(xtr, ytr, best_C, max_iter, seed, init=nearest(math.log10(best_C), np.unique(ytr)))
-    top1 = 100.0 * float((clf.predict(xte) == yte).mean())
-    return {"top1": top1, "C": float(best_C), "val_top1": 100.0 * tried[best_C]}
+    hits = clf.predict(xte) == yte
+    out = {"top1": 100.0 * float(hits.mean()), "C": float(best_C), "val_top1": 100.0 * tried[best_C]}
+    return (out, {"top1": hits}) if per_example else out
 
 
 def sgd_linear_probe(
@@ -201,10 +205,12 @@ def sgd_linear_probe(
     num_classes: int | None = None,
     device: str | torch.device = "cpu",
     show_progress: bool = True,
-) -> dict[str, float]:
+    per_example: bool = False,
+) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """Torch linear classifier with SGD + cosine lr (per epoch, as SwAV's eval_linear); test top-1/top-5 in %.
 
     The layer is initialised as in SwAV / MoCo linear evaluation (weights N(0, 0.01), bias 0).
+    ``per_example``: also each test image's hits ``{"top1": bool[n], "top5": bool[n]}``.
     """
     xtr, ytr, xte, yte, num_classes = probe_tensors(train_x, train_y, test_x, test_y, device, num_classes)
     gen = torch.Generator().manual_seed(seed)
@@ -229,11 +235,15 @@ def sgd_linear_probe(
     with torch.no_grad():
         pred = layer(xte).topk(min(5, num_classes), dim=1).indices
     hit = pred == yte[:, None]
-    out = {"top1": 100.0 * float(hit[:, 0].float().mean()), "final_train_loss": float(loss.detach())}
+    # accuracies as float64 means of the hits (exact to the last bit, and what the per-example arrays give)
+    examples = {"top1": hit[:, 0].cpu().numpy()}
     if num_classes >= 5:
-        out["top5"] = 100.0 * float(hit.any(dim=1).float().mean())
+        examples["top5"] = hit.any(dim=1).cpu().numpy()
+    out = {"top1": 100.0 * float(examples["top1"].mean()), "final_train_loss": float(loss.detach())}
+    if "top5" in examples:
+        out["top5"] = 100.0 * float(examples["top5"].mean())
     log.info("SGD linear probe (%d epochs): %s", epochs, out)
-    return out
+    return (out, examples) if per_example else out
 
 
 def linear_eval(

@@ -14,6 +14,12 @@ same answer with O(queries * k) memory.
 
     from protoclip.evaluate.metrics.retrieval import retrieval_recall
     retrieval_recall(img_feats, txt_feats, text_to_image)  # -> {"image_to_text_R@1": .., ..., "mean_recall": ..}
+    m, ranks = retrieval_recall(..., per_example=True)  # ranks["image_to_text_rank"]: int per image query
+
+``per_example=True`` also returns each query's rank of its first match (0 = the top candidate):
+``image_to_text_rank`` [n_images] and ``text_to_image_rank`` [n_texts]; R@k is ``100 * (rank < k).sum() / n``
+of these (the same numbers). Within the top max(ks) the rank is the position in the top-k order; beyond it, the
+number of candidates scored strictly above the query's best positive (at least max(ks)).
 """
 from __future__ import annotations
 
@@ -29,13 +35,29 @@ from protoclip.evaluate.metrics._inputs import ArrayLike, features_torch, labels
 log = logging.getLogger(__name__)
 
 
-def hits_at_k(scores: torch.Tensor, positives: torch.Tensor, ks: Sequence[int]) -> dict[int, int]:
-    """For each k, how many query rows have at least one positive among their k top-scored candidates."""
-    kmax = min(max(ks), scores.shape[1])
+def first_match_rank(scores: torch.Tensor, positives: torch.Tensor, kmax: int) -> torch.Tensor:
+    """Per query row, the 0-based rank of its first positive candidate (int64 ``[q]``).
+
+    Within the ``kmax`` top-scored candidates it is the position in ``topk``'s order (what recall@k counts);
+    a row without a positive there gets the number of candidates scored strictly above its best positive, at
+    least ``kmax`` (so ``rank < k`` is recall@k's hit for every k <= kmax).
+    """
+    kmax = min(kmax, scores.shape[1])
     top = scores.topk(kmax, dim=1).indices  # [q, kmax], sorted by decreasing score
     pos_at_rank = positives.gather(1, top)  # [q, kmax] bool: is the r-th retrieved candidate positive
-    first_hit = torch.where(pos_at_rank.any(1), pos_at_rank.float().argmax(1), torch.full_like(top[:, 0], kmax))
-    return {k: int((first_hit < min(k, kmax)).sum()) for k in ks}
+    found = pos_at_rank.any(1)
+    rank = torch.where(found, pos_at_rank.float().argmax(1), torch.full_like(top[:, 0], kmax))
+    if not bool(found.all()):
+        best = scores.masked_fill(~positives, float("-inf")).max(dim=1, keepdim=True).values
+        beyond = (scores > best).sum(dim=1).clamp(min=kmax)
+        rank = torch.where(found, rank, beyond)
+    return rank
+
+
+def hits_at_k(scores: torch.Tensor, positives: torch.Tensor, ks: Sequence[int]) -> dict[int, int]:
+    """For each k, how many query rows have at least one positive among their k top-scored candidates."""
+    first_hit = first_match_rank(scores, positives, max(ks))
+    return {k: int((first_hit < k).sum()) for k in ks}
 
 
 @torch.no_grad()
@@ -47,9 +69,12 @@ def retrieval_recall(
     chunk_size: int = 1024,
     device: str | torch.device = "cpu",
     normalize: bool = True,
-) -> dict[str, float]:
+    per_example: bool = False,
+) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """Recall@k in percent both ways plus their mean (``mean_recall``); ``normalize=False``: rank by the plain
-    dot product of the given features (a method's own similarity, see ``evaluate.features``)."""
+    dot product of the given features (a method's own similarity, see ``evaluate.features``). ``per_example``:
+    also each query's rank of its first match, ``{"image_to_text_rank": [n_images], "text_to_image_rank":
+    [n_texts]}`` (module docstring)."""
     if not ks or min(ks) < 1:
         raise ValueError(f"ks must be positive integers, got {ks}")
     # zero rows have no direction: rejected where the similarity is the cosine
@@ -67,25 +92,25 @@ def retrieval_recall(
         raise ValueError(f"{without.size} images have no caption (first: {without[:5].tolist()})")
     t2i_t = torch.from_numpy(t2i).to(device)
 
-    t2i_hits = dict.fromkeys(ks, 0)
+    kmax = max(ks)
+    t2i_rank = []
     for s in range(0, n_txt, chunk_size):
         q = txt[s:s + chunk_size]
         pos = torch.zeros(q.shape[0], n_img, dtype=torch.bool, device=device)
         pos[torch.arange(q.shape[0], device=device), t2i_t[s:s + chunk_size]] = True
-        for k, h in hits_at_k(q @ img.T, pos, ks).items():
-            t2i_hits[k] += h
-    i2t_hits = dict.fromkeys(ks, 0)
+        t2i_rank.append(first_match_rank(q @ img.T, pos, kmax))
+    i2t_rank = []
     for s in range(0, n_img, chunk_size):
         q = img[s:s + chunk_size]
         pos = t2i_t[None, :] == torch.arange(s, s + q.shape[0], device=device)[:, None]  # [q, n_txt]
-        for k, h in hits_at_k(q @ txt.T, pos, ks).items():
-            i2t_hits[k] += h
+        i2t_rank.append(first_match_rank(q @ txt.T, pos, kmax))
+    ranks = {"image_to_text_rank": torch.cat(i2t_rank).cpu().numpy(),
+             "text_to_image_rank": torch.cat(t2i_rank).cpu().numpy()}
 
     out: dict[str, float] = {}
-    for k in ks:
-        out[f"image_to_text_R@{k}"] = 100.0 * i2t_hits[k] / n_img
-    for k in ks:
-        out[f"text_to_image_R@{k}"] = 100.0 * t2i_hits[k] / n_txt
+    for direction, n in (("image_to_text", n_img), ("text_to_image", n_txt)):
+        for k in ks:
+            out[f"{direction}_R@{k}"] = 100.0 * int((ranks[f"{direction}_rank"] < k).sum()) / n
     out["mean_recall"] = float(np.mean(list(out.values())))
     log.info("retrieval on %d images / %d captions: %s", n_img, n_txt, out)
-    return out
+    return (out, ranks) if per_example else out

@@ -9,12 +9,18 @@ transpose). Images are classified by cosine similarity to these class embeddings
     from protoclip.evaluate.metrics.zeroshot import build_zeroshot_classifier, zeroshot_classify
     W = build_zeroshot_classifier(lambda texts: model.encode_text(tokenizer(texts)), classnames, templates)
     zeroshot_classify(image_features, W, labels)   # -> {"top1": 41.2, "top5": 73.0}  (percent)
+    m, hits = zeroshot_classify(image_features, W, labels, per_example=True)   # hits["top1"]: bool per image
+
+``per_example=True`` also returns each test image's hit ``{"top1": bool[n], "top5": bool[n]}``, from which the
+percentages are computed (``100 * hits.sum() / n``): the numbers are the same either way. The claims ledger
+bootstraps over these (protoclip.claims).
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -70,11 +76,16 @@ def build_zeroshot_classifier(
     return torch.cat(rows, dim=0)
 
 
-def topk_correct(scores: torch.Tensor, targets: torch.Tensor, k: int) -> int:
-    """How many rows have their target among the ``k`` highest scores (open_clip's ``accuracy``)."""
+def topk_hits(scores: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+    """Per row: is its target among the ``k`` highest scores (bool ``[n]``; open_clip's ``accuracy`` per row)."""
     k = min(k, scores.shape[1])
     pred = scores.topk(k, dim=1).indices
-    return int((pred == targets[:, None]).any(dim=1).sum().item())
+    return (pred == targets[:, None]).any(dim=1)
+
+
+def topk_correct(scores: torch.Tensor, targets: torch.Tensor, k: int) -> int:
+    """How many rows have their target among the ``k`` highest scores (open_clip's ``accuracy``)."""
+    return int(topk_hits(scores, targets, k).sum().item())
 
 
 @torch.no_grad()
@@ -85,13 +96,15 @@ def zeroshot_classify(
     topk: Sequence[int] = (1, 5),
     batch_size: int = 4096,
     normalize: bool = True,
-) -> dict[str, float]:
+    per_example: bool = False,
+) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """Top-k accuracy in percent of ``argmax_c cos(image, classifier[c])``.
 
     Both image features and classifier rows are L2-normalised here (cosine similarity); ``normalize=False``
     scores by the plain dot product (a method's own similarity embedded as a dot product, e.g. nCLIP's -CE,
     see ``protoclip.evaluate.features.similarity_embeddings``). A top-k entry is reported only when the
-    number of classes C is at least k (so a 2-class set has no top5).
+    number of classes C is at least k (so a 2-class set has no top5). ``per_example``: return
+    ``(metrics, {"top1": bool[n], ...})``, each image's hit under the same keys.
     """
     x = features_torch(image_features, "image_features", nonzero=True)
     w = features_torch(classifier, "classifier", nonzero=True)
@@ -103,13 +116,13 @@ def zeroshot_classify(
     if normalize:
         x, w = F.normalize(x, dim=1), F.normalize(w, dim=1)
     ks = [k for k in topk if k <= n_classes]
-    correct = dict.fromkeys(ks, 0)
+    hits: dict[int, list[torch.Tensor]] = {k: [] for k in ks}
     for start in range(0, x.shape[0], batch_size):
         scores = x[start:start + batch_size] @ w.T
         for k in ks:
-            correct[k] += topk_correct(scores, y[start:start + batch_size], k)
+            hits[k].append(topk_hits(scores, y[start:start + batch_size], k))
     n = x.shape[0]
-    out = {f"top{k}": 100.0 * correct[k] / n for k in ks}
+    examples = {f"top{k}": torch.cat(hits[k]).numpy() for k in ks}
+    out = {key: 100.0 * int(h.sum()) / n for key, h in examples.items()}
     log.info("zero-shot on %d images, %d classes: %s", n, n_classes, out)
-    return out
-
+    return (out, examples) if per_example else out

@@ -1,0 +1,214 @@
+"""Bootstrap intervals of differences between runs: resampling test examples (paired) and seeds (hierarchical).
+
+What is resampled. Every number the ledger compares is a ratio of sums over *units*: test images (zero-shot,
+linear and kNN accuracy), retrieval queries grouped by image (recall@k, mean recall), or training episodes
+(phase-time shares and ratios). One run's value under a resample that draws unit ``u`` ``w[u]`` times is
+
+    value(w) = sum_t coef[t] * (w . num[t]) / (w . den[t])          (:class:`Units`)
+
+accuracy: one term, ``num`` = hit per image, ``den`` = 1, ``coef`` = 100; mean recall: six terms (recall@1/5/10
+both ways; image queries with ``den`` = 1, caption queries grouped under their image with ``den`` = its number of
+captions, so an image is drawn with its captions); a phase's share of the episode time: ``num`` = the phase's
+seconds, ``den`` = the episode's seconds. With ``w = 1`` it is the metric as the metrics file holds it.
+
+How. A claim has one or more *components* (data sets: a column averaged over several sets, or counted over
+them) and two run *families* (a run, or its seeds). Every draw comes from a named stream,
+``np.random.default_rng([seed, zlib.crc32(name)])`` (:func:`stream`), so a naive loop reproduces it
+(tests/test_claims_bootstrap.py) and the same data set is resampled the same way wherever it appears:
+
+1. per component: ``paired`` (both families scored on the same units, the same test images): one
+   ``integers(0, n, (B, n))`` draw from stream ``examples/<key>`` (``key``: the data set), shared by every run
+   and seed of both families (the pairing over examples); unpaired (each run its own units, e.g. its training
+   episodes): one such draw per run from ``examples/<key>/a<i>`` / ``examples/<key>/b<i>``;
+2. per family with S > 1 seeds: ``integers(0, S, (B, S))`` from stream ``seeds/a`` / ``seeds/b``, the same
+   seeds for every component (a seed is one trained model).
+
+A family's value in resample b is the mean over its drawn seeds of their values under the component's draw:
+a two-level bootstrap, seeds then examples (for the same test images across seeds: the examples crossed with
+the seeds, both resampled), which adds the seed spread to the example spread. With three seeds the seed level
+has only 10 distinct draws and the percentile interval is a rough one; that is what three seeds can tell.
+Different data sets come from different streams (independent resamples); the same set in two cells or claims
+gets the same draw (a ``cache`` dict passed to :func:`resample` keeps its draw counts, so a report builds them
+once per set). The interval is the percentile interval of the B resampled statistics (``np.quantile``,
+linear). With one seed per family and one paired component this is exactly ``scipy.stats.bootstrap(...,
+paired=True, method='percentile', rng=stream(seed, "examples/<key>"))`` (the same index draw; tested), as long
+as the draw fits in one call (``B * n <= MAX_DRAW``; larger sets draw in chunks of resamples, an equally valid
+bootstrap that no longer matches scipy's draw bit for bit).
+
+    from protoclip.claims.bootstrap import Component, Units, resample, percentile_interval
+    comp = Component([Units.mean(hits_a)], [Units.mean(hits_b)], key="fashion_mnist")  # one seed each
+    a, b = resample([comp], n_resamples=2000, seed=0)                 # [components, B] each
+    lo, hi = percentile_interval((a - b).mean(0), 0.95)
+
+Pure numpy: no project config, no files.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_DRAW = 1 << 25  # index draws of at most this many elements at once (256 MB of int64); more: chunks
+
+
+@dataclass(frozen=True)
+class Units:
+    """One run's per-unit results on one component: value(w) = sum_t coef[t] * (w . num[t]) / (w . den[t])."""
+    num: np.ndarray  # [terms, units]
+    den: np.ndarray  # [terms, units], > 0 summed over any resample's units (1 per image, captions per image, ...)
+    coef: np.ndarray  # [terms]
+
+    def __post_init__(self) -> None:
+        num, den, coef = (np.asarray(x, dtype=np.float64) for x in (self.num, self.den, self.coef))
+        if num.ndim != 2 or den.shape != num.shape or coef.shape != (num.shape[0],) or num.shape[1] == 0:
+            raise ValueError(f"Units: num {num.shape}, den {den.shape}, coef {coef.shape}: need num and den "
+                             "[terms, units >= 1] and coef [terms]")
+        if (den < 0).any() or (den.sum(axis=1) <= 0).any():
+            raise ValueError("Units: den must be >= 0 with a positive sum per term")
+        for name, arr in (("num", num), ("den", den), ("coef", coef)):
+            object.__setattr__(self, name, arr)
+
+    @classmethod
+    def mean(cls, values, scale: float = 100.0) -> "Units":
+        """The mean of per-unit ``values`` times ``scale`` (accuracy in % from hits: ``Units.mean(hits)``)."""
+        values = np.asarray(values, dtype=np.float64)
+        return cls(values[None, :], np.ones((1, len(values))), np.array([scale]))
+
+    @property
+    def n(self) -> int:
+        return self.num.shape[1]
+
+    def value(self, counts: np.ndarray | None = None) -> np.ndarray:
+        """The value under each row of ``counts`` ([B, units] draws per unit) -> [B]; None: all units once."""
+        if counts is None:
+            counts = np.ones((1, self.n))
+        return ((counts @ self.num.T) / (counts @ self.den.T)) @ self.coef
+
+
+@dataclass(frozen=True)
+class Component:
+    """The two families' results on one data set (or one set of episodes): ``a`` and ``b`` list one
+    :class:`Units` per seed run (``b`` empty for a one-family statistic such as a share of ``a``'s time)."""
+    a: list[Units]
+    b: list[Units] = field(default_factory=list)
+    paired: bool = True  # same units for every run (test images); False: each run its own (episodes)
+    key: str = ""  # the stream's name (the data set): the same key, the same draw; "" = its position
+
+    def __post_init__(self) -> None:
+        if not self.a:
+            raise ValueError("Component: family a has no run")
+        if self.paired:
+            sizes = {u.n for u in self.a + self.b}
+            if len(sizes) != 1:
+                raise ValueError(f"Component: paired runs must score the same units, got sizes {sorted(sizes)}")
+
+
+def stream(seed: int, name: str) -> np.random.Generator:
+    """The generator of one named stream of draws: ``np.random.default_rng([seed, zlib.crc32(name)])``."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def _draw(rng: np.random.Generator, n_resamples: int, n: int) -> np.ndarray:
+    """[B, n] unit indices: one call when it fits MAX_DRAW (scipy.stats.bootstrap's draw), else chunks."""
+    if n_resamples * n <= MAX_DRAW:
+        return rng.integers(0, n, (n_resamples, n))
+    step = max(1, MAX_DRAW // n)
+    return np.concatenate([rng.integers(0, n, (min(step, n_resamples - s), n)) for s in range(0, n_resamples, step)])
+
+
+def _counts(idx: np.ndarray) -> list[np.ndarray]:
+    """How often each unit is drawn in each resample of ``idx`` ([B, n]), as float64 chunks of resamples."""
+    n_resamples, n = idx.shape
+    step = max(1, MAX_DRAW // (4 * n))
+    out = []
+    for s in range(0, n_resamples, step):
+        rows = idx[s:s + step]
+        flat = (rows + (np.arange(len(rows)) * n)[:, None]).ravel()
+        out.append(np.bincount(flat, minlength=len(rows) * n).reshape(len(rows), n).astype(np.float64))
+    return out
+
+
+def _values(units: list[Units], counts: list[np.ndarray]) -> np.ndarray:
+    """Each of ``units``' value under each resample (``counts`` chunks) -> [len(units), B]."""
+    return np.stack([np.concatenate([u.value(c) for c in counts]) for u in units])
+
+
+class CountsCache(dict):
+    """Draw counts of paired streams kept between :func:`resample` calls, up to ``max_elements`` counts in all
+    (float64: 8 bytes each; beyond it a set's counts are built again for each call)."""
+
+    def __init__(self, max_elements: int = MAX_DRAW):
+        super().__init__()
+        self.max_elements = max_elements
+
+    def __setitem__(self, key, counts: list[np.ndarray]) -> None:
+        held = sum(c.size for v in self.values() for c in v)
+        if held + sum(c.size for c in counts) <= self.max_elements:
+            super().__setitem__(key, counts)
+
+
+def resample(components: list[Component], n_resamples: int = 2000, seed: int = 0, cache: dict | None = None
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(A, B): each family's value per component in every resample, ``[components, n_resamples]`` (B: None
+    when no component has a family b). Draws: the module docstring. ``cache``: a dict (:class:`CountsCache`)
+    that keeps each paired stream's draw counts for later calls (a report builds each set's counts once)."""
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    if not components:
+        raise ValueError("resample: no component")
+    per_run: list[tuple[np.ndarray, np.ndarray]] = []  # per component: [S_a, B], [S_b, B]
+    for i, comp in enumerate(components):
+        key = f"examples/{comp.key or i}"
+        if comp.paired:
+            n = comp.a[0].n
+            ck = (key, n, n_resamples, seed)
+            counts = cache.get(ck) if cache is not None else None
+            if counts is None:
+                counts = _counts(_draw(stream(seed, key), n_resamples, n))
+                if cache is not None:
+                    cache[ck] = counts
+            v = _values(comp.a + comp.b, counts)
+        else:
+            names = [f"{key}/a{j}" for j in range(len(comp.a))] + [f"{key}/b{j}" for j in range(len(comp.b))]
+            v = np.concatenate([_values([u], _counts(_draw(stream(seed, name), n_resamples, u.n)))
+                                for u, name in zip(comp.a + comp.b, names)])
+        per_run.append((v[:len(comp.a)], v[len(comp.a):]))
+    seeds_a = _seed_draw(stream(seed, "seeds/a"), len(components[0].a), n_resamples)
+    n_b = len(components[0].b)
+    seeds_b = _seed_draw(stream(seed, "seeds/b"), n_b, n_resamples) if n_b else None
+    a = np.stack([_family(va, seeds_a) for va, _ in per_run])
+    b = np.stack([_family(vb, seeds_b) for _, vb in per_run]) if n_b else None
+    return a, b
+
+
+def _seed_draw(rng: np.random.Generator, n_seeds: int, n_resamples: int) -> np.ndarray | None:
+    """[B, S] seed indices for a family of S > 1 seeds; None for one seed (no draw)."""
+    return rng.integers(0, n_seeds, (n_resamples, n_seeds)) if n_seeds > 1 else None
+
+
+def _family(values: np.ndarray, seeds: np.ndarray | None) -> np.ndarray:
+    """[S, B] per-seed values -> [B]: the mean over each resample's drawn seeds (the one seed's values if S = 1)."""
+    if seeds is None:
+        return values[0]
+    return values[seeds, np.arange(values.shape[1])[:, None]].mean(axis=1)
+
+
+def point(components: list[Component]) -> tuple[np.ndarray, np.ndarray | None]:
+    """(A, B) without resampling: each family's mean over its seeds of the value on all units, ``[components]``."""
+    a = np.array([np.mean([u.value()[0] for u in c.a]) for c in components])
+    b = np.array([np.mean([u.value()[0] for u in c.b]) for c in components]) if components[0].b else None
+    return a, b
+
+
+def percentile_interval(theta: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """The percentile interval of resampled statistics ``theta`` (what scipy.stats.bootstrap's 'percentile'
+    method computes: ``np.quantile`` at (1 - confidence) / 2 and its complement, linear interpolation)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(np.asarray(theta, dtype=np.float64), [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
+__all__ = ["Units", "Component", "CountsCache", "resample", "point", "percentile_interval", "stream", "MAX_DRAW"]
