@@ -5,14 +5,22 @@ Columns (docs/architecture.md): ``id`` (unique), ``path`` (a file, or ``shard.ta
 (``train`` / ``heldout``), plus ``licence``. Paths of rendered images are stored relative to
 ``layout.prepared`` (so a moved or DVC-restored data folder stays valid); :func:`load_manifest` in
 ``protoclip.data.pairs`` makes them absolute again. User-data paths are stored absolute.
+
+Writing: :class:`ManifestWriter` streams pairs into the file row group by row group, byte for byte the file
+``DataFrame.to_parquet`` writes for the whole frame (:func:`write_manifest`; tested), holding one row group
+(``ROW_GROUP`` rows, pyarrow's default) at a time instead of the corpus.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from protoclip.atomic import atomic_path
 from protoclip.errors import ConfigError
@@ -80,6 +88,72 @@ def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
     return Path(path)
 
 
+ROW_GROUP = 1024 * 1024  # rows a parquet row group: what pyarrow's write_table (so DataFrame.to_parquet) uses
+
+
+def manifest_schema() -> pa.Schema:
+    """The Arrow schema ``to_parquet`` gives a manifest frame (large strings, int64, pandas metadata)."""
+    return pa.Schema.from_pandas(to_frame([])[COLUMNS], preserve_index=False)
+
+
+def pairs_batch(pairs: Sequence[Pair], schema: pa.Schema | None = None) -> pa.RecordBatch:
+    """Pairs -> one Arrow record batch of the manifest schema (column by column, no pandas)."""
+    schema = schema or manifest_schema()
+    return pa.RecordBatch.from_arrays([pa.array([getattr(p, c) for p in pairs], type=schema.field(c).type)
+                                       for c in COLUMNS], schema=schema)
+
+
+class ManifestWriter:
+    """Append record batches of the manifest schema; the file appears (atomically) when the block ends.
+
+        with ManifestWriter(layout.manifest) as w:
+            for batch in batches:
+                w.write(batch)
+
+    Rows are regrouped into row groups of exactly ``ROW_GROUP`` rows (the last one shorter), each written as one
+    contiguous table: the parquet writer then sees what ``write_table`` hands it for the whole frame, so the
+    bytes are the same. Ids are not checked for uniqueness here (that would hold every id): the caller
+    de-duplicates (``protoclip.data.dedup``).
+    """
+
+    def __init__(self, path: str | Path, row_group: int | None = None):
+        self.path, self.row_group = Path(path), row_group or ROW_GROUP
+        self.schema = manifest_schema()
+        self.rows = 0
+        self._stack = contextlib.ExitStack()
+        self._pending: list[pa.RecordBatch] = []
+        self._n = 0
+
+    def __enter__(self) -> "ManifestWriter":
+        tmp = self._stack.enter_context(atomic_path(self.path))
+        self._writer = pq.ParquetWriter(tmp, self.schema)
+        self._stack.callback(self._writer.close)
+        return self
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows:
+            self._pending.append(batch)
+            self._n += batch.num_rows
+        while self._n >= self.row_group:
+            self._flush(self.row_group)
+
+    def _flush(self, rows: int) -> None:
+        table = pa.Table.from_batches(self._pending, schema=self.schema).combine_chunks()
+        self._writer.write_table(table.slice(0, rows))
+        rest = table.slice(rows)
+        self._pending, self._n = ([rest.combine_chunks().to_batches()[0]] if rest.num_rows else []), rest.num_rows
+        self.rows += rows
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:  # close the writer and remove the temporary file: no manifest appears
+            return self._stack.__exit__(exc_type, exc, tb)
+        with self._stack:  # closed, then renamed onto the manifest (removed instead if the last flush fails)
+            if self._n:
+                self._flush(self._n)
+            elif not self.rows:  # an empty manifest: to_parquet writes the schema and one empty row group
+                self._writer.write_table(self.schema.empty_table())
+
+
 def read_manifest(path: str | Path) -> pd.DataFrame:
     p = Path(path)
     if not p.exists():
@@ -96,4 +170,5 @@ def read_manifest(path: str | Path) -> pd.DataFrame:
     return df
 
 
-__all__ = ["COLUMNS", "INT_COLUMNS", "Pair", "deduplicate", "to_frame", "write_manifest", "read_manifest"]
+__all__ = ["COLUMNS", "INT_COLUMNS", "ROW_GROUP", "Pair", "deduplicate", "to_frame", "write_manifest", "read_manifest",
+           "manifest_schema", "pairs_batch", "ManifestWriter"]
