@@ -154,6 +154,25 @@ class ManifestWriter:
                 self._writer.write_table(self.schema.empty_table())
 
 
+def manifest_batches(path: str | Path, columns: list[str], batch_size: int = 65536):
+    """The manifest's ``columns`` as Arrow record batches, in file order, without reading the whole file (the
+    errors of :func:`read_manifest` for a missing, unreadable or foreign file)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"manifest not found: {p} (run `protoclip prepare` first)")
+    try:
+        f = pq.ParquetFile(p)
+    except Exception as err:  # noqa: BLE001  pyarrow raises several types for a cut or foreign file
+        raise ConfigError(f"{p}: not a readable manifest ({type(err).__name__}: {str(err)[:200]}); rebuild it "
+                          "with `protoclip prepare`") from None
+    missing = [c for c in columns if c not in f.schema_arrow.names]
+    if missing:
+        raise ConfigError(f"{p}: not a manifest of this version (missing columns {missing}); rebuild it with "
+                          "`protoclip prepare`")
+    with f:
+        yield from f.iter_batches(batch_size=batch_size, columns=columns)
+
+
 def read_manifest(path: str | Path) -> pd.DataFrame:
     p = Path(path)
     if not p.exists():
@@ -171,4 +190,4 @@ def read_manifest(path: str | Path) -> pd.DataFrame:
 
 
 __all__ = ["COLUMNS", "INT_COLUMNS", "ROW_GROUP", "Pair", "deduplicate", "to_frame", "write_manifest", "read_manifest",
-           "manifest_schema", "pairs_batch", "ManifestWriter"]
+           "manifest_schema", "pairs_batch", "manifest_batches", "ManifestWriter"]
