@@ -131,17 +131,20 @@ class ManifestWriter:
         return self
 
     def write(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows:
-            self._pending.append(batch)
-            self._n += batch.num_rows
-        while self._n >= self.row_group:
-            self._flush(self.row_group)
+        while batch.num_rows:  # cut at the row-group boundary: a flush writes everything pending
+            take = min(batch.num_rows, self.row_group - self._n)
+            self._pending.append(batch.slice(0, take))
+            self._n += take
+            batch = batch.slice(take)
+            if self._n == self.row_group:
+                self._flush()
 
-    def _flush(self, rows: int) -> None:
-        table = pa.Table.from_batches(self._pending, schema=self.schema).combine_chunks()
-        self._writer.write_table(table.slice(0, rows))
-        rest = table.slice(rows)
-        self._pending, self._n = ([rest.combine_chunks().to_batches()[0]] if rest.num_rows else []), rest.num_rows
+    def _flush(self) -> None:
+        table = pa.Table.from_batches(self._pending, schema=self.schema)
+        self._pending, rows, self._n = [], self._n, 0
+        for i, field in enumerate(self.schema):  # one contiguous array a column, one column at a time: the
+            table = table.set_column(i, field, pa.concat_arrays(table.column(i).chunks))  # batches go as we go
+        self._writer.write_table(table)
         self.rows += rows
 
     def __exit__(self, exc_type, exc, tb):
@@ -149,7 +152,7 @@ class ManifestWriter:
             return self._stack.__exit__(exc_type, exc, tb)
         with self._stack:  # closed, then renamed onto the manifest (removed instead if the last flush fails)
             if self._n:
-                self._flush(self._n)
+                self._flush()
             elif not self.rows:  # an empty manifest: to_parquet writes the schema and one empty row group
                 self._writer.write_table(self.schema.empty_table())
 
