@@ -354,3 +354,21 @@ def test_kill_9_anywhere_resumes_what_was_saved(tmp_path, monkeypatch, where, en
     assert (again.calls, len(fitted)) == (encodes, fits)
     np.testing.assert_array_equal(feats, expected)
     assert not list(layout.teacher_features(cfg.teacher.name).parent.glob(".*.tmp*"))  # the cut write is gone
+
+
+def test_aligned_features_reads_the_run_rows_as_lookup_does(tmp_path):
+    """The train stage's block-wise merge read gives lookup's rows: the whole split, a subsample (a
+    subsequence), ids out of cache order and a missing id (lookup's fallback and its error)."""
+    from teacher_fixtures import HashTeacher
+
+    from protoclip.teacher.cache import aligned_features
+    cfg = make_project(tmp_path, n_train=300, n_heldout=10)
+    out = run_teacher(cfg, teacher=HashTeacher())
+    ids, feats, _ = load_teacher_features(out)
+    every = ids.tolist()
+    sub = every[3::7]
+    shuffled = list(np.random.default_rng(0).permutation(every)[:50])
+    for wanted in (every, sub, shuffled):
+        np.testing.assert_array_equal(aligned_features(out, wanted, block=32), lookup(ids, feats, wanted))
+    with pytest.raises(KeyError, match="no teacher features"):
+        aligned_features(out, sub + ["not-an-id"], block=32)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import zipfile
@@ -358,6 +359,66 @@ def load_teacher_features(path: str | Path) -> tuple[np.ndarray, np.ndarray, dic
     meta_path = path.with_suffix(".json")
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     return ids, feats, {**meta, **extra}
+
+
+def _npy_member_at(path: Path, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
+    """dtype, shape and file offset of the data of an uncompressed ``.npy`` member of an npz (np.savez's or
+    :func:`write_cache`'s), so that it can be read in blocks instead of whole."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(f"{name}.npy")
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"{path}: member {name}.npy is compressed")
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        local = f.read(30)  # the zip local file header: its name and extra field lengths end it
+        name_len, extra_len = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30], "little")
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+        if fortran:
+            raise ValueError(f"{path}: member {name}.npy is Fortran-ordered")
+        return dtype, shape, f.tell()
+
+
+def _rows(f, offset: int, dtype: np.dtype, row_shape: tuple[int, ...], lo: int, hi: int) -> np.ndarray:
+    row = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+    return np.frombuffer(os.pread(f.fileno(), (hi - lo) * row, offset + lo * row), dtype=dtype).reshape(
+        (hi - lo, *row_shape))
+
+
+def aligned_features(path: str | Path, sample_ids: list[str], block: int = 65536) -> np.ndarray:
+    """float32 [len(sample_ids), pca_dim]: the cache's rows for ``sample_ids``, what
+    ``lookup(*load_teacher_features(path)[:2], sample_ids)`` returns, read in blocks.
+
+    The training set is the cache's training split (filtered by source, subsampled) in manifest order, so its ids
+    are found by one merge pass over the cache's ids, block by block: no index of every id and no copy of the whole
+    cache. Ids out of the cache's order or missing fall back to :func:`lookup` (its error names them).
+    """
+    path = Path(path)
+    id_dtype, (n,), id_at = _npy_member_at(path, "ids")
+    f_dtype, (n_f, dim), f_at = _npy_member_at(path, "features")
+    if n_f != n or f_dtype != np.float32:
+        raise ValueError(f"{path}: ids [{n}] and features [{n_f}, {dim}] {f_dtype} do not match")
+    positions = np.empty(len(sample_ids), np.int64)
+    k = 0
+    with open(path, "rb") as f:
+        for lo in range(0, n, block):
+            if k == len(sample_ids):
+                break
+            for j, cid in enumerate(_rows(f, id_at, id_dtype, (), lo, min(n, lo + block)).tolist(), lo):
+                if k < len(sample_ids) and cid == sample_ids[k]:
+                    positions[k] = j
+                    k += 1
+        if k < len(sample_ids):  # not a subsequence of the cache: the dictionary lookup says which ids fail
+            ids, feats, _ = load_teacher_features(path)
+            return lookup(ids, feats, sample_ids)
+        out = np.empty((len(sample_ids), dim), np.float32)
+        for lo in range(0, n, block):
+            a, b = np.searchsorted(positions, [lo, min(n, lo + block)])
+            if b > a:
+                out[a:b] = _rows(f, f_at, f_dtype, (dim,), lo, min(n, lo + block))[positions[a:b] - lo]
+    return out
 
 
 def lookup(cache_ids: np.ndarray, features: np.ndarray, ids: list[str] | np.ndarray) -> np.ndarray:

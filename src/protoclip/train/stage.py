@@ -50,15 +50,15 @@ def load_teacher(layout: Layout, tcfg: TrainConfig, sample_ids: list[str]) -> np
 
     A missing cache is a :class:`ConfigError` naming the path and the command that builds it; training ids
     absent from the cache (a stale cache) stop here, before any training, through ``teacher.cache.lookup``.
+    The cache is read in blocks (``aligned_features``): only the run's rows are held, not the whole cache.
     """
-    from protoclip.teacher.cache import load_teacher_features, lookup
+    from protoclip.teacher.cache import aligned_features
 
     path = layout.teacher_features(tcfg.teacher)
     if not path.exists():
         raise ConfigError(f"run '{tcfg.name}': teacher cache for '{tcfg.teacher}' not found at {path}; build it with "
                           f"`protoclip teacher --config <config>` (with teacher.name: {tcfg.teacher})")
-    ids, feats, _meta = load_teacher_features(path)
-    aligned = np.ascontiguousarray(lookup(ids, feats, sample_ids), dtype=np.float32)
+    aligned = np.ascontiguousarray(aligned_features(path, sample_ids), dtype=np.float32)
     log.info("teacher %s: %d x %d features (%s)", tcfg.teacher, *aligned.shape, path)
     return aligned
 
