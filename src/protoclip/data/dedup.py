@@ -116,6 +116,15 @@ PAIR_RECORD = np.dtype([("row", "<i8"), ("id", "<u8", (2,)), ("sha", "<u8", (2,)
 REASONS = ("duplicate_id", "duplicate_pair", "duplicate_image")
 
 
+def pair_keys(pairs: Sequence) -> np.ndarray:
+    """:data:`PAIR_RECORD` records of ``pairs`` (id, image sha256 and caption digests; rows unset)."""
+    recs = np.zeros(len(pairs), PAIR_RECORD)
+    recs["id"] = _keys([p.id for p in pairs])
+    recs["sha"] = _keys([p.sha256 for p in pairs])
+    recs["cap"] = _keys([p.caption for p in pairs])
+    return recs
+
+
 @dataclass
 class Removed:
     rows: np.ndarray  # int64, sorted: rows ``deduplicate`` drops
@@ -132,11 +141,11 @@ class PairDedup:
 
     def add(self, first_row: int, pairs: Sequence) -> None:
         """Log ``pairs`` (objects with ``id``, ``sha256``, ``caption``) at rows ``first_row, first_row + 1, ...``."""
-        recs = np.empty(len(pairs), PAIR_RECORD)
-        recs["row"] = np.arange(first_row, first_row + len(pairs), dtype=np.int64)
-        recs["id"] = _keys([p.id for p in pairs])
-        recs["sha"] = _keys([p.sha256 for p in pairs])
-        recs["cap"] = _keys([p.caption for p in pairs])
+        self.add_keys(first_row, pair_keys(pairs))
+
+    def add_keys(self, first_row: int, recs: np.ndarray) -> None:
+        """Log records of :func:`pair_keys` (computed where the pairs were scanned) from row ``first_row`` on."""
+        recs["row"] = np.arange(first_row, first_row + len(recs), dtype=np.int64)
         self.by_id.add(recs)
         self.by_sha.add(recs)
 
@@ -167,4 +176,4 @@ class PairDedup:
             shutil.rmtree(b.folder, ignore_errors=True)
 
 
-__all__ = ["BUCKETS", "key16", "Buckets", "KeySpill", "PairDedup", "Removed", "REASONS"]
+__all__ = ["BUCKETS", "key16", "Buckets", "KeySpill", "PairDedup", "Removed", "REASONS", "PAIR_RECORD", "pair_keys"]

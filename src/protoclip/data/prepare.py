@@ -47,8 +47,7 @@ from protoclip.data.config import PrepareConfig
 from protoclip.data.csvfile import Malformed
 from protoclip.data.dedup import REASONS, PairDedup, Removed
 from protoclip.data.images import Candidate, render_all
-from protoclip.data.manifest import COLUMNS, ManifestWriter, Pair, manifest_schema, pairs_batch
-from protoclip.data.split import split_of
+from protoclip.data.manifest import ManifestWriter, Pair, manifest_schema
 from protoclip.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -162,11 +161,11 @@ class _Spill:
         self._sink = pa.OSFile(str(self.path), "wb")
         self._writer = pa.ipc.new_stream(self._sink, self.schema)
 
-    def add(self, pairs: list[Pair]) -> None:
-        if pairs:
-            self.dedup.add(self.rows, pairs)
-            self._writer.write_batch(pairs_batch(pairs, self.schema))
-            self.rows += len(pairs)
+    def add(self, packed: userdata.Packed) -> None:
+        if packed.batch.num_rows:
+            self.dedup.add_keys(self.rows, packed.keys)
+            self._writer.write_batch(packed.batch)
+            self.rows += packed.batch.num_rows
 
     def close(self) -> None:
         self._writer.close()
@@ -184,19 +183,19 @@ def scan_all_user_data(p: PrepareConfig, spill: _Spill, scratch: Path
     malformed: dict[str, list[Malformed]] = {}
     for u in p.user_data:
         drops[u.name], malformed[u.name] = collections.Counter(), []
-        for batch in userdata.user_batches(u, drops[u.name], p.num_workers, scratch, malformed[u.name]):
-            spill.add(batch)
+        for packed in userdata.packed_batches(u, drops[u.name], (p.seed, p.heldout_fraction), p.num_workers,
+                                              scratch, malformed[u.name]):
+            spill.add(packed)
         log.info("user data '%s': %d pairs scanned", u.name, spill.rows)
     return drops, malformed
 
 
-def write_deduplicated(path: Path, batches, removed: Removed, drops: dict[str, collections.Counter], seed: int,
-                       heldout_fraction: float) -> tuple[collections.Counter, collections.Counter]:
+def write_deduplicated(path: Path, batches, removed: Removed, drops: dict[str, collections.Counter]
+                       ) -> tuple[collections.Counter, collections.Counter]:
     """Stream ``batches`` ((first row, record batch) in manifest order) into the manifest at ``path``, leaving out
-    the rows ``removed`` names (counted into ``drops`` per source and reason) and filling empty splits with the
-    seeded id-hash rule. Returns the kept pairs per source and per split."""
+    the rows ``removed`` names (counted into ``drops`` per source and reason). Returns the kept pairs per source and
+    per split."""
     kept, splits = collections.Counter(), collections.Counter()
-    i_split = COLUMNS.index("split")
     with ManifestWriter(path) as writer:
         for first, batch in batches:
             n = batch.num_rows
@@ -209,13 +208,6 @@ def write_deduplicated(path: Path, batches, removed: Removed, drops: dict[str, c
                 keep = np.ones(n, bool)
                 keep[gone] = False
                 batch = batch.filter(pa.array(keep))
-            split = batch.column("split").to_pylist()
-            if not all(split):
-                ids = batch.column("id").to_pylist()
-                split = [s or split_of(i, seed, heldout_fraction) for s, i in zip(split, ids)]
-                columns = batch.columns
-                columns[i_split] = pa.array(split, type=batch.schema.field(i_split).type)
-                batch = pa.RecordBatch.from_arrays(columns, schema=batch.schema)
             for counter, column in ((kept, "source"), (splits, "split")):
                 for entry in pc.value_counts(batch.column(column)).to_pylist():
                     counter[entry["values"]] += entry["counts"]
@@ -265,20 +257,19 @@ def _prepare(layout: Layout, p: PrepareConfig, scratch: Path, current: str) -> d
         drops[name] = udrops
     # manifest order: the offline pairs, then the user data; the offline pairs are logged after the user data's
     # scan, at the rows before it (negative)
-    spill.dedup.add(-len(offline), offline)
+    offline = userdata.Packed.of(offline, (p.seed, p.heldout_fraction))
+    spill.dedup.add_keys(-len(offline.keys), offline.keys)
     removed = spill.dedup.resolve()
     spill.dedup.close()
 
     def batches():
-        schema = spill.schema
-        for i in range(0, len(offline), userdata.CSV_BATCH):
-            yield i - len(offline), pairs_batch(offline[i:i + userdata.CSV_BATCH], schema)
+        yield -offline.batch.num_rows, offline.batch
         first = 0
         for batch in spill.batches():
             yield first, batch
             first += batch.num_rows
 
-    kept_per, splits = write_deduplicated(layout.manifest, batches(), removed, drops, p.seed, p.heldout_fraction)
+    kept_per, splits = write_deduplicated(layout.manifest, batches(), removed, drops)
     eval_summary = build_eval_sets(layout, p)
 
     sources = {s: {"kept": kept_per.get(s, 0), "dropped": dict(sorted(d.items()))} for s, d in drops.items()}

@@ -44,15 +44,17 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
+import pyarrow as pa
 from braceexpand import braceexpand
 from tqdm import tqdm
 
 from protoclip.data.captions import CaptionError, decode_caption
 from protoclip.data.config import UserDataConfig
 from protoclip.data.csvfile import CaptionRows, Malformed
-from protoclip.data.dedup import KeySpill
+from protoclip.data.dedup import KeySpill, pair_keys
 from protoclip.data.images import open_image_bytes
-from protoclip.data.manifest import Pair
+from protoclip.data.manifest import Pair, pairs_batch
+from protoclip.data.split import split_of
 
 log = logging.getLogger(__name__)
 
@@ -308,8 +310,35 @@ def _sample(f, members: dict[str, tarfile.TarInfo], repeated: bool, cut: bool, s
                 offset=img_m.offset_data, size=img_m.size), ""
 
 
-def _scan_shard_star(args: tuple[str, str, str]) -> ShardScan:
-    return scan_shard(*args)
+@dataclass
+class Packed:
+    """Scanned pairs as the prepare stage spills them: one Arrow record batch of the manifest schema (empty splits
+    filled by the seeded id-hash rule) and their de-duplication keys (``protoclip.data.dedup.pair_keys``). Made
+    where the pairs were scanned (a shard's worker process), so the stage's main process does no per-pair work."""
+    batch: pa.RecordBatch
+    keys: np.ndarray
+
+    @classmethod
+    def of(cls, pairs: list[Pair], split_rule: tuple[int, float]) -> "Packed":
+        seed, fraction = split_rule
+        for p in pairs:
+            p.split = p.split or split_of(p.id, seed, fraction)
+        return cls(pairs_batch(pairs), pair_keys(pairs))
+
+
+def _scan_shard_star(args: tuple[str, str, str, tuple[int, float] | None]) -> ShardScan | tuple[collections.Counter, Packed]:
+    """One shard's scan; with a split rule, its drop counts and its kept pairs packed (see :class:`Packed`)."""
+    shard, name, split, split_rule = args
+    res = scan_shard(shard, name, split)
+    if split_rule is None:
+        return res
+    drops, pairs = collections.Counter(res.shard_drops), []
+    for _sid, pair, reason in res.outcomes:
+        if reason:
+            drops[reason] += 1
+        else:
+            pairs.append(pair)
+    return drops, Packed.of(pairs, split_rule)
 
 
 def _ordered_map(pool: Executor | None, fn: Callable, jobs: list, window: int) -> Iterator:
@@ -327,8 +356,10 @@ def _ordered_map(pool: Executor | None, fn: Callable, jobs: list, window: int) -
         yield pending.popleft().result()
 
 
-def wds_batches(cfg: UserDataConfig, drops: collections.Counter, num_workers: int = 1) -> Iterator[list[Pair]]:
-    """The pairs of one webdataset shard set, one batch per shard; drops counted into ``drops``.
+def wds_batches(cfg: UserDataConfig, drops: collections.Counter, num_workers: int = 1,
+                split_rule: tuple[int, float] | None = None) -> Iterator[list[Pair] | Packed]:
+    """The pairs of one webdataset shard set, one batch per shard; drops counted into ``drops``. With
+    ``split_rule`` ((seed, held-out fraction)) each batch comes :class:`Packed` by the shard's worker.
 
     Every sample (distinct key of a shard) ends up as a pair or in one drop count; a shard that cannot
     be opened or listed counts once (missing_file / undecodable_shard). A key that repeats a member
@@ -339,18 +370,23 @@ def wds_batches(cfg: UserDataConfig, drops: collections.Counter, num_workers: in
     Shards are scanned by ``num_workers`` processes (one shard a task) and merged in shard order, so the
     pairs and counts do not depend on ``num_workers``. A sample id (``<name>/<shard file name>/<key>``) can repeat
     only between shards of the same file name (a pattern over several folders, a shard listed twice): the ids of
-    those shards alone are remembered, and a repeat is dropped as ``duplicate_id``.
+    those shards alone are remembered (their outcomes come back unpacked), and a repeat is dropped as
+    ``duplicate_id``.
     """
     shards = expand_shards(cfg.path)
     names = collections.Counter(Path(s).name for s in shards)
     seen: dict[str, set[str]] = {n: set() for n, k in names.items() if k > 1}
-    jobs = [(s, cfg.name, _pair_split(cfg)) for s in shards]
+    jobs = [(s, cfg.name, _pair_split(cfg), None if Path(s).name in seen else split_rule) for s in shards]
     bar = dict(total=len(jobs), desc=cfg.name, unit="shard", leave=False)
     with contextlib.ExitStack() as stack:
         pool = None
         if num_workers > 1 and len(jobs) > 1:
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=min(num_workers, len(jobs))))
         for shard, res in tqdm(zip(shards, _ordered_map(pool, _scan_shard_star, jobs, 4 * num_workers)), **bar):
+            if isinstance(res, tuple):  # packed by the worker
+                drops.update(res[0])
+                yield res[1]
+                continue
             drops.update(res.shard_drops)
             ids = seen.get(Path(shard).name)
             batch = []
@@ -364,7 +400,7 @@ def wds_batches(cfg: UserDataConfig, drops: collections.Counter, num_workers: in
                     drops[reason] += 1
                 else:
                     batch.append(pair)
-            yield batch
+            yield batch if split_rule is None else Packed.of(batch, split_rule)
 
 
 def scan_wds(cfg: UserDataConfig, num_workers: int = 1) -> tuple[list[Pair], collections.Counter]:
@@ -379,6 +415,17 @@ def user_batches(cfg: UserDataConfig, drops: collections.Counter, num_workers: i
     if cfg.format == "wds":
         return wds_batches(cfg, drops, num_workers)
     return csv_batches(cfg, drops, scratch, malformed)
+
+
+def packed_batches(cfg: UserDataConfig, drops: collections.Counter, split_rule: tuple[int, float],
+                   num_workers: int = 1, scratch: Path | None = None,
+                   malformed: list[Malformed] | None = None) -> Iterator[Packed]:
+    """:func:`user_batches` as :class:`Packed` batches (webdataset: packed by the scan workers)."""
+    if cfg.format == "wds":
+        yield from wds_batches(cfg, drops, num_workers, split_rule)
+        return
+    for batch in csv_batches(cfg, drops, scratch, malformed):
+        yield Packed.of(batch, split_rule)
 
 
 def scan_user_data(cfg: UserDataConfig, num_workers: int = 1) -> tuple[list[Pair], collections.Counter]:
@@ -416,5 +463,6 @@ def image_stats_digest(cfg: UserDataConfig) -> str:
     return h.hexdigest()
 
 
-__all__ = ["IMAGE_EXTS", "SEP", "CSV_BATCH", "ShardScan", "expand_shards", "csv_batches", "wds_batches", "user_batches",
+__all__ = ["IMAGE_EXTS", "SEP", "CSV_BATCH", "ShardScan", "Packed", "expand_shards", "csv_batches", "wds_batches",
+           "user_batches", "packed_batches",
            "scan_csv", "scan_shard", "scan_wds", "scan_user_data", "input_files", "image_stats_digest"]
