@@ -176,16 +176,19 @@ def manifest_batches(path: str | Path, columns: list[str], batch_size: int = 655
         yield from f.iter_batches(batch_size=batch_size, columns=columns)
 
 
-def read_manifest(path: str | Path) -> pd.DataFrame:
+def read_manifest(path: str | Path, columns: list[str] | None = None) -> pd.DataFrame:
+    """The manifest as a frame (``columns``: only those, in that order)."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"manifest not found: {p} (run `protoclip prepare` first)")
     try:
-        df = pd.read_parquet(p)
+        names = pq.ParquetFile(p).schema_arrow.names
+        df = pd.read_parquet(p, columns=[c for c in columns if c in names] if columns is not None else None)
     except Exception as err:  # noqa: BLE001  pyarrow raises several types for a cut or foreign file
         raise ConfigError(f"{p}: not a readable manifest ({type(err).__name__}: {str(err)[:200]}); rebuild it "
                           "with `protoclip prepare`") from None
-    missing = [c for c in ("id", "path", "caption", "source", "split") if c not in df.columns]  # what readers use
+    wanted = ("id", "path", "caption", "source", "split") if columns is None else columns  # what readers use
+    missing = [c for c in wanted if c not in df.columns]
     if missing:
         raise ConfigError(f"{p}: not a manifest of this version (missing columns {missing}); rebuild it with "
                           "`protoclip prepare`")

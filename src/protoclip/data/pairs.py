@@ -31,27 +31,42 @@ from protoclip.data.manifest import read_manifest
 from protoclip.layout import Layout
 
 
-def load_manifest(layout: Layout, sources: Iterable[str] | None = None, split: str | None = None) -> pd.DataFrame:
-    """The manifest with absolute paths, optionally filtered by source(s) and split (index reset)."""
-    df = read_manifest(layout.manifest)
+def load_manifest(layout: Layout, sources: Iterable[str] | None = None, split: str | None = None,
+                  columns: list[str] | None = None) -> pd.DataFrame:
+    """The manifest with absolute paths, optionally filtered by source(s) and split (index reset); ``columns``:
+    read only those (plus what the filters need)."""
+    if columns is not None:
+        columns = list(dict.fromkeys([*columns, *(["source"] if sources is not None else []),
+                                      *(["split"] if split is not None else [])]))
+    df = read_manifest(layout.manifest, columns)
     if len(df) == 0:
         raise ConfigError(f"{layout.manifest}: the manifest has no pairs (every input was dropped? see "
                           f"{layout.prepare_report})")
+    keep = None
     if sources is not None:
         sources = [sources] if isinstance(sources, str) else list(sources)
         unknown = set(sources) - set(df["source"].unique())
         if unknown:
             raise ConfigError(f"{layout.manifest}: no pairs of source(s) {sorted(unknown)} (it has "
                               f"{sorted(df['source'].unique())}); rerun `protoclip prepare` after adding user data")
-        df = df[df["source"].isin(sources)]
+        keep = df["source"].isin(sources)
     if split is not None:
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-        df = df[df["split"] == split]
-    root = Path(layout.prepared).resolve()
-    df = df.copy()
-    df["path"] = [p if Path(p.split(SEP, 1)[0]).is_absolute() else str(root / p) for p in df["path"]]
-    return df.reset_index(drop=True)
+        keep = (df["split"] == split) if keep is None else keep & (df["split"] == split)
+    if keep is not None:
+        df = df[keep.to_numpy()]  # one filtered copy
+    df = df.reset_index(drop=True)
+    if "path" in df.columns:
+        # rendered images are stored relative to the prepared folder (POSIX: absolute = starts with "/"); only
+        # those go through pathlib, not every user-data row
+        relative = ~df["path"].str.startswith("/").to_numpy(dtype=bool)
+        if relative.any():
+            root = Path(layout.prepared).resolve()
+            paths = df["path"].to_numpy(dtype=object, copy=True)
+            paths[relative] = [str(root / p) for p in paths[relative]]
+            df["path"] = pd.array(paths, dtype=df["path"].dtype)
+    return df
 
 
 class StringColumn:

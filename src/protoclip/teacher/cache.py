@@ -9,7 +9,7 @@ to 64 dimensions by PCA. This stage does the same for ``cfg.teacher.name``:
 3. fit PCA (scikit-learn, no whitening -- the official code uses faiss ``PCAMatrix`` with its default
    eigen_power 0, i.e. also no whitening) on a seeded sample of at most ``pca_max_points_per_dim`` x D
    training features (below), saved beside the chunks (``pca.npz``): a restarted run does not refit;
-4. project every chunk (memory-mapped) and write ``data/teacher/<teacher>.npz`` member by member (``ids`` str
+4. project every chunk (read back block by block) and write ``data/teacher/<teacher>.npz`` member by member (``ids`` str
    [N], ``features`` float32 [N, pca_dim], ``pca_mean`` [D], ``pca_components`` [pca_dim, D],
    ``explained_variance_ratio`` [pca_dim]) and a ``.json`` beside it (teacher, raw/PCA dims, explained
    variance, PCA sample size, manifest / caption / weights sha256, created time, key).
@@ -132,31 +132,56 @@ def weights_path(name: str) -> Path | None:
 
 # --------------------------------------------------------------------------- encoding (resumable)
 class RawFeatures:
-    """The encoded chunks of a run, memory-mapped: ``rows(lo, hi)`` -> float32 [hi - lo, D]."""
+    """The encoded chunks of a run, read from their files: ``rows(lo, hi)`` -> float32 [hi - lo, D].
+
+    Plain reads into fresh arrays, not memory maps: the pages of a memory-mapped file count in the process's
+    resident memory (and in a cgroup's limit) once touched, so projecting every chunk through a map would hold
+    the whole raw corpus (N x D x 4 bytes) resident by the end.
+    """
 
     def __init__(self, paths: list[Path], n: int, chunk_size: int):
         self.paths, self.n, self.chunk_size = paths, n, chunk_size
-        self._maps = [np.load(p, mmap_mode="r") for p in paths]
-        self.dim = int(self._maps[0].shape[1])
+        self._data_at = []  # byte offset of each chunk's data (after its .npy header)
+        for p in paths:
+            with open(p, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read(f)
+                if fortran or dtype != np.float32 or len(shape) != 2:
+                    raise ValueError(f"{p}: not a C-order float32 [rows, D] chunk")
+                self._data_at.append(f.tell())
+        self.dim = int(shape[1])
+
+    def _read(self, c: int, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` of chunk ``c`` (chunk-local)."""
+        out = np.empty((hi - lo, self.dim), np.float32)
+        row = 4 * self.dim
+        with open(self.paths[c], "rb") as f:
+            got = os.preadv(f.fileno(), [memoryview(out).cast("B")], self._data_at[c] + lo * row)
+        if got != out.nbytes:
+            raise ValueError(f"{self.paths[c]}: cut (read {got} of {out.nbytes} bytes); delete it to re-encode")
+        return out
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
         out = np.empty((hi - lo, self.dim), np.float32)
-        c = lo // self.chunk_size
         at = lo
         while at < hi:
+            c = at // self.chunk_size
             start = c * self.chunk_size
             stop = min(hi, start + self.chunk_size)
-            out[at - lo: stop - lo] = self._maps[c][at - start: stop - start]
-            at, c = stop, c + 1
+            out[at - lo: stop - lo] = self._read(c, at - start, stop - start)
+            at = stop
         return out
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """Rows at sorted positions ``rows``, read chunk by chunk."""
+        """Rows at sorted positions ``rows``, one chunk read at a time."""
         out = np.empty((len(rows), self.dim), np.float32)
         chunk_of = rows // self.chunk_size
         for c in np.unique(chunk_of):
             sel = np.flatnonzero(chunk_of == c)
-            out[sel] = self._maps[c][rows[sel] - c * self.chunk_size]
+            local = rows[sel] - c * self.chunk_size
+            out[sel] = self._read(c, int(local[0]), int(local[-1]) + 1)[local - local[0]]
         return out
 
 
@@ -172,7 +197,10 @@ def encode_in_chunks(teacher: TextTeacher | None, captions: TrainCaptions, parti
         path = partial_dir / f"chunk_{c:05d}.npy"
         texts = next(chunks)
         if path.is_file():
-            rows = np.load(path, mmap_mode="r").shape[0]
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                rows = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0)(f)[0][0]
             if rows != len(texts):
                 raise ValueError(f"{path}: {rows} rows, expected {len(texts)}; delete {partial_dir}")
             done += 1
@@ -336,7 +364,6 @@ def run_teacher(cfg, teacher: TextTeacher | None = None) -> Path:
         "manifest_sha256": manifest_sha, "weights_file": str(weights) if weights else None,
         "features_file": out.name, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })
-    del raw  # the memory maps, before their files go
     shutil.rmtree(partial_dir, ignore_errors=True)
     return out
 

@@ -116,6 +116,7 @@ def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict |
     if info.rank == 0:
         log_training_data(cfg, layout, tcfg, tracker)
     teacher = load_teacher(layout, tcfg, ids) if tcfg.reads_teacher() else None
+    del ids  # a string per pair: not held through the training
     model = train(model, dataset, tcfg, layout, run, teacher=teacher, tracker=tracker, resume=state or False)
     out = layout.model(run)
     check_state_finite(model, None, step=None, episode=None, checkpoint=layout.checkpoint(run), what=str(out))
@@ -135,8 +136,12 @@ def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tra
 
     from protoclip.data.pairs import load_manifest
 
-    df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train")
-    digest = hashlib.sha256("\n".join(f"{i} {h}" for i, h in zip(df["id"], df["sha256"])).encode()).hexdigest()
+    df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train",
+                       columns=["id", "source", "caption", "sha256"])
+    h = hashlib.sha256()  # of "\n".join(f"{id} {sha256}"), row by row (not one string of the whole corpus)
+    for k, (i, s) in enumerate(zip(df["id"], df["sha256"])):
+        h.update(f"{chr(10) if k else ''}{i} {s}".encode())
+    digest = h.hexdigest()
     tracker.log_dataset(df[["id", "source", "caption", "sha256"]], name=f"manifest:{'+'.join(tcfg.data)}:train",
                         digest=digest[:32], source=str(layout.manifest))
 
