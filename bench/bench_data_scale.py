@@ -539,7 +539,7 @@ def text_report(info: dict, results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--pairs", type=int, nargs="*", default=[10_000, 100_000])
     ap.add_argument("--root", type=Path, default=Path("/tmp/protoclip-scale"))  # corpora: never inside the repo
     ap.add_argument("--workers", type=int, default=2)  # scan processes and DataLoader workers (2 cores)
     ap.add_argument("--image-size", type=int, default=64)  # corpus JPEG side and the transform's output
@@ -551,6 +551,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-images", type=int, nargs="*", default=[])  # evaluation-set sizes (train images) to measure
     ap.add_argument("--idle", action="store_true", help="only the timed rows (prepare, loader): for an idle machine")
     ap.add_argument("--keep", action="store_true", help="keep each size's prepared data and teacher cache")
+    ap.add_argument("--drop-corpora", action="store_true", help="delete each size's shards once it is measured (disk)")
     ap.add_argument("--tag", default=None)  # results file name: data_scale_<tag>.txt
     ap.add_argument("--skip", nargs="*", default=[],
                     choices=["loader", "memory", "episode", "serial", "teacher", "prepare"])
@@ -611,11 +612,16 @@ def main(argv: list[str] | None = None) -> None:
             del df
         if not args.keep:
             shutil.rmtree(prepared, ignore_errors=True)
+        if args.drop_corpora:
+            shutil.rmtree(root, ignore_errors=True)
         results[str(n)] = r
         info["loadavg_at_end"] = loadavg()
         # written after every size: a long run's finished sizes are kept if a later one fails
         out.with_suffix(".json").write_text(json.dumps({"machine": info, "results": results}, indent=2) + "\n")
         out.with_suffix(".txt").write_text(text_report(info, results))
+    info["loadavg_at_end"] = loadavg()
+    out.with_suffix(".json").write_text(json.dumps({"machine": info, "results": results}, indent=2) + "\n")
+    out.with_suffix(".txt").write_text(text_report(info, results))
     with contextlib.suppress(Exception):
         plot(results, out.with_suffix(".png"))
     print(text_report(info, results))
