@@ -187,7 +187,7 @@ def train_child(data_dir: str, teacher: str, image_size: int, m: int, workers: i
     from protoclip.config import PathsConfig, ProjectConfig
     from protoclip.data.config import PrepareConfig, UserDataConfig
     from protoclip.layout import Layout
-    from protoclip.losses.proto import EpisodePrototypes
+    from protoclip.prototypes.episode import EpisodePrototypes
     from protoclip.models import build_model, get_tokenizer
     from protoclip.tracking import Tracker
     from protoclip.train.config import TrainConfig

@@ -197,17 +197,18 @@ def test_progress_bars_update_every_30s_in_log_files(monkeypatch):
 
 
 @pytest.mark.parametrize("section,key,value,message", [
-    ("nclip", "lambda1", -0.1, "nclip lambdas and weights must be >= 0"),
-    ("nclip", "clip_weight", -1.0, "nclip lambdas and weights must be >= 0"),
-    ("pcl", "tau", 0.0, "pcl.tau, pcl.phi_alpha must be > 0"),
-    ("pcl", "momentum", 1.5, "pcl.momentum in [0, 1]"),
-    ("pcl", "num_clusters", [], "pcl.num_clusters and pcl.samples_per_cluster must be non-empty"),
-    ("pcl", "samples_per_cluster", [0.5], "pcl.num_clusters and pcl.samples_per_cluster must be non-empty"),
-    ("pcl", "kmeans_redo", 0, "pcl.kmeans_iters/redo >= 1"),
+    ("nclip", "lambda1", -0.1, "'r'): nclip.lambda1, lambda2, weight and clip_weight must be >= 0"),
+    ("nclip", "clip_weight", -1.0, "'r'): nclip.lambda1, lambda2, weight and clip_weight must be >= 0"),
+    ("pcl", "tau", 0.0, "'r'): pcl.tau, phi_alpha must be > 0"),
+    ("pcl", "momentum", 1.5, "momentum in [0, 1]"),
+    ("pcl", "num_clusters", [], "'r'): pcl.num_clusters and samples_per_cluster must be non-empty"),
+    ("pcl", "samples_per_cluster", [0.5], "'r'): pcl.num_clusters and samples_per_cluster must be non-empty"),
+    ("pcl", "kmeans_redo", 0, "kmeans_iters and kmeans_redo >= 1"),
 ])
 def test_method_owned_sections_are_checked_for_every_run(tmp_path, section, key, value, message):
-    """``nclip`` / ``pcl`` are defined in their method modules (train/methods/nclip.py, pcl.py) and checked by
-    ``TrainConfig.validate`` for every run, whatever its method; the nearest good value loads."""
+    """``nclip`` / ``pcl`` are defined in their method modules (train/methods/nclip.py, pcl.py), registered with
+    the methods and checked when the config loads for every run, whatever its method; the nearest good value
+    loads."""
     from protoclip.train.methods.nclip import NCLIPConfig
     from protoclip.train.methods.pcl import PCLConfig
 

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from protoclip.losses.distances import (DEFAULT_MAX_SCALE, GEODESIC_EPS, contrastive_loss, neg_distance,
+from protoclip.train.config import DEFAULT_MAX_SCALE
+from protoclip.losses.distances import (GEODESIC_EPS, contrastive_loss, neg_distance,
                                         product_sphere, temperature_stats)
 
 

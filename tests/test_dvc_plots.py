@@ -21,7 +21,6 @@ from test_report_targets import metric_value, project_copy, synthesize  # noqa: 
 from protoclip.config import load_config  # noqa: E402
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.report.dvc_plots import TRAIN_LOSS_PLOT, dvc_plots  # noqa: E402
-from protoclip.report.targets import targets  # noqa: E402
 
 DVC = shutil.which("dvc", path=str(Path(sys.executable).parent)) or shutil.which("dvc")
 
@@ -73,7 +72,7 @@ def test_dvc_yaml_declares_a_plot_per_run_curve_table_and_figure(project):
     curves = plots[0][TRAIN_LOSS_PLOT]
     assert len(curves["y"]) == len(cfg.run_names()) and curves["x"] == "step"
     ids = {next(iter(p)) if isinstance(p, dict) else p for p in plots}
-    for t in targets(cfg):
+    for t in cfg.paper_targets():
         if t.kind == "table":
             assert {f"{t.id} (ours)", f"{t.id} (paper)"} <= ids
         else:

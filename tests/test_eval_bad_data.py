@@ -72,15 +72,18 @@ def _folder_set(root: Path) -> str:
 
 
 def _dtd_set(root: Path) -> str:
-    """torchvision's DTD layout (47 classes, one image each) with one non-image file."""
+    """torchvision's DTD layout (the 47 classes, one image each) with one non-image file."""
+    from protoclip.evaluate.prompts import load_prompts
+
     base = root / "dtd" / "dtd"
     (base / "labels").mkdir(parents=True)
     lines = []
-    for c in range(47):
-        (base / "images" / f"c{c:02d}").mkdir(parents=True)
-        (base / "images" / f"c{c:02d}" / "0.jpg").write_bytes(_png(c))
-        lines.append(f"c{c:02d}/0.jpg")
-    bad = base / "images" / "c05" / "0.jpg"
+    classes = load_prompts("dtd").classnames
+    for c, name in enumerate(classes):
+        (base / "images" / name).mkdir(parents=True)
+        (base / "images" / name / "0.jpg").write_bytes(_png(c))
+        lines.append(f"{name}/0.jpg")
+    bad = base / "images" / classes[5] / "0.jpg"
     bad.write_bytes(b"GIF89a cut")
     for s in ("train1", "test1"):
         (base / "labels" / f"{s}.txt").write_text("\n".join(lines) + "\n")
@@ -109,6 +112,12 @@ def _make(kind: str, tmp_path: Path) -> tuple[str, EvalDatasetConfig, str]:
         return "toys", EvalDatasetConfig(kind="folder", path=str(root)), _folder_set(root)
     if kind == "torchvision":
         return "dtd", EvalDatasetConfig(kind="torchvision", path=str(root)), _dtd_set(root)
+    if kind == "dtd_classes":  # a class that is not DTD's: the data is not the set the prompts name
+        _dtd_set(root)
+        labels = root / "dtd" / "dtd" / "labels" / "test1.txt"
+        labels.write_text(labels.read_text().replace("banded/", "plaid/"))
+        (root / "dtd" / "dtd" / "images" / "plaid").mkdir()
+        return "dtd", EvalDatasetConfig(kind="torchvision", path=str(root)), str(root / "dtd")
     path = tmp_path / "set.npz"
     return "digits", EvalDatasetConfig(kind="offline", path=str(path)), _npz(path, kind[4:])
 
@@ -156,7 +165,7 @@ def test_intact_neighbours_read_every_image(tmp_path):
     assert _extract(load_eval_set("toys", EvalDatasetConfig(kind="folder", path=str(folder)), Layout(tmp_path))) == 3
 
 
-@pytest.mark.parametrize("kind", ["wds_truncated_jpeg", "npz_cut"])
+@pytest.mark.parametrize("kind", ["wds_truncated_jpeg", "npz_cut", "dtd_classes"])
 def test_protoclip_evaluate_exits_2_with_one_line(kind, tmp_path):
     from protoclip.models import build_model, save_model
 

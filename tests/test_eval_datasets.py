@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from protoclip.errors import UserError
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.datasets import (
     HELDOUT_TEMPLATES, CaptionSet, LabelledSet, Skipped, label_words, load_eval_set,
@@ -194,14 +195,25 @@ def test_folder_tree_classnames_txt_and_numeric_folders(tmp_path):
     assert ds.templates == ["a photo of a {}, a type of bird."]
 
 
+def test_folder_tree_of_class_ids_takes_the_prompts_in_id_order(tmp_path):
+    """CLOOB-style trees named by class id: the prompts' list is in id order; numbers sort as numbers."""
+    names = load_prompts("gtsrb").classnames
+    for c in range(43):  # unpadded numbers: as strings "10" < "2", as ids 2 < 10
+        _write_png(tmp_path / "test" / str(c) / "a.png", c)
+    ds = load_eval_set("gtsrb", EvalDatasetConfig(kind="folder", path=str(tmp_path)), Layout(tmp_path))
+    assert ds.classnames == names
+    assert sorted((_mean(img), y) for img, y in ds.test) == [(c, c) for c in range(43)]
+    import shutil
+
+    shutil.rmtree(tmp_path / "test" / "42")
+    with pytest.raises(UserError, match="42 class folders named by id, but gtsrb has 43 prompt classes"):
+        load_eval_set("gtsrb", EvalDatasetConfig(kind="folder", path=str(tmp_path)), Layout(tmp_path))
+
+
 def test_imagenet_folder_tree_with_wnids(tmp_path):
-    wnids = [f"n{i:08d}" for i in range(1000)]
-    for w in wnids[:3] + wnids[-1:]:
-        (tmp_path / "val" / w).mkdir(parents=True)
-    for w in wnids[3:-1]:  # the others exist but are empty: only the count and order matter
-        (tmp_path / "val" / w).mkdir(parents=True)
-    _write_png(tmp_path / "val" / wnids[21] / "x.JPEG", 3)
-    _write_png(tmp_path / "val" / wnids[999] / "y.JPEG", 4)
+    wnids = load_prompts("imagenet").wnids  # the 1000 classes' WordNet ids, in label order
+    _write_png(tmp_path / "val" / wnids[21] / "x.JPEG", 3)  # a partial tree: labels come from the wnid, not the
+    _write_png(tmp_path / "val" / wnids[999] / "y.JPEG", 4)  # folder's rank among the folders present
     ds = load_eval_set("imagenet", EvalDatasetConfig(kind="torchvision", path=str(tmp_path)), Layout(tmp_path))
     assert ds.classnames[21] == "kite (bird of prey)"
     assert [y for _, y in ds.test] == [21, 999]
@@ -248,27 +260,28 @@ def test_coco_captions_val2017(tmp_path):
                            for i in (1, 2, 3) for j in range(2)]}
     (tmp_path / "annotations").mkdir()
     (tmp_path / "annotations" / "captions_val2017.json").write_text(json.dumps(ann))
-    ds = load_eval_set("coco", EvalDatasetConfig(kind="coco", path=str(tmp_path)), Layout(tmp_path))
+    ds = load_eval_set("coco", EvalDatasetConfig(kind="coco", path=str(tmp_path), split="val2017"), Layout(tmp_path))
     assert isinstance(ds, CaptionSet)
     assert ds.captions == [[f"img {i} cap 0", f"img {i} cap 1"] for i in (1, 2, 3)]  # sorted by image id
     assert list(ds.text_to_image) == [0, 0, 1, 1, 2, 2]
     assert [_mean(im) for im, _ in ds.images] == [51, 52, 50]
 
 
-def test_coco_karpathy_split_preferred(tmp_path):
+def test_coco_karpathy_split(tmp_path):
     _coco_images(tmp_path, "val2014", ["a.jpg", "b.jpg", "c.jpg"])
     imgs = [{"filepath": "val2014", "filename": f, "split": s,
              "sentences": [{"raw": f"{f} one"}, {"raw": f"{f} two"}]}
             for f, s in (("a.jpg", "test"), ("b.jpg", "train"), ("c.jpg", "test"))]
     (tmp_path / "dataset_coco.json").write_text(json.dumps({"images": imgs}))
-    ds = load_eval_set("coco", EvalDatasetConfig(kind="coco", path=str(tmp_path)), Layout(tmp_path))
+    ds = load_eval_set("coco", EvalDatasetConfig(kind="coco", path=str(tmp_path), split="karpathy_test"),
+                       Layout(tmp_path))
     assert ds.captions == [["a.jpg one", "a.jpg two"], ["c.jpg one", "c.jpg two"]]
     assert [_mean(im) for im, _ in ds.images] == [50, 52]
 
 
 def test_reads_the_digits_set_prepare_writes(tmp_path):
     """Contract with protoclip.data: the npz that `prepare` writes is what the evaluator reads."""
-    evalsets = pytest.importorskip("protoclip.data.evalsets")
+    from protoclip.data import evalsets
     layout = Layout(tmp_path / "data", tmp_path / "results")
     arrays = evalsets.build_digits()
     evalsets.save_eval_set(layout.eval_set("digits"), arrays)

@@ -55,3 +55,35 @@ def test_parse_clip_prompts_and_fixes():
             apply_fixes("toy", ["a", "b"])
     finally:
         del build_prompts.FIXES["toy"]
+
+
+def test_class_lists_are_in_the_label_order_of_clip_benchmarks():
+    """CLIP_benchmark's class lists are in the data's label order: ours name the same classes in the same order."""
+    import json
+    import re
+    from pathlib import Path
+
+    from clip_benchmark.datasets import builder
+
+    theirs = json.loads(Path(builder.__file__).with_name("en_classnames.json").read_text())
+    norm = lambda names: [re.sub(r"[^a-z0-9]", "", n.lower()) for n in names]  # noqa: E731
+    for ours, key in (("imagenet", "imagenet1k"), ("oxford_pets", "pets"), ("flowers102", "flowers"),
+                      ("gtsrb", "gtsrb"), ("country211", "country211")):
+        assert norm(load_prompts(ours).classnames) == norm(theirs[key]), ours
+    pets = load_prompts("oxford_pets").classnames
+    assert pets[:3] == ["Abyssinian", "american bulldog", "american pit bull terrier"]  # CLIP's spellings
+
+
+def test_reorder_puts_prompt_names_in_the_data_order_or_refuses():
+    from protoclip.errors import UserError
+    from protoclip.evaluate.datasets.classes import reorder
+
+    known = ["Bengal", "american bulldog", "Abyssinian"]  # spellings of the prompts, another order
+    assert reorder("pets", known, ["abyssinian", "American_Bulldog", "BENGAL"], "x.txt") == [
+        "Abyssinian", "american bulldog", "Bengal"]
+    assert reorder("pets", known, ["Bengal", "american-bulldog", "Abyssinian"], "x.txt") == known
+    with pytest.raises(UserError, match="^x.txt: the 3 class names of pets do not match its 3 prompt class names "
+                                        r"\(the data's 'Sphynx' is not a prompt class name\)"):
+        reorder("pets", known, ["Abyssinian", "Bengal", "Sphynx"], "x.txt")
+    with pytest.raises(UserError, match="names repeat"):
+        reorder("pets", known, ["Abyssinian", "Abyssinian", "Bengal", "american bulldog"], "x.txt")

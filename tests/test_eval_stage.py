@@ -20,8 +20,8 @@ from protoclip.evaluate.features import FeatureExtractor, encode_images
 from protoclip.evaluate.stage import not_applicable, run_collect, run_evaluate, static_tasks, summary_table
 from protoclip.hashing import sha256_file
 from protoclip.layout import Layout
+from protoclip import models
 
-models = pytest.importorskip("protoclip.models")
 RUN = "tiny"
 
 
@@ -261,6 +261,32 @@ def test_heldout_without_labels_runs_retrieval_only(project, monkeypatch):
     status = json.loads(layout.eval_tasks(RUN, "heldout_pairs").read_text())["tasks"]
     assert status == {"retrieval": "ran", "knn": "not applicable: no train split",
                       "clustering": "not applicable: empty test split"}
+
+
+def test_test_only_copy_keeps_the_set_and_skips_the_probes_with_the_reason(project, monkeypatch, tmp_path):
+    """A Rendered SST2 copy in torchvision's layout with its test split only: zero-shot and clustering run, the
+    probes' cells carry why they did not (the train split is not there)."""
+    cfg, layout = project
+    root = tmp_path / "sst2"
+    for c, cls in enumerate(("negative", "positive")):
+        for i in range(3):
+            path = root / "rendered-sst2" / "test" / cls / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((16, 16, 3), 60 + 100 * c + 5 * i, np.uint8)).save(path)
+    cfg.evaluate.datasets["rendered_sst2"] = EvalDatasetConfig(kind="torchvision", path=str(root))
+
+    @contextmanager
+    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
+        yield RecordingTracker()
+
+    monkeypatch.setattr("protoclip.evaluate.stage.evaluation_run", fake_evaluation_run)
+    run_evaluate(cfg, RUN, tasks=["zeroshot", "knn", "clustering"], datasets=["rendered_sst2"])
+    zs = json.loads(layout.metrics(RUN, "zeroshot", "rendered_sst2").read_text())
+    assert zs["n_test"] == 6 and zs["metrics"]["n_classes"] == 2
+    knn = json.loads(layout.metrics(RUN, "knn", "rendered_sst2").read_text())
+    assert knn["skipped"].startswith(f"skipped: rendered_sst2: no train split in {root / 'rendered-sst2'}")
+    status = json.loads(layout.eval_tasks(RUN, "rendered_sst2").read_text())["tasks"]
+    assert status["zeroshot"] == status["clustering"] == "ran" and status["knn"] == knn["skipped"]
 
 
 def test_collect_starts_without_torch():

@@ -153,7 +153,7 @@ def test_max_zero_is_rejected_naming_the_key(key):
 @pytest.fixture
 def two_runs(tmp_path):
     """Two runs with different (untrained) models, and digits with a subsample configured."""
-    models = pytest.importorskip("protoclip.models")
+    from protoclip import models
     cfg = ProjectConfig()
     cfg.paths = PathsConfig(data_dir=tmp_path / "data", results_dir=tmp_path / "results",
                             mlflow_uri=f"sqlite:///{tmp_path}/mlflow.db")

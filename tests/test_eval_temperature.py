@@ -33,7 +33,7 @@ def _features(tmp_path, cfg):
     from protoclip.schema import to_dict
     from protoclip.evaluate.features import FeatureExtractor
     from protoclip.models import save_model
-    from protoclip.train.methods import method_class
+    from protoclip.train.registry import method_class
 
     model = _model(cfg).eval()
     save_model(tmp_path / "m.pt", model, to_dict(cfg), eval_spec=method_class(cfg.method).eval_spec(cfg))

@@ -26,7 +26,7 @@ from protoclip.data.transforms import eval_transform  # noqa: E402
 from protoclip.models import build_model, get_tokenizer, load_model, save_model  # noqa: E402
 from protoclip.models.export_openclip import CONFIG_FILE, WEIGHTS_FILE, ExportError, export_openclip  # noqa: E402
 from protoclip.train.config import TrainConfig  # noqa: E402
-from protoclip.train.methods import method_class  # noqa: E402
+from protoclip.train.registry import method_class  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 _threads = pytest.fixture(autouse=True)(one_thread)

@@ -9,16 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from protoclip.losses import (
-    EpisodePrototypes,
-    ProtoLoss,
-    clamp_logit_scale_,
-    clip_loss,
-    pbt_centroids,
-    proto_ce,
-    soft_target_rows,
-)
-from protoclip.prototypes.kmeans import KMeansResult
+from protoclip.losses import ProtoLoss, clamp_logit_scale_, clip_loss, proto_ce, soft_target_rows
+from protoclip.prototypes import EpisodePrototypes, KMeansResult, pbt_centroids
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -274,8 +266,6 @@ def test_proto_loss_input_errors():
     loss = ProtoLoss()
     with pytest.raises(ValueError, match="positions"):
         loss(hi[:2], ht[:2], torch.tensor([0, 24]), ep, 1.0)
-    with pytest.raises(RuntimeError, match="episode"):
-        loss(hi[:2], ht[:2], torch.tensor([0, 1]), None, 1.0)
     with pytest.raises(ValueError, match="teacher"):
         EpisodePrototypes.build(hi, ht, torch.zeros(5, 2), k=3, backend="torch")
     moved = ep.to("cpu")
@@ -283,7 +273,7 @@ def test_proto_loss_input_errors():
 
 
 def test_non_finite_episode_features_name_episode_and_modality():
-    from protoclip.losses.proto import EpisodePrototypes, NonFiniteFeaturesError
+    from protoclip.prototypes.episode import EpisodePrototypes, NonFiniteFeaturesError
 
     g = torch.Generator().manual_seed(0)
     h_i, h_t = torch.randn(20, 8, generator=g), torch.randn(20, 8, generator=g)

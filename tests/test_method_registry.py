@@ -1,12 +1,14 @@
-"""A training method is one module plus one registration line: a toy method defined here (and nowhere else)
-is validated by the config loader, trains through `run_train`, records how it is evaluated in model.pt, and is
-evaluated through `run_evaluate` by what the model file says, not by the project config. Also: the registry
-check of ``TrainConfig.method`` and the fallback for model files saved before they carried an evaluation spec."""
+"""A training method is one module plus one registration line: a toy method defined here (and nowhere else),
+with a config section of its own, is validated by the config loader (its section strictly, its own rules),
+trains through `run_train`, records how it is evaluated in model.pt, and is evaluated through `run_evaluate` by
+what the model file says, not by the project config. Also: the registry check of ``TrainConfig.method`` and the
+fallback for model files saved before they carried an evaluation spec."""
 from __future__ import annotations
 
 import json
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,12 +24,22 @@ from protoclip.config import load_config  # noqa: E402
 from protoclip.models import EvalSpec, read_eval_spec, save_model  # noqa: E402
 from protoclip.models.checkpoint import legacy_eval_spec  # noqa: E402
 from protoclip.train.config import TrainConfig  # noqa: E402
-from protoclip.train.methods import METHODS, method_class  # noqa: E402
+from protoclip.train.registry import METHODS, method_class  # noqa: E402
 from protoclip.train.methods.base import Method, MultiView, register  # noqa: E402
 
 
-# ---- the toy method: everything about it is in this class; `@register` is its one registration line
-@register("toy_align")
+# ---- the toy method: everything about it is here; `@register` is its one registration line
+@dataclass
+class ToyAlignConfig:
+    """The toy method's own section, ``train.toy_align``."""
+    uniformity_weight: float = 1.0  # weight of the uniformity term
+
+    def validate(self) -> None:
+        if self.uniformity_weight < 0:
+            raise ValueError("uniformity_weight must be >= 0")
+
+
+@register("toy_align", sections={"toy_align": ToyAlignConfig})
 class ToyAlign(Method):
     """Image-only: two augmented views of each image pulled together on the sphere of h^I, plus Wang & Isola's
     uniformity term (log E exp(-2 |h_a - h_b|^2) over the batch) so the features do not collapse."""
@@ -60,7 +72,7 @@ class ToyAlign(Method):
         return {"align": (a - b).pow(2).sum(1).mean(), "unif": torch.pdist(a).pow(2).mul(-2).exp().mean().log()}
 
     def total(self, terms):
-        return terms["align"] + terms["unif"]
+        return terms["align"] + self.cfg.toy_align.uniformity_weight * terms["unif"]
 
 
 def test_method_name_is_checked_against_the_registry():
@@ -74,6 +86,27 @@ def test_method_name_is_checked_against_the_registry():
         build(TrainConfig, {"method": "toy_align", "pauc": {"enabled": True}}, "f.yaml")  # the base rule
     with pytest.raises(ValueError, match="registered twice"):
         register("toy_align")(ToyAlign)
+
+
+def test_a_method_brings_its_config_section():
+    """``train.toy_align`` exists because the toy method registered it: built strictly, its defaults in every
+    run, its values checked when the config loads, written back beside the declared fields."""
+    from protoclip.train.registry import method_sections
+
+    assert method_sections()["toy_align"] is ToyAlignConfig
+    assert TrainConfig().toy_align == ToyAlignConfig()  # every run has it, with its defaults
+    cfg = build(TrainConfig, {"method": "toy_align", "toy_align": {"uniformity_weight": "5e-1"}})
+    assert cfg.toy_align.uniformity_weight == 0.5 and to_dict(cfg)["toy_align"] == {"uniformity_weight": 0.5}
+    assert build(TrainConfig, to_dict(cfg)) == cfg  # the round trip every run's overrides take
+    with pytest.raises(ConfigError, match=r"f\.yaml: toy_align\.uniformity_weight must be >= 0"):
+        build(TrainConfig, {"method": "toy_align", "toy_align": {"uniformity_weight": -1}}, "f.yaml")
+    with pytest.raises(ConfigError, match=r"f\.yaml: unknown key 'toy_align\.weight' \(known keys of 'toy_align': "
+                                          r"uniformity_weight\)"):
+        build(TrainConfig, {"toy_align": {"weight": 1}}, "f.yaml")
+    with pytest.raises(ConfigError, match=r"unknown key 'toy_alignn' \(known keys of '<top>': .*toy_align"):
+        build(TrainConfig, {"toy_alignn": {}}, "f.yaml")
+    with pytest.raises(ValueError, match="train.toy_align registered twice with different classes"):
+        register("toy_other", sections={"toy_align": dict})
 
 
 def test_shipped_method_rules_and_teacher_needs():
@@ -102,6 +135,18 @@ def test_config_registry_check_does_not_import_torch(tmp_path):
             "c = build(TrainConfig, {'method': 'protoclip', 'teacher': 't'}); assert c.reads_teacher(); "
             "import protoclip.train.methods; print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'numpy', 'open_clip')))")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "[]"
+
+
+def test_importing_the_config_layer_imports_no_method():
+    """The config assembler reaches the methods only through the registry, when a config is built."""
+    import subprocess
+
+    code = ("import sys, protoclip.config; "
+            "print(sorted(m for m in sys.modules if m.startswith('protoclip.train.methods')))")
     src = str(Path(__file__).resolve().parents[1] / "src")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
@@ -149,7 +194,8 @@ def test_toy_method_trains_and_evaluates_through_the_normal_path(tmp_path, monke
     from test_eval_stage import RecordingTracker, _digits_npz
     from test_train_stage import _project
 
-    from protoclip.evaluate.config import NOT_APPLICABLE, EvalDatasetConfig, EvaluateConfig
+    from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
+    from protoclip.tasks import NOT_APPLICABLE
     from protoclip.evaluate.stage import run_evaluate
     from protoclip.layout import Layout
     from protoclip.records import read_train_log as read_log
@@ -158,7 +204,7 @@ def test_toy_method_trains_and_evaluates_through_the_normal_path(tmp_path, monke
     torch.set_num_threads(1)
     path = _project(tmp_path, teacher=False)
     raw = yaml.safe_load(path.read_text())
-    raw["runs"] = {"toy": {"method": "toy_align", "teacher": None}}
+    raw["runs"] = {"toy": {"method": "toy_align", "teacher": None, "toy_align": {"uniformity_weight": 0.5}}}
     path.write_text(yaml.safe_dump(raw))
     cfg = load_config(path)
     out = run_train(cfg, "toy")
@@ -166,6 +212,8 @@ def test_toy_method_trains_and_evaluates_through_the_normal_path(tmp_path, monke
     assert read_eval_spec(out) == EvalSpec(method="toy_align", similarity="cosine", subspheres=1, image_only=True)
     steps = read_log(layout.train_log("toy"), "step")
     assert steps and all(set(s) >= {"align", "unif"} for s in steps)
+    for s in steps:  # the section's value reached the method: loss = align + 0.5 unif
+        assert s["loss"] == pytest.approx(s["align"] + 0.5 * s["unif"], rel=1e-5, abs=1e-6)
 
     # evaluation reads the method from the model file: a project config that now says `clip` changes nothing
     cfg._runs = {"toy": ({"method": "clip", "teacher": None}, "<edited after training>")}

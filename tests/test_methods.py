@@ -14,7 +14,7 @@ from train_fixtures import RandomPairs, one_thread, tiny_config  # noqa: E402
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.records import read_train_log  # noqa: E402
 from protoclip.train.loop import train  # noqa: E402
-from protoclip.train.methods import METHODS, build_method, method_class  # noqa: E402
+from protoclip.train.methods.base import METHODS, build_method, method_class  # noqa: E402
 
 _threads = pytest.fixture(autouse=True)(one_thread)
 

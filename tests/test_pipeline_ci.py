@@ -157,7 +157,6 @@ def test_ci_dag_produces_every_target_then_has_nothing_to_do(tmp_path):
 
 def check_project(root: Path, cfg_file: Path, args: tuple) -> None:
     from protoclip.config import load_config
-    from protoclip.report.targets import targets
 
     # the merged config every command read; every experiment file's run and target is in it
     resolved = root / ".snakemake" / "protoclip" / "config.yaml"
@@ -172,14 +171,14 @@ def check_project(root: Path, cfg_file: Path, args: tuple) -> None:
     assert set(cfg.run_names()) < set(ci.run_names()) and len(cfg.run_names()) >= 20
     assert all(cfg.run(r).data == [SOURCE] for r in cfg.run_names())
     results = root / cfg.paths.results_dir
-    ids = [t.id for t in targets(cfg)]
-    assert sorted(ids) == sorted(t.id for t in targets(ci))  # every target of the offline default
+    ids = [t.id for t in cfg.paper_targets()]
+    assert sorted(ids) == sorted(t.id for t in ci.paper_targets())  # every target of the offline default
 
     index = (results / "tables" / "index.md").read_text()
     top = index.split("## Skipped data sets")[1].split("\n## ")[0]  # listed once, before the first target
     assert "- skipped: cifar10 not found at data/external/cifar10" in top
     assert "- skipped: imagenet not found at data/external/imagenet" in top  # config.yaml's, merged
-    for t in targets(cfg):
+    for t in cfg.paper_targets():
         assert (results / "report" / f"{t.id}.rst").is_file(), t.id
         assert t.id in index
         if t.kind == "figure":

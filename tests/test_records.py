@@ -89,6 +89,13 @@ def test_plan_tasks_decides_run_or_skip_per_task():
         False, "not applicable: no prompt templates")
     missing = plan_tasks("s", Skipped("s", "skipped: s not found at /x"), ["knn"], None)["knn"]
     assert missing == TaskPlan(False, "skipped: s not found at /x", metrics_file=True)
+    # a copy without its training split: the probes are skipped with the reason (in their cells), the rest runs
+    test_only = _labelled(["a photo of a {}."], train=False)
+    test_only.train_missing = "no train split in /x/gtsrb (RuntimeError: Dataset not found.)"
+    plan = plan_tasks("s", test_only, tasks, image_only=None)
+    assert plan["knn"] == plan["linear"] == TaskPlan(
+        False, "skipped: s: no train split in /x/gtsrb (RuntimeError: Dataset not found.)", metrics_file=True)
+    assert plan["zeroshot"].run and plan["clustering"].run
 
 
 def test_layout_imports_nothing_of_the_project():

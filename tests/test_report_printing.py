@@ -18,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_report_targets import PAPER_TXT, metric_value, project_copy, synthesize  # noqa: E402
 
 from protoclip.config import load_config  # noqa: E402
-from protoclip.report.targets import targets  # noqa: E402
 
 YAML = Path(__file__).resolve().parents[1] / "src" / "protoclip" / "report" / "paper_numbers.yaml"
 LITERAL = yaml.load(YAML.read_text("utf-8"), Loader=yaml.BaseLoader)  # noqa: S506 - strings only
@@ -47,7 +46,7 @@ def report(tmp_path_factory):
 def test_every_paper_number_is_printed_as_transcribed_in_every_format(report):
     cfg, tables = report
     checked = 0
-    for t in targets(cfg):
+    for t in cfg.paper_targets():
         entry = LITERAL.get(t.paper_key or t.id) or {}
         if t.kind != "table" or not entry.get("rows"):
             continue
@@ -123,7 +122,7 @@ def test_fig_9_shows_phase_times_as_shares_of_clips_epoch_time(report):
     from protoclip.report.values import Results
 
     cfg, tables = report
-    fig9 = next(t for t in targets(cfg) if t.id == "fig_9")
+    fig9 = next(t for t in cfg.paper_targets() if t.id == "fig_9")
     base, shares = time_split_shares(time_split_per_epoch(cfg, Results(cfg), fig9))
     # synthesize(): run i of cfg.run_names() logs 3 episodes of extract 1 + i, k-means 0.1, PBT 0.01, train 3 + i
     # seconds (CLIP runs: train only)
@@ -142,9 +141,9 @@ def test_table_xi_no_augmentation_row_is_like_for_like_with_the_papers(report):
     """The paper's "No Augmentation" numbers are Table III's "- w/o augmentation" run (no external teacher): the
     row is filled by that same run, and its label says so."""
     cfg, tables = report
-    t11 = next(t for t in targets(cfg) if t.id == "table_XI")
+    t11 = next(t for t in cfg.paper_targets() if t.id == "table_XI")
     row = next(r for r in t11.rows if r.paper_key == "No Augmentation")
-    t3 = next(t for t in targets(cfg) if t.id == "table_III")
+    t3 = next(t for t in cfg.paper_targets() if t.id == "table_III")
     assert row.run == next(r.run for r in t3.rows if r.label == "- w/o augmentation")
     rc = cfg.run(cfg.run_group(row.run)[0])
     assert rc.teacher is None and rc.augmentation == "none" and rc.method == "protoclip"

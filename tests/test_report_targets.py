@@ -21,7 +21,7 @@ from protoclip.errors import ConfigError
 from protoclip.config import load_config
 from protoclip.layout import Layout
 from protoclip.report.figures import shared_subsample
-from protoclip.report.targets import evaluation_requests, target_outputs, targets
+from protoclip.dag.stages import evaluation_requests, target_outputs
 from protoclip.report.values import paper_numbers, phase_times
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,8 +95,8 @@ def synthesize(cfg) -> None:
 # --------------------------------------------------------------------------- declarations
 def test_shipped_config_declares_every_paper_target_and_unique_outputs():
     cfg = load_config(ROOT / "config" / "config.yaml")
-    assert [t.id for t in targets(cfg)] == ALL_TARGETS
-    outs = target_outputs(cfg)
+    assert [t.id for t in cfg.paper_targets()] == ALL_TARGETS
+    outs = target_outputs(cfg, Layout.from_config(cfg))
     assert len(outs) == len(set(outs))
     assert {p.name for p in outs} >= {"table_III.csv", "table_III.md", "table_III.tex", "fig_6a.png", "fig_9.png"}
     # main comparisons have 3 seeds; shared runs (t3_protoclip in Tables III, IV, X, XI) exist once
@@ -135,7 +135,7 @@ def test_target_errors_name_the_file_and_key(tmp_path):
         load_config(cfg_file)
     # the same file read for its target only (a config with its own runs): allowed, rows read 'not configured'
     cfg = load_config(write(tmp_path / "d.yaml", {"targets": ["a.yaml"]}))
-    assert [t.id for t in targets(cfg)] == ["t1"] and cfg.run_names() == []
+    assert [t.id for t in cfg.paper_targets()] == ["t1"] and cfg.run_names() == []
     bad = {**ok, "columns": [{"label": "x", "task": "knn", "datasets": ["digits"], "metrc": "top1"}]}
     write(tmp_path / "a.yaml", {"target": bad})
     with pytest.raises(ConfigError, match=r"a.yaml: unknown key 'target.columns\[0\].metrc'|metrc"):
@@ -158,7 +158,7 @@ def test_row_candidates_pick_the_run_the_config_has(tmp_path):
     write(tmp_path / "pap.yaml", {"runs": {"paper_run": {"method": "clip"}, "offline_run": {"method": "clip"}}})
     off = load_config(write(tmp_path / "c1.yaml", {"experiments": ["off.yaml", "t.yaml"]}))
     pap = load_config(write(tmp_path / "c2.yaml", {"experiments": ["pap.yaml", "t.yaml"]}))
-    assert targets(off)[0].rows[0].run == "offline_run" and targets(pap)[0].rows[0].run == "paper_run"
+    assert off.paper_targets()[0].rows[0].run == "offline_run" and pap.paper_targets()[0].rows[0].run == "paper_run"
 
 
 # --------------------------------------------------------------------------- paper numbers
@@ -220,7 +220,7 @@ def test_report_writes_every_target_with_ours_and_the_papers_numbers(tmp_path):
     cfg = load_config(project_copy(tmp_path))
     synthesize(cfg)
     index = run_report(cfg)
-    for path in target_outputs(cfg):
+    for path in target_outputs(cfg, Layout.from_config(cfg)):
         assert path.exists() and path.stat().st_size > 0, path
     text = index.read_text()
     # skipped sets listed once at the top, not in the tables
@@ -258,5 +258,5 @@ def test_report_writes_every_target_with_ours_and_the_papers_numbers(tmp_path):
 
 def test_ci_config_declares_the_same_targets():
     cfg = load_config(ROOT / "config" / "ci.yaml")
-    assert [t.id for t in targets(cfg)] == ALL_TARGETS
+    assert [t.id for t in cfg.paper_targets()] == ALL_TARGETS
     assert all(cfg.run(r).epochs <= 1 for r in cfg.run_names())

@@ -92,7 +92,7 @@ def test_toy_removes_killed_writes_of_its_outputs(cfg, monkeypatch):
     import protoclip.toy.pauc_nemd as toy
 
     layout = Layout.from_config(cfg)
-    left = [killed_write(p) for p in toy.toy_outputs(layout).values()]
+    left = [killed_write(p) for p in layout.toy_files().values()]
     monkeypatch.setattr(toy, "make_blobs3d", stop)
     with pytest.raises(Stop):
         toy.run_toy_nemd(cfg, layout)

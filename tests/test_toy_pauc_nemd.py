@@ -46,7 +46,7 @@ def test_toy_stage_uses_the_suite_nemd_and_writes_outputs(tmp_path, monkeypatch)
         assert real(z, y, n_max=20, seed=0)["nemd"] == pytest.approx(row.nemd)
     assert png.exists() and png.stat().st_size > 1000
     assert (tmp_path / "results" / "toy" / "pauc_toy.md").read_text().count("| pauc |") == 2
-    assert set(pauc_nemd.toy_outputs(Layout.from_config(cfg)).values()) == {
+    assert set(Layout.from_config(cfg).toy_files().values()) == {
         png, tmp_path / "results" / "toy" / "pauc_toy.csv", tmp_path / "results" / "toy" / "pauc_toy.md"}
 
 

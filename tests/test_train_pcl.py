@@ -41,7 +41,7 @@ def pcl_config(**kw):
     pcl.update(kw.pop("pcl", {}))
     pauc = kw.pop("pauc", {})
     cfg = tiny_config(**{"method": "pcl", "episode_size": 64, "epochs": 3.0, "augmentation": "mocov2", **kw})
-    return dataclasses.replace(cfg, pcl=PCLConfig(**pcl), pauc=PAUCConfig(**pauc))
+    return dataclasses.replace(cfg, sections={**cfg.sections, "pcl": PCLConfig(**pcl)}, pauc=PAUCConfig(**pauc))
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def views():
 def test_cluster_counts_scale_with_data():
     cfg = tiny_config(method="pcl")
     assert cluster_counts(cfg, 1_280_000) == [25_000, 50_000, 100_000]  # the paper's K list on ImageNet
-    assert cluster_counts(dataclasses.replace(cfg, pcl=PCLConfig(num_clusters=[3, 500])), 100) == [3, 100]
+    assert cluster_counts(dataclasses.replace(cfg, sections={**cfg.sections, "pcl": PCLConfig(num_clusters=[3, 500])}), 100) == [3, 100]
 
 
 def test_config_rejects_locked_image_and_two_view_on_protoclip():
@@ -164,7 +164,7 @@ def test_protoclip_with_pauc_and_phi_protonce_resumes_exactly(tmp_path):
 
 def test_phi_protonce_changes_the_proto_term():
     """With the switch the logged ``proto`` is PCL's phi-scaled CE, not the soft-target CE."""
-    from protoclip.losses.proto import EpisodePrototypes
+    from protoclip.prototypes.episode import EpisodePrototypes
     from protoclip.train.methods.protoclip import ProtoCLIPMethod
 
     g = torch.Generator().manual_seed(0)

@@ -114,7 +114,7 @@ def test_non_finite_loss_through_the_cli_is_one_line_exit_2(tmp_path, capsys, mo
 def test_non_finite_features_for_kmeans_name_step_and_episode(tmp_path, monkeypatch):
     """Weights broken by the last update of an episode (no checkpoint due) reach the next episode's k-means:
     the stop names the step and episode like a loss stop, instead of k-means' own error."""
-    from protoclip.losses.proto import NonFiniteFeaturesError
+    from protoclip.prototypes.episode import NonFiniteFeaturesError
     from protoclip.train.loop import NonFiniteLossError
     from protoclip.train.methods.protoclip import ProtoCLIPMethod
 

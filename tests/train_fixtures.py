@@ -109,7 +109,7 @@ def global_clip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     from protoclip.train.distributed import init_from_env
-    from protoclip.train.methods import build_method
+    from protoclip.train.methods.base import build_method
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})

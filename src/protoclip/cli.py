@@ -11,6 +11,8 @@
     protoclip runs     --config config/config.yaml      # list the configured runs
     protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands
     protoclip launch   --config config/config.yaml --gpus 2 -- <command>   # a command on 2 free GPUs
+    protoclip birdsnap --src /data/birdsnap --out data/external/birdsnap   # Birdsnap's lists -> class folders
+    protoclip ucf101   --src /data/ucf101 --out data/external/ucf101       # UCF101 test videos -> middle frames
 
 `train` and `evaluate` place themselves on free GPUs first (protoclip.launch): a run with ``gpu: k`` takes k
 GPU slots and restarts as k torchrun ranks.
@@ -65,6 +67,16 @@ def _parser() -> argparse.ArgumentParser:
     s = stage("launch", "run a command on free GPU slots (CUDA_VISIBLE_DEVICES set for its process tree)")
     s.add_argument("--gpus", type=int, required=True, help="GPUs the command needs (0: it sees none)")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- command and its arguments")
+    # the paper's sets whose download no reader takes (protoclip.data.paper_evalsets); no config needed
+    s = sub.add_parser("birdsnap", help="Birdsnap's download -> train/ test/ class folders (kind: folder)")
+    s.add_argument("--src", required=True, help="folder with species.txt, images.txt, test_images.txt")
+    s.add_argument("--images", help="the downloaded images (default: <src>/download/images)")
+    s.add_argument("--out", required=True, help="output folder (the set's `path`)")
+    s = sub.add_parser("ucf101", help="UCF101 videos -> the middle frame of each, in class folders (kind: folder)")
+    s.add_argument("--src", required=True, help="folder with UCF-101/ and ucfTrainTestlist/")
+    s.add_argument("--out", required=True, help="output folder (the set's `path`)")
+    s.add_argument("--split", type=int, default=1, choices=(1, 2, 3), help="official split (CLIP, ProtoCLIP: 1)")
+    s.add_argument("--train", action="store_true", help="also the training videos (only the probes read them)")
     return p
 
 
@@ -89,6 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     progress_for_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
+        if args.stage in ("birdsnap", "ucf101"):
+            from protoclip.data import paper_evalsets
+
+            if args.stage == "birdsnap":
+                counts = paper_evalsets.prepare_birdsnap(args.src, args.out, args.images)
+            else:
+                counts = paper_evalsets.prepare_ucf101(args.src, args.out, args.split, args.train)
+            print(f"protoclip {args.stage}: wrote {args.out}: {counts}")
+            return 0
         cfg = load_config(args.config)
         if args.stage == "prepare":
             from protoclip.data.prepare import run_prepare

@@ -2,7 +2,7 @@
 
 A stage that writes several files into one output folder (``evaluate``: one metrics file per task of a data
 set) can be killed between two of them; each file is written atomically (``protoclip.atomic``), but the
-folder is then half done, and a reader that lists the folder (``collect``, ``report``) used to summarise the
+folder is then half done, and a reader that lists the folder (``collect``, ``report``) would summarise the
 tasks that happened to finish as the whole evaluation. The rule, the same for every such folder:
 
 1. :func:`start` when the stage starts on the folder: temp files of a killed write are removed

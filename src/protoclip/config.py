@@ -25,7 +25,7 @@ from protoclip.data.config import PrepareConfig
 from protoclip.errors import ConfigError
 from protoclip.evaluate.config import EvaluateConfig
 from protoclip.gpu_slots import GpuSlotsConfig
-from protoclip.report.targets import TargetConfig
+from protoclip.report.config import TargetConfig
 from protoclip.schema import build, deep_merge, read_yaml, to_dict
 from protoclip.teacher.config import TeacherConfig
 from protoclip.toy.config import ToyConfig
@@ -63,8 +63,13 @@ class ProjectConfig:
     _runs: dict = field(default_factory=dict, repr=False)
     # {base name -> [run names]} of runs declared with `seeds:` (expanded to <base>_s<seed>)
     _groups: dict = field(default_factory=dict, repr=False)
-    # {target id -> (protoclip.report.targets.TargetConfig, file it came from)}
+    # {target id -> (protoclip.report.config.TargetConfig, file it came from)}
     _targets: dict = field(default_factory=dict, repr=False)
+
+    def paper_targets(self) -> list[TargetConfig]:
+        """The declared paper targets (tables, figures) in declaration order, resolved: each row names the run
+        it uses in this config (``TargetConfig.resolved``)."""
+        return [t.resolved(self) for t, _ in self._targets.values()]
 
     def run_names(self) -> list[str]:
         return list(self._runs)

@@ -187,6 +187,34 @@ class Layout:
             return [(self.tables / target_id).with_suffix(s) for s in (".csv", ".md", ".tex", ".html")]
         return [self.figures / f"{target_id}.png"]
 
+    @property
+    def targets_long(self) -> Path:
+        """Every target cell, ours and the paper's, one row each (protoclip report)."""
+        return self.tables / "targets_long.csv"
+
+    @property
+    def metrics_long(self) -> Path:
+        """Every run's headline value or skip line per (task, set), one row each (protoclip report)."""
+        return self.tables / "metrics_long.csv"
+
+    def task_table(self, task: str, suffix: str) -> Path:
+        """The generic table of one evaluation task over every run: ``tables/<task>.{csv,md,tex}``."""
+        return self.tables / f"{task}{suffix}"
+
+    @property
+    def train_losses(self) -> Path:
+        """Every run's training loss per step (protoclip report)."""
+        return self.tables / "train_loss.csv"
+
+    @property
+    def train_curves(self) -> Path:
+        return self.figures / "train_curves.png"
+
+    def toy_files(self) -> dict[str, Path]:
+        """PAUC's NEMD toy experiment (protoclip toy-nemd): its figure, table (csv) and table (markdown)."""
+        d = self.results_dir / "toy"
+        return {"figure": d / "fig_pauc_toy.png", "csv": d / "pauc_toy.csv", "md": d / "pauc_toy.md"}
+
     def loss_curve(self, run: str) -> Path:
         """A run's training loss against step, as DVC plot data (protoclip.report.dvc_plots)."""
         return self.tables / "plots" / "train_loss" / f"{run}.csv"

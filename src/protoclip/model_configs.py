@@ -2,7 +2,7 @@
 
 Why: ``load_config`` runs where no torch is wanted (Snakemake parses the config before any job; ``protoclip
 runs``), yet a model name, ``embed_dim``, ``context_length``, ``image_size`` or ``class_tokens`` that the
-architecture cannot take used to fail seconds into the job with a traceback from inside open_clip.
+architecture cannot take would fail seconds into the job with a traceback from inside open_clip.
 :func:`check_model` applies, at config load, the rules that ``protoclip.models.build`` (and open_clip's
 towers) apply at build time, and raises a ValueError naming the key.
 

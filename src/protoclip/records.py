@@ -31,21 +31,8 @@ from typing import Any
 
 from protoclip import completion
 from protoclip.atomic import write_json, write_text
-from protoclip.evaluate.config import NOT_APPLICABLE, TASKS
+from protoclip.tasks import NOT_APPLICABLE, SKIPPED, TASKS
 
-# task -> its metrics shown in tables, the first the headline (collect's summary line); as in the paper's tables
-HEADLINE: dict[str, list[str]] = {
-    "zeroshot": ["top1", "top5"],  # Table VI
-    "linear": ["top1"],  # Table VII
-    "knn": ["top1"],  # Table VII
-    "retrieval": ["mean_recall", "image_to_text_R@1", "text_to_image_R@1"],  # Table VIII
-    "clustering": ["ari", "ami"],  # Table XII
-    "nemd": ["nemd", "uniformity", "intra_class_spread"],  # PAUC / methods-spec 3.4
-    "tsne": ["n_points"],  # a figure (Fig. 8): no table
-    # the temperature study's figure: tau* at ratio 1 (Fig. 1), the pairs (Fig. 1 / 8), the tokens (Table 11)
-    "temperature": ["equilibrium_scale", "n_pairs", "tokens"],
-}
-SKIPPED = "skipped"  # the key of a task that did not run, in metrics files and metrics.json
 
 
 # --------------------------------------------------------------------------- metrics files

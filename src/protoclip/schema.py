@@ -138,20 +138,40 @@ def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
     raise ConfigError(f"{where}: '{key}' has an unsupported annotation {_type_name(tp)}")
 
 
+SECTIONS = "sections"  # field metadata key: the field holds sections other packages register (open_sections)
+
+
+def open_sections(cls: type) -> tuple[str | None, dict[str, type]]:
+    """(field name, {key: dataclass}) of ``cls``'s field of registered sections, or (None, {}).
+
+    A dataclass may declare one field ``field(default_factory=dict, metadata={"sections": provider})``: its
+    YAML keys are then the provider's keys (``train.nclip`` for ``TrainConfig``: the sections training
+    methods register, protoclip.train.registry), each built strictly like a declared field, and
+    :func:`to_dict` writes them beside the declared fields. The field's own name is not a YAML key."""
+    for f in dataclasses.fields(cls):
+        if SECTIONS in f.metadata:
+            return f.name, f.metadata[SECTIONS]()
+    return None, {}
+
+
 def build(cls: type, data: dict | None, where: str = "<config>", prefix: str = ""):
     """Build dataclass ``cls`` from ``data`` strictly: unknown keys and wrong types are errors."""
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: '{prefix.rstrip('.') or '<top>'}' must be a mapping, got {type(data).__name__}")
     hints = get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-    unknown = sorted(set(data) - set(names))
+    holder, sections = open_sections(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init and f.name != holder]
+    unknown = sorted(set(data) - set(names) - set(sections))
     if unknown:
         raise ConfigError(
             f"{where}: unknown key '{prefix}{unknown[0]}' (known keys of '{prefix.rstrip('.') or '<top>'}': "
-            f"{', '.join(names)})"
+            f"{', '.join(names + sorted(sections))})"
         )
     kwargs = {name: _coerce(hints[name], data[name], prefix + name, where) for name in names if name in data}
+    if holder is not None:  # every registered section, from its YAML block or its defaults
+        kwargs[holder] = {key: _coerce(section, data.get(key, {}), prefix + key, where)
+                          for key, section in sections.items()}
     try:
         obj = cls(**kwargs)
     except TypeError as err:  # a required field is missing
@@ -168,7 +188,11 @@ def build(cls: type, data: dict | None, where: str = "<config>", prefix: str = "
 def to_dict(obj: Any) -> Any:
     """Dataclass tree -> plain YAML-able dict (Paths become strings)."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        holder, _ = open_sections(type(obj))
+        out = {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != holder}
+        if holder is not None:  # registered sections sit beside the declared fields, as in the YAML
+            out.update(to_dict(getattr(obj, holder)))
+        return out
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -256,4 +280,4 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-__all__ = ["build", "to_dict", "deep_merge", "require_path", "read_yaml", "StrictLoader", "DuplicateKeyError"]
+__all__ = ["build", "open_sections", "to_dict", "deep_merge", "require_path", "read_yaml", "StrictLoader", "DuplicateKeyError"]

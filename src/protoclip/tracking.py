@@ -61,9 +61,7 @@ def run_targets(cfg, run: str) -> list[str]:
     """The ids of the configured paper targets (tables, figures) that show run ``run``: its experiment files'
     ``target:`` rows (a seeds group stands for each of its runs) or reference run. Derived here from the
     config, so neither the CLI nor a Snakemake rule / DVC stage has to pass them."""
-    from protoclip.report.targets import targets
-
-    return sorted(t.id for t in targets(cfg) if any(run in cfg.run_group(base) for base in t.runs()))
+    return sorted(t.id for t in cfg.paper_targets() if any(run in cfg.run_group(base) for base in t.runs()))
 
 
 def target_tags(targets: list[str] | None) -> dict[str, str]:

@@ -24,11 +24,9 @@ def report_outputs(cfg, report) -> dict:
     table (.html) or figure (.png) wrapped in Snakemake's ``report(path, caption=, category=, labels=)``, its
     other files, and its caption file (written by the rule; absolute, as Snakemake joins caption paths to the
     rule file's folder)."""
-    from protoclip.report.targets import targets
-
     lay = Layout.from_config(cfg)
     out: dict = {"index": str(lay.report_index)}
-    for t in targets(cfg):
+    for t in cfg.paper_targets():
         paths = [str(p) for p in lay.target_files(t.id, t.kind)]
         caption = lay.caption(t.id)
         flag = {"caption": os.path.abspath(caption), "labels": {"target": t.id}}

@@ -125,10 +125,9 @@ def built_by_prepare(cfg, dataset: str) -> bool | None:
     return dataset == HELDOUT or dataset in cfg.prepare.eval_sets
 
 
-def eval_inputs(cfg, dataset: str) -> list[str]:
+def eval_inputs(cfg, lay: Layout, dataset: str) -> list[str]:
     """The data files an evaluation on ``dataset`` reads: what `prepare` builds for it, or its configured path
     when the data is there (datasets.missing_reason; a set added later changes the stage). Empty: no job."""
-    lay = Layout.from_config(cfg)
     dcfg = cfg.evaluate.datasets[dataset]
     built = built_by_prepare(cfg, dataset)
     if built is None:
@@ -136,11 +135,11 @@ def eval_inputs(cfg, dataset: str) -> list[str]:
     return [norm_path(eval_data_path(dataset, dcfg, lay))] if built else []
 
 
-def evaluated_sets(cfg) -> list[str]:
+def evaluated_sets(cfg, lay: Layout) -> list[str]:
     """The configured sets that get an evaluation job: the sets `prepare` builds and each set whose data is
     there (the others are reported skipped by `collect`; one added later gets its own job, and only `collect`
     and the report rerun besides it)."""
-    return [name for name in cfg.evaluate.datasets if eval_inputs(cfg, name)]
+    return [name for name in cfg.evaluate.datasets if eval_inputs(cfg, lay, name)]
 
 
 # --------------------------------------------------------------------------- outputs (wildcard-safe)
@@ -169,16 +168,16 @@ def teacher_outs(lay: Layout, teacher_file: str) -> dict[str, Out]:
 
 
 # --------------------------------------------------------------------------- stages
-def prepare_stage(cfg, config_file: str) -> Stage:
-    lay = Layout.from_config(cfg)
+# Each builds one stage instance from the config, the file the commands pass (``config_file``) and the config's
+# paths (``lay``: :func:`stages` makes it once).
+def prepare_stage(cfg, lay: Layout, config_file: str) -> Stage:
     targets = prepare_outs(lay, cfg)
     user = [norm_path(Path(u.path)) for u in cfg.prepare.user_data if "{" not in str(u.path) and Path(u.path).exists()]
     return Stage("prepare", stage_command("prepare", config_file), {"user_data": user},
                  _params(config_file, "prepare"), [Out(norm_path(lay.prepared), directory=True)], targets)
 
 
-def teacher_stage(cfg, config_file: str, teacher: str) -> Stage:
-    lay = Layout.from_config(cfg)
+def teacher_stage(cfg, lay: Layout, config_file: str, teacher: str) -> Stage:
     outs = teacher_outs(lay, lay.teacher_features(teacher).stem)
     return Stage(f"teacher_{lay.teacher_features(teacher).stem}",
                  stage_command("teacher", config_file, f"--name {teacher}"), {"manifest": [norm_path(lay.manifest)]},
@@ -194,8 +193,7 @@ def _run_params(cfg, run: str, config_file: str) -> list:
     return _params(config_file, "train") + _params(overrides_file, key)
 
 
-def train_stage(cfg, config_file: str, run: str) -> Stage:
-    lay = Layout.from_config(cfg)
+def train_stage(cfg, lay: Layout, config_file: str, run: str) -> Stage:
     deps = {"manifest": [norm_path(lay.manifest)]}
     if (t := teacher_read_by(cfg, run)):
         deps["teacher"] = [norm_path(lay.teacher_features(t))]
@@ -205,29 +203,51 @@ def train_stage(cfg, config_file: str, run: str) -> Stage:
                  _run_params(cfg, run, config_file), list(outs.values()), outs)
 
 
-def evaluate_stage(cfg, config_file: str, run: str, dataset: str, tasks: list[str] | None = None) -> Stage:
+def evaluate_stage(cfg, lay: Layout, config_file: str, run: str, dataset: str,
+                   tasks: list[str] | None = None) -> Stage:
     """One (run, set) evaluation job; ``tasks``: only these (what the run's paper targets show), None = all."""
-    lay = Layout.from_config(cfg)
     outs = eval_outs(lay, run, dataset)
     task_args = "".join(f" --task {t}" for t in tasks or [])
     return Stage(f"evaluate_{run}_{dataset}",
                  stage_command("evaluate", config_file, f"--run {run} --dataset {dataset}{task_args}"),
-                 {"model": [norm_path(lay.model(run))], "data": eval_inputs(cfg, dataset)},
+                 {"model": [norm_path(lay.model(run))], "data": eval_inputs(cfg, lay, dataset)},
                  _params(config_file, f"evaluate.datasets.{dataset}",
                          *(f"evaluate.{f.name}" for f in fields(EvaluateConfig) if f.name != "datasets")),
                  list(outs.values()), outs)
 
 
-def evaluations(cfg) -> dict[str, dict[str, list[str] | None]]:
+def target_outputs(cfg, lay: Layout) -> list[Path]:
+    """Every file ``protoclip report`` writes for the configured targets (stable: from the declarations)."""
+    out = [lay.report_index]
+    for t in cfg.paper_targets():
+        out += lay.target_files(t.id, t.kind) + [lay.caption(t.id)]
+    return out
+
+
+def evaluation_requests(cfg) -> dict[str, dict[str, list[str]]]:
+    """{run (expanded name): {dataset: sorted tasks}}: what the targets show, so the DAG evaluates only that.
+
+    Only data sets configured under ``evaluate.datasets`` are requested.
+    """
+    out: dict[str, dict[str, set[str]]] = {}
+    for t in cfg.paper_targets():
+        req = t.requests()
+        for base in t.runs():
+            for run in cfg.run_group(base):
+                for d, tasks in req.items():
+                    if d in cfg.evaluate.datasets:
+                        out.setdefault(run, {}).setdefault(d, set()).update(tasks)
+    return {r: {d: sorted(ts) for d, ts in sorted(v.items())} for r, v in out.items()}
+
+
+def evaluations(cfg, lay: Layout | None = None) -> dict[str, dict[str, list[str] | None]]:
     """{run: {set: tasks or None (all)}}: the evaluation jobs of the DAG. A run that paper targets show is
-    evaluated only on the sets and tasks those targets read (protoclip.report.targets.evaluation_requests);
+    evaluated only on the sets and tasks those targets read (:func:`evaluation_requests`);
     a run no target shows gets every task on every evaluated set. A run a target shows but whose targets read
     no evaluation (a figure drawn from the train log alone) gets none."""
-    from protoclip.report.targets import evaluation_requests, targets
-
-    sets = evaluated_sets(cfg)
+    sets = evaluated_sets(cfg, lay or Layout.from_config(cfg))
     requests = evaluation_requests(cfg)
-    shown = {run for t in targets(cfg) for base in t.runs() for run in cfg.run_group(base)}
+    shown = {run for t in cfg.paper_targets() for base in t.runs() for run in cfg.run_group(base)}
     out: dict[str, dict[str, list[str] | None]] = {}
     for run in cfg.run_names():
         if run in shown:  # only what its targets read (possibly nothing)
@@ -237,12 +257,11 @@ def evaluations(cfg) -> dict[str, dict[str, list[str] | None]]:
     return out
 
 
-def collect_stage(cfg, config_file: str, run: str, datasets: list[str]) -> Stage:
+def collect_stage(cfg, lay: Layout, config_file: str, run: str, datasets: list[str]) -> Stage:
     """``metrics.json`` of ``run``. Besides its evaluation folders it depends on the prepared data: `collect`
     reports a configured set as "not found" when its data is missing, so it must run after `prepare` made it
     (a run that no target evaluates would otherwise be collected before `prepare`
     finished and list the offline sets as not found)."""
-    lay = Layout.from_config(cfg)
     outs = collect_outs(lay, run)
     data = [o.path for o in prepare_outs(lay, cfg).values()]
     return Stage(f"collect_{run}", stage_command("collect", config_file, f"--run {run}"),
@@ -250,13 +269,10 @@ def collect_stage(cfg, config_file: str, run: str, datasets: list[str]) -> Stage
                  list(outs.values()), outs)
 
 
-def report_stage(cfg, config_file: str) -> Stage:
-    """Every declared paper target (protoclip.report.targets.target_outputs: tables, figures, captions)."""
-    from protoclip.report.targets import target_outputs
-
-    lay = Layout.from_config(cfg)
+def report_stage(cfg, lay: Layout, config_file: str) -> Stage:
+    """Every declared paper target (:func:`target_outputs`: tables, figures, captions)."""
     runs = cfg.run_names()
-    outs = {f"file{i}": Out(norm_path(p)) for i, p in enumerate(target_outputs(cfg))}
+    outs = {f"file{i}": Out(norm_path(p)) for i, p in enumerate(target_outputs(cfg, lay))}
     return Stage("report", stage_command("report", config_file),
                  {"summaries": [norm_path(lay.metrics_summary(r)) for r in runs],
                   "train_logs": [norm_path(lay.train_log(r)) for r in runs]}, [],
@@ -264,25 +280,24 @@ def report_stage(cfg, config_file: str) -> Stage:
                   Out(norm_path(lay.report_dir), directory=True)], outs)
 
 
-def toy_stage(cfg, config_file: str) -> Stage:
+def toy_stage(cfg, lay: Layout, config_file: str) -> Stage:
     """PAUC's NEMD toy experiment (protoclip.toy.pauc_nemd): needs no data, only the `toy` config section."""
-    from protoclip.toy.pauc_nemd import toy_outputs
-
-    outs = {k: Out(norm_path(p)) for k, p in toy_outputs(Layout.from_config(cfg)).items()}
+    outs = {k: Out(norm_path(p)) for k, p in lay.toy_files().items()}
     return Stage("toy_nemd", stage_command("toy-nemd", config_file), {},
                  _params(config_file, "toy"), list(outs.values()), outs)
 
 
 def stages(cfg, config_file: str) -> list[Stage]:
     """Every stage instance of the config, in DAG order."""
-    out = [prepare_stage(cfg, config_file)]
-    out += [teacher_stage(cfg, config_file, t) for t in teachers(cfg)]
-    for run, jobs in evaluations(cfg).items():
-        out.append(train_stage(cfg, config_file, run))
-        out += [evaluate_stage(cfg, config_file, run, d, tasks) for d, tasks in jobs.items()]
-        out.append(collect_stage(cfg, config_file, run, list(jobs)))
-    out.append(toy_stage(cfg, config_file))
-    out.append(report_stage(cfg, config_file))
+    lay = Layout.from_config(cfg)
+    out = [prepare_stage(cfg, lay, config_file)]
+    out += [teacher_stage(cfg, lay, config_file, t) for t in teachers(cfg)]
+    for run, jobs in evaluations(cfg, lay).items():
+        out.append(train_stage(cfg, lay, config_file, run))
+        out += [evaluate_stage(cfg, lay, config_file, run, d, tasks) for d, tasks in jobs.items()]
+        out.append(collect_stage(cfg, lay, config_file, run, list(jobs)))
+    out.append(toy_stage(cfg, lay, config_file))
+    out.append(report_stage(cfg, lay, config_file))
     return out
 
 
@@ -311,7 +326,7 @@ def exportable_runs(cfg) -> list[str]:
     """The configured runs ``protoclip export`` can write (the DAG's ``export_all`` target exports these), decided
     from each run's config by its method's evaluation spec, as the train stage records it in model.pt."""
     from protoclip.models.export_openclip import export_refusal
-    from protoclip.train.methods import method_class
+    from protoclip.train.registry import method_class
 
     out = []
     for r in cfg.run_names():

@@ -3,8 +3,9 @@
 Columns (docs/architecture.md): ``id`` (unique), ``path`` (a file, or ``shard.tar::member``),
 ``caption``, ``source``, ``label`` (coarse, may be empty), ``sha256`` (of the image bytes), ``split``
 (``train`` / ``heldout``), plus ``licence``. Paths of rendered images are stored relative to
-``layout.prepared`` (so a moved or DVC-restored data folder stays valid); :func:`load_manifest` in
-``protoclip.data.pairs`` makes them absolute again. User-data paths are stored absolute.
+``layout.prepared`` (so a moved or DVC-restored data folder stays valid); :func:`absolute_paths` makes them
+absolute again (the one rule, for training's ``load_manifest`` and the evaluation of the held-out pairs).
+User-data paths are stored absolute.
 
 Writing: :class:`ManifestWriter` streams pairs into the file row group by row group, byte for byte the file
 ``DataFrame.to_parquet`` writes for the whole frame (:func:`write_manifest`; tested), holding one row group
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -23,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from protoclip.atomic import atomic_path
+from protoclip.data.reading import SEP
 from protoclip.errors import ConfigError
 
 COLUMNS = ["id", "path", "caption", "source", "label", "sha256", "split", "licence", "offset", "size"]
@@ -86,6 +89,13 @@ def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
     with atomic_path(path) as tmp:
         df[COLUMNS].to_parquet(tmp, index=False)
     return Path(path)
+
+
+def absolute_paths(paths: Iterable[str], root: str | Path) -> list[str]:
+    """Manifest paths made absolute: a relative path (a rendered image) is relative to ``root``, the folder of the
+    manifest (``layout.prepared``); an absolute one (user data, ``shard.tar::member``) is kept."""
+    root = Path(root).resolve()
+    return [p if Path(p.split(SEP, 1)[0]).is_absolute() else str(root / p) for p in paths]
 
 
 ROW_GROUP = 1024 * 1024  # rows a parquet row group: what pyarrow's write_table (so DataFrame.to_parquet) uses
@@ -196,4 +206,4 @@ def read_manifest(path: str | Path, columns: list[str] | None = None) -> pd.Data
 
 
 __all__ = ["COLUMNS", "INT_COLUMNS", "ROW_GROUP", "Pair", "deduplicate", "to_frame", "write_manifest", "read_manifest",
-           "manifest_schema", "pairs_batch", "manifest_batches", "ManifestWriter"]
+           "absolute_paths", "manifest_schema", "pairs_batch", "manifest_batches", "ManifestWriter"]

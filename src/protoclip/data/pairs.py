@@ -16,7 +16,6 @@ with lists every worker's private memory grows by the size of the list over an e
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -27,7 +26,7 @@ from torch.utils.data import Dataset
 
 from protoclip.errors import ConfigError
 from protoclip.data.reading import SEP, TarCache, read_image  # noqa: F401  (re-exported)
-from protoclip.data.manifest import read_manifest
+from protoclip.data.manifest import absolute_paths, read_manifest
 from protoclip.layout import Layout
 
 
@@ -58,14 +57,11 @@ def load_manifest(layout: Layout, sources: Iterable[str] | None = None, split: s
         df = df[keep.to_numpy()]  # one filtered copy
     df = df.reset_index(drop=True)
     if "path" in df.columns:
-        # rendered images are stored relative to the prepared folder (POSIX: absolute = starts with "/"); only
-        # those go through pathlib, not every user-data row
+        # only the relative paths (rendered images: not starting with "/") go through absolute_paths' pathlib rule;
+        # the user data's absolute ones are never turned into Python strings
         relative = ~df["path"].str.startswith("/").to_numpy(dtype=bool)
         if relative.any():
-            root = Path(layout.prepared).resolve()
-            paths = df["path"].to_numpy(dtype=object, copy=True)
-            paths[relative] = [str(root / p) for p in paths[relative]]
-            df["path"] = pd.array(paths, dtype=df["path"].dtype)
+            df.loc[relative, "path"] = absolute_paths(df.loc[relative, "path"].tolist(), layout.prepared)
     return df
 
 

@@ -85,7 +85,7 @@ def _pair_split(cfg: UserDataConfig) -> str:
 
 
 # A caption longer than this is junk for a 76/77-token text encoder (and is the csv module's own default
-# field limit, which used to stop the whole scan with a traceback): the row is dropped as caption_too_long.
+# field limit, which would stop the whole scan with a traceback): the row is dropped as caption_too_long.
 MAX_CAPTION_CHARS = 131_072
 CSV_BATCH = 4096  # CSV pairs a batch
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-TASKS = ("zeroshot", "linear", "knn", "retrieval", "clustering", "nemd", "tsne", "temperature")
-# prefix of the skip line of a task that does not apply to a run or set (e.g. zero-shot of an image-only PCL run):
-# the report reads it as "n/a", not as a missing data set
-NOT_APPLICABLE = "not applicable: "
+from protoclip.devices import check_device_name
+from protoclip.tasks import TASKS, check_tasks
 
 
 @dataclass
@@ -15,11 +13,16 @@ class EvalDatasetConfig:
     """One evaluation data set. Offline sets need no path; paper sets are found by `path`."""
     # offline: built by `prepare` (data/prepared/eval/<name>.npz; the name heldout_pairs reads the manifest);
     # torchvision: torchvision's on-disk layout (download=False); folder: class-per-folder image tree
-    # root/<split>/<class>/; wds: clip_benchmark webdataset shards root/{train,test}/*.tar; coco: COCO captions
-    kind: Literal["offline", "torchvision", "folder", "wds", "coco"]
+    # root/<split>/<class>/; wds: CLIP_benchmark webdataset shards root/{train,test}/{nshards.txt,N.tar};
+    # coco / flickr30k: image-text retrieval (evaluate.datasets.captions)
+    kind: Literal["offline", "torchvision", "folder", "wds", "coco", "flickr30k"]
     path: str | None = None  # root folder / shard folder / COCO root; null = not configured (reported skipped)
+    # coco / flickr30k only, and required there: which images are scored. karpathy_test: Karpathy's 5k test split
+    # (the retrieval literature, CLIP_benchmark); val2017 (coco): COCO 2017 val with every caption, what the official
+    # ProtoCLIP code evaluates (megvii-research/protoclip src/training/evaluations/coco_retrieval.py)
+    split: str | None = None
     tasks: list[str] = field(default_factory=lambda: list(TASKS))  # tasks run on this set (if they apply)
-    # Probe on a fixed subsample (issue: budget): null = the whole split; N = a seeded subset of at most N
+    # Probe on a fixed subsample (the offline budget): null = the whole split; N = a seeded subset of at most N
     # images of the split (class-stratified when the labels are known without decoding images, else uniform;
     # seeded by evaluate.seed and the set's name, never by the run), the same images for every run so runs
     # stay comparable. A split of at most N images is used whole. See datasets.subsample_set.
@@ -27,13 +30,17 @@ class EvalDatasetConfig:
     max_test: int | None = None  # test split (zero-shot, probes, clustering, NEMD, t-SNE); not caption retrieval
 
     def validate(self) -> None:
+        splits = {"coco": ("karpathy_test", "val2017"), "flickr30k": ("karpathy_test",)}.get(self.kind)
+        if splits and self.split not in splits:
+            raise ValueError(f"split must be one of {', '.join(splits)} for kind {self.kind} (which images are "
+                             f"scored), got {self.split!r}")
+        if not splits and self.split is not None:
+            raise ValueError(f"split applies to kinds coco / flickr30k only, not {self.kind}")
         for key in ("max_train", "max_test"):
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ValueError(f"{key} must be >= 1 or null (the whole split), got {value}")
-        unknown = [t for t in self.tasks if t not in TASKS]
-        if unknown:
-            raise ValueError(f"unknown evaluation task '{unknown[0]}' (known: {', '.join(TASKS)})")
+        check_tasks(self.tasks)
 
 
 @dataclass
@@ -90,6 +97,4 @@ class EvaluateConfig:
             raise ValueError(f"knn_temperature must be > 0, got {self.knn_temperature}")
         if self.nemd_max_pairs < 1 or self.tsne_max_points < 1 or self.linear_sgd_above < 0 or self.seed < 0:
             raise ValueError("nemd_max_pairs and tsne_max_points must be >= 1, linear_sgd_above and seed >= 0")
-        from protoclip.devices import check_device_name
-
         check_device_name(self.device)

@@ -47,11 +47,14 @@ from protoclip import completion, records
 from protoclip.atomic import clean_stale_temps_of
 from protoclip.errors import ConfigError
 from protoclip.schema import require_path
-from protoclip.evaluate.config import NOT_APPLICABLE, TASKS, EvalDatasetConfig, EvaluateConfig
+from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import (HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped, load_eval_set,
                                          missing_reason)
+from protoclip.evaluate.datasets.wds import dataset_type as wds_dataset_type
 from protoclip.layout import Layout
 from protoclip.provenance import provenance
+from protoclip.tasks import (HEADLINE, NOT_APPLICABLE, NOT_RUN, PROBE_TASKS, SKIPPED, TASKS, TEXT_TASKS,
+                             check_tasks)
 from protoclip.tracking import evaluation_run
 
 log = logging.getLogger(__name__)
@@ -60,16 +63,15 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- applicability
 def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
     """The configured tasks that can apply to a set of this kind (used for sets that are skipped)."""
-    if cfg.kind == "coco":
-        possible = {"retrieval", "temperature"}
+    retrieval_only = {"retrieval", "temperature"}
+    if cfg.kind in ("coco", "flickr30k") or (cfg.kind == "wds" and cfg.path and wds_dataset_type(
+            Path(cfg.path).expanduser()) == "retrieval"):
+        possible = retrieval_only
     elif cfg.kind == "offline" and name == HELDOUT:
         possible = set(TASKS)  # coarse labels in words have prompt templates (datasets.HELDOUT_TEMPLATES)
     else:
         possible = set(TASKS) - {"retrieval"}
     return [t for t in cfg.tasks if t in possible]
-
-
-IMAGE_ONLY_NA = ("zeroshot", "retrieval", "temperature")  # tasks that read the text tower
 
 
 def image_only_method(spec) -> str | None:
@@ -111,7 +113,8 @@ def plan_tasks(name: str, ds: EvalSet | Skipped | None, wanted: list[str], image
                ) -> dict[str, TaskPlan]:
     """Run or skip, per task of ``wanted`` on the loaded set ``ds``: the one place that decides it.
 
-    A set whose data is missing (:class:`Skipped`): every task's metrics file and status carry its skip line.
+    A set whose data is missing (:class:`Skipped`): every task's metrics file and status carry its skip line; a
+    probe of a set whose train split is missing (``LabelledSet.train_missing``): the same, with that reason.
     A text-tower task of an image-only run's (``image_only``: its method) that would apply to the set: a
     ``not applicable`` metrics file, so the report's cells read n/a (tasks.json does not list it). A task that
     does not apply to the set (:func:`not_applicable`): a ``not applicable`` status only.
@@ -120,9 +123,11 @@ def plan_tasks(name: str, ds: EvalSet | Skipped | None, wanted: list[str], image
     for task in wanted:
         if isinstance(ds, Skipped):
             out[task] = TaskPlan(False, ds.reason, metrics_file=True)
+        elif task in PROBE_TASKS and isinstance(ds, LabelledSet) and ds.train is None and ds.train_missing:
+            out[task] = TaskPlan(False, f"skipped: {name}: {ds.train_missing}", metrics_file=True)
         elif (reason := not_applicable(task, ds)) is not None:
             out[task] = TaskPlan(False, f"{NOT_APPLICABLE}{reason}")
-        elif image_only and task in IMAGE_ONLY_NA:
+        elif image_only and task in TEXT_TASKS:
             out[task] = TaskPlan(False, f"{NOT_APPLICABLE}image-only method ({image_only}), the text tower is "
                                  "untrained", metrics_file=True, status=False)
         else:
@@ -156,6 +161,18 @@ def too_small(task: str, feats: dict[str, np.ndarray]) -> str | None:
 # --------------------------------------------------------------------------- tasks
 # each: (features, labelled set or caption set, evaluate config, figure path) -> (metrics, feature kind, sizes)
 TaskResult = tuple[dict[str, Any], str, dict[str, int]]
+TASK_FUNCS: dict[str, Callable[..., TaskResult]] = {}  # task name (protoclip.tasks) -> the function that runs it
+
+
+def runs_task(name: str) -> Callable[[Callable[..., TaskResult]], Callable[..., TaskResult]]:
+    """Decorator: the function runs evaluation task ``name`` (a name of :data:`protoclip.tasks.TASKS`)."""
+    check_tasks([name])
+
+    def deco(fn: Callable[..., TaskResult]) -> Callable[..., TaskResult]:
+        TASK_FUNCS[name] = fn
+        return fn
+
+    return deco
 
 
 def _sizes(f: dict[str, np.ndarray], train: bool = False) -> dict[str, int]:
@@ -165,6 +182,7 @@ def _sizes(f: dict[str, np.ndarray], train: bool = False) -> dict[str, int]:
     return out
 
 
+@runs_task("zeroshot")
 def task_zeroshot(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.zeroshot import zeroshot_classify
 
@@ -183,6 +201,7 @@ def task_zeroshot(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> T
     return m, what, _sizes(f)
 
 
+@runs_task("linear")
 def task_linear(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.linear import linear_probe, sgd_linear_probe
 
@@ -195,6 +214,7 @@ def task_linear(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> Tas
     return m, "z_image (not normalised)", _sizes(f, train=True)
 
 
+@runs_task("knn")
 def task_knn(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.knn import knn_classifier
 
@@ -204,6 +224,7 @@ def task_knn(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskRe
     return m, "z_image (L2-normalised, cosine)", _sizes(f, train=True)
 
 
+@runs_task("retrieval")
 def task_retrieval(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.retrieval import retrieval_recall
 
@@ -217,12 +238,14 @@ def task_retrieval(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> Task
     return m, what, sizes
 
 
+@runs_task("clustering")
 def task_clustering(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.clustering import cluster_scores
 
     return cluster_scores(f["test_z"], f["test_y"], seed=cfg.seed), "z_image (L2-normalised)", _sizes(f)
 
 
+@runs_task("nemd")
 def task_nemd(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.nemd import nemd_report
 
@@ -232,6 +255,7 @@ def task_nemd(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskR
     return m, "h_image (projection head g^I); z_image under 'z_image'", _sizes(f)
 
 
+@runs_task("tsne")
 def task_tsne(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.embedding_plots import tsne_plot
 
@@ -241,6 +265,7 @@ def task_tsne(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskR
     return m, "z_image (L2-normalised)", _sizes(f)
 
 
+@runs_task("temperature")
 def task_temperature(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics import temperature as tm
 
@@ -275,10 +300,7 @@ def task_temperature(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> Ta
     return m, "; ".join(what), sizes
 
 
-TASK_FUNCS: dict[str, Callable[..., TaskResult]] = {
-    "zeroshot": task_zeroshot, "linear": task_linear, "knn": task_knn, "retrieval": task_retrieval,
-    "clustering": task_clustering, "nemd": task_nemd, "tsne": task_tsne, "temperature": task_temperature,
-}
+assert set(TASK_FUNCS) == set(TASKS), "every task of protoclip.tasks has its function here"
 
 
 # --------------------------------------------------------------------------- summary
@@ -291,7 +313,7 @@ def summary_table(summary: dict[str, dict[str, Any]]) -> str:
         if (line := records.skip_line(m)) is not None:
             cell = line
         else:
-            key = records.HEADLINE[task][0] if task in records.HEADLINE else ""
+            key = HEADLINE[task][0] if task in HEADLINE else ""
             value = m.get(key)
             cell = f"{key} = {value:.4g}" if isinstance(value, (int, float)) else "-"
         rows.append((ds, task, cell))
@@ -342,7 +364,7 @@ def run_collect(cfg, run: str) -> Path:
         reason = missing_reason(name, ds_cfg, layout)
         if not layout.eval_dir(run, name).is_dir() and reason is not None:
             for task in static_tasks(name, ds_cfg):
-                summary.setdefault(task, {})[name] = {records.SKIPPED: reason}
+                summary.setdefault(task, {})[name] = {SKIPPED: reason}
     out = records.write_summary(layout.metrics_summary(run), summary)
     print(f"evaluate {run}:\n{summary_table(summary)}")
     return out
@@ -358,9 +380,10 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
     ecfg: EvaluateConfig = cfg.evaluate
     layout = Layout.from_config(cfg)
     tasks = list(tasks or TASKS)
-    bad = [t for t in tasks if t not in TASKS]
-    if bad:
-        raise ConfigError(f"unknown evaluation task '{bad[0]}' (known: {', '.join(TASKS)})")
+    try:
+        check_tasks(tasks)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     names = list(datasets or ecfg.datasets)
     bad = [d for d in names if d not in ecfg.datasets]
     if bad:
@@ -386,7 +409,7 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
             status: dict[str, str] = {}
             ds_cfg = ecfg.datasets[name]
             wanted = [t for t in static_tasks(name, ds_cfg) if t in tasks]
-            ds = load_eval_set(name, ds_cfg, layout, seed=ecfg.seed) if wanted else None
+            ds = load_eval_set(name, ds_cfg, layout, seed=ecfg.seed, tasks=wanted) if wanted else None
             if isinstance(ds, Skipped):
                 log.warning(ds.reason)
             runnable = []
@@ -404,7 +427,7 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
                 reason = too_small(task, feats)
                 if reason:
                     log.warning("%s: %s not run (%s)", name, task, reason)
-                    status[task] = f"not run: {reason}"
+                    status[task] = f"{NOT_RUN}{reason}"
                     continue
                 fig = layout.tsne_figure(run, name)
                 log.info("%s: %s", name, task)

@@ -18,7 +18,8 @@ The geodesic clamps the cosine to [-1 + 1e-6, 1 - 1e-6] before arccos, whose gra
 (spec 2.7.6): at identical points d = sqrt(m) * arccos(1 - 1e-6) ~ 1.4e-3 sqrt(m), not exactly 0.
 
     logits = scale * neg_distance(u, v, "ps_negtrace", subspheres=16)
-    DEFAULT_MAX_SCALE["ps_negtrace"]   # 3.95 (Table 5, Multi(32, 16))
+
+The logit-scale clamp of each distance is a config default: ``protoclip.train.config.DEFAULT_MAX_SCALE``.
 """
 from __future__ import annotations
 
@@ -29,9 +30,6 @@ import torch.nn.functional as F
 
 Distance = Literal["sphere", "euclidean", "ps_negtrace", "ps_geodesic"]
 DISTANCES = ("sphere", "euclidean", "ps_negtrace", "ps_geodesic")
-# default logit-scale clamp per distance: CLIP's 100 (Table 5 "Naive CLIP") and 3.95 for Multi(32, 16)
-# (App. A / Table 5; spec 2.7.1 prefers it over Sec. 4.2's 100/16). The others follow CLIP's 100.
-DEFAULT_MAX_SCALE = {"sphere": 100.0, "euclidean": 100.0, "ps_negtrace": 3.95, "ps_geodesic": 100.0}
 GEODESIC_EPS = 1e-6
 
 
@@ -89,5 +87,5 @@ def temperature_stats(u: torch.Tensor, v: torch.Tensor, scale: torch.Tensor | fl
     return out
 
 
-__all__ = ["DISTANCES", "DEFAULT_MAX_SCALE", "Distance", "contrastive_loss", "neg_distance", "product_sphere",
+__all__ = ["DISTANCES", "Distance", "contrastive_loss", "neg_distance", "product_sphere",
            "temperature_stats"]

@@ -112,7 +112,7 @@ def load_faiss():
     Raises ImportError when faiss is not installed. Every faiss import of the project goes through here."""
     import sys
 
-    if "faiss" in sys.modules:
+    if sys.modules.get("faiss") is not None:  # (a None entry blocks the import: `import faiss` below raises)
         return sys.modules["faiss"]
     loader_log = logging.getLogger("faiss.loader")
     level = loader_log.level

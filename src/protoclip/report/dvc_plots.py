@@ -54,7 +54,6 @@ def write_plot_data(layout, runs: list[str], losses: pd.DataFrame, records: list
 def dvc_plots(cfg) -> list[dict | str]:
     """The top-level ``plots:`` entries of dvc.yaml for ``cfg``'s runs and paper targets (paths as in dvc.yaml)."""
     from protoclip.layout import Layout
-    from protoclip.report.targets import targets
 
     layout = Layout.from_config(cfg)
     runs = cfg.run_names()
@@ -63,7 +62,7 @@ def dvc_plots(cfg) -> list[dict | str]:
         plots.append({TRAIN_LOSS_PLOT: {"template": "linear", "x": "step",
                                         "y": {str(layout.loss_curve(r)): "loss" for r in runs},
                                         "x_label": "training step", "y_label": "total loss"}})
-    for t in targets(cfg):
+    for t in cfg.paper_targets():
         if t.kind == "table":
             data = str(layout.target_plot_data(t.id))
             for field in ("ours", "paper"):

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from protoclip.atomic import atomic_path
-from protoclip.report.targets import TargetConfig
+from protoclip.report.config import TargetConfig
 from protoclip.report.values import PHASES, Results, paper_numbers
 
 log = logging.getLogger(__name__)

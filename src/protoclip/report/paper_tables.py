@@ -19,7 +19,7 @@ import pandas as pd
 
 from protoclip.atomic import atomic_path, write_text
 from protoclip.layout import Layout
-from protoclip.report.targets import TargetConfig
+from protoclip.report.config import TargetConfig
 from protoclip.report.values import Cell, Results, paper_numbers, paper_value
 
 OURS, PAPER = "ours", "paper"

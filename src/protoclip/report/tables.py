@@ -3,7 +3,7 @@
     protoclip report --config config/config.yaml
 
 Writes every declared paper target (``target:`` blocks of the experiment files, see
-:mod:`protoclip.report.targets`): ``results/tables/<id>.{csv,md,tex,html}`` with our numbers and the paper's
+:mod:`protoclip.report.config`): ``results/tables/<id>.{csv,md,tex,html}`` with our numbers and the paper's
 side by side (:mod:`protoclip.report.paper_tables`), ``results/figures/<id>.png``
 (:mod:`protoclip.report.figures`), each with its caption ``results/report/<id>.rst`` (the Snakemake report's
 caption), and ``results/tables/index.md`` listing the skipped data sets once at the top, then every target.
@@ -24,11 +24,12 @@ import pandas as pd
 from protoclip import records
 from protoclip.atomic import atomic_path, clean_stale_temps, write_text
 from protoclip.layout import Layout
+from protoclip.tasks import HEADLINE
 
 log = logging.getLogger(__name__)
 
 # task -> metrics shown in its generic table (first = headline): every task but t-SNE, whose output is a figure
-TABLE_METRICS = {task: metrics for task, metrics in records.HEADLINE.items() if task != "tsne"}
+TABLE_METRICS = {task: metrics for task, metrics in HEADLINE.items() if task != "tsne"}
 
 
 def collect_metrics(layout: Layout, runs: list[str]) -> pd.DataFrame:
@@ -108,11 +109,10 @@ def run_report(cfg) -> Path:
     from protoclip.report.dvc_plots import write_plot_data
     from protoclip.report.figures import write_figure
     from protoclip.report.paper_tables import write_table
-    from protoclip.report.targets import targets
     from protoclip.report.values import Results
 
     layout = Layout.from_config(cfg)
-    for folder in (layout.tables, layout.figures, Path(cfg.paths.results_dir) / "report"):
+    for folder in (layout.tables, layout.figures, layout.report_dir):
         clean_stale_temps(folder)  # the report job is these folders' only writer: a killed run's temp files
     runs = cfg.run_names()
     long = collect_metrics(layout, runs)
@@ -129,7 +129,7 @@ def run_report(cfg) -> Path:
         lines += ["## Skipped data sets (listed once; their cells read '-' or use the stand-in named in each "
                   "caption)", ""] + [f"- {line}" for line in skipped.values()] + [""]
     cells = []  # every target cell, ours and the paper's (targets_long.csv)
-    for target in targets(cfg):
+    for target in cfg.paper_targets():
         if target.kind == "table":
             md, caption, recs = write_table(cfg, results, target)
             cells += recs
@@ -138,29 +138,28 @@ def run_report(cfg) -> Path:
             png, caption = write_figure(cfg, results, target)
             lines += [f"## {target.id}", "", caption, "", f"![{target.id}](../figures/{png.name})", ""]
         write_text(layout.caption(target.id), rst_escape(caption) + "\n")
-    with atomic_path(layout.tables / "targets_long.csv") as tmp:  # every target cell, ours and the paper's
+    with atomic_path(layout.targets_long) as tmp:  # every target cell, ours and the paper's
         pd.DataFrame(cells).to_csv(tmp, index=False)
-    with atomic_path(layout.tables / "metrics_long.csv") as tmp:
+    with atomic_path(layout.metrics_long) as tmp:
         long.to_csv(tmp, index=False)  # every headline value and skip line, machine-readable
     lines += ["## Every task and run (generic tables)", ""]
     for task in TABLE_METRICS:
         table, _ = task_table(long, task)
         if table.empty:
             continue
-        base = layout.tables / task
-        with atomic_path(base.with_suffix(".csv")) as tmp:
+        with atomic_path(layout.task_table(task, ".csv")) as tmp:
             table.to_csv(tmp)
         md = table.reset_index().to_markdown(index=False)
-        write_text(base.with_suffix(".md"), md + "\n")
-        with atomic_path(base.with_suffix(".tex")) as tmp:
+        write_text(layout.task_table(task, ".md"), md + "\n")
+        with atomic_path(layout.task_table(task, ".tex")) as tmp:
             table.to_latex(tmp)
         lines += [f"### {task}", "", md, ""]
     losses = train_losses(layout, runs)
-    with atomic_path(layout.tables / "train_loss.csv") as tmp:
+    with atomic_path(layout.train_losses) as tmp:
         losses.to_csv(tmp, index=False)
     write_plot_data(layout, runs, losses, cells)  # dvc.yaml `plots:` (protoclip.report.dvc_plots)
-    if plot_train_curves(losses, layout.figures / "train_curves.png"):
-        lines += ["![training curves](../figures/train_curves.png)", ""]
+    if plot_train_curves(losses, layout.train_curves):
+        lines += [f"![training curves](../figures/{layout.train_curves.name})", ""]
     index = write_text(layout.report_index, "\n".join(lines) + "\n")
-    log.info("report: %d targets, index %s", len(targets(cfg)), index)
+    log.info("report: %d targets, index %s", len(cfg.paper_targets()), index)
     return index

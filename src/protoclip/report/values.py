@@ -22,9 +22,9 @@ import numpy as np
 import yaml
 
 from protoclip import records
-from protoclip.evaluate.config import NOT_APPLICABLE  # a run's inapplicable task: cells read n/a
+from protoclip.tasks import NOT_APPLICABLE  # a run's inapplicable task: cells read n/a
 from protoclip.layout import Layout
-from protoclip.report.targets import ColumnConfig, TargetConfig
+from protoclip.report.config import ColumnConfig, TargetConfig
 
 PHASES = ("extract", "kmeans", "pbt", "train")  # the episode phases the trainer times (train/loop.py)
 

@@ -218,7 +218,7 @@ def run_toy_nemd(cfg, layout=None) -> Path:
 def _run(tcfg: ToyConfig, layout) -> Path:
     from protoclip.atomic import clean_stale_temps_of
 
-    clean_stale_temps_of(list(toy_outputs(layout).values()))  # temp files of a killed run's writes
+    clean_stale_temps_of(list(layout.toy_files().values()))  # temp files of a killed run's writes
     try:
         from protoclip.prototypes.kmeans import load_faiss
 
@@ -238,7 +238,7 @@ def _run(tcfg: ToyConfig, layout) -> Path:
             embeddings[(method, c)] = (z, y)
             log.info("toy C=%d %s: %s", c, method, metrics)
     table = pd.DataFrame(rows)
-    paths = toy_outputs(layout)
+    paths = layout.toy_files()
     plot(embeddings, table, tcfg, paths["figure"])
     with atomic_path(paths["csv"]) as tmp:
         table.to_csv(tmp, index=False)
@@ -246,10 +246,4 @@ def _run(tcfg: ToyConfig, layout) -> Path:
     return paths["figure"]
 
 
-def toy_outputs(layout) -> dict[str, Path]:
-    """The stage's outputs (the Snakemake rule and dvc.yaml list the same paths)."""
-    d = layout.results_dir / "toy"
-    return {"figure": d / "fig_pauc_toy.png", "csv": d / "pauc_toy.csv", "md": d / "pauc_toy.md"}
-
-
-__all__ = ["make_blobs3d", "ToyEncoder", "train_toy", "evaluate_toy", "run_toy_nemd", "toy_outputs", "METHODS"]
+__all__ = ["make_blobs3d", "ToyEncoder", "train_toy", "evaluate_toy", "run_toy_nemd", "METHODS"]

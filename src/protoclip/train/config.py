@@ -2,17 +2,23 @@
 where a number is given there; CPU-sized defaults are overridden per run in config/experiments/.
 
 The sections every method shares are defined here; a section read by one method family is defined in that
-method's module (``nclip`` -> :class:`protoclip.train.methods.nclip.NCLIPConfig`, ``pcl`` ->
-:class:`protoclip.train.methods.pcl.PCLConfig`) and checked by its ``check()``. ``pauc`` stays here: two
-method families (``pcl``, ``protoclip``) read it (``Method.reads_pauc``)."""
+method's module and registered with it (``@register("nclip", sections={"nclip": NCLIPConfig})``,
+:mod:`protoclip.train.registry`): ``TrainConfig.sections`` holds them, read as ``cfg.nclip`` / ``cfg.pcl``,
+written in YAML as ``train.nclip`` like any section. ``pauc`` stays here: two method families (``pcl``,
+``protoclip``) read it (``Method.reads_pauc``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-# a method's own section lives in its method module (importing those does not import torch)
-from protoclip.train.methods.nclip import NCLIPConfig
-from protoclip.train.methods.pcl import PCLConfig
+from protoclip.devices import check_device_name
+from protoclip.model_configs import check_model
+from protoclip.train.registry import method_class, method_sections
+
+
+# default logit-scale clamp per distance (loss.distance): CLIP's 100 (temperature paper Table 5 "Naive CLIP") and
+# 3.95 for Multi(32, 16) (App. A / Table 5; spec 2.7.1 prefers it over Sec. 4.2's 100/16); the others follow CLIP
+DEFAULT_MAX_SCALE = {"sphere": 100.0, "euclidean": 100.0, "ps_negtrace": 3.95, "ps_geodesic": 100.0}
 
 
 @dataclass
@@ -107,8 +113,6 @@ class TrainConfig:
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    nclip: NCLIPConfig = field(default_factory=NCLIPConfig)
-    pcl: PCLConfig = field(default_factory=PCLConfig)  # method: pcl only
     pauc: PAUCConfig = field(default_factory=PAUCConfig)  # method: pcl or protoclip
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     device: str = "auto"  # auto: cuda when available
@@ -123,11 +127,21 @@ class TrainConfig:
     # (weights + AdamW moments, 150 MB) costs 0.5-1 s to check and write on 2 CPU cores, against 8-15 s episodes;
     # a paper-size episode takes minutes, so every episode is still checkpointed there.
     checkpoint_interval_s: float = 60.0
+    # the sections the training methods register (protoclip.train.registry: nclip, pcl, ...), by key; read as
+    # attributes (cfg.pcl.tau), written in YAML beside the fields above (train.pcl.tau); every run has them all
+    sections: dict[str, Any] = field(default_factory=dict, metadata={"sections": method_sections})
+
+    def __post_init__(self) -> None:  # TrainConfig() in code: every registered section, its defaults if not given
+        self.sections = {key: self.sections.get(key) or section() for key, section in method_sections().items()}
+
+    def __getattr__(self, name: str) -> Any:
+        sections = self.__dict__.get("sections") or {}  # (absent while unpickling: no recursion)
+        if name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__!r} has no attribute or registered section {name!r}")
 
     def method_class(self):
-        """The class of ``method`` (protoclip.train.methods; importing it does not import torch)."""
-        from protoclip.train.methods.base import method_class
-
+        """The class of ``method`` (protoclip.train.registry)."""
         return method_class(self.method)
 
     def reads_teacher(self) -> bool:
@@ -175,8 +189,6 @@ class TrainConfig:
             raise ValueError("class_tokens must be >= 0 and loss.subspheres >= 1")
         if self.loss.clip_max_logit_scale is not None and self.loss.clip_max_logit_scale <= 1:
             raise ValueError("loss.clip_max_logit_scale must be > 1")
-        self.nclip.check()
-        self.pcl.check()
         a = self.pauc
         if min(a.alpha, a.beta, a.gamma) < 0 or min(a.s, a.t, a.tau_c) <= 0:
             raise ValueError("pauc.alpha, beta, gamma must be >= 0 and pauc.s, t, tau_c > 0")
@@ -184,11 +196,8 @@ class TrainConfig:
         self.validate_values()
 
     def validate_values(self) -> None:
-        """The values that used to load and then fail inside the job (issue 22): optimizer, loader, device,
-        model architecture (``protoclip.model_configs.check_model``, no torch import)."""
-        from protoclip.devices import check_device_name
-        from protoclip.model_configs import check_model
-
+        """Optimizer, loader, device and model architecture (``protoclip.model_configs.check_model``, no torch
+        import): values that would otherwise load and then fail inside the job."""
         b1, b2 = self.betas
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):  # torch.optim.AdamW's own bounds
             raise ValueError(f"betas must be two values in [0, 1), got {list(self.betas)}")
@@ -211,8 +220,6 @@ class TrainConfig:
         return self.loss.subspheres if self.loss.subspheres is not None else max(self.class_tokens, 1)
 
     def clip_max_logit_scale(self) -> float:
-        from protoclip.losses.distances import DEFAULT_MAX_SCALE
-
         if self.loss.clip_max_logit_scale is not None:
             return self.loss.clip_max_logit_scale
         return DEFAULT_MAX_SCALE["ps_negtrace"] if self.loss.distance == "ps_negtrace" else self.loss.max_logit_scale

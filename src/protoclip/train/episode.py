@@ -6,7 +6,7 @@
    items, with the *train* transform (its own augmentation draw: the "implicit contrast" of Sec. IV-B3,
    the training step sees a different view of the same image), giving h^I, h^T in episode order.
 3. :func:`build_episode_prototypes` runs k-means per modality (and on the cached teacher features) via
-   ``protoclip.losses.EpisodePrototypes.build`` on rank 0, broadcasts the result, and returns the cluster
+   ``protoclip.prototypes.EpisodePrototypes.build`` on rank 0, broadcasts the result, and returns the cluster
    statistics that the trainer logs (sizes min/mean/max, empty clusters, k-means objective).
 
 Under DDP each rank extracts the items of its :func:`rank_positions` and the features are all-gathered

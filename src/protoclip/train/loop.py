@@ -51,7 +51,7 @@ from protoclip.errors import ConfigError
 from protoclip.schema import to_dict
 from protoclip.devices import resolve_device
 from protoclip.layout import Layout
-from protoclip.losses.proto import NonFiniteFeaturesError
+from protoclip.prototypes.episode import NonFiniteFeaturesError
 from protoclip.provenance import provenance
 from protoclip.records import TrainLog
 from protoclip.tracking import Tracker
@@ -60,7 +60,7 @@ from protoclip.train.checkpoint import (TrainingStopped, check_state_finite, kep
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, barrier, broadcast_object, env_world, init_from_env, sync_buffers
 from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
-from protoclip.train.methods import EpisodeData, Method, build_method
+from protoclip.train.methods.base import EpisodeData, Method, build_method
 from protoclip.train.schedule import Schedule, early_stop_update, per_rank_batch, trained_batches_per_episode
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ def restore(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 
 def world_record(cfg: TrainConfig, info: DistInfo) -> dict[str, int]:
-    """The resolved process count and batch sizes of the run (issue 21: logged and saved with the run)."""
+    """The resolved process count and batch sizes of the run (logged and saved with the run)."""
     return {"world_size": info.world_size, "per_rank_batch": per_rank_batch(cfg.batch_size, info.world_size),
             "global_batch": cfg.batch_size}  # batch_size is the global batch (train/schedule.py)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,13 +28,15 @@ import torch
 from protoclip.atomic import clean_stale_temps_of, write_json
 from protoclip.errors import ConfigError
 from protoclip.schema import to_dict
-from protoclip.config import ProjectConfig
 from protoclip.layout import Layout
 from protoclip.tracking import Tracker, training_run
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, env_world
 from protoclip.train.checkpoint import check_state_finite, resume_key, resume_point
 from protoclip.train.loop import start_fresh, train
+
+if TYPE_CHECKING:  # the stage reads the project config it is given; the assembler stands above it
+    from protoclip.config import ProjectConfig
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ def subsample_pairs(df, fraction: float, seed: int):
 def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_size: int, tokenizer):
     """The run's training pairs (manifest train split of its sources, the run's augmentation) and their ids."""
     from protoclip.data.pairs import ImageTextDataset, load_manifest
-    from protoclip.train.methods import method_class
+    from protoclip.train.registry import method_class
 
     if not layout.manifest.exists():
         raise ConfigError(f"run '{tcfg.name}': manifest not found at {layout.manifest}; build it with "
@@ -104,7 +107,7 @@ def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict |
     and inside the MLflow context (the tracker is given). ``config``: ``to_dict(tcfg)``."""
     from protoclip.hashing import sha256_file
     from protoclip.models import get_tokenizer, save_model
-    from protoclip.train.methods import method_class
+    from protoclip.train.registry import method_class
 
     run = tcfg.name
     layout = Layout.from_config(cfg)

@@ -11,14 +11,14 @@ Features are the un-normalised image representations (the paper: "before normali
   decade (~15 fits). We keep that algorithm but stop at ``steps_per_decade=4`` by default (one round
   fewer: 2 fewer fits, ~13 in total); pass 8 for CLIP's resolution or ``C_grid`` for a fixed grid
   (no refinement). Ties on validation accuracy go to the smaller C (stronger regularisation).
-  Centring (issue 12): the fits see the features minus their training-set mean. Because the intercept is
+  Centring: the fits see the features minus their training-set mean. Because the intercept is
   not penalised (sklearn's L-BFGS), ``W x + b = W (x - m) + (b + W m)`` is an exact reparametrisation: the
   objective, its optimum and the predictions at every C are CLIP's. What changes is the conditioning: the
   un-normalised z^I of the offline models share a large common component (mean norm ~25 against a
   per-dimension std ~0.8 on Fashion-MNIST), nearly collinear with the intercept, and L-BFGS stopped at
   ``max_iter=1000`` unconverged at every C >= 0.01 (1 s per fit); centred, the same fits converge in
   15-900 iterations (``center=False`` restores the raw inputs; ``bench/bench_linear_probe.py`` compares).
-  Speed (issue 12): each fit starts from the solution at the nearest C already fitted (``warm_start``;
+  Speed: each fit starts from the solution at the nearest C already fitted (``warm_start``;
   the final refit on all of train from the search's fit at the chosen C). The objective is strictly
   convex, so a converged fit is the same from any start; only the iteration count changes (fits that hit
   ``max_iter`` at large C end nearer the optimum). The fits run with ``threads=1`` BLAS/OpenMP thread by

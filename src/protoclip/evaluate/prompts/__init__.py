@@ -1,7 +1,9 @@
 """Class names and prompt templates of the zero-shot evaluation sets (package data).
 
-``zeroshot_prompts.json`` holds, per set, ``classnames`` (in label order), ``templates`` (strings with one
-``{}``), the CLOOB-style name ``fixes`` and the ``source``. It is built by ``build_prompts.py`` from CLIP's
+``zeroshot_prompts.json`` holds, per set, ``classnames`` (CLIP's lists, in the data's label order: Oxford-IIIT
+Pets' reordered, ``build_prompts.LABEL_ORDER``; the loaders check the order against the data's own class names,
+``evaluate.datasets.classes``), ``templates`` (strings with one
+``{}``), the CLOOB-style name ``fixes``, the ``source`` and for ImageNet the ``wnids`` of the classes. It is built by ``build_prompts.py`` from CLIP's
 prompt file and open_clip's ImageNet metadata, and committed.
 
     from protoclip.evaluate.prompts import load_prompts
@@ -29,6 +31,7 @@ class Prompts:
     classnames: list[str]
     templates: list[str]
     fixes: list[dict] = field(default_factory=list)
+    wnids: list[str] = field(default_factory=list)  # ImageNet: the WordNet id of each class, in label order
 
 
 @lru_cache(maxsize=1)
@@ -55,4 +58,5 @@ def load_prompts(name: str) -> Prompts:
     entry = _all().get(canonical(name))
     if entry is None:
         raise KeyError(f"no zero-shot prompts for data set {name!r} (known: {', '.join(available())})")
-    return Prompts(list(entry["classnames"]), list(entry["templates"]), list(entry.get("fixes", [])))
+    return Prompts(list(entry["classnames"]), list(entry["templates"]), list(entry.get("fixes", [])),
+                   list(entry.get("wnids", [])))

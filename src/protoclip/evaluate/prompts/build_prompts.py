@@ -10,13 +10,15 @@ Sources (ProtoCLIP Sec. IV-C1: "class names and prompt templates are consistent 
 explanations to some classes, e.g. 'kite' -> 'kite (bird of prey)', are added following CLOOB"):
 
 * ImageNet: ``open_clip.zero_shot_metadata`` (``IMAGENET_CLASSNAMES``, ``OPENAI_IMAGENET_TEMPLATES``, the
-  80 templates of CLIP's ImageNet notebook). open_clip's class names are the CLIP notebook names with the
+  80 templates of CLIP's ImageNet notebook), and the WordNet ids of the classes in label order (``wnids``, from
+  CLIP_benchmark's ``all_imagenet_wordnet_ids``): what the data on disk names its classes by. open_clip's class names are the CLIP notebook names with the
   CLOOB-era disambiguations already in (``kite (bird of prey)``, ``crane bird`` / ``construction crane``,
   ...), which is what the ProtoCLIP code (megvii-research/protoclip, ``zero_shot.py``) uses too. The
   disambiguations the paper names are listed in :data:`FIXES` and asserted / applied here, so the JSON
   carries them even if open_clip's list changes.
 * The other 13 of the paper's 14 sets: CLIP's ``Prompts for Image Classification`` (clip-prompts.md),
-  parsed verbatim (python list literals inside each ``## <Dataset>`` section).
+  parsed verbatim (python list literals inside each ``## <Dataset>`` section); Oxford-IIIT Pets' list put in the
+  data's label order (:data:`LABEL_ORDER`).
 * Offline sets (not in the paper): ``fashion_mnist`` (Fashion-MNIST class names in prompt-friendly form,
   CLIP-style generic photo templates) and ``digits`` (sklearn's 8x8 digits: CLIP's MNIST entry, class
   names '0'..'9' with the template ``a photo of the number: "{}".``).
@@ -57,6 +59,12 @@ FIXES: dict[str, list[tuple[int, str, str]]] = {
     ],
 }
 
+# Sets whose CLIP list is not in the label order of the data: the order is taken from CLIP_benchmark's
+# en_classnames.json (label order; its key here), CLIP's spellings kept. Oxford-IIIT Pets: CLIP sorted the breeds
+# case-sensitively (the capitalised cat breeds first), while the data's ids (annotations/list.txt, torchvision's
+# labels) follow the case-insensitive order; scored in CLIP's order, 33 of the 37 breeds get another's name.
+LABEL_ORDER: dict[str, str] = {"oxford_pets": "pets"}
+
 FASHION_MNIST_CLASSES = ["T-shirt/top", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker",
                          "bag", "ankle boot"]  # label order 0..9 of the idx files
 # A subset of CLIP's generic photo templates (those of its CIFAR entry) that suits small grey product shots.
@@ -88,10 +96,14 @@ def parse_clip_prompts(text: str) -> dict[str, dict[str, list[str]]]:
 
 
 def imagenet_entry() -> dict[str, list[str]]:
+    from clip_benchmark.datasets.builder import all_imagenet_wordnet_ids
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
 
     templates = [t("{}") for t in OPENAI_IMAGENET_TEMPLATES]  # the lambdas, rendered with a placeholder
-    return {"classnames": list(IMAGENET_CLASSNAMES), "templates": templates}
+    wnids = list(all_imagenet_wordnet_ids)  # label order: the sorted WordNet ids (torchvision's ImageNet targets)
+    if wnids != sorted(wnids) or len(wnids) != len(IMAGENET_CLASSNAMES):
+        raise ValueError("CLIP_benchmark's ImageNet wnids are not the 1000 sorted ids of the class names")
+    return {"classnames": list(IMAGENET_CLASSNAMES), "templates": templates, "wnids": wnids}
 
 
 def apply_fixes(name: str, classnames: list[str]) -> tuple[list[str], list[dict]]:
@@ -109,6 +121,22 @@ def apply_fixes(name: str, classnames: list[str]) -> tuple[list[str], list[dict]
     return classnames, record
 
 
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def label_order(key: str, names: list[str]) -> list[str]:
+    """``names`` (CLIP's spellings) in the label order of CLIP_benchmark's list for ``key``; fails unless both
+    name the same classes."""
+    from clip_benchmark.datasets import builder
+
+    order = json.loads(Path(builder.__file__).with_name("en_classnames.json").read_text())[LABEL_ORDER[key]]
+    by_key = {_norm(n): n for n in names}
+    if sorted(by_key) != sorted(map(_norm, order)) or len(by_key) != len(names):
+        raise ValueError(f"{key}: CLIP_benchmark's '{LABEL_ORDER[key]}' list names other classes than CLIP's")
+    return [by_key[_norm(n)] for n in order]
+
+
 def build(reference: Path) -> dict:
     parsed = parse_clip_prompts(reference.read_text())
     entries: dict[str, dict] = {}
@@ -120,11 +148,16 @@ def build(reference: Path) -> dict:
     expected = {"imagenet": 1000, **{k: n for k, (_, n) in CLIP_SECTIONS.items()}}
     for key, entry in raw.items():
         names, fixes = apply_fixes(key, entry["classnames"])
+        if key in LABEL_ORDER:
+            names = label_order(key, names)
         if len(names) != expected[key]:
             raise ValueError(f"{key}: {len(names)} classes, expected {expected[key]} (ProtoCLIP Table II)")
         entries[key] = {"classnames": names, "templates": list(entry["templates"]), "fixes": fixes,
+                        **({"wnids": entry["wnids"]} if "wnids" in entry else {}),
                         "source": "open_clip.zero_shot_metadata" if key == "imagenet" else
-                        f"CLIP clip-prompts.md '## {CLIP_SECTIONS[key][0]}'"}
+                        f"CLIP clip-prompts.md '## {CLIP_SECTIONS[key][0]}'"
+                        + (f", in the label order of CLIP_benchmark's '{LABEL_ORDER[key]}' list" if key in LABEL_ORDER
+                           else "")}
     entries["fashion_mnist"] = {"classnames": FASHION_MNIST_CLASSES, "templates": FASHION_MNIST_TEMPLATES,
                                 "fixes": [], "source": "Fashion-MNIST labels; CLIP-style templates"}
     entries["digits"] = {"classnames": DIGITS_CLASSES, "templates": DIGITS_TEMPLATES, "fixes": [],

@@ -1,11 +1,5 @@
-"""Training methods of the episodic trainer (see :mod:`protoclip.train.methods.base` for the protocol).
+"""Training methods of the episodic trainer: one module per method (the protocol: :mod:`.base`).
 
-Importing this package registers every shipped method in ``METHODS``.
+Every module of this package is imported by :func:`protoclip.train.registry.load_methods` the first time the
+registry is asked, and registers its methods with ``@register``: adding a method is adding a module here.
 """
-from protoclip.train.methods.base import METHODS, EpisodeData, Method, MultiView, build_method, method_class
-from protoclip.train.methods import clip as _clip  # noqa: F401  (registers "clip")
-from protoclip.train.methods import protoclip as _protoclip  # noqa: F401  (registers "protoclip")
-from protoclip.train.methods import nclip as _nclip  # noqa: F401  (registers "nclip", "xclip")
-from protoclip.train.methods import pcl as _pcl  # noqa: F401  (registers "pcl")
-
-__all__ = ["METHODS", "EpisodeData", "Method", "MultiView", "build_method", "method_class"]

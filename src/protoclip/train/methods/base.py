@@ -1,11 +1,14 @@
 """A training method: what the model is, what a batch holds, which losses it trains, how it is evaluated.
 
 A method is one module of this package holding one :class:`Method` subclass, and one registration line: the
-``@register("name")`` decorator on the class (the shipped methods' modules are imported by this package's
-``__init__``). The class owns everything about the method that the rest of the project asks for:
+``@register("name")`` decorator on the class (:mod:`protoclip.train.registry` imports every module of the
+package the first time it is asked, so nothing else is edited). The class owns everything about the method that
+the rest of the project asks for:
 
-* config: :meth:`Method.check_config` (its cross-field rules, run when the config loads; ``TrainConfig.method``
-  is checked against ``METHODS``), :meth:`Method.reads_teacher` (whether a run reads the external teacher);
+* config: its own config sections (``@register("name", sections={"key": SectionDataclass})``, read as
+  ``cfg.key``), :meth:`Method.check_config` (its cross-field rules, run when the config loads;
+  ``TrainConfig.method`` is checked against the registry), :meth:`Method.reads_teacher` (whether a run reads the
+  external teacher);
 * model: ``head`` (the architecture of the second head, :data:`protoclip.models.model.HEADS`),
   :meth:`Method.build_model`, :meth:`Method.train_transform`;
 * training: the per-step and per-episode hooks below;
@@ -24,45 +27,28 @@ for each batch ``forward`` -> ``terms`` -> ``total`` -> backward/step -> ``after
         def total(self, terms): return terms["my"]
 
 Everything else has a default (CLIP-like: one view + tokens, no episode work, no state, cosine similarity).
-This module and the method modules import torch and the losses inside the functions that use them: the config
-loader consults the registry (method names, config rules, teacher needs) without importing torch.
-``METHODS`` maps every name to its class; ``build_method(cfg, info)`` builds the trainer's instance.
+
+Imports: the config loader imports every method module (to check each run against its method's sections and
+rules), so a method module imports at its top only what is light (this module, the registry, its config
+dataclasses) and imports torch, open_clip and the project modules built on them (losses, models, data
+transforms, ``train.distributed``) inside the training hooks that use them: at the top they would cost every
+config load (Snakemake's parse, each ``collect`` / ``report`` job) 6 s (torch) to 15 s (open_clip) on the
+2-core machine.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
-if TYPE_CHECKING:  # annotations only: importing this module must not import torch (see the docstring)
+from protoclip.train.config import TrainConfig
+from protoclip.train.registry import METHODS, method_class, register
+
+if TYPE_CHECKING:  # annotations only (see "Imports" above)
     import numpy as np
     import torch
     from torch.utils.data import DataLoader, Dataset
 
-    from protoclip.train.config import TrainConfig
     from protoclip.train.distributed import DistInfo
-
-METHODS: dict[str, type["Method"]] = {}
-
-
-def register(name: str) -> Callable[[type["Method"]], type["Method"]]:
-    """Class decorator: ``METHODS[name] = cls`` (``cls.name = name``)."""
-
-    def deco(cls: type[Method]) -> type[Method]:
-        if name in METHODS:
-            raise ValueError(f"training method {name!r} registered twice")
-        cls.name = name
-        METHODS[name] = cls
-        return cls
-
-    return deco
-
-
-def method_class(name: str) -> type["Method"]:
-    import protoclip.train.methods  # noqa: F401  (registers the shipped methods)
-
-    if name not in METHODS:
-        raise ValueError(f"unknown training method {name!r} (known: {', '.join(sorted(METHODS))})")
-    return METHODS[name]
 
 
 def build_method(cfg: TrainConfig, info: DistInfo | None = None) -> "Method":
@@ -87,13 +73,15 @@ class EpisodeData:
 class Method:
     """Base class: defaults for a single-view image-text method whose model is a ProtoCLIPModel."""
 
-    name = "?"
     head = "swav"  # the model's second head: "swav" (ProtoCLIP g) or "nclip" (protoclip.models.model.HEADS)
     # how evaluation scores an image against a text (protoclip.evaluate.features.similarity_embeddings):
     # "cosine" of z (CLIP), "product_sphere" (sum of per-token cosines), "nclip_ce" (-L_CE of the head softmax)
     similarity = "cosine"
     image_only = False  # trains the image tower only: evaluation reports zero-shot / retrieval as not applicable
     reads_pauc = False  # reads the ``pauc`` section (PAUC's regularisers need the method's prototypes)
+
+    name = "?"  # set by @register
+    sections: dict[str, type] = {}  # the config sections registered with the method (@register(..., sections=))
 
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         from protoclip.train.distributed import DistInfo
@@ -209,3 +197,6 @@ class MultiView:
 
     def __call__(self, img):
         return tuple(t(img) for t in self.transforms)
+
+
+__all__ = ["METHODS", "EpisodeData", "Method", "MultiView", "build_method", "method_class", "register"]

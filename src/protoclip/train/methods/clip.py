@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from protoclip.train.methods.base import Method, register
+from protoclip.train.config import TrainConfig
+from protoclip.train.methods.base import Method
+from protoclip.train.registry import register
 
 if TYPE_CHECKING:
     import torch
 
-    from protoclip.train.config import TrainConfig
     from protoclip.train.distributed import DistInfo
 
 

@@ -19,29 +19,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from protoclip.train.methods.base import register
+from protoclip.train.config import TrainConfig
 from protoclip.train.methods.clip import CLIPMethod
+from protoclip.train.registry import register
 
 if TYPE_CHECKING:
     import torch
 
-    from protoclip.train.config import TrainConfig
     from protoclip.train.distributed import DistInfo
 
 
 @dataclass
 class NCLIPConfig:
-    """The ``nclip`` section of ``TrainConfig`` (nCLIP / xCLIP; nclip-xclip.txt Eqs. 2-5, Table 14)."""
+    """The ``train.nclip`` section, registered by nCLIP and xCLIP (nclip-xclip.txt Eqs. 2-5, Table 14)."""
     lambda1: float = 0.5  # per-sample entropy weight, minimised (paper)
     lambda2: float = 1.5  # batch-mean entropy weight, maximised (paper: lambda1 = lambda2 - 1)
     weight: float = 1.0  # lambda_nCLIP of xCLIP (Eq. 5)
     clip_weight: float = 0.2  # lambda_CLIP of xCLIP (Eq. 5); nCLIP alone has no CLIP term
 
-    def check(self) -> None:
-        """Value rules, run by ``TrainConfig.validate`` for every run (not named ``validate``: the loader would
-        run that on the section alone, before the method check and with another message prefix)."""
+    def validate(self) -> None:
+        """Run when the config loads, for every run (the message gets the prefix ``train.nclip.``)."""
         if min(self.lambda1, self.lambda2, self.weight, self.clip_weight) < 0:
-            raise ValueError("nclip lambdas and weights must be >= 0")
+            raise ValueError("lambda1, lambda2, weight and clip_weight must be >= 0")
 
 
 def in_batch_accuracy(sim: torch.Tensor) -> float:
@@ -53,7 +52,7 @@ def in_batch_accuracy(sim: torch.Tensor) -> float:
         return 50.0 * float((sim.argmax(1) == target).float().mean() + (sim.argmax(0) == target).float().mean())
 
 
-@register("nclip")
+@register("nclip", sections={"nclip": NCLIPConfig})
 class NCLIPMethod(CLIPMethod):
     head = "nclip"
     similarity = "nclip_ce"
@@ -98,7 +97,7 @@ class NCLIPMethod(CLIPMethod):
         return {**self._nclip.last_stats, **self._acc}
 
 
-@register("xclip")
+@register("xclip", sections={"nclip": NCLIPConfig})
 class XCLIPMethod(NCLIPMethod):
     similarity = "cosine"  # zero-shot by cosine in the CLIP-head space (paper Sec. 4.1)
 

@@ -29,7 +29,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from protoclip.train.methods.base import EpisodeData, Method, MultiView, register
+from protoclip.train.config import TrainConfig
+from protoclip.train.methods.base import EpisodeData, Method, MultiView
+from protoclip.train.registry import register
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
 
     from protoclip.losses.pcl import Clusterings
     from protoclip.models.momentum import FeatureQueue, ImageEncoder, MomentumEncoder
-    from protoclip.train.config import TrainConfig
     from protoclip.train.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PCLConfig:
-    """The ``pcl`` section of ``TrainConfig`` (pcl-protonce.txt; methods-spec 4). Paper-scale values; CPU runs
-    override them."""
+    """The ``train.pcl`` section, registered by ``method: pcl`` (pcl-protonce.txt; methods-spec 4). Paper-scale
+    values; CPU runs override them."""
 
     tau: float = 0.2  # InfoNCE temperature and mean phi: PCL v2 (MLP head + MoCo v2 aug; v1: 0.1) [Sec. 4.1]
     momentum: float = 0.999  # key-encoder EMA [Sec. 4.1]
@@ -64,19 +65,18 @@ class PCLConfig:
     infonce_weight: float = 1.0  # Eq. 11: InfoNCE + ProtoNCE with weight 1 each
     protonce_weight: float = 1.0
 
-    def check(self) -> None:
-        """Value rules, run by ``TrainConfig.validate`` for every run (not named ``validate``: the loader would
-        run that on the section alone, before the method check and with another message prefix)."""
+    def validate(self) -> None:
+        """Run when the config loads, for every run (the messages get the prefix ``train.pcl.``)."""
         if (self.tau <= 0 or not 0 <= self.momentum <= 1 or self.queue_size < 1 or self.negatives < 1
                 or self.phi_alpha <= 0):
-            raise ValueError("pcl.tau, pcl.phi_alpha must be > 0, pcl.momentum in [0, 1], pcl.queue_size and "
-                             "pcl.negatives >= 1")
+            raise ValueError("tau, phi_alpha must be > 0, momentum in [0, 1], queue_size and negatives >= 1")
         if (self.num_clusters is not None and (not self.num_clusters or min(self.num_clusters) < 1)) or (
                 not self.samples_per_cluster or min(self.samples_per_cluster) < 1):
-            raise ValueError("pcl.num_clusters and pcl.samples_per_cluster must be non-empty lists of values >= 1")
+            raise ValueError("num_clusters and samples_per_cluster must be non-empty lists of values >= 1")
         if self.infonce_only_episodes < 0 or self.kmeans_iters < 1 or self.kmeans_redo < 1 or min(
                 self.infonce_weight, self.protonce_weight) < 0:
-            raise ValueError("pcl.infonce_only_episodes, pcl weights must be >= 0, pcl.kmeans_iters/redo >= 1")
+            raise ValueError("infonce_only_episodes and the weights must be >= 0, kmeans_iters and kmeans_redo "
+                             ">= 1")
 
 
 def cluster_counts(cfg: TrainConfig, n: int) -> list[int]:
@@ -85,7 +85,7 @@ def cluster_counts(cfg: TrainConfig, n: int) -> list[int]:
     return [int(min(max(k, 2), n)) for k in ks]
 
 
-@register("pcl")
+@register("pcl", sections={"pcl": PCLConfig})
 class PCLMethod(Method):
     image_only = True  # the text tower is never trained: evaluation reports zero-shot / retrieval as not applicable
     reads_pauc = True  # PAUC on h^I with PCL's clusterings (methods-spec 3.3)

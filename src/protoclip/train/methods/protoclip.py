@@ -3,7 +3,7 @@
 
 Before each episode (Sec. III-D): extract h^I, h^T of the episode's items with the current model
 (:func:`protoclip.train.episode.extract_features`), run k-means per modality (+ teacher) and PBT on rank 0
-(``protoclip.losses.EpisodePrototypes.build``) and broadcast. L_Proto is per sample, so its per-rank mean
+(``protoclip.prototypes.EpisodePrototypes.build``) and broadcast. L_Proto is per sample, so its per-rank mean
 averaged by DDP is already the global mean; L_CLIP is the global-batch loss of :class:`CLIPMethod`.
 
 Switches from the related methods (methods-spec 5 items 4-5): ``loss.phi_protonce`` replaces L_Proto's soft
@@ -17,13 +17,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from protoclip.train.methods.base import EpisodeData, register
+from protoclip.train.config import TrainConfig
+from protoclip.train.methods.base import EpisodeData
+from protoclip.train.registry import register
 from protoclip.train.methods.clip import CLIPMethod
 
 if TYPE_CHECKING:
     import torch
 
-    from protoclip.train.config import TrainConfig
     from protoclip.train.distributed import DistInfo
     from protoclip.train.episode import EpisodeFeatures
 
@@ -156,23 +157,23 @@ class ProtoCLIPMethod(CLIPMethod):
 def build_episode_prototypes(feats: EpisodeFeatures, cfg: TrainConfig, info: DistInfo, episode: int,
                              use_teacher: bool) -> tuple[Any, dict[str, float], float, float]:
     """Prototypes of the episode on rank 0, broadcast to all ranks -> (prototypes, stats, t_kmeans, t_pbt)."""
-    from protoclip.losses.proto import EpisodePrototypes
     from protoclip.train.distributed import broadcast_object
 
     protos, stats, t_km, t_pbt = None, {}, 0.0, 0.0
     if info.is_main:
         m = feats.h_image.shape[0]
         k = n_clusters(cfg, m)
-        protos, stats, t_km, t_pbt = _build(EpisodePrototypes, feats, cfg, k, episode, use_teacher)
+        protos, stats, t_km, t_pbt = _build(feats, cfg, k, episode, use_teacher)
         if info.enabled:
             protos = protos.to("cpu")  # pickled for the broadcast; the trainer moves it back to its device
     protos, stats, t_km, t_pbt = broadcast_object((protos, stats, t_km, t_pbt), info)
     return protos, stats, t_km, t_pbt
 
 
-def _build(EpisodePrototypes, feats: EpisodeFeatures, cfg: TrainConfig, k: int, episode: int, use_teacher: bool):
+def _build(feats: EpisodeFeatures, cfg: TrainConfig, k: int, episode: int, use_teacher: bool):
     """Adapter to ``EpisodePrototypes.build``; the k-means seed changes per episode and is a pure function of
     (seed, episode), so a resumed run re-draws the same initialisation."""
+    from protoclip.prototypes.episode import EpisodePrototypes
     from protoclip.train.episode import size_stats
 
     protos = EpisodePrototypes.build(

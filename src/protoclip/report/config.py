@@ -25,18 +25,19 @@ carry the same names (see config/experiments/README.md), so the paper's sets fil
 Special column tasks: ``epochs`` (the run's epochs and, in brackets, the relative epochs: its measured
 training time in units of one epoch of ``reference_run``, paper Table IV "Epoch (Rel.)").
 
-    from protoclip.report.targets import target_outputs, evaluation_requests
-    target_outputs(cfg)          # every file `protoclip report` writes for the configured targets
-    evaluation_requests(cfg)     # {run: {dataset: [tasks]}}: only what the targets show
+This module is the schema (the ``target:`` block, validated by :mod:`protoclip.schema` when the config loads).
+A loaded config lists its targets resolved (each row naming the run it uses there) with
+``cfg.paper_targets()``; what the DAG plans from them (the files ``protoclip report`` writes, the evaluations
+each run needs) is in :mod:`protoclip.dag.stages` (``target_outputs``, ``evaluation_requests``).
 """
 from __future__ import annotations
 
+import copy
+import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
-from protoclip.evaluate.config import TASKS as EVAL_TASKS
-from protoclip.layout import Layout
+from protoclip.tasks import TASKS as EVAL_TASKS
 
 SPECIAL_TASKS = ("epochs",)  # computed from train logs, not metrics files
 
@@ -106,8 +107,6 @@ class TargetConfig:
     tsne_max_points: int = 1000  # tsne: seeded subsample, the same points for both runs
 
     def validate(self) -> None:
-        import re
-
         if not re.fullmatch(r"[A-Za-z0-9_]+", self.id):
             raise ValueError(f"target id '{self.id}' must be letters, digits and '_' (it names files)")
         if self.kind == "table" and self.plot != "table":
@@ -129,8 +128,6 @@ class TargetConfig:
 
     def resolved(self, cfg) -> "TargetConfig":
         """A copy whose rows and reference name the one run each uses in ``cfg`` (see first_configured)."""
-        import copy
-
         out = copy.deepcopy(self)
         for row in out.rows:
             row.run = first_configured(cfg, row.run)
@@ -161,36 +158,4 @@ class TargetConfig:
         return out
 
 
-# --------------------------------------------------------------------------- helpers on a loaded config
-def targets(cfg) -> list[TargetConfig]:
-    """The configured targets in declaration order, resolved: each row names the run it uses in ``cfg``."""
-    return [t.resolved(cfg) for t, _ in cfg._targets.values()]
-
-
-def target_outputs(cfg) -> list[Path]:
-    """Every file ``protoclip report`` writes for the configured targets (stable: from the declarations)."""
-    lay = Layout.from_config(cfg)
-    out = [lay.report_index]
-    for t in targets(cfg):
-        out += lay.target_files(t.id, t.kind) + [lay.caption(t.id)]
-    return out
-
-
-def evaluation_requests(cfg) -> dict[str, dict[str, list[str]]]:
-    """{run (expanded name): {dataset: sorted tasks}}: what the targets show, so the DAG evaluates only that.
-
-    Only data sets configured under ``evaluate.datasets`` are requested.
-    """
-    out: dict[str, dict[str, set[str]]] = {}
-    for t in targets(cfg):
-        req = t.requests()
-        for base in t.runs():
-            for run in cfg.run_group(base):
-                for d, tasks in req.items():
-                    if d in cfg.evaluate.datasets:
-                        out.setdefault(run, {}).setdefault(d, set()).update(tasks)
-    return {r: {d: sorted(ts) for d, ts in sorted(v.items())} for r, v in out.items()}
-
-
-__all__ = ["ColumnConfig", "RowConfig", "TargetConfig", "targets", "target_outputs", "evaluation_requests",
-           "first_configured"]
+__all__ = ["ColumnConfig", "RowConfig", "TargetConfig", "SPECIAL_TASKS", "first_configured"]
