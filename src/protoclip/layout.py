@@ -8,7 +8,7 @@
     data/prepared/report.json           kept / dropped counts per source and reason
     data/prepared/fingerprint.json      what the outputs were built from (prepare's up-to-date check)
     data/prepared/eval/<name>.npz       offline labelled eval sets (images, labels, split, classnames)
-    data/tmp/prepare/                   prepare's spill files while it runs (candidate pairs, de-duplication keys)
+    data/tmp/                           stages' spill files while they run (prepare/: candidate pairs, dedup keys)
     data/teacher/<teacher>.npz          PCA-reduced teacher features keyed by sample id (+ .json metadata)
                                         (<teacher>: the teacher's name made file-safe, safe_name)
     data/teacher/.partial/<stem>/       a teacher run's encoded chunks and fitted PCA until its cache is written
@@ -85,9 +85,14 @@ class Layout:
         return self.prepared / "fingerprint.json"
 
     @property
+    def scratch(self) -> Path:
+        """Where stages spill temporary files beside the data (large, and removed when the stage ends)."""
+        return self.data_dir / "tmp"
+
+    @property
     def prepare_scratch(self) -> Path:
         """Spill files of a running prepare (candidate pairs, de-duplication keys); removed when it ends."""
-        return self.data_dir / "tmp" / "prepare"
+        return self.scratch / "prepare"
 
     @property
     def manifest(self) -> Path:

@@ -182,11 +182,12 @@ def scan_all_user_data(p: PrepareConfig, spill: _Spill, scratch: Path
     drops: dict[str, collections.Counter] = {}
     malformed: dict[str, list[Malformed]] = {}
     for u in p.user_data:
-        drops[u.name], malformed[u.name] = collections.Counter(), []
+        drops[u.name], malformed[u.name], before = collections.Counter(), [], spill.rows
         for packed in userdata.packed_batches(u, drops[u.name], (p.seed, p.heldout_fraction), p.num_workers,
                                               scratch, malformed[u.name]):
             spill.add(packed)
-        log.info("user data '%s': %d pairs scanned", u.name, spill.rows)
+        log.info("user data '%s': %d pairs kept by the scan, %d dropped", u.name, spill.rows - before,
+                 sum(drops[u.name].values()))
     return drops, malformed
 
 

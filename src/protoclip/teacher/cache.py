@@ -105,7 +105,8 @@ def train_captions(layout: Layout) -> TrainCaptions:
     keys spilled to disk, not a set of every id)."""
     h = hashlib.sha256()
     n, id_chars = 0, 1
-    with tempfile.TemporaryDirectory(prefix="teacher-ids-") as tmp:
+    layout.scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="teacher-ids-", dir=layout.scratch) as tmp:
         spill = KeySpill(Path(tmp))
         tc = TrainCaptions(layout.manifest, 0, "", 0)
         for ids, captions in tc.batches():
