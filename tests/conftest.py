@@ -8,10 +8,13 @@
   ``tiny/<n>``, source ``tiny``, seeded id-hash split with 25% held out);
 * ``mark_evaluated(results_dir)``: write the completion marker (``tasks.json``, protoclip.completion) of every
   evaluation folder ``results_dir/runs/*/eval/*/``, for tests that write metrics files by hand.
+* ``slurm_cluster``: a real single-node SLURM cluster with 4 fake GPUs, one per test session (tests/slurm_cluster.py).
 """
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,24 @@ def mark_evaluated(results_dir: Path) -> None:
     for folder in sorted(Path(results_dir).glob("runs/*/eval/*/")):
         files = [p for p in folder.glob("*.json") if p.name != "tasks.json"]
         finish(folder / "tasks.json", {"tasks": {p.stem: "ran" for p in files}}, files)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """The SLURM test cluster (tests/slurm_cluster.py), started once and stopped at the end of the session.
+    Skipped with the reason where its Debian packages are missing (``.ci/install-slurm`` installs them as root,
+    run by ``make test``) or the tests do not run as root (slurmd needs it); in CI both are failures."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from slurm_cluster import SlurmCluster, missing_commands
+
+    why = None
+    if (missing := missing_commands()):
+        why = f"SLURM test cluster not installed (missing {', '.join(missing)}): run .ci/install-slurm as root"
+    elif os.geteuid() != 0:
+        why = "the SLURM test cluster needs root (slurmd starts jobs as their user)"
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster

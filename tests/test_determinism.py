@@ -42,7 +42,7 @@ def test_two_identical_trainings_give_identical_files(tmp_path):
     digests = []
     for name in ("a", "b"):
         layout = Layout(tmp_path / name / "data", tmp_path / name / "results")
-        model = train(tiny_model(cfg), RandomPairs(n=32), cfg, layout, "run")
+        model = train(tiny_model(cfg), RandomPairs(n=32), cfg, layout.train_files("run"))
         save_model(layout.model("run"), model, {"lr": cfg.lr})
         digests.append((sha(layout.model("run")), sha(layout.checkpoint("run"))))
     assert digests[0] == digests[1]

@@ -32,7 +32,7 @@ def _train_once(root: Path):
     cfg = tiny_config()  # protoclip: extraction, k-means, PBT, L_CLIP + L_Proto, 4 episodes
     layout = Layout(root / "data", root / "results")
     torch.manual_seed(123)  # whatever the global RNG was before: the run seeds itself
-    model = train(tiny_model(cfg), RandomPairs(n=64), cfg, layout, "det")
+    model = train(tiny_model(cfg), RandomPairs(n=64), cfg, layout.train_files("det"))
     steps = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_train_log(layout.train_log("det"),
                                                                                         "step")]
     return model.state_dict(), steps
@@ -48,7 +48,8 @@ def test_two_trainings_give_identical_weights(tmp_path):
     assert steps_a == steps_b and len(steps_a) == 8
     # the comparison can fail: another seed gives other weights
     cfg = tiny_config(seed=1)
-    other = train(tiny_model(cfg, seed=1), RandomPairs(n=64), cfg, Layout(tmp_path / "c", tmp_path / "rc"), "det")
+    other = train(tiny_model(cfg, seed=1), RandomPairs(n=64), cfg,
+                  Layout(tmp_path / "c", tmp_path / "rc").train_files("det"))
     assert not torch.equal(other.state_dict()["image_head.0.weight"], sd_a["image_head.0.weight"])
 
 

@@ -17,7 +17,7 @@ import pytest
 from protoclip.errors import ConfigError
 from protoclip.config import load_config
 from protoclip.gpu_slots import GpuSlotsConfig, SlotError, acquire, configured_ids, try_acquire, visible_ids
-from protoclip.launch import evaluate_gpus, place, torchrun_args
+from protoclip.launch import evaluate_gpus, place, rank_threads, teacher_gpus, torchrun_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,21 +119,40 @@ def test_cpu_job_sees_no_gpu_and_a_job_asking_too_much_fails_in_one_line(tmp_pat
         "protoclip launch: GPU placement: a job asks for 3 GPU(s) but gpus.ids gives 2 (0, 1)"]
 
 
-def test_visible_ids_and_slurm_placement_steps_aside(tmp_path):
+def test_visible_ids_and_slurm_placement(tmp_path):
     assert visible_ids({"CUDA_VISIBLE_DEVICES": "2, 5"}) == ["2", "5"]
     assert visible_ids({"CUDA_VISIBLE_DEVICES": ""}) == []
-    cfg = GpuSlotsConfig(lock_dir=str(tmp_path / "locks"))  # ids: all
+    cfg = GpuSlotsConfig(lock_dir=str(tmp_path / "locks"))  # ids: all, policy auto
     assert configured_ids(cfg, {"CUDA_VISIBLE_DEVICES": "GPU-a1,GPU-b2"}) == ["GPU-a1", "GPU-b2"]
-    # SLURM gave the job GPUs 4, 6: kept as they are, no lock file taken
+    # a job SLURM gave GPUs 4, 6 takes both, its locks kept apart from other SLURM jobs'
     env = {"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "4,6"}
     p = place(cfg, 2, ranks=2, env=env)
-    assert (p.visible, p.ranks, p.held) == ("4,6", 2, None) and not (tmp_path / "locks").exists()
-    with pytest.raises(SlotError, match="asks for 2 GPU.*shows 1"):
+    assert (p.visible, p.ranks, p.held.ids) == ("4,6", 2, ["4", "6"])
+    assert (tmp_path / "locks" / "slurm-job-42" / "gpu4.slot0.lock").exists()
+    p.held.release()
+    # snakemake inside an allocation (salloc --gpus=2): concurrent jobs get disjoint ids of it, not all the first
+    first = place(cfg, 1, env=(e1 := dict(env)))
+    second = place(cfg, 1, env=(e2 := dict(env)))
+    assert (e1["CUDA_VISIBLE_DEVICES"], e2["CUDA_VISIBLE_DEVICES"]) == ("4", "6")
+    # another allocation that sees the same ids (e.g. cgroup-renumbered 0..k-1) does not wait for this one
+    other = place(cfg, 2, env={"SLURM_JOB_ID": "43", "CUDA_VISIBLE_DEVICES": "4,6"})
+    assert other.held.ids == ["4", "6"]
+    for held in (first, second, other):
+        held.held.release()
+    with pytest.raises(SlotError, match="asks for 2 GPU.*gives 1"):
         place(cfg, 2, env={"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "3"})
-    # policy slots allocates even under SLURM (ids from the allocation's CUDA_VISIBLE_DEVICES)
+    # policy inherit steps aside: the first k devices of the allocation, no lock file
+    inherit = GpuSlotsConfig(policy="inherit", lock_dir=str(tmp_path / "inherit-locks"))
+    env = {"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "4,6"}
+    p = place(inherit, 2, ranks=2, env=env)
+    assert (p.visible, p.ranks, p.held) == ("4,6", 2, None) and not (tmp_path / "inherit-locks").exists()
+    with pytest.raises(SlotError, match="asks for 2 GPU.*shows 1"):
+        place(inherit, 2, env={"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "3"})
+    # policy slots allocates in lock_dir itself, SLURM or not
     env = {"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "4,6"}
     p = place(GpuSlotsConfig(policy="slots", lock_dir=str(tmp_path / "locks")), 1, env=env)
     assert p.visible == "4" and env["CUDA_VISIBLE_DEVICES"] == "4" and p.held.ids == ["4"]
+    assert (tmp_path / "locks" / "gpu4.slot0.lock").exists()
     # a torchrun rank is not placed again; a CPU job gets no GPU
     env = {"LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
     assert place(cfg, 2, ranks=2, env=env).ranks == 1 and env["CUDA_VISIBLE_DEVICES"] == "0,1"
@@ -165,3 +184,19 @@ def test_gpu_config_is_validated_with_the_key_named(tmp_path):
         _config(tmp_path, "runs: {a: {gpu: 4, batch_size: 510}}\n").run("a")
     with pytest.raises(ConfigError, match="device 'cuda' needs `gpu: true`"):
         _config(tmp_path, "runs: {a: {device: cuda}}\n").run("a")
+    # one named GPU for k ranks would put every rank on it (NCCL refuses duplicate GPUs): stopped at load
+    with pytest.raises(ConfigError, match="device 'cuda:1' names one GPU, but gpu: 2 runs one rank per GPU"):
+        _config(tmp_path, "runs: {a: {device: 'cuda:1', gpu: 2}}\n").run("a")
+    assert _config(tmp_path, "runs: {a: {device: 'cuda:1', gpu: 1}, b: {device: cuda, gpu: 2}}\n").run("b").n_gpus() == 2
+    # the teacher is a GPU job in a project that trains on GPUs (or when its device says cuda)
+    assert teacher_gpus(cfg) == 1
+    assert teacher_gpus(_config(tmp_path, "runs: {c: {}}\n")) == 0
+    assert teacher_gpus(_config(tmp_path, "teacher: {device: cuda}\nruns: {c: {}}\n")) == 1
+
+
+def test_each_rank_of_a_k_gpu_job_gets_its_share_of_the_threads():
+    # Snakemake exports the job's threads; torchrun's k ranks get threads / k each (at least 1), not k x threads
+    env = {"OMP_NUM_THREADS": "8", "MKL_NUM_THREADS": "8", "PATH": "/bin"}
+    assert rank_threads(env, 2) == {"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4"}
+    assert rank_threads(env, 3)["OMP_NUM_THREADS"] == "2" and rank_threads(env, 16)["OMP_NUM_THREADS"] == "1"
+    assert rank_threads({}, 1) == {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}  # unset: this process's CPUs

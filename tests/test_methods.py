@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_fixtures import RandomPairs, one_thread, tiny_config  # noqa: E402
+from train_fixtures import RandomPairs, last_state, one_thread, tiny_config  # noqa: E402
 
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.records import read_train_log  # noqa: E402
@@ -136,11 +136,11 @@ def _model(cfg, seed: int = 0):
 def test_new_methods_resume_bit_identically(tmp_path, name):
     pairs = RandomPairs(n=64)
     cfg = _cfg(name, epochs=1.0)  # 2 episodes x 2 steps; "killed" after the first
-    full = train(_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
+    full = train(_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a").train_files("r"))
     layout = Layout(tmp_path / "d", tmp_path / "b")
-    train(_model(cfg), pairs, cfg, layout, "r", stop_after_episodes=1)
+    train(_model(cfg), pairs, cfg, layout.train_files("r"), stop_after_episodes=1)
     torch.manual_seed(1234)
-    resumed = train(_model(cfg, seed=99), pairs, cfg, layout, "r", resume=True)
+    resumed = train(_model(cfg, seed=99), pairs, cfg, layout.train_files("r"), state=last_state(layout, "r", cfg))
     sa, sb = full.state_dict(), resumed.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     log_a = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
@@ -162,7 +162,7 @@ def test_new_methods_resume_bit_identically(tmp_path, name):
 @pytest.mark.slow
 def test_fixed_temperature_stays_fixed(tmp_path):
     cfg = tiny_config(method="clip", epochs=0.5, loss={"learn_temperature": False, "init_temperature": 0.5})
-    model = train(_model(cfg), RandomPairs(n=64), cfg, Layout(tmp_path / "d", tmp_path / "r"), "t")
+    model = train(_model(cfg), RandomPairs(n=64), cfg, Layout(tmp_path / "d", tmp_path / "r").train_files("t"))
     assert float(model.logit_scale.exp()) == pytest.approx(2.0)
 
 

@@ -1,37 +1,44 @@
-"""pyproject.toml (pip) and environment.yml (conda, GPU) name the same top-level packages."""
-import re
+"""environment.yml (conda) builds the environment of pyproject.toml (pip): Python and pip from conda-forge, then
+the project's exact pins through pip, and no conda channel that cannot resolve them."""
 import tomllib
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-# conda names of packages whose pip name differs, and GPU-only conda additions
-CONDA_TO_PIP = {"pytorch": "torch", "faiss-gpu": "faiss-cpu"}
-CONDA_ONLY = {"python", "pip", "pytorch-cuda"}
 
 
-def _name(req: str) -> str:
-    return re.split(r"[=<>!~\[ ;]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+def _pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
-def test_environment_yml_matches_pyproject():
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    pip_names = {_name(d) for d in deps}
-    env = yaml.safe_load((REPO / "environment.yml").read_text())
-    conda_names = set()
-    for dep in env["dependencies"]:
-        if isinstance(dep, dict):
-            conda_names |= {_name(d) for d in dep["pip"] if not d.startswith("-e")}
-        else:
-            name = _name(dep)
-            if name not in CONDA_ONLY:
-                conda_names.add(CONDA_TO_PIP.get(name, name))
-    assert conda_names == pip_names, (sorted(conda_names - pip_names), sorted(pip_names - conda_names))
+def _env() -> dict:
+    return yaml.safe_load((REPO / "environment.yml").read_text())
+
+
+def test_environment_yml_pins_are_pyprojects():
+    deps = _pyproject()["project"]["dependencies"]
+    pip = next(d["pip"] for d in _env()["dependencies"] if isinstance(d, dict))
+    # the same requirement strings, in the same order (comments aside), then the project itself
+    assert [p for p in pip if not p.startswith("-e")] == deps
+    assert pip[-1] == "-e ." and all("==" in p for p in pip[:-1])
+
+
+def test_environment_yml_takes_only_python_and_pip_from_conda_forge():
+    env = _env()
+    assert env["channels"] == ["conda-forge", "nodefaults"]  # not `pytorch` (stopped at 2.5.1) nor `nvidia`
+    conda = [d for d in env["dependencies"] if not isinstance(d, dict)]
+    assert conda == ["python=3.11", "pip"]  # the Python the pins install on (torch's local wheels: 3.11)
 
 
 def test_torch_pins_match():
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = _pyproject()["project"]["dependencies"]
     assert "torch==2.14.1" in deps and "torchvision==0.29.1" in deps
-    env = (REPO / "environment.yml").read_text()
-    assert "pytorch=2.14.1" in env and "torchvision=0.29.1" in env
+
+
+def test_slurm_extra_pins_a_plugin_that_does_not_split_gpu_jobs():
+    # versions before 2.7.1 add --ntasks-per-gpu=1: a k-GPU run starts k times with 1 GPU each (plugin #459, #316)
+    slurm = _pyproject()["project"]["optional-dependencies"]["slurm"]
+    plugin = next(p for p in slurm if p.startswith("snakemake-executor-plugin-slurm=="))
+    version = tuple(int(x) for x in plugin.split("==")[1].split("."))
+    assert version >= (2, 7, 1)

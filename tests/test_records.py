@@ -47,7 +47,7 @@ def test_train_log_round_trip_filters_kinds_and_cleans_non_finite(tmp_path):
     assert [r["step"] for r in records.read_train_log(log.path, kind="step")] == [0, 1]
     assert records.read_train_log(log.path, kind="step")[0]["loss"] == "nan"  # JSON has no NaN
     assert len(records.read_train_log(log.path)) == 4
-    log.truncate_to(episode=0, step=1)  # a checkpoint before episode 0 ended, after step 0
+    assert log.resume_at(episode=0, step=1) == 2  # a checkpoint before episode 0 ended, after step 0
     assert [r["kind"] for r in records.read_train_log(log.path)] == ["start", "step"]
     assert records.read_train_log(tmp_path / "none.jsonl") == []
 

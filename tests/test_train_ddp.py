@@ -32,6 +32,48 @@ def test_two_ranks_gloo_end_identical(tmp_path):
     protos = r0["protos"]
     # k-means ran once on the gathered features of all 32 episode items (rank 0) and was broadcast
     assert protos.image.assignments.shape == (32,) and int(protos.image.sizes.sum()) == 32
+    assert not r0["group_after"] and not r1["group_after"]  # the process group ended with the training
+    # each rank drew its own augmentation noise (RandomPairs: the global torch RNG), from its own seed; the
+    # checkpoint holds both ranks' streams, rank 0's being the run seed's (the 1-process stream)
+    from protoclip.train.checkpoint import load_checkpoint
+    from protoclip.train.distributed import rank_seed
+
+    ckpt = load_checkpoint(tmp_path / "results" / "runs" / "ddp" / "checkpoints" / "last.pt")
+    rng0, rng1 = ckpt["extra"]["rng_ranks"]
+    assert torch.equal(rng0["torch"], ckpt["rng"]["torch"]) and not torch.equal(rng0["torch"], rng1["torch"])
+    assert rank_seed(cfg.seed, 0) == cfg.seed and len({rank_seed(cfg.seed, r) for r in range(8)}) == 8
+
+
+@pytest.mark.slow
+def test_rank_seeding_leaves_a_one_process_run_unchanged(tmp_path, monkeypatch):
+    """One process: the same weights with the per-rank seeding and without it (the code before it)."""
+    from train_fixtures import RandomPairs, tiny_model
+
+    from protoclip.layout import Layout
+    from protoclip.train import loop
+
+    cfg = tiny_config(epochs=1.0, episode_size=32, batch_size=16)
+
+    def once(root):
+        torch.manual_seed(cfg.seed)
+        return loop.train(tiny_model(cfg, seed=cfg.seed), RandomPairs(n=32), cfg,
+                          Layout(root / "d", root / "r").train_files("one")).state_dict()
+
+    torch.set_num_threads(1)
+    with_seeding = once(tmp_path / "a")
+    monkeypatch.setattr(loop, "seed_rank", lambda *a: None)
+    monkeypatch.setattr(loop, "restore_rank_rng", lambda *a: None)
+    without = once(tmp_path / "b")
+    assert all(torch.equal(with_seeding[k], without[k]) for k in with_seeding)
+    # ... while a rank 1 seeded so draws another stream than rank 0's
+    from protoclip.train.distributed import DistInfo, seed_rank
+
+    torch.manual_seed(cfg.seed)
+    seed_rank(cfg.seed, DistInfo(rank=1, world_size=2))
+    other = torch.rand(4)
+    torch.manual_seed(cfg.seed)
+    seed_rank(cfg.seed, DistInfo(rank=0, world_size=2))
+    assert not torch.equal(other, torch.rand(4))
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_fixtures import RandomPairs, one_thread, tiny_config, tiny_model  # noqa: E402
+from train_fixtures import (RandomPairs, last_state, one_thread, tiny_config, tiny_model,  # noqa: E402
+                            training_records)
 
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.train.checkpoint import load_checkpoint  # noqa: E402
@@ -51,7 +52,7 @@ def test_clip_run_logs_every_term(tmp_path, pairs):
     cfg = tiny_config(method="clip")
     model = tiny_model(cfg)
     layout = Layout(tmp_path / "data", tmp_path / "results")
-    train(model, pairs, cfg, layout, "clip")
+    train(model, pairs, cfg, layout.train_files("clip"))
     steps = read_train_log(layout.train_log("clip"), "step")
     episodes = read_train_log(layout.train_log("clip"), "episode")
     assert len(episodes) == 4 and len(steps) == 8  # 2 epochs * 64 / 32 episodes, 32 / 16 steps each
@@ -75,7 +76,7 @@ def test_clip_loss_decreases_on_fixed_batch(tmp_path, pairs):
     cfg = tiny_config(method="clip", epochs=6.0, episode_size=32, lr=2e-3)
     layout = Layout(tmp_path / "d", tmp_path / "r")
     small = torch.utils.data.Subset(pairs, range(32))
-    train(tiny_model(cfg), small, cfg, layout, "dec")
+    train(tiny_model(cfg), small, cfg, layout.train_files("dec"))
     eps = read_train_log(layout.train_log("dec"), "episode")
     assert eps[-1]["mean/clip"] < eps[0]["mean/clip"]
 
@@ -85,9 +86,9 @@ def test_locked_image_tuning_freezes_image_encoder(tmp_path, pairs):
     model = tiny_model(cfg)
     layout = Layout(tmp_path / "d", tmp_path / "r")
     # stop after 2 episodes = 1 epoch, then snapshot, then the remaining episodes must not move f^I
-    train(model, pairs, cfg, layout, "lit", stop_after_episodes=2)
+    train(model, pairs, cfg, layout.train_files("lit"), stop_after_episodes=2)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    train(model, pairs, cfg, layout, "lit", resume=True)
+    train(model, pairs, cfg, layout.train_files("lit"), state=last_state(layout, "lit", cfg))
     steps = read_train_log(layout.train_log("lit"), "step")
     assert all(s["image_lr"] == 0.0 for s in steps if s["epoch"] >= 1.0)
     assert all(s["lr"] > 0 for s in steps)
@@ -112,7 +113,7 @@ def test_nan_stops_with_step_and_term_and_keeps_checkpoint(tmp_path, pairs, monk
 
     monkeypatch.setattr(CLIPMethod, "terms", poisoned)
     with pytest.raises(NonFiniteLossError, match=r"step 3 \(episode 1\).*'clip'"):
-        train(tiny_model(cfg), pairs, cfg, layout, "nan")
+        train(tiny_model(cfg), pairs, cfg, layout.train_files("nan"))
     ck = load_checkpoint(layout.checkpoint("nan"))
     assert ck["episode"] == 1 and ck["step"] == 2
     assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
@@ -129,15 +130,24 @@ def _assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
 @pytest.mark.parametrize("method", ["clip", "protoclip"])
 def test_resume_is_exact(tmp_path, pairs, method):
     cfg = tiny_config(method=method, epochs=1.5)  # 3 episodes; killed after the first
-    full = train(tiny_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
+    full = train(tiny_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a").train_files("r"))
     layout = Layout(tmp_path / "d", tmp_path / "b")
-    train(tiny_model(cfg), pairs, cfg, layout, "r", stop_after_episodes=1)  # "killed" after ep 0
+    train(tiny_model(cfg), pairs, cfg, layout.train_files("r"), stop_after_episodes=1)  # "killed" after ep 0
     torch.manual_seed(1234)  # a fresh process would have a different RNG state: resume must restore it
-    resumed = train(tiny_model(cfg, seed=99), pairs, cfg, layout, "r", resume=True)
+    state = last_state(layout, "r", cfg)
+    before = {"keys": set(state), "episode": state["episode"], "step": state["step"],
+              "model": {k: v.clone() for k, v in state["model"].items()}}
+    resumed = train(tiny_model(cfg, seed=99), pairs, cfg, layout.train_files("r"), state=state)
     _assert_same_weights(full, resumed)
-    log_a = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
-    log_b = read_train_log(layout.train_log("r"), "step")
-    assert [s["loss"] for s in log_a] == [s["loss"] for s in log_b]
+    # the caller's state is read, not emptied or changed
+    assert set(state) == before["keys"] and (state["episode"], state["step"]) == (before["episode"], before["step"])
+    assert all(torch.equal(v, before["model"][k]) for k, v in state["model"].items())
+    # the log: every step and episode once, as the uninterrupted run's but for wall-clock fields and the restart
+    log_a = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl")
+    log_b = read_train_log(layout.train_log("r"))
+    assert [r["episode"] for r in log_b if r["kind"] == "resume"] == [1]
+    assert training_records(log_a) == training_records(log_b) and len(training_records(log_b)) == 1 + 6 + 3
+    assert layout.train_log("r").read_bytes() == layout.train_log_work("r").read_bytes()
 
 
 def _teacher(pairs, dim: int = 8):
@@ -148,7 +158,7 @@ def _teacher(pairs, dim: int = 8):
 def test_protoclip_run_with_teacher_logs_all_terms(tmp_path, pairs):
     cfg = tiny_config(loss={"external_weight": 1.0, "proto_weight": 0.5}, teacher="random")
     layout = Layout(tmp_path / "d", tmp_path / "r")
-    train(tiny_model(cfg), pairs, cfg, layout, "p", teacher=_teacher(pairs))
+    train(tiny_model(cfg), pairs, cfg, layout.train_files("p"), teacher=_teacher(pairs))
     steps = read_train_log(layout.train_log("p"), "step")
     assert len(steps) == 8
     for s in steps:
@@ -170,7 +180,7 @@ def test_ablation_switches_reach_the_prototypes(tmp_path, pairs):
     cfg = tiny_config(epochs=0.5, kmeans={"init": "random", "images_per_prototype": 8},
                       loss={"pbt": False, "soft_targets": False, "tau_y": 0.05, "clip_weight": 0.0})
     layout = Layout(tmp_path / "d", tmp_path / "r")
-    train(tiny_model(cfg), pairs, cfg, layout, "abl")
+    train(tiny_model(cfg), pairs, cfg, layout.train_files("abl"))
     p = load_checkpoint(layout.checkpoint("abl"))["prototypes"]
     assert (p.pbt, p.soft_targets, p.tau_y) == (False, False, 0.05)
     assert p.image.centroids.shape[0] == 32 // 8 and p.external is None
@@ -182,7 +192,7 @@ def test_ablation_switches_reach_the_prototypes(tmp_path, pairs):
 def test_log_every_thins_step_lines_but_not_episode_means(tmp_path, pairs):
     cfg = tiny_config(method="clip", epochs=1.0, log_every=3)
     layout = Layout(tmp_path / "d", tmp_path / "r")
-    train(tiny_model(cfg), pairs, cfg, layout, "le")
+    train(tiny_model(cfg), pairs, cfg, layout.train_files("le"))
     assert [s["step"] for s in read_train_log(layout.train_log("le"), "step")] == [0, 3]
     assert [e["n_steps"] for e in read_train_log(layout.train_log("le"), "episode")] == [2, 2]
 
@@ -204,13 +214,14 @@ def test_config_validation_rejects(bad):
 def test_resume_with_changed_config_retrains_from_scratch(tmp_path, pairs):
     cfg = tiny_config(method="clip", epochs=1.0)
     layout = Layout(tmp_path / "d", tmp_path / "r")
-    train(tiny_model(cfg), pairs, cfg, layout, "chg")
+    train(tiny_model(cfg), pairs, cfg, layout.train_files("chg"))
     assert load_checkpoint(layout.checkpoint("chg"))["episode"] == 2  # finished
     # a settings-only change (workers, logging) still resumes: nothing left to do, no new step lines
-    train(tiny_model(cfg), pairs, tiny_config(method="clip", epochs=1.0, log_every=2), layout, "chg", resume=True)
+    settings = tiny_config(method="clip", epochs=1.0, log_every=2)
+    train(tiny_model(cfg), pairs, settings, layout.train_files("chg"), state=last_state(layout, "chg", settings))
     assert len(read_train_log(layout.train_log("chg"), "step")) == 4
     changed = tiny_config(method="clip", epochs=1.0, lr=5e-4)
-    train(tiny_model(changed), pairs, changed, layout, "chg", resume=True)
+    train(tiny_model(changed), pairs, changed, layout.train_files("chg"), state=last_state(layout, "chg", changed))
     steps = read_train_log(layout.train_log("chg"), "step")
     assert [s["step"] for s in steps] == [0, 1, 2, 3]  # retrained, log restarted
     assert steps[1]["lr"] == pytest.approx(5e-4)
@@ -230,7 +241,7 @@ def test_non_finite_gradient_stops_before_the_update(tmp_path, pairs, monkeypatc
     before = {k: v.clone() for k, v in model.state_dict().items()}
     monkeypatch.setattr(CLIPMethod, "terms", inf_grad)
     with pytest.raises(NonFiniteLossError, match=r"gradient norm at step 0 \(episode 0\)"):
-        train(model, pairs, cfg, layout, "g")
+        train(model, pairs, cfg, layout.train_files("g"))
     for k, v in model.state_dict().items():
         if v.is_floating_point() and "running_" not in k:
             assert torch.equal(v, before[k]), k  # the optimizer never stepped
@@ -261,7 +272,7 @@ def test_non_finite_weights_are_never_saved_as_a_good_checkpoint(tmp_path, pairs
     _poison_after_update(monkeypatch, at_call=2)  # the update of step 2 = episode 2
     with pytest.raises(NonFiniteStateError, match=r"parameter 'text_head\..*' after step 2 \(episode 2\); "
                                                   r"checkpoint not saved; stopped, last good checkpoint kept at "):
-        train(tiny_model(cfg), pairs, cfg, layout, "w")
+        train(tiny_model(cfg), pairs, cfg, layout.train_files("w"))
     ck = load_checkpoint(layout.checkpoint("w"))
     assert ck["episode"] == 2 and ck["step"] == 2
     assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
@@ -274,7 +285,7 @@ def test_non_finite_weights_in_the_first_episode_say_no_checkpoint_exists(tmp_pa
     layout = Layout(tmp_path / "d", tmp_path / "r")
     _poison_after_update(monkeypatch, at_call=0)
     with pytest.raises(NonFiniteStateError) as err:
-        train(tiny_model(cfg), pairs, cfg, layout, "w0")
+        train(tiny_model(cfg), pairs, cfg, layout.train_files("w0"))
     msg = str(err.value)
     assert "after step 0 (episode 0)" in msg and "no checkpoint was written yet" in msg and "kept" not in msg
     assert not layout.checkpoint("w0").exists()
@@ -305,18 +316,19 @@ def test_early_stop_ends_the_run_and_a_resume_does_not_continue_it(tmp_path, pai
     # min_delta larger than any loss change: episode 0 sets the best, episode 1 cannot beat it -> stop
     cfg = tiny_config(method="clip", early_stop=EarlyStopConfig(enabled=True, patience=1, min_delta=1e9))
     layout = Layout(tmp_path / "d", tmp_path / "r")
-    train(tiny_model(cfg), pairs, cfg, layout, "es")
+    train(tiny_model(cfg), pairs, cfg, layout.train_files("es"))
     assert [e["episode"] for e in read_train_log(layout.train_log("es"), "episode")] == [0, 1]  # of 4 scheduled
     stop = read_train_log(layout.train_log("es"), "early_stop")
     assert len(stop) == 1 and stop[0]["episode"] == 1 and stop[0]["bad"] == 1
     ck = load_checkpoint(layout.checkpoint("es"))
     assert ck["episode"] == 2 and ck["extra"]["early_stop"]["stopped"]
-    model = train(tiny_model(cfg), pairs, cfg, layout, "es", resume=True)  # the workflow always resumes
+    # the workflow always resumes
+    model = train(tiny_model(cfg), pairs, cfg, layout.train_files("es"), state=last_state(layout, "es", cfg))
     assert [e["episode"] for e in read_train_log(layout.train_log("es"), "episode")] == [0, 1]
     assert all(torch.equal(v, ck["model"][k]) for k, v in model.state_dict().items())
     # switched off, the same run trains every scheduled episode
     off = tiny_config(method="clip", early_stop=EarlyStopConfig(enabled=False, patience=1, min_delta=1e9))
-    train(tiny_model(off), pairs, off, layout, "off")
+    train(tiny_model(off), pairs, off, layout.train_files("off"))
     assert len(read_train_log(layout.train_log("off"), "episode")) == 4
 
 
@@ -336,13 +348,13 @@ def test_checkpoint_interval_skips_episode_saves_and_a_crash_resumes_from_the_la
         return real_save(path, **kw)
 
     monkeypatch.setattr(loop_mod, "save_checkpoint", recording_save)
-    full = train(tiny_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
+    full = train(tiny_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a").train_files("r"))
     assert saved == [4]  # only after the final episode
     saved.clear()
     # interval 0: every episode (what the crash below needs as its last good state: episode 0's)
     layout = Layout(tmp_path / "d", tmp_path / "b")
     every = dataclasses.replace(cfg, checkpoint_interval_s=0.0)
-    train(tiny_model(cfg), pairs, every, layout, "r", stop_after_episodes=1)
+    train(tiny_model(cfg), pairs, every, layout.train_files("r"), stop_after_episodes=1)
     assert saved == [1]
     saved.clear()
     real = CLIPMethod.terms
@@ -356,10 +368,10 @@ def test_checkpoint_interval_skips_episode_saves_and_a_crash_resumes_from_the_la
 
     monkeypatch.setattr(CLIPMethod, "terms", crash)
     with pytest.raises(KeyboardInterrupt):
-        train(tiny_model(cfg), pairs, cfg, layout, "r", resume=True)
+        train(tiny_model(cfg), pairs, cfg, layout.train_files("r"), state=last_state(layout, "r", cfg))
     assert saved == [] and load_checkpoint(layout.checkpoint("r"))["episode"] == 1
     monkeypatch.setattr(CLIPMethod, "terms", real)
-    resumed = train(tiny_model(cfg, seed=99), pairs, cfg, layout, "r", resume=True)
+    resumed = train(tiny_model(cfg, seed=99), pairs, cfg, layout.train_files("r"), state=last_state(layout, "r", cfg))
     assert saved == [4]
     _assert_same_weights(full, resumed)
     log_a = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_fixtures import RandomPairs, one_thread, tiny_config, tiny_model  # noqa: E402
+from train_fixtures import RandomPairs, last_state, one_thread, tiny_config, tiny_model  # noqa: E402
 
 from protoclip.layout import Layout  # noqa: E402
 from protoclip.train.checkpoint import load_checkpoint  # noqa: E402
@@ -73,7 +73,7 @@ def test_pcl_run_warmup_then_protonce(tmp_path, views, pauc):
     layout = Layout(tmp_path / "d", tmp_path / "r")
     model = tiny_model(cfg)
     text_before = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("clip.transformer")}
-    train(model, views, cfg, layout, "pcl")
+    train(model, views, cfg, layout.train_files("pcl"))
     steps = read_train_log(layout.train_log("pcl"), "step")
     eps = read_train_log(layout.train_log("pcl"), "episode")
     assert len(eps) == 3 and eps[0]["pcl_warmup"] == 1.0 and eps[1]["pcl_warmup"] == 0.0
@@ -123,11 +123,11 @@ def test_momentum_and_queue_follow_the_steps(views):
 @pytest.mark.parametrize("pauc", [False, True])
 def test_pcl_resume_is_exact(tmp_path, views, pauc):
     cfg = pcl_config(pauc={"enabled": pauc, "align_mode": "two_view" if pauc else "anchor"})
-    full = train(tiny_model(cfg), views, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
+    full = train(tiny_model(cfg), views, cfg, Layout(tmp_path / "d", tmp_path / "a").train_files("r"))
     layout = Layout(tmp_path / "d", tmp_path / "b")
-    train(tiny_model(cfg), views, cfg, layout, "r", stop_after_episodes=2)  # "killed" after the first E-step
+    train(tiny_model(cfg), views, cfg, layout.train_files("r"), stop_after_episodes=2)  # "killed" after 1st E-step
     torch.manual_seed(1234)
-    resumed = train(tiny_model(cfg, seed=99), views, cfg, layout, "r", resume=True)
+    resumed = train(tiny_model(cfg, seed=99), views, cfg, layout.train_files("r"), state=last_state(layout, "r", cfg))
     sa, sb = full.state_dict(), resumed.state_dict()
     for k in sa:
         assert torch.equal(sa[k], sb[k]), k
@@ -145,7 +145,7 @@ def test_protoclip_with_pauc_and_phi_protonce_resumes_exactly(tmp_path):
     pairs = RandomPairs(n=64)
     cfg = dataclasses.replace(tiny_config(method="protoclip", epochs=1.5), pauc=PAUCConfig(enabled=True))
     cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, phi_protonce=True))
-    full = train(tiny_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a"), "r")
+    full = train(tiny_model(cfg), pairs, cfg, Layout(tmp_path / "d", tmp_path / "a").train_files("r"))
     steps = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "step")
     for s in steps:
         assert {"proto", "pauc_align", "pauc_unif", "pauc_corr"} <= set(s)
@@ -154,9 +154,9 @@ def test_protoclip_with_pauc_and_phi_protonce_resumes_exactly(tmp_path):
     eps = read_train_log(tmp_path / "a" / "runs" / "r" / "train_log.jsonl", "episode")
     assert all("phi_image_max" in e for e in eps)
     layout = Layout(tmp_path / "d", tmp_path / "b")
-    train(tiny_model(cfg), pairs, cfg, layout, "r", stop_after_episodes=1)
+    train(tiny_model(cfg), pairs, cfg, layout.train_files("r"), stop_after_episodes=1)
     torch.manual_seed(1234)
-    resumed = train(tiny_model(cfg, seed=99), pairs, cfg, layout, "r", resume=True)
+    resumed = train(tiny_model(cfg, seed=99), pairs, cfg, layout.train_files("r"), state=last_state(layout, "r", cfg))
     sa, sb = full.state_dict(), resumed.state_dict()
     for k in sa:
         assert torch.equal(sa[k], sb[k]), k
@@ -242,7 +242,7 @@ def pcl_ddp_worker(rank: int, world: int, port: int, out_dir: str, cfg) -> None:
     model = tiny_model(cfg, seed=cfg.seed)
     layout = Layout(f"{out_dir}/data", f"{out_dir}/results")
     try:
-        train(model, ThreeViews(n=32), cfg, layout, "ddp")
+        train(model, ThreeViews(n=32), cfg, layout.train_files("ddp"))
         state = load_checkpoint(layout.checkpoint("ddp")) if rank == 0 else None
         torch.save({"state": model.state_dict(), "ck": state}, f"{out_dir}/rank{rank}.pt")
     finally:

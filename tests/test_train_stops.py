@@ -124,7 +124,7 @@ def test_non_finite_features_for_kmeans_name_step_and_episode(tmp_path, monkeypa
     monkeypatch.setattr(ProtoCLIPMethod, "begin_episode", broken)
     cfg = tiny_config(epochs=1.0, episode_size=8, batch_size=4)
     with pytest.raises(NonFiniteLossError, match=r"non-finite features at step 0 \(episode 0\): episode 0: image"):
-        train(tiny_model(cfg), RandomPairs(n=8), cfg, Layout(tmp_path / "d", tmp_path / "r"), "f")
+        train(tiny_model(cfg), RandomPairs(n=8), cfg, Layout(tmp_path / "d", tmp_path / "r").train_files("f"))
 
 
 # ---------------------------------------------------------------- configs that would train nothing
@@ -158,7 +158,7 @@ def test_configs_without_an_optimizer_step_stop_before_training(tmp_path, overri
     cfg = tiny_config(method="clip", epochs=1.0, **{"episode_size": 8, "batch_size": 4, **overrides})
     layout = Layout(tmp_path / "d", tmp_path / "r")
     with pytest.raises(ConfigError, match=match):
-        train(tiny_model(cfg), RandomPairs(n=n), cfg, layout, "z")
+        train(tiny_model(cfg), RandomPairs(n=n), cfg, layout.train_files("z"))
     assert not layout.checkpoint("z").exists() and not layout.train_log("z").exists()
 
 
@@ -297,7 +297,7 @@ def test_world_size_and_batches_are_logged_and_saved_with_the_run(tmp_path):
     cfg = tiny_config(method="clip", epochs=0.5, episode_size=8, batch_size=4)
     layout = Layout(tmp_path / "d", tmp_path / "r")
     rec = Recorder()
-    train(tiny_model(cfg), RandomPairs(n=16), cfg, layout, "w", tracker=rec)
+    train(tiny_model(cfg), RandomPairs(n=16), cfg, layout.train_files("w"), tracker=rec)
     start = read_train_log(layout.train_log("w"), "start")[0]["schedule"]
     assert (start["world_size"], start["per_rank_batch"], start["global_batch"]) == (1, 4, 4)
     assert rec.params["world"] == {"world_size": 1, "per_rank_batch": 4, "global_batch": 4}

@@ -31,7 +31,9 @@ def dry_jobs(*args: str) -> dict[str, dict[str, list[str]]]:
     jobs = {}
     for block in (dry.stdout + dry.stderr).split("\nrule ")[1:]:
         fields = dict(re.findall(r"^    (input|output): (.*)$", block, flags=re.M))
-        cmd = re.search(r"^(?:Shell command: )?(protoclip .*?)(?: 2>&1 \| tee \S+)?$", block, flags=re.M)
+        # the command, after any environment assignments the rule adds (train: PROTOCLIP_JOB_PID=$PPID)
+        cmd = re.search(r"^(?:Shell command: )?(?:[A-Z_]+=\S+ )*(protoclip .*?)(?: 2>&1 \| tee \S+)?$", block,
+                        flags=re.M)
         if cmd:
             jobs[cmd.group(1).strip()] = {k: v.split(", ") for k, v in fields.items()}
     return jobs
@@ -144,7 +146,7 @@ def test_gpu_runs_request_a_gpu(tmp_path):
                                             "small": {"method": "clip"}}}))
     conf = tmp_path / "config.yaml"
     conf.write_text(yaml.safe_dump({"experiments": [str(exp)], "prepare": {"eval_sets": ["digits"]}}))
-    dry = snakemake("-n", "--forceall", "--cores", "1", "--configfile", str(conf), "--resources", "gpu=4",
+    dry = snakemake("-n", "--forceall", "--cores", "8", "--configfile", str(conf), "--resources", "gpu=4",
                     "--", *(f"results/runs/{r}/eval/digits" for r in ("big", "wide", "small")))
     out = dry.stdout + dry.stderr
     assert dry.returncode == 0, out
@@ -153,9 +155,17 @@ def test_gpu_runs_request_a_gpu(tmp_path):
         jobs = out.split(f"rule {rule}:")[1:]
         return {re.search(r"run=(\w+)", j).group(1): re.search(r"gpu=(\d)", j).group(1) for j in jobs}
 
+    def threads(rule: str) -> dict[str, int]:
+        jobs = [j.split("\n\n")[0] for j in out.split(f"rule {rule}:")[1:]]
+        return {re.search(r"run=(\w+)", j).group(1): int(m.group(1)) if (m := re.search(r"threads: (\d+)", j)) else 1
+                for j in jobs}
+
     # a `gpu: 4` run's train job takes 4 slots (torchrun, 4 ranks); its evaluation, one process, takes 1
     assert gpus("train") == {"big": "1", "wide": "4", "small": "0"}
     assert gpus("evaluate") == {"big": "1", "wide": "1", "small": "0"}
+    # threads per GPU: --cores 8 / --resources gpu=4 = 2 (4 one-GPU jobs fit the cores); no GPU: 1
+    assert threads("train") == {"big": 2, "wide": 8, "small": 1}
+    assert threads("evaluate") == {"big": 2, "wide": 2, "small": 1}
 
 
 def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_path, monkeypatch):

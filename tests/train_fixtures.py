@@ -89,15 +89,17 @@ def ddp_worker(rank: int, world: int, port: int, out_dir: str, cfg: TrainConfig)
     torch.manual_seed(cfg.seed)  # same initial weights on every rank, as the stage does
     model = tiny_model(cfg, seed=cfg.seed)
     layout = Layout(f"{out_dir}/data", f"{out_dir}/results")
+    import torch.distributed as dist
+
     try:
-        train(model, pairs, cfg, layout, "ddp")
+        train(model, pairs, cfg, layout.train_files("ddp"))
+        group_after = dist.is_initialized()  # train() ends the process group
         from protoclip.train.checkpoint import load_checkpoint
 
         protos = load_checkpoint(layout.checkpoint("ddp"))["prototypes"] if rank == 0 else None
-        torch.save({"state": model.state_dict(), "protos": protos}, f"{out_dir}/rank{rank}.pt")
+        torch.save({"state": model.state_dict(), "protos": protos, "group_after": group_after},
+                   f"{out_dir}/rank{rank}.pt")
     finally:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -152,3 +154,18 @@ def global_nclip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
                    f"{out_dir}/nclip{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def last_state(layout, run: str, cfg: TrainConfig):
+    """The train stage's resume decision, for tests that call the loop: the run's checkpoint state when it
+    continues ``cfg``, else None (protoclip.train.stage.prepare_run_dir)."""
+    from protoclip.schema import to_dict
+    from protoclip.train.checkpoint import resume_key, resume_point
+
+    return resume_point(layout.checkpoint(run), resume_key(to_dict(cfg)))
+
+
+def training_records(records: list[dict]) -> list[dict]:
+    """A train log's records without what differs between an uninterrupted and a resumed run of one config:
+    wall-clock fields (``time/*``) and the ``resume`` records of restarts."""
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records if r["kind"] != "resume"]

@@ -14,8 +14,11 @@
     protoclip birdsnap --src /data/birdsnap --out data/external/birdsnap   # Birdsnap's lists -> class folders
     protoclip ucf101   --src /data/ucf101 --out data/external/ucf101       # UCF101 test videos -> middle frames
 
-`train` and `evaluate` place themselves on free GPUs first (protoclip.launch): a run with ``gpu: k`` takes k
-GPU slots and restarts as k torchrun ranks.
+`train`, `evaluate` and `teacher` place themselves on free GPUs first (protoclip.launch): a run with ``gpu: k``
+takes k GPU slots and restarts as k torchrun ranks. `train` first holds its run (protoclip.run_lock: one trainer
+per run; a second waits with one line naming the holder). A command whose environment names its job's process
+(``PROTOCLIP_JOB_PID``, set by the train rule) ends when that process or the job's shell ends
+(protoclip.launch.follow_job).
 
 Stages are pure functions of (config, inputs) -> outputs; this module only parses the command line,
 loads and validates the config, and turns a user error raised anywhere in a stage (a bad config value, an
@@ -29,10 +32,11 @@ import os
 import logging
 import sys
 
-from protoclip import launch
+from protoclip import launch, run_lock
 from protoclip.config import load_config
 from protoclip.errors import UserError
 from protoclip.gpu_slots import SlotError
+from protoclip.layout import Layout
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,6 +102,7 @@ def progress_for_logs(stream=None) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    launch.follow_job()  # a workflow job's command ends with its job (PROTOCLIP_JOB_PID), not after it
     progress_for_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
@@ -120,15 +125,18 @@ def main(argv: list[str] | None = None) -> int:
 
             if args.name:
                 cfg.teacher.name = args.name
+            placement = launch.place(cfg.gpus, launch.teacher_gpus(cfg), who=f"teacher {cfg.teacher.name}")  # noqa: F841
             run_teacher(cfg)
         elif args.stage == "train":
             k = launch.train_gpus(cfg.run(args.run))
-            placement = launch.place(cfg.gpus, k, ranks=max(k, 1), who=f"train {args.run}")  # noqa: F841 (holds)
-            if placement.ranks > 1:  # k GPUs: torchrun with k ranks of this same command
-                return launch.run_ranks(placement, argv)
-            from protoclip.train.stage import run_train
+            # the run before the GPUs: a job waiting for another process's training holds no GPU meanwhile
+            with run_lock.hold_run(Layout.from_config(cfg).train_lock(args.run), f"train {args.run}"):
+                placement = launch.place(cfg.gpus, k, ranks=max(k, 1), who=f"train {args.run}")  # noqa: F841
+                if placement.ranks > 1:  # k GPUs: torchrun with k ranks of this same command
+                    return launch.run_ranks(placement, argv)
+                from protoclip.train.stage import run_train
 
-            run_train(cfg, args.run, resume=args.resume)
+                run_train(cfg, args.run, resume=args.resume)
         elif args.stage == "evaluate":
             placement = launch.place(cfg.gpus, launch.evaluate_gpus(cfg, args.run), who=f"evaluate {args.run}")  # noqa: F841
             from protoclip.evaluate.stage import run_evaluate
@@ -139,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
 
             run_collect(cfg, args.run)
         elif args.stage == "report":
-            from protoclip.layout import Layout
             from protoclip.report.tables import run_report
             from protoclip.tracking import log_report
 

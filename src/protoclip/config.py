@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from protoclip.data.config import PrepareConfig
 from protoclip.errors import ConfigError
@@ -36,9 +37,16 @@ from protoclip.train.config import TrainConfig
 class PathsConfig:
     data_dir: Path = Path("data")  # raw Debian packages, prepared data, teacher cache
     results_dir: Path = Path("results")  # runs, metrics, tables, figures
-    # MLflow tracking store; a local SQLite file by default (open with `mlflow ui --backend-store-uri <this>`)
+    # MLflow tracking store; a local SQLite file by default (open with `mlflow ui --backend-store-uri <this>`);
+    # on a cluster a tracking server, http://host:port (README "MLflow on a cluster")
     mlflow_uri: str = "sqlite:///results/mlflow.db"
     mlflow_experiment: str = "protoclip-repro"
+
+    def validate(self) -> None:
+        # the config is a tracked file: credentials go to MLflow's own environment variables instead
+        if urlsplit(self.mlflow_uri).password is not None:
+            raise ValueError("mlflow_uri holds a password; give the URI alone and pass the credentials in the "
+                             "jobs' environment: MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
 
 
 @dataclass

@@ -18,9 +18,14 @@ Where the ids come from (``gpus:`` of the project config):
 
 * ``ids: all`` (default): the visible devices -- ``CUDA_VISIBLE_DEVICES`` when it is set (a user or a node
   manager already narrowed them), else every GPU ``nvidia-smi -L`` lists; an explicit list names them.
-* ``policy``: ``slots`` always allocates; ``inherit`` steps aside and keeps the environment's devices (a batch
-  system placed the job); ``auto`` (default) inherits inside a SLURM job (``SLURM_JOB_ID`` set: SLURM gave the
-  job exactly the GPUs it asked for with ``--gpus`` and set ``CUDA_VISIBLE_DEVICES`` itself), else allocates.
+* ``policy``: ``auto`` (default) allocates slots over those ids, and inside a SLURM job (``SLURM_JOB_ID`` set)
+  keeps the locks of each SLURM job apart (``<lock_dir>/slurm-job-<id>/``): a job the SLURM profile submitted
+  has exactly the GPUs it asked for and takes them all, while the jobs of one Snakemake run inside an
+  interactive allocation (``salloc --gpus=8``, then ``snakemake --profile workflow/profiles/gpu``) share the
+  allocation's ids, each on its own (the same lock folder on a shared file system must not make jobs of two
+  allocations, which may both see ids 0..k-1, wait for each other). ``slots`` allocates in ``lock_dir`` itself,
+  SLURM or not; ``inherit`` steps aside and keeps the first k of the environment's devices (one job per
+  allocation, placed by a batch system).
 
 The lock folder is per project clone (``.snakemake/protoclip/gpu-slots``); two clones sharing one machine
 should point ``lock_dir`` at one shared folder (e.g. ``/tmp/protoclip-gpu-slots``). Pure standard library:
@@ -49,7 +54,7 @@ class GpuSlotsConfig:
     ids: str | list[int | str] = "all"
     jobs_per_gpu: int = 1  # concurrent jobs one GPU takes (small runs; each still sees a whole device)
     lock_dir: str = LOCK_DIR  # one lock file per slot; share it between clones that share GPUs
-    # auto: 'inherit' inside a SLURM job (SLURM_JOB_ID set), else 'slots'; see the module doc
+    # auto: slots, kept apart per SLURM job (SLURM_JOB_ID set); slots: in lock_dir itself; inherit: no slots
     policy: Literal["auto", "slots", "inherit"] = "auto"
     poll_s: float = 1.0  # how often a waiting job retries
     timeout_s: float | None = None  # give up waiting after this long (None: wait as long as it takes)
@@ -95,11 +100,18 @@ def configured_ids(cfg: GpuSlotsConfig, env: dict | None = None) -> list[str]:
 
 
 def effective_policy(cfg: GpuSlotsConfig, env: dict | None = None) -> str:
-    """'slots' or 'inherit' (``auto`` resolved: inherit inside a SLURM job)."""
+    """'slots' or 'inherit' (``auto`` allocates slots: :func:`lock_dir` keeps SLURM jobs apart)."""
+    return "inherit" if cfg.policy == "inherit" else "slots"
+
+
+def lock_dir(cfg: GpuSlotsConfig, env: dict | None = None) -> Path:
+    """The folder of the slot locks: ``cfg.lock_dir``, or under policy ``auto`` inside a SLURM job its own
+    ``slurm-job-<SLURM_JOB_ID>`` subfolder (the jobs of one allocation share it, two allocations never do)."""
     env = os.environ if env is None else env
-    if cfg.policy != "auto":
-        return cfg.policy
-    return "inherit" if env.get("SLURM_JOB_ID") else "slots"
+    job = env.get("SLURM_JOB_ID")
+    if cfg.policy == "auto" and job:
+        return Path(cfg.lock_dir) / f"slurm-job-{''.join(c for c in job if c.isalnum() or c in '_-')}"
+    return Path(cfg.lock_dir)
 
 
 @dataclass
@@ -140,20 +152,20 @@ def _try_lock(path: Path):
     return f
 
 
-def try_acquire(cfg: GpuSlotsConfig, n: int, ids: list[str], who: str = "") -> Held | None:
+def try_acquire(cfg: GpuSlotsConfig, n: int, ids: list[str], who: str = "", env: dict | None = None) -> Held | None:
     """One attempt: slots on ``n`` distinct GPUs of ``ids`` (most free slots first, then id order), or None.
 
     Attempts are serialised by ``<lock_dir>/allocator.lock`` so that two jobs probing at once cannot each
     take half of what both need; a slot is probed by locking it without blocking.
     """
-    lock_dir = Path(cfg.lock_dir)
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / "allocator.lock", "a+") as mutex:
+    folder = lock_dir(cfg, env)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "allocator.lock", "a+") as mutex:
         fcntl.flock(mutex.fileno(), fcntl.LOCK_EX)  # held for the attempt only (released on close)
         free: dict[str, list] = {}  # gpu -> open files of its free slots (locked by us while we decide)
         try:
             for gpu in ids:
-                free[gpu] = [f for s in range(cfg.jobs_per_gpu) if (f := _try_lock(_slot_path(lock_dir, gpu, s)))]
+                free[gpu] = [f for s in range(cfg.jobs_per_gpu) if (f := _try_lock(_slot_path(folder, gpu, s)))]
             order = sorted((g for g in ids if free[g]), key=lambda g: (-len(free[g]), ids.index(g)))
             if len(order) < n:
                 return None
@@ -182,16 +194,16 @@ def acquire(cfg: GpuSlotsConfig, n: int, who: str = "", env: dict | None = None,
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     start, waited = time.monotonic(), False
     while True:
-        held = try_acquire(cfg, n, ids, who)
+        held = try_acquire(cfg, n, ids, who, env)
         if held is not None:
             if waited:
                 log(f"protoclip: got GPU(s) {held.env_value()} after {time.monotonic() - start:.0f} s")
             return held
         if not waited:
             log(f"protoclip: waiting for {n} free GPU slot(s) of {', '.join(ids)} ({cfg.jobs_per_gpu} job(s) "
-                f"per GPU, locks in {cfg.lock_dir})")
+                f"per GPU, locks in {lock_dir(cfg, env)})")
             waited = True
         if cfg.timeout_s is not None and time.monotonic() - start >= cfg.timeout_s:
             raise SlotError(f"no {n} free GPU slot(s) of {', '.join(ids)} after {cfg.timeout_s:g} s "
-                            f"(locks in {cfg.lock_dir})")
+                            f"(locks in {lock_dir(cfg, env)})")
         time.sleep(cfg.poll_s)

@@ -13,23 +13,40 @@ by hand):
   ``CUDA_VISIBLE_DEVICES`` to them for its whole process tree; the lock files stay open in the job's process
   (and, being inheritable, in what it forks or ``exec``s: DataLoader workers, ``protoclip launch``'s command),
   so the slots are freed exactly when the job's processes are gone, SIGKILL included;
-* inside a SLURM job (policy ``inherit``) the allocator steps aside: SLURM's ``--gpus`` already chose the
-  devices and set ``CUDA_VISIBLE_DEVICES``; only the count is checked;
+* inside a SLURM job the slots are taken over the ids SLURM gave (``CUDA_VISIBLE_DEVICES``), per SLURM job
+  (protoclip.gpu_slots.lock_dir): a job the SLURM profile submitted takes the GPUs it was given, and the
+  concurrent jobs of a Snakemake run inside one allocation share its GPUs without sharing one (policy
+  ``inherit`` steps aside instead: only the count is checked);
 * k > 1 training: the process becomes ``torchrun --standalone --nproc_per_node k`` (torch.distributed.run's
   agent, holding the slots) running the same ``protoclip`` command, one rank per GPU (``LOCAL_RANK`` picks
-  ``cuda:<local rank>`` among the visible ones; see protoclip.train.loop). The ranks see torchrun's
-  ``LOCAL_RANK`` and are not placed again; the kernel kills them if the agent dies (:func:`die_with_launcher`).
+  ``cuda:<local rank>`` among the visible ones; see protoclip.train.loop), each rank with its share of the
+  job's threads (:func:`rank_threads`). The ranks see torchrun's ``LOCAL_RANK`` and are not placed again; the
+  kernel kills them if the agent dies (:func:`die_with_launcher`).
+
+Every GPU job says where it was placed in one line (``protoclip: <who>: CUDA_VISIBLE_DEVICES=...``) in its log.
+
+A job's processes also end with the job (:func:`follow_job`): a workflow rule names the process that runs it in
+``PROTOCLIP_JOB_PID`` (the train rule: ``PROTOCLIP_JOB_PID=$PPID protoclip train ...``, so Snakemake's pid,
+or under SLURM the pid of Snakemake's job step), and the command kills itself as soon as that process or any
+process between them (the job's shell) ends. Without it a kill of the job's shell or of Snakemake would
+leave the trainer running after Snakemake declared the job failed, beside the trainer of the rerun.
 """
 from __future__ import annotations
 
 import os
+import select
+import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from protoclip.gpu_slots import GpuSlotsConfig, Held, SlotError, acquire, effective_policy, visible_ids
 
 CVD = "CUDA_VISIBLE_DEVICES"
 LAUNCHER_PID = "PROTOCLIP_LAUNCHER_PID"  # set for the ranks run_ranks starts: the process holding their slots
+JOB_PID = "PROTOCLIP_JOB_PID"  # set by a workflow rule: the process running the job (follow_job)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -45,6 +62,35 @@ def evaluate_gpus(cfg, run: str) -> int:
     if device.startswith("cuda"):
         return 1
     return 1 if device == "auto" and cfg.run(run).n_gpus() > 0 else 0
+
+
+def teacher_gpus(cfg) -> int:
+    """GPUs the teacher job takes: 1 when ``teacher.device`` is cuda, or auto in a project that trains on GPUs
+    (the caption encoder then runs on a GPU like the rest of the DAG), else 0 (the offline default: CPU)."""
+    device = cfg.teacher.device
+    if device.startswith("cuda"):
+        return 1
+    return 1 if device == "auto" and any(cfg.run(r).n_gpus() > 0 for r in cfg.run_names()) else 0
+
+
+# the thread counts Snakemake exports for a job (snakemake.shell: each = the rule's threads)
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def rank_threads(env: dict, ranks: int) -> dict:
+    """The thread variables of each of ``ranks`` processes sharing a job's threads: every ``*_NUM_THREADS``
+    the job has divided by ``ranks`` (at least 1), ``OMP_NUM_THREADS`` from the CPUs this process may use when
+    unset (torchrun would set 1). A k-GPU job of T threads runs k ranks of T / k threads, not k x T."""
+    out = {}
+    for var in THREAD_VARS:
+        if var in env or var == "OMP_NUM_THREADS":
+            try:
+                total = int(env[var]) if var in env else len(os.sched_getaffinity(0))
+            except ValueError:
+                continue
+            out[var] = str(max(1, total // max(1, ranks)))
+    return out
 
 
 def under_torchrun(env: dict | None = None) -> bool:
@@ -83,11 +129,23 @@ def place(cfg: GpuSlotsConfig, n_gpus: int, ranks: int = 1, who: str = "", env: 
             raise SlotError(f"the job asks for {n_gpus} GPU(s) but its allocation shows {len(have)} "
                             f"({CVD}={env.get(CVD, '<unset>')}); request them with SLURM --gpus / resources gpu")
         env[CVD] = ",".join(have[:n_gpus])
+        _say_placed(who, env)
         return Placement(env[CVD], ranks)
+    if cfg.ids == "all" and env.get("SLURM_JOB_ID") and CVD not in env:
+        # an `salloc` shell (no job step yet) or a job that asked for no GPU: nvidia-smi would list the node's
+        # GPUs, other jobs' included
+        raise SlotError(f"inside SLURM job {env['SLURM_JOB_ID']} but {CVD} is not set, so its GPUs are unknown: run "
+                        "in a job step of an allocation with GPUs (after `salloc --gpus=N`: `srun --pty bash`)")
     held = acquire(cfg, n_gpus, who=who, env=env)
     held.inheritable()
     env[CVD] = held.env_value()
+    _say_placed(who, env)
     return Placement(env[CVD], ranks, held)
+
+
+def _say_placed(who: str, env: dict) -> None:
+    job = f" (SLURM job {env['SLURM_JOB_ID']})" if env.get("SLURM_JOB_ID") else ""
+    print(f"protoclip: {who or 'job'}: {CVD}={env[CVD]}{job}", file=sys.stderr, flush=True)
 
 
 def die_with_launcher(env: dict | None = None) -> None:
@@ -101,12 +159,93 @@ def die_with_launcher(env: dict | None = None) -> None:
     pid = env.get(LAUNCHER_PID)
     if not pid or not sys.platform.startswith("linux"):
         return
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    _set_parent_death_signal()
     if os.getppid() != int(pid):  # the launcher died before prctl took effect
         os._exit(1)
+
+
+def _set_parent_death_signal() -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+def parent_of(pid: int) -> int:
+    """The parent pid of ``pid`` from /proc (0 when it is gone or has none)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
+
+
+def ancestors(pid: int) -> list[int]:
+    """``pid``'s parent, grandparent, ... up to (not including) pid 1 / 0."""
+    out = []
+    parent = parent_of(pid)
+    while parent > 1 and parent not in out:
+        out.append(parent)
+        parent = parent_of(parent)
+    return out
+
+
+def _end_with_job(pid: int) -> None:
+    print(f"protoclip: the job's process {pid} ended (the job was cancelled, its shell or Snakemake killed): "
+          "stopping", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # as the kill of the job would have; torchrun ranks die with this one
+
+
+def _watch(pids: list[int]) -> None:
+    """Block until one of ``pids`` ends, then end this process (thread body). Uses pidfds (Linux >= 5.3): no
+    polling, and a pid reused by another process cannot be mistaken for the watched one; polls /proc once a
+    second where pidfds are not available."""
+    fds: dict[int, int] = {}
+    try:
+        for pid in pids:
+            fds[os.pidfd_open(pid)] = pid
+    except ProcessLookupError:
+        _end_with_job(pid)
+    except (OSError, AttributeError):  # no pidfd_open here (old kernel, seccomp): poll
+        for fd in fds:
+            os.close(fd)
+        while True:
+            gone = [p for p in pids if not Path(f"/proc/{p}").exists()]
+            if gone:
+                _end_with_job(gone[0])
+            time.sleep(1.0)
+    if ancestors(os.getpid())[:len(pids)] != pids:  # one ended before its pidfd was open
+        _end_with_job(next(p for p in pids if p not in ancestors(os.getpid())))
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)  # a pidfd becomes readable when its process exits
+    while True:
+        for fd, _event in poller.poll():
+            _end_with_job(fds[fd])
+
+
+def follow_job(env: dict | None = None) -> list[int]:
+    """End this process with its job: when ``PROTOCLIP_JOB_PID`` names one of its ancestors, watch that process
+    and every process between them (the job's shell), and SIGKILL this one when any of them ends. The parent is
+    watched by the kernel too (parent-death signal), the others by a daemon thread. Returns the watched pids
+    ([] when the variable is unset, names no ancestor, or on a system other than Linux).
+
+    A command started by hand (no variable) keeps today's behaviour, so ``nohup protoclip train ... &`` survives
+    its shell. Torchrun ranks started by :func:`run_ranks` inherit the variable and follow the same job.
+    """
+    env = os.environ if env is None else env
+    value = env.get(JOB_PID, "")
+    if not value or not sys.platform.startswith("linux"):
+        return []
+    chain = ancestors(os.getpid())
+    if not value.isdigit() or int(value) not in chain:
+        print(f"protoclip: {JOB_PID}={value} is not a process this one runs under: not followed", file=sys.stderr)
+        return []
+    watched = chain[:chain.index(int(value)) + 1]
+    _set_parent_death_signal()
+    if os.getppid() != watched[0]:  # the parent died before the signal was set
+        _end_with_job(watched[0])
+    threading.Thread(target=_watch, args=(watched,), name="protoclip-follow-job", daemon=True).start()
+    return watched
 
 
 def torchrun_args(nproc: int) -> list[str]:
@@ -127,8 +266,11 @@ def run_ranks(placement: Placement, protoclip_args: list[str]) -> int:
     args = get_args_parser().parse_args(torchrun_args(placement.ranks))
     args.training_script_args = list(protoclip_args)
     os.environ[LAUNCHER_PID] = str(os.getpid())  # the ranks die with this process (die_with_launcher)
-    print(f"protoclip: {CVD}={placement.visible}: torch.distributed.run {' '.join(torchrun_args(placement.ranks))} "
-          f"{' '.join(protoclip_args)}", file=sys.stderr, flush=True)
+    threads = rank_threads(os.environ, placement.ranks)
+    os.environ.update(threads)  # the ranks inherit them (torchrun keeps a set OMP_NUM_THREADS)
+    print(f"protoclip: {CVD}={placement.visible}, OMP_NUM_THREADS={threads['OMP_NUM_THREADS']} per rank: "
+          f"torch.distributed.run {' '.join(torchrun_args(placement.ranks))} {' '.join(protoclip_args)}",
+          file=sys.stderr, flush=True)
     try:
         run(args)
     except ChildFailedError as err:

@@ -11,8 +11,15 @@
     data/tmp/                           stages' spill files while they run (prepare/: candidate pairs, dedup keys)
     data/teacher/<teacher>.npz          PCA-reduced teacher features keyed by sample id (+ .json metadata)
                                         (<teacher>: the teacher's name made file-safe, safe_name)
+<<<<<<< HEAD
     data/teacher/.partial/<stem>/       a teacher run's encoded chunks and fitted PCA until its cache is written
     results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt, checkpoints/ (last.pt, mlflow.json)
+=======
+    results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt (the train stage's outputs)
+    results/runs/<run>/checkpoints/     the training's work in progress, never a workflow output: last.pt,
+                                        train_log.jsonl (the log the checkpoint continues), mlflow.json (its MLflow
+                                        run id), train.lock (held by the process training the run)
+>>>>>>> main
     results/runs/<run>/eval/<set>/      one evaluation job's outputs (a DVC out of stage evaluate_<run>_<set>):
         <task>.json                     metrics of one task (also logged to the run's MLflow run)
         features.npz                    cached evaluation features
@@ -31,12 +38,27 @@ The formats of the result files live in :mod:`protoclip.records`. Layout imports
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 
 def safe_name(name: str) -> str:
     """A file-name-safe form of a model or teacher name ('sentence-transformers/x' -> 'sentence-transformers__x')."""
     return re.sub(r"[^A-Za-z0-9._-]+", "__", name).strip("_")
+
+
+@dataclass(frozen=True)
+class TrainFiles:
+    """The files one training run writes, as the trainer (protoclip.train.loop) needs them: no layout, paths only.
+
+    ``log`` is the workflow's output; ``log_work`` the same records kept beside the checkpoint, which a
+    scheduler that deletes a failed job's outputs (Snakemake does) leaves in place for the resume.
+    """
+
+    config: Path  # config.yaml
+    log: Path  # train_log.jsonl
+    log_work: Path  # checkpoints/train_log.jsonl
+    checkpoint: Path  # checkpoints/last.pt
 
 
 class Layout:
@@ -144,6 +166,17 @@ class Layout:
 
     def train_log(self, run: str) -> Path:
         return self.run_dir(run) / "train_log.jsonl"
+
+    def train_log_work(self, run: str) -> Path:
+        """The train log the checkpoint continues (``train_log.jsonl`` is published from it)."""
+        return self.checkpoint(run).parent / "train_log.jsonl"
+
+    def train_lock(self, run: str) -> Path:
+        """Held (flock) by the process training the run, so that two never write it at once (protoclip.run_lock)."""
+        return self.checkpoint(run).parent / "train.lock"
+
+    def train_files(self, run: str) -> TrainFiles:
+        return TrainFiles(self.run_config(run), self.train_log(run), self.train_log_work(run), self.checkpoint(run))
 
     def mlflow_run_file(self, run: str) -> Path:
         """The MLflow run id of the training that wrote the checkpoint (kept beside it, resumed with it)."""

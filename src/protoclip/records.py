@@ -14,10 +14,14 @@
 * ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or {"skipped": line}}}`` of the whole run
   (``protoclip collect``; the DVC metrics file).
 * ``results/runs/<run>/train_log.jsonl``: one JSON object per line, appended as training goes. Kinds:
-  ``start`` (config + provenance, once per (re)start), ``step`` (loss terms, temperatures, LRs of one
-  optimizer step), ``episode`` (cluster statistics and the phase times ``time/extract``, ``time/kmeans``,
-  ``time/pbt``, ``time/train`` of one episode), ``early_stop``. On resume the log is cut back to what the
-  checkpoint covers, atomically, so a resumed run's log equals an uninterrupted run's.
+  ``start`` (provenance and the resolved schedule, once), ``resume`` (the same, at each restart from a
+  checkpoint), ``step`` (loss terms, temperatures, LRs of one optimizer step), ``episode`` (cluster statistics
+  and the phase times ``time/extract``, ``time/kmeans``, ``time/pbt``, ``time/train`` of one episode),
+  ``early_stop``. The records go first to ``checkpoints/train_log.jsonl`` beside the checkpoint, then to
+  ``train_log.jsonl``: a scheduler that deletes a failed job's outputs (Snakemake does) cannot take the log of
+  the episodes a resume continues. On resume the log is cut back to what the checkpoint covers (atomically) and
+  published again, so a resumed run's log holds every episode and step once and equals an uninterrupted run's
+  but for the wall-clock fields (``time/*``) and its ``resume`` records.
 
     log = TrainLog(path); log.append({"kind": "step", "step": 0, "loss": 1.2})
     read_train_log(path, kind="episode")
@@ -126,40 +130,75 @@ def _clean(value: Any) -> Any:
     return value
 
 
-class TrainLog:
-    """Appends records to a run's ``train_log.jsonl`` (one line each, flushed)."""
+RESTART_KINDS = ("start", "resume")  # records of a (re)start of the training process, not of training
 
-    def __init__(self, path: str | Path, enabled: bool = True):
+
+def covered(record: dict[str, Any], episode: int, step: int) -> bool:
+    """Whether a checkpoint taken before episode ``episode`` and global step ``step`` covers ``record``: steps
+    before ``step``, episode-level records before ``episode``, (re)starts at or before ``episode``."""
+    kind = record.get("kind")
+    if kind == "step":
+        return record["step"] < step
+    if kind in RESTART_KINDS:
+        return record.get("episode", 0) <= episode
+    return "episode" not in record or record["episode"] < episode
+
+
+class TrainLog:
+    """A run's train log: each record appended to ``work`` (kept beside the checkpoint), then to ``path`` (the
+    workflow's output, readable as training goes). ``work=None``: ``path`` alone. Disabled on non-zero DDP ranks.
+
+    A training from scratch calls :meth:`begin`, a resumed one :meth:`resume_at`; the trainer calls
+    :meth:`publish` at the end, so that ``path`` is ``work``'s copy whatever happened to it meanwhile.
+    """
+
+    def __init__(self, path: str | Path, work: str | Path | None = None, enabled: bool = True):
         self.path = Path(path)
+        self.work = Path(work) if work is not None else None
         self.enabled = enabled  # False on non-zero DDP ranks
+
+    def _files(self) -> list[Path]:
+        return [self.work, self.path] if self.work is not None else [self.path]
+
+    def begin(self) -> None:
+        """A training from scratch: no record of an earlier training stays."""
+        if self.enabled:
+            for path in self._files():
+                path.unlink(missing_ok=True)
 
     def append(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            f.write(json.dumps(_clean(record), sort_keys=True) + "\n")
-            f.flush()
+        line = json.dumps(_clean(record), sort_keys=True) + "\n"
+        for path in self._files():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(line)
+                f.flush()
 
-    def truncate_to(self, episode: int, step: int) -> None:
-        """Keep only records a checkpoint at (next ``episode``, global ``step``) covers."""
-        if not self.enabled or not self.path.exists():
-            return
+    def resume_at(self, episode: int, step: int) -> int:
+        """Keep only the records a checkpoint at (next ``episode``, global ``step``) covers (:func:`covered`),
+        then publish; returns how many records were kept. Reads ``work``, or ``path`` when there is no ``work``
+        (a checkpoint older than it); a line cut by a kill is dropped."""
+        if not self.enabled:
+            return 0
+        source = next((p for p in self._files() if p.exists()), None)
         kept = []
-        for line in self.path.read_text().splitlines():
+        for line in source.read_text().splitlines() if source is not None else []:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:  # a line cut by the kill
                 continue
-            kind = rec.get("kind")
-            if (kind == "step" and rec["step"] >= step) or (kind == "episode" and rec["episode"] >= episode):
-                continue
-            kept.append(line)
-        write_text(self.path, "".join(k + "\n" for k in kept))
+            if isinstance(rec, dict) and covered(rec, episode, step):
+                kept.append(line)
+        write_text(self._files()[0], "".join(k + "\n" for k in kept))
+        self.publish()
+        return len(kept)
 
-    def reset(self) -> None:
-        if self.enabled and self.path.exists():
-            self.path.unlink()
+    def publish(self) -> None:
+        """Make ``path`` a copy of ``work`` (atomically): the log as the checkpoint's side has it."""
+        if self.enabled and self.work is not None and self.work.exists():
+            write_text(self.path, self.work.read_text())
 
 
 def read_train_log(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:

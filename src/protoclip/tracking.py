@@ -11,8 +11,15 @@ Which MLflow run a stage logs into (never found by name alone):
 * ``report`` opens a new run tagged ``protoclip.kind = report`` with the tables and figures as artifacts.
 
 The experiment is tagged ``mlflow.experimentKind = custom_model_development`` so that MLflow 3's UI opens it on
-the training-runs table, not on the GenAI overview. A local SQLite store is the default
-(``paths.mlflow_uri``); open the UI with ``mlflow ui --backend-store-uri sqlite:///results/mlflow.db``.
+the training-runs table, not on the GenAI overview.
+
+Where the runs go (``paths.mlflow_uri``): a local SQLite file by default (``sqlite:///results/mlflow.db``; open
+the UI with ``mlflow ui --backend-store-uri sqlite:///results/mlflow.db``), which holds for the concurrent jobs
+of one machine: the first connection and the experiment are made under a file lock beside it, SQLite serialises
+the writes. On a cluster the jobs log to an MLflow tracking server (``http://host:port``) with a PostgreSQL
+database behind it (README "MLflow on a cluster"); a server with MLflow's authentication gets the jobs'
+credentials from MLflow's own variables ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` in their
+environment, never from the config (a URI holding a password is refused when the config loads).
 """
 from __future__ import annotations
 
@@ -150,7 +157,7 @@ def _mlflow(cfg):
         client = mlflow.tracking.MlflowClient()
         exp = client.get_experiment_by_name(cfg.paths.mlflow_experiment)
         if exp is None:
-            exp_id = client.create_experiment(cfg.paths.mlflow_experiment, tags=EXPERIMENT_KIND)
+            exp_id = _create_experiment(mlflow, client, cfg.paths.mlflow_experiment)
         else:
             exp_id = exp.experiment_id
             for k, v in EXPERIMENT_KIND.items():
@@ -158,6 +165,18 @@ def _mlflow(cfg):
                     client.set_experiment_tag(exp_id, k, v)
     mlflow.set_experiment(experiment_id=exp_id)
     return mlflow
+
+
+def _create_experiment(mlflow, client, name: str) -> str:
+    """Create the experiment, or take the one a concurrent job created first: a tracking server has no file lock,
+    so the first jobs on a new server race to create it and all but one get RESOURCE_ALREADY_EXISTS."""
+    try:
+        return client.create_experiment(name, tags=EXPERIMENT_KIND)
+    except mlflow.exceptions.MlflowException as err:
+        exp = client.get_experiment_by_name(name) if err.error_code == "RESOURCE_ALREADY_EXISTS" else None
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
 def _exists(mlflow, run_id: str | None) -> bool:

@@ -11,6 +11,8 @@ rule prepare:
     benchmark:
         "benchmarks/prepare.tsv"
     threads: PROJECT.prepare.num_workers  # prepare renders SVGs and scans shards in that many processes
+    resources:
+        **job_resources(lambda wc: 0, cpus=False),  # on SLURM: a CPU job of the site, with its threads as CPUs
     params:
         settings=settings(PROJECT.prepare),
         cmd=STAGES["prepare"].cmd,

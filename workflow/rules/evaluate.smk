@@ -14,8 +14,9 @@ rule evaluate:
     wildcard_constraints:
         run="|".join(RUNS) or "NO_RUNS",
         dataset="|".join(DATASETS) or "NO_DATASETS",
+    threads: job_threads(lambda wc: launch.evaluate_gpus(PROJECT, wc.run))
     resources:
-        gpu=lambda wc: launch.evaluate_gpus(PROJECT, wc.run),  # one GPU for a GPU run's evaluation
+        **job_resources(lambda wc: launch.evaluate_gpus(PROJECT, wc.run)),  # one GPU for a GPU run's evaluation
     params:
         settings=lambda wc: settings({**to_dict(PROJECT.evaluate), "datasets": PROJECT.evaluate.datasets[wc.dataset]}),
         cmd=stage_cmd(lambda wc: f"evaluate_{wc.run}_{wc.dataset}"),

@@ -16,6 +16,9 @@ rule export:
         "../../environment.yml"
     log:
         "logs/export_{run}.log",
+    threads: job_threads(lambda wc: 0)
+    resources:
+        **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     wildcard_constraints:
         run="|".join(EXPORTABLE) or "NO_RUNS",
     shell:

@@ -17,6 +17,9 @@ rule report:
         "logs/report.log",
     benchmark:
         "benchmarks/report.tsv"
+    threads: job_threads(lambda wc: 0)
+    resources:
+        **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     params:
         cmd=STAGES["report"].cmd,
     shell:

@@ -8,6 +8,9 @@ rule toy_nemd:
         "logs/toy_nemd.log",
     benchmark:
         "benchmarks/toy_nemd.tsv"
+    threads: job_threads(lambda wc: 0)
+    resources:
+        **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     params:
         settings=settings(PROJECT.toy),
         cmd=STAGES["toy_nemd"].cmd,

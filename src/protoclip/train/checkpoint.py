@@ -173,7 +173,7 @@ def resume_point(path: str | Path, key: dict, map_location: str | torch.device =
     :class:`CheckpointError` (see the module doc for the policy)."""
     try:
         state = load_checkpoint(path, map_location=map_location)
-    except FileNotFoundError:  # also when another rank's start_fresh removed it first (their answer is None too)
+    except FileNotFoundError:  # also when rank 0 removed it first for a retrain (their answer is None too)
         log.warning("resume requested but no checkpoint at %s: starting from scratch", path)
         return None
     if state["extra"].get("config") != key:

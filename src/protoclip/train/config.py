@@ -163,6 +163,9 @@ class TrainConfig:
         if self.n_gpus() > 1 and self.batch_size % self.n_gpus():
             raise ValueError(f"batch_size {self.batch_size} (the global batch) must be a multiple of gpu: "
                              f"{self.n_gpus()} (each GPU takes an equal share)")
+        if self.device.startswith("cuda:") and self.n_gpus() > 1:
+            raise ValueError(f"device '{self.device}' names one GPU, but gpu: {self.n_gpus()} runs one rank per GPU "
+                             "(each on its own): use device: cuda or auto")
         if self.device.startswith("cuda") and self.n_gpus() == 0:
             raise ValueError(f"device '{self.device}' needs `gpu: true` (or a number of GPUs): a run without "
                              "GPUs is placed on the CPU")

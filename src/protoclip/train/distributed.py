@@ -6,14 +6,23 @@ Under torchrun (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` set
 initialises the default process group (nccl when the device is CUDA, gloo otherwise); without them the
 trainer runs as a single process and every helper here is the identity. Features for clustering are
 all-gathered to every rank, k-means runs on rank 0 only, and its result is broadcast so that all ranks
-train against the same prototypes (see :mod:`protoclip.train.episode`).
+train against the same prototypes (see :mod:`protoclip.train.episode`). :func:`destroy` ends the group when
+training is done.
+
+Random streams: every rank seeds with the run's seed before the model is built (identical initial weights),
+then each rank r > 0 reseeds its python / numpy / torch RNGs with :func:`rank_seed` ``(seed, r)``, so that the
+ranks draw different augmentations (random crops, flips, colour jitter) for their different images; rank 0
+keeps the run seed's stream, so a 1-process run is unchanged. Checkpoints of a k-rank run hold every rank's
+RNG states (:func:`gather_object`), and a resumed rank continues its own.
 """
 from __future__ import annotations
 
 import logging
 import os
+import random
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -79,6 +88,33 @@ def broadcast_object(obj, info: DistInfo, src: int = 0):
     box = [obj if info.rank == src else None]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def gather_object(obj, info: DistInfo) -> list:
+    """Every rank's ``obj`` (pickled), in rank order, on every rank; ``[obj]`` for one process."""
+    if not info.enabled:
+        return [obj]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s random streams: ``seed`` itself for rank 0, else a 32-bit seed drawn from
+    numpy's SeedSequence of (seed, rank) (independent streams, not seed + rank)."""
+    if rank == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+
+
+def seed_rank(seed: int, info: DistInfo) -> None:
+    """Reseed this rank's python / numpy / torch RNGs with :func:`rank_seed` (nothing on rank 0)."""
+    if info.rank == 0:
+        return
+    s = rank_seed(seed, info.rank)
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
 
 
 def barrier(info: DistInfo) -> None:

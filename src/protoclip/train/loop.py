@@ -7,12 +7,13 @@ modality (+ teacher) and PBT; nothing for CLIP), then train on the episode's bat
 model's ``*_decay`` groups), warm-up + cosine LR, the image groups' LR zeroed from ``lock_image_epoch``,
 grad-norm clipping, ``Method.after_step`` after every step (logit-scale clamps), bf16 autocast on CUDA (fp32 on CPU).
 
-Outputs under ``layout.run_dir(run)``: ``config.yaml`` and ``train_log.jsonl`` from the start, and
-``checkpoints/last.pt`` at episode ends (atomic; at most every ``checkpoint_interval_s`` seconds, and always after
-the final episode). ``resume=True`` continues from the checkpoint and
-reaches the same weights as an uninterrupted run (the resume policy: :mod:`protoclip.train.checkpoint`); a
-run trained from scratch first removes the run's old ``model.pt`` and checkpoint, so a failed retrain never leaves
-a model of another config beside the new one (as Snakemake and DVC delete outputs before a rerun). A config
+Files (:class:`~protoclip.layout.TrainFiles`, given by the stage): ``config.yaml`` and the train log from the
+start, and ``checkpoints/last.pt`` at episode ends (atomic; at most every ``checkpoint_interval_s`` seconds, and
+always after the final episode). An episode's records reach the log before the checkpoint that covers them, so a
+kill between the two only repeats the episode. ``state`` (a checkpoint that
+:func:`~protoclip.train.checkpoint.resume_point` accepted; the stage decides, this module never reads a
+checkpoint) continues the run and reaches the same weights and the same log as an uninterrupted run; None
+trains from scratch. A config
 whose episodes would hold no batch of two items (batch or episode size 1) stops before training with a
 :class:`~protoclip.errors.ConfigError`. A non-finite loss term, gradient norm or k-means feature stops the run
 with :class:`NonFiniteLossError` naming step, episode and term, non-finite weights or optimizer state before a
@@ -26,7 +27,7 @@ over a :class:`Session` holding what stays fixed for the call; the decisions are
 (:func:`stop_decision`, :func:`episode_record`).
 
     from protoclip.train.loop import train
-    model = train(model, dataset, cfg, layout, run, teacher=None, tracker=Tracker())
+    model = train(model, dataset, cfg, layout.train_files(run), state=None, teacher=None, tracker=Tracker())
     # teacher: None or float32 [len(dataset), d] rows aligned with the data set (see protoclip.train.stage)
 
 MLflow is never imported here: metrics go to the ``Tracker`` the stage passes in.
@@ -50,15 +51,16 @@ from protoclip.atomic import write_text
 from protoclip.errors import ConfigError
 from protoclip.schema import to_dict
 from protoclip.devices import resolve_device
-from protoclip.layout import Layout
+from protoclip.layout import TrainFiles
 from protoclip.prototypes.episode import NonFiniteFeaturesError
 from protoclip.provenance import provenance
 from protoclip.records import TrainLog
 from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import (TrainingStopped, check_state_finite, kept_checkpoint, restore_rng,
-                                       resume_key, resume_point, save_checkpoint)
+                                       resume_key, rng_state, save_checkpoint)
 from protoclip.train.config import TrainConfig
-from protoclip.train.distributed import DistInfo, barrier, broadcast_object, env_world, init_from_env, sync_buffers
+from protoclip.train.distributed import (DistInfo, barrier, broadcast_object, destroy, env_world, gather_object,
+                                        init_from_env, seed_rank, sync_buffers)
 from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
 from protoclip.train.methods.base import EpisodeData, Method, build_method
 from protoclip.train.schedule import Schedule, early_stop_update, per_rank_batch, trained_batches_per_episode
@@ -220,26 +222,26 @@ def setup_device(name: str) -> tuple[torch.device, DistInfo]:
     return device, init_from_env(device)
 
 
-def start_fresh(layout: Layout, run: str, info: DistInfo) -> None:
-    """Before a training from scratch: remove the run's old model, checkpoint and log (main rank), so that a
-    retrain that fails leaves no model of another config beside the new ``config.yaml``."""
-    if not info.is_main:
-        return
-    removed = [p for p in (layout.model(run), layout.checkpoint(run), layout.train_log(run)) if p.exists()]
-    for path in removed:
-        path.unlink()
-    if removed:
-        log.info("training %s from scratch: removed %s", run, ", ".join(str(p) for p in removed))
-
-
 def restore(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer, method: Method) -> Progress:
     """Load a checkpoint's state (accepted by :func:`~protoclip.train.checkpoint.resume_point`) into the
-    model, optimizer, method and the RNGs; returns where the run stands."""
+    model, optimizer, method and the RNGs (``state`` is read, not changed); returns where the run stands."""
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     method.load_state_dict(state["extra"].get("method", {}))
     restore_rng(state["rng"])
     return Progress(state["episode"], state["step"], state["prototypes"], state["extra"].get("early_stop"))
+
+
+def restore_rank_rng(state: dict, seed: int, info: DistInfo) -> None:
+    """A resumed rank r > 0 continues its own RNG streams (``extra.rng_ranks`` of a checkpoint of the same world
+    size); :func:`restore` gave it rank 0's. Otherwise (another world size) it reseeds as a fresh rank r."""
+    if info.rank == 0:
+        return
+    ranks = state["extra"].get("rng_ranks")
+    if ranks and len(ranks) == info.world_size:
+        restore_rng(ranks[info.rank])
+    else:
+        seed_rank(seed, info)
 
 
 def world_record(cfg: TrainConfig, info: DistInfo) -> dict[str, int]:
@@ -327,9 +329,15 @@ def stop_decision(episode: int, n_episodes: int, stopped_early: bool, done_here:
             or (stop_after_episodes is not None and done_here >= stop_after_episodes))
 
 
-def end_episode(s: Session, progress: Progress, ep_rec: dict[str, Any], stopping: bool, save_due: bool) -> bool:
-    """Checkpoint (when ``stopping`` or ``save_due``, rank 0's decision), log the episode record, wait for
-    every rank. ``progress`` already points past the episode. Returns whether a checkpoint was written."""
+def end_episode(s: Session, progress: Progress, records: list[dict[str, Any]], stopping: bool,
+                save_due: bool) -> bool:
+    """Log the episode's ``records`` (its episode record, an early stop), then checkpoint (when ``stopping`` or
+    ``save_due``, rank 0's decision), then send the episode record to the tracker; wait for every rank.
+    ``progress`` already points past the episode. Returns whether a checkpoint was written.
+
+    The order keeps the log and the checkpoint consistent under a kill at any point: records the checkpoint
+    does not cover yet are cut on resume and written again when the episode is redone, so none is lost or
+    doubled; a checkpoint never covers an episode whose record is missing."""
     # the same decision on every rank (rank 0's clock), so that all check and wait at the barrier together
     save = broadcast_object(stopping or save_due, s.info)
     if save:
@@ -337,14 +345,19 @@ def end_episode(s: Session, progress: Progress, ep_rec: dict[str, Any], stopping
         # the barrier for a rank 0 that refused to save
         check_state_finite(s.model, s.optimizer, step=progress.step - 1, episode=progress.episode - 1,
                            checkpoint=s.checkpoint)
+    rng_ranks = gather_object(rng_state(), s.info) if save and s.info.enabled else None  # each rank's own streams
+    for rec in records:
+        s.tlog.append(rec)
+    if save:
         if s.info.is_main:
             protos = progress.prototypes
             save_checkpoint(s.checkpoint, model=s.model, optimizer=s.optimizer, episode=progress.episode,
                             step=progress.step, prototypes=protos.to("cpu") if hasattr(protos, "to") else protos,
                             extra={"run": s.run, "config": s.resume_key, "method": s.method.state_dict(),
-                                   "early_stop": progress.early_stop})
+                                   "early_stop": progress.early_stop,
+                                   **({"rng_ranks": rng_ranks} if rng_ranks else {})})
     if s.info.is_main:
-        s.tlog.append(ep_rec)
+        ep_rec = records[0]
         s.tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=ep_rec["episode"])
     barrier(s.info)
     return save
@@ -362,9 +375,9 @@ def wrap_for_ddp(model: torch.nn.Module, method: Method, device: torch.device, i
     return net
 
 
-def log_start(s: Session, progress: Progress, config: dict, config_path: Path) -> None:
-    """``config.yaml``, the log's ``start`` record (provenance, resolved schedule and world size) and the MLflow
-    params, at every (re)start."""
+def log_start(s: Session, progress: Progress, config: dict, config_path: Path, resumed: bool) -> None:
+    """``config.yaml``, the log's ``start`` (or, resumed, ``resume``) record (provenance, resolved schedule and
+    world size) and the MLflow params, at every (re)start."""
     world = world_record(s.cfg, s.info)
     log.info("run %s: %d process(es), batch %d per process, global batch %d", s.run, world["world_size"],
              world["per_rank_batch"], world["global_batch"])
@@ -372,7 +385,7 @@ def log_start(s: Session, progress: Progress, config: dict, config_path: Path) -
     if s.info.is_main:
         write_config(config_path, config)
     sched = s.sched
-    s.tlog.append({"kind": "start", "episode": progress.episode, "step": progress.step, "provenance": prov,
+    s.tlog.append({"kind": "resume" if resumed else "start", "episode": progress.episode, "step": progress.step, "provenance": prov,
                    "schedule": {"dataset_size": sched.dataset_size, "episode_size": sched.episode_size,
                                 "n_episodes": sched.n_episodes, "steps_per_episode": sched.steps_per_episode,
                                 "warmup_steps": sched.warmup_steps, **world}})
@@ -397,27 +410,28 @@ def run_episodes(s: Session, progress: Progress, stop_after_episodes: int | None
                                                             cfg.early_stop.patience, cfg.early_stop.min_delta), s.info)
         progress = Progress(episode + 1, step, prototypes, early_stop)
         stopping = stop_decision(episode, n_episodes, progress.stopped, done_here, stop_after_episodes)
-        if end_episode(s, progress, ep_rec, stopping, time.monotonic() - last_save >= cfg.checkpoint_interval_s):
-            last_save = time.monotonic()
+        records = [ep_rec]
         if progress.stopped:
             log.info("early stop after episode %d: %s has not improved on %.6g for %d episodes", episode,
                      cfg.early_stop.metric, early_stop["best"], early_stop["bad"])
-            s.tlog.append({"kind": "early_stop", "episode": episode, "step": step, **early_stop})
+            records.append({"kind": "early_stop", "episode": episode, "step": step, **early_stop})
+        if end_episode(s, progress, records, stopping, time.monotonic() - last_save >= cfg.checkpoint_interval_s):
+            last_save = time.monotonic()
         if stopping:
             break
 
 
-def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: Layout,
-          run: str, *, teacher: np.ndarray | None = None, tracker: Tracker | None = None,
-          resume: bool | dict = False, stop_after_episodes: int | None = None) -> torch.nn.Module:
+def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: TrainFiles, *,
+          state: dict | None = None, teacher: np.ndarray | None = None, tracker: Tracker | None = None,
+          stop_after_episodes: int | None = None) -> torch.nn.Module:
     """Train ``model`` on ``dataset`` (items ``(image, tokens, id)``) and return it (unwrapped).
 
-    ``teacher``: cached external-teacher features [M, d], row i belonging to ``dataset[i]`` (the stage aligns
-    the cache by id). ``resume``: False trains from scratch; True continues ``checkpoints/last.pt`` when
-    :func:`~protoclip.train.checkpoint.resume_point` accepts it; a dict is a checkpoint state that
-    ``resume_point`` already returned (the stage reads it once, to choose the MLflow run; emptied once restored, so
-    that its tensors do not stay in memory beside the model's). ``stop_after_episodes`` ends the call after that
-    many episodes of this call (checkpoint written): used to test resume.
+    ``files``: where the run's config, log and checkpoint go. ``state``: None trains from scratch (the log starts
+    empty); a checkpoint state that :func:`~protoclip.train.checkpoint.resume_point` accepted continues it (the
+    log is cut back to what the checkpoint covers). The caller decides which, and removes an older training's
+    files for a training from scratch (protoclip.train.stage). ``teacher``: cached external-teacher features
+    [M, d], row i belonging to ``dataset[i]`` (the stage aligns the cache by id). ``stop_after_episodes`` ends
+    the call after that many episodes of this call (checkpoint written): used to test resume.
     """
     device, info = setup_device(cfg.device)
     if teacher is not None and (teacher.ndim != 2 or len(teacher) != len(dataset)):
@@ -435,19 +449,22 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, layout: La
     model.to(device)
     optimizer = build_optimizer(model, cfg)
     method = build_method(cfg, info)
-    tlog = TrainLog(layout.train_log(run), enabled=info.is_main)
-    state = resume_point(layout.checkpoint(run), key, map_location=device) if resume is True else (resume or None)
+    tlog = TrainLog(files.log, files.log_work, enabled=info.is_main)
     if state is not None:
         progress = restore(state, model, optimizer, method)
-        state.clear()  # its tensors now live in the model and optimizer: free them (the stage's reference too)
-        tlog.truncate_to(progress.episode, progress.step)
-        log.info("resumed %s at episode %d / %d (step %d)", run, progress.episode, sched.n_episodes, progress.step)
+        restore_rank_rng(state, cfg.seed, info)
+        tlog.resume_at(progress.episode, progress.step)
+        log.info("resumed %s at episode %d / %d (step %d)", cfg.name, progress.episode, sched.n_episodes,
+                 progress.step)
     else:
         progress = Progress()
-        start_fresh(layout, run, info)
-    s = Session(cfg, run, model, wrap_for_ddp(model, method, device, info), optimizer, method, sched, dataset,
+        tlog.begin()
+        seed_rank(cfg.seed, info)  # rank r > 0: its own augmentation stream (the weights are built already)
+    s = Session(cfg, cfg.name, model, wrap_for_ddp(model, method, device, info), optimizer, method, sched, dataset,
                 teacher, cfg.reads_teacher() and teacher is not None, info, device,
-                autocast_factory(cfg.precision, device), tlog, tracker or Tracker(), layout.checkpoint(run), key)
-    log_start(s, progress, config, layout.run_config(run))
+                autocast_factory(cfg.precision, device), tlog, tracker or Tracker(), files.checkpoint, key)
+    log_start(s, progress, config, files.config, resumed=state is not None)
     run_episodes(s, progress, stop_after_episodes)
+    tlog.publish()  # train_log.jsonl = the checkpoint's log, whatever happened to the output file meanwhile
+    destroy(info)  # the process group ends with the training (a no-op for one process)
     return model

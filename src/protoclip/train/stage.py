@@ -7,13 +7,16 @@
 
 Reads the prepared manifest (train split, the run's ``data`` sources) and, for a ProtoCLIP run with a teacher
 and ``external_weight > 0``, the teacher cache ``data/teacher/<teacher>.npz``. Writes
-``results/runs/<run>/{config.yaml, train_log.jsonl, checkpoints/last.pt, model.pt}``. MLflow is reached only
-through :func:`protoclip.tracking.training_run`.
+``results/runs/<run>/{config.yaml, train_log.jsonl, model.pt}`` and the work in progress under ``checkpoints/``
+(last.pt, the log it continues, the MLflow run id). MLflow is reached only through
+:func:`protoclip.tracking.training_run`.
 
-Before anything else the stage removes temp files that a killed earlier run of it left beside these outputs, and
-decides once whether the run resumes (:func:`protoclip.train.checkpoint.resume_point`); a run trained from
-scratch then has its old model, checkpoint, log and MLflow id file removed before the data and the model are
-built, so a retrain that fails at any point leaves no model of an older config behind.
+First the stage takes the run's lock (:mod:`protoclip.run_lock`: one process trains a run at a time; a second
+waits, saying which process holds it), removes temp files that a killed earlier run of it left beside its
+files, and decides once whether the run resumes (:func:`protoclip.train.checkpoint.resume_point`): the trainer
+receives that checkpoint state or None. A run trained from scratch has its old model, checkpoint, logs and MLflow
+id file removed before the data and the model are built, so a retrain that fails at any point leaves no model of
+an older config behind.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from protoclip import run_lock
 from protoclip.atomic import clean_stale_temps_of, write_json
 from protoclip.errors import ConfigError
 from protoclip.schema import to_dict
@@ -33,7 +37,7 @@ from protoclip.tracking import Tracker, training_run
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, env_world
 from protoclip.train.checkpoint import check_state_finite, resume_key, resume_point
-from protoclip.train.loop import start_fresh, train
+from protoclip.train.loop import train
 
 if TYPE_CHECKING:  # the stage reads the project config it is given; the assembler stands above it
     from protoclip.config import ProjectConfig
@@ -120,7 +124,7 @@ def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict |
         log_training_data(cfg, layout, tcfg, tracker)
     teacher = load_teacher(layout, tcfg, ids) if tcfg.reads_teacher() else None
     del ids  # a string per pair: not held through the training
-    model = train(model, dataset, tcfg, layout, run, teacher=teacher, tracker=tracker, resume=state or False)
+    model = train(model, dataset, tcfg, layout.train_files(run), state=state, teacher=teacher, tracker=tracker)
     out = layout.model(run)
     check_state_finite(model, None, step=None, episode=None, checkpoint=layout.checkpoint(run), what=str(out))
     if info.rank == 0:
@@ -152,19 +156,29 @@ def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tra
 def train_outputs(layout: Layout, run: str) -> list[Path]:
     """Every file the train stage writes for ``run`` (their killed writes' temp files are cleaned at start)."""
     return [layout.run_config(run), layout.train_log(run), layout.model(run), layout.checkpoint(run),
-            layout.mlflow_run_file(run)]
+            layout.train_log_work(run), layout.mlflow_run_file(run)]
+
+
+def start_fresh(layout: Layout, run: str) -> None:
+    """Before a training from scratch: remove what an earlier training of the run left (model, checkpoint, both
+    logs, its MLflow run id), so that a retrain that fails leaves no model of another config behind."""
+    removed = [p for p in (layout.model(run), layout.checkpoint(run), layout.train_log(run),
+                           layout.train_log_work(run), layout.mlflow_run_file(run)) if p.exists()]
+    for path in removed:
+        path.unlink()
+    if removed:
+        log.info("training %s from scratch: removed %s", run, ", ".join(str(p) for p in removed))
 
 
 def prepare_run_dir(layout: Layout, run: str, config: dict, resume: bool, info: DistInfo) -> dict | None:
-    """The stage's start: clean stale temp files, decide once whether the run resumes, and for a training from
-    scratch remove the old outputs. Returns the accepted checkpoint state, or None (from scratch)."""
+    """The stage's start, and its one decision: clean stale temp files, read the checkpoint when ``resume``,
+    and for a training from scratch remove the old files (main rank). Returns the accepted checkpoint state, or
+    None (from scratch)."""
     if info.is_main:
         clean_stale_temps_of(train_outputs(layout, run))
     state = resume_point(layout.checkpoint(run), resume_key(config)) if resume else None
-    if state is None:
-        start_fresh(layout, run, info)
-        if info.is_main:  # the MLflow run of an older training; a new id is written when the new run starts
-            layout.mlflow_run_file(run).unlink(missing_ok=True)
+    if state is None and info.is_main:
+        start_fresh(layout, run)
     return state
 
 
@@ -178,11 +192,12 @@ def run_train(cfg: ProjectConfig, run: str, resume: bool = False, targets: list[
     config = to_dict(tcfg)  # the one dict of the config in this stage: resume key and model.pt
     layout = Layout.from_config(cfg)
     info = env_world()
-    state = prepare_run_dir(layout, run, config, resume, info)
-    if not info.is_main:  # only rank 0 talks to MLflow
-        return train_run(cfg, tcfg, config, state, Tracker())
-    id_file = layout.mlflow_run_file(run)
-    with training_run(cfg, run, id_file if state is not None else None, targets) as tracker:
-        if tracker.run_id:
-            write_json(id_file, {"run_id": tracker.run_id})
-        return train_run(cfg, tcfg, config, state, tracker)
+    with run_lock.hold_run(layout.train_lock(run), f"train {run}"):  # no-op where the caller holds it
+        state = prepare_run_dir(layout, run, config, resume, info)
+        if not info.is_main:  # only rank 0 talks to MLflow
+            return train_run(cfg, tcfg, config, state, Tracker())
+        id_file = layout.mlflow_run_file(run)
+        with training_run(cfg, run, id_file if state is not None else None, targets) as tracker:
+            if tracker.run_id:
+                write_json(id_file, {"run_id": tracker.run_id})
+            return train_run(cfg, tcfg, config, state, tracker)
