@@ -5,6 +5,8 @@
         # the memory curve (peak RSS does not depend on the machine's load: run it any time; ~12 GB of shards at 3M)
     python bench/bench_data_scale.py --root /scratch --pairs 1000000 --idle --repeats 5
         # the speed rows (prepare ms/pair, loader vs webdataset): only on an idle machine; results tagged _idle
+    python bench/bench_data_scale.py --root /scratch --pairs 3000000 --teacher-only --teacher-dim 1024
+        # the teacher alone at RoBERTa-large's width, on synthetic captions (no shards: 12 GB of chunks at 3M)
 
 For each size, on a synthetic corpus in img2dataset's layout (``bench/synthetic_shards.py``, 64 px JPEGs,
 kept under ``--root``, default /tmp/protoclip-scale), each stage in a fresh subprocess (its peak RSS is its own):
@@ -177,6 +179,27 @@ def teacher_child(data_dir: str, dim: int, points_per_dim: int) -> None:
                       "pca_max_points_per_dim": points_per_dim, "cache_bytes": out.stat().st_size,
                       "encoder": "stand-in (hashed word vectors)", "rss_imports_mib": floor,
                       "rss_main_mib": vm_hwm_mib()}))
+
+
+def caption_manifest(data_dir: Path, n: int, seed: int = 0) -> Path:
+    """A manifest of ``n`` synthetic caption pairs without images (the teacher reads ids and captions only): the
+    teacher measured at sizes or widths whose shards would not fit the disk. Captions as synthetic_shards.py's."""
+    from protoclip.data.manifest import ManifestWriter, Pair, pairs_batch
+    from protoclip.data.split import split_of
+    from synthetic_shards import VOCAB
+
+    out = data_dir / "prepared" / "manifest.parquet"
+    rng = np.random.default_rng(seed)
+    vocab = np.asarray(VOCAB)
+    with ManifestWriter(out) as w:
+        for lo in range(0, n, 65536):
+            pairs = []
+            for i in range(lo, min(n, lo + 65536)):
+                sid = f"synth/{i // 1000:05d}.tar/{i:09d}"
+                pairs.append(Pair(sid, f"/none/{i}.jpg", " ".join(rng.choice(vocab, size=int(rng.integers(6, 11)))),
+                                  "synth", "", f"{i:064x}", split=split_of(sid, 0, 0.1)))
+            w.write(pairs_batch(pairs))
+    return out
 
 
 # --------------------------------------------------------------------------- the train stage's data side (child)
@@ -550,6 +573,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pca-points-per-dim", type=int, default=1000)  # teacher.pca_max_points_per_dim (faiss' 1000)
     ap.add_argument("--eval-images", type=int, nargs="*", default=[])  # evaluation-set sizes (train images) to measure
     ap.add_argument("--idle", action="store_true", help="only the timed rows (prepare, loader): for an idle machine")
+    ap.add_argument("--teacher-only", action="store_true",
+                    help="only the teacher, on a manifest of synthetic captions without images (no shards)")
     ap.add_argument("--keep", action="store_true", help="keep each size's prepared data and teacher cache")
     ap.add_argument("--drop-corpora", action="store_true", help="delete each size's shards once it is measured (disk)")
     ap.add_argument("--tag", default=None)  # results file name: data_scale_<tag>.txt
@@ -571,7 +596,14 @@ def main(argv: list[str] | None = None) -> None:
     for n_img in args.eval_images:  # RN50's z (1024) and h (128), ImageNet's 1000 classes, a 2k-image test split
         info.setdefault("eval", []).append(run_child("--child-eval", str(n_img), "2000", "1024", "128", "1000"))
         print(f"eval {n_img}: {info['eval'][-1]}", flush=True)
-    for n in sorted(args.pairs):
+    for n in sorted(args.pairs) if args.teacher_only else []:
+        data_dir = args.root / f"captions-{n}" / "data"
+        caption_manifest(data_dir, n)
+        results[str(n)] = {"teacher": run_child("--child-teacher", str(data_dir), str(args.teacher_dim),
+                                                str(args.pca_points_per_dim))}
+        print(f"{n}: teacher {results[str(n)]['teacher']}", flush=True)
+        shutil.rmtree(data_dir.parent, ignore_errors=True)
+    for n in sorted(args.pairs) if not args.teacher_only else []:
         root = args.root / str(n)
         pattern = generate(root / "shards", n, args.image_size, args.workers)
         prepared = root / "prepared"
