@@ -182,8 +182,12 @@ def teacher_child(data_dir: str, dim: int, points_per_dim: int) -> None:
 
 
 def caption_manifest(data_dir: Path, n: int, seed: int = 0) -> Path:
-    """A manifest of ``n`` synthetic caption pairs without images (the teacher reads ids and captions only): the
-    teacher measured at sizes or widths whose shards would not fit the disk. Captions as synthetic_shards.py's."""
+    """A manifest of ``n`` synthetic pairs whose images do not exist (the teacher and the train stage's data
+    structures read ids, paths, captions and hashes only): the stages measured at sizes or widths whose shards would
+    not fit the disk. Ids, paths (``<root>/shards/NNNNN.tar::<key>.jpg``), captions, hashes and offsets as the
+    prepared synthetic corpus has them, so the bytes per pair are the same."""
+    import hashlib
+
     from protoclip.data.manifest import ManifestWriter, Pair, pairs_batch
     from protoclip.data.split import split_of
     from synthetic_shards import VOCAB
@@ -191,15 +195,54 @@ def caption_manifest(data_dir: Path, n: int, seed: int = 0) -> Path:
     out = data_dir / "prepared" / "manifest.parquet"
     rng = np.random.default_rng(seed)
     vocab = np.asarray(VOCAB)
+    shards = data_dir.parent / "shards"
     with ManifestWriter(out) as w:
         for lo in range(0, n, 65536):
             pairs = []
             for i in range(lo, min(n, lo + 65536)):
-                sid = f"synth/{i // 1000:05d}.tar/{i:09d}"
-                pairs.append(Pair(sid, f"/none/{i}.jpg", " ".join(rng.choice(vocab, size=int(rng.integers(6, 11)))),
-                                  "synth", "", f"{i:064x}", split=split_of(sid, 0, 0.1)))
+                key = f"{i // 1000:05d}{i % 1000:04d}"
+                sid = f"synth/{i // 1000:05d}.tar/{key}"
+                pairs.append(Pair(sid, f"{shards}/{i // 1000:05d}.tar::{key}.jpg",
+                                  " ".join(rng.choice(vocab, size=int(rng.integers(6, 11)))), "synth", "",
+                                  hashlib.sha256(key.encode()).hexdigest(), split=split_of(sid, 0, 0.1),
+                                  offset=1536 * (i % 1000 + 1), size=1500))
             w.write(pairs_batch(pairs))
     return out
+
+
+def train_data_child(data_dir: str, teacher: str) -> None:
+    """The train stage's data structures alone (no episode: its arrays do not grow with the corpus): the run's
+    dataset, the training-data digest, the teacher rows. One JSON line."""
+    from protoclip.config import PathsConfig, ProjectConfig
+    from protoclip.data.config import PrepareConfig, UserDataConfig
+    from protoclip.layout import Layout
+    from protoclip.models import get_tokenizer
+    from protoclip.tracking import Tracker
+    from protoclip.train.config import TrainConfig
+    from protoclip.train.stage import build_dataset, load_teacher, log_training_data
+
+    cfg = ProjectConfig(paths=PathsConfig(data_dir=Path(data_dir), results_dir=Path(data_dir).parent / "results"),
+                        prepare=PrepareConfig(offline_sources=[], eval_sets=[],
+                                              user_data=[UserDataConfig(name="synth", format="wds", path="x.tar")]))
+    tcfg = TrainConfig(name="bench", data=["synth"], model="tiny-rn", teacher=teacher, head_hidden=512)
+    layout = Layout.from_config(cfg)
+    tokenizer = get_tokenizer("tiny-rn")
+    floor = vm_hwm_mib()
+    t0 = time.perf_counter()
+    dataset, ids = build_dataset(cfg, layout, tcfg, 64, tokenizer)
+    rss_dataset = vm_hwm_mib()
+    log_training_data(cfg, layout, tcfg, Tracker())
+    feats = load_teacher(layout, tcfg, ids)
+    print(json.dumps({"n": len(dataset), "teacher_dim": int(feats.shape[1]), "data_s": time.perf_counter() - t0,
+                      "rss_imports_mib": floor, "rss_dataset_mib": rss_dataset, "rss_data_mib": vm_hwm_mib(),
+                      "rss_end_mib": _vm_rss_mib()}))
+
+
+def _vm_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 # --------------------------------------------------------------------------- the train stage's data side (child)
@@ -537,6 +580,16 @@ def text_report(info: dict, results: dict) -> str:
                              f"{e['m']:>6} {e['k']:>5} "
                              f"{e['extract_s']:>10.1f} {e['extract_ms_per_sample']:>10.2f} {e['kmeans_s']:>10.2f} "
                              f"{e['rss_main_mib']:>8.0f}M {e['rss_worker_max_mib']:>7.0f}M")
+    if any(results[n].get("train_data") for n in results):
+        lines += ["", "## the train stage's data structures alone (manifest of synthetic pairs without images): the run's "
+                  "dataset, the training-data digest, the teacher rows"]
+        lines.append(f"{'pairs':>9} {'train':>9} {'imports':>8} {'data s':>7} {'RSS dataset':>12} {'RSS data':>9} "
+                     f"{'RSS end':>8}")
+        for n in sorted(results, key=int):
+            d = results[n].get("train_data")
+            if d:
+                lines.append(f"{int(n):>9} {d['n']:>9} {d['rss_imports_mib']:>7.0f}M {d['data_s']:>7.1f} "
+                             f"{d['rss_dataset_mib']:>11.0f}M {d['rss_data_mib']:>8.0f}M {d['rss_end_mib']:>7.0f}M")
     if info.get("eval"):
         lines += ["", "## evaluation features of a large labelled set (encode_images with a stand-in image tower; "
                   "linear probe 1 epoch; kNN k=20)"]
@@ -602,6 +655,10 @@ def main(argv: list[str] | None = None) -> None:
         results[str(n)] = {"teacher": run_child("--child-teacher", str(data_dir), str(args.teacher_dim),
                                                 str(args.pca_points_per_dim))}
         print(f"{n}: teacher {results[str(n)]['teacher']}", flush=True)
+        if "episode" not in args.skip:  # the train stage's data structures on the same manifest and cache
+            results[str(n)]["train_data"] = run_child("--child-train-data", str(data_dir),
+                                                      StandInTeacher(args.teacher_dim).name)
+            print(f"{n}: train data {results[str(n)]['train_data']}", flush=True)
         shutil.rmtree(data_dir.parent, ignore_errors=True)
     for n in sorted(args.pairs) if not args.teacher_only else []:
         root = args.root / str(n)
@@ -666,6 +723,8 @@ if __name__ == "__main__":
         teacher_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif len(sys.argv) > 1 and sys.argv[1] == "--child-eval":
         eval_child(*map(int, sys.argv[2:7]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--child-train-data":
+        train_data_child(sys.argv[2], sys.argv[3])
     elif len(sys.argv) > 1 and sys.argv[1] == "--child-train":
         train_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     else:

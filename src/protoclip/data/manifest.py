@@ -186,14 +186,16 @@ def manifest_batches(path: str | Path, columns: list[str], batch_size: int = 655
         yield from f.iter_batches(batch_size=batch_size, columns=columns)
 
 
-def read_manifest(path: str | Path, columns: list[str] | None = None) -> pd.DataFrame:
-    """The manifest as a frame (``columns``: only those, in that order)."""
+def read_manifest(path: str | Path, columns: list[str] | None = None, filters: list | None = None) -> pd.DataFrame:
+    """The manifest as a frame (``columns``: only those, in that order; ``filters``: pyarrow's row filters, applied
+    row group by row group while reading, so the unfiltered manifest is never held)."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"manifest not found: {p} (run `protoclip prepare` first)")
     try:
         names = pq.ParquetFile(p).schema_arrow.names
-        df = pd.read_parquet(p, columns=[c for c in columns if c in names] if columns is not None else None)
+        df = pd.read_parquet(p, columns=[c for c in columns if c in names] if columns is not None else None,
+                             filters=filters)
     except Exception as err:  # noqa: BLE001  pyarrow raises several types for a cut or foreign file
         raise ConfigError(f"{p}: not a readable manifest ({type(err).__name__}: {str(err)[:200]}); rebuild it "
                           "with `protoclip prepare`") from None

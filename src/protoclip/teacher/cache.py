@@ -45,11 +45,10 @@ import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow.compute as pc
-from sklearn.decomposition import PCA
 from tqdm.auto import tqdm
 
 from protoclip.atomic import atomic_path, clean_stale_temps, clean_stale_temps_of, write_json
@@ -59,6 +58,9 @@ from protoclip.layout import Layout
 from protoclip.teacher.encoders import (
     PACKAGED, TextTeacher, cached_weights, find_weights, packaged_path, load_text_teacher, sha256_file,
 )
+
+if TYPE_CHECKING:
+    from sklearn.decomposition import PCA
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +225,8 @@ def fit_pca(features: np.ndarray, dim: int, seed: int = 0) -> PCA:
     ``covariance_eigh`` (eigendecomposition of the D x D covariance) when N >= D -- exact, deterministic and
     cheap for millions of captions -- else a full SVD. Component signs are fixed by scikit-learn's svd_flip.
     """
+    from sklearn.decomposition import PCA  # here: the train stage reads caches through this module (100 MB of RSS)
+
     n, d = features.shape
     if not 1 <= dim <= min(n, d):
         raise ValueError(f"teacher.pca_dim = {dim} must be between 1 and min(#captions, teacher dim) = "
@@ -415,7 +419,7 @@ def _rows(f, offset: int, dtype: np.dtype, row_shape: tuple[int, ...], lo: int, 
         (hi - lo, *row_shape))
 
 
-def aligned_features(path: str | Path, sample_ids: list[str], block: int = 65536) -> np.ndarray:
+def aligned_features(path: str | Path, sample_ids: Sequence[str], block: int = 65536) -> np.ndarray:
     """float32 [len(sample_ids), pca_dim]: the cache's rows for ``sample_ids``, what
     ``lookup(*load_teacher_features(path)[:2], sample_ids)`` returns, read in blocks.
 

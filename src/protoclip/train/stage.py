@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_teacher(layout: Layout, tcfg: TrainConfig, sample_ids: list[str]) -> np.ndarray:
+def load_teacher(layout: Layout, tcfg: TrainConfig, sample_ids: Sequence[str]) -> np.ndarray:
     """The run's cached teacher features, rows aligned with ``sample_ids`` (the training set's order).
 
     A missing cache is a :class:`ConfigError` naming the path and the command that builds it; training ids
@@ -98,12 +98,13 @@ def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_s
     if not layout.manifest.exists():
         raise ConfigError(f"run '{tcfg.name}': manifest not found at {layout.manifest}; build it with "
                           "`protoclip prepare --config <config>`")
-    df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train")
+    df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train",
+                       columns=["id", "path", "caption", "sha256", "offset", "size"])  # what the dataset reads
     if len(df) == 0:
         raise ConfigError(f"run '{tcfg.name}': no training pairs for sources {tcfg.data} in {layout.manifest}")
     df = subsample_pairs(df, tcfg.subset_fraction, tcfg.seed)
     dataset = ImageTextDataset(df, method_class(tcfg.method).train_transform(tcfg, image_size), tokenizer)
-    return dataset, [str(i) for i in df["id"].tolist()]
+    return dataset, dataset.ids  # the ids as the dataset's flat column, not a Python string per pair
 
 
 def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict | None, tracker: Tracker) -> Path:
@@ -123,7 +124,6 @@ def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict |
     if info.rank == 0:
         log_training_data(cfg, layout, tcfg, tracker)
     teacher = load_teacher(layout, tcfg, ids) if tcfg.reads_teacher() else None
-    del ids  # a string per pair: not held through the training
     model = train(model, dataset, tcfg, layout.train_files(run), state=state, teacher=teacher, tracker=tracker)
     out = layout.model(run)
     check_state_finite(model, None, step=None, episode=None, checkpoint=layout.checkpoint(run), what=str(out))
