@@ -65,6 +65,14 @@ def load_manifest(layout: Layout, sources: Iterable[str] | None = None, split: s
     return df
 
 
+def release_unused_memory() -> None:
+    """Give back the memory Arrow's allocator keeps after a large read (mimalloc keeps freed pages for reuse).
+
+    After the manifest of a million pairs was read into a dataset about 450 MB stayed resident in a training process
+    that DataLoader workers then fork from; this returns it to the system."""
+    pa.default_memory_pool().release_unused()
+
+
 def manifest_sources(path) -> list[str]:
     """The sources a manifest holds (its ``source`` column read as a dictionary: a few bytes a row)."""
     import pyarrow.parquet as pq
@@ -141,4 +149,4 @@ class ImageTextDataset(Dataset):
         return image, tokens, self.ids[i]
 
 
-__all__ = ["load_manifest", "read_image", "StringColumn", "ImageTextDataset"]
+__all__ = ["load_manifest", "release_unused_memory", "manifest_sources", "read_image", "StringColumn", "ImageTextDataset"]

@@ -92,7 +92,7 @@ def subsample_pairs(df, fraction: float, seed: int):
 
 def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_size: int, tokenizer):
     """The run's training pairs (manifest train split of its sources, the run's augmentation) and their ids."""
-    from protoclip.data.pairs import ImageTextDataset, load_manifest
+    from protoclip.data.pairs import ImageTextDataset, load_manifest, release_unused_memory
     from protoclip.train.registry import method_class
 
     if not layout.manifest.exists():
@@ -104,6 +104,8 @@ def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_s
         raise ConfigError(f"run '{tcfg.name}': no training pairs for sources {tcfg.data} in {layout.manifest}")
     df = subsample_pairs(df, tcfg.subset_fraction, tcfg.seed)
     dataset = ImageTextDataset(df, method_class(tcfg.method).train_transform(tcfg, image_size), tokenizer)
+    del df
+    release_unused_memory()  # the manifest read's pages, before the training (and its forked workers) start
     return dataset, dataset.ids  # the ids as the dataset's flat column, not a Python string per pair
 
 
@@ -141,7 +143,7 @@ def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tra
     """The run's training rows of the manifest as an MLflow dataset input (digest: sha256 of ids + image hashes)."""
     import hashlib
 
-    from protoclip.data.pairs import load_manifest
+    from protoclip.data.pairs import load_manifest, release_unused_memory
 
     df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train",
                        columns=["id", "source", "caption", "sha256"])
@@ -151,6 +153,8 @@ def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tra
     digest = h.hexdigest()
     tracker.log_dataset(df[["id", "source", "caption", "sha256"]], name=f"manifest:{'+'.join(tcfg.data)}:train",
                         digest=digest[:32], source=str(layout.manifest))
+    del df
+    release_unused_memory()
 
 
 def train_outputs(layout: Layout, run: str) -> list[Path]:
