@@ -195,7 +195,13 @@ def test_killed_train_jobs_rerun_to_the_whole_log_once(root):
                 trainers[run] = pid
         return len(trainers) == len(VICTIMS) or sm.poll() is not None
 
-    wait_for(freeze_each_after_3_episodes, "3 trainers with 3 episodes each")
+    try:
+        wait_for(freeze_each_after_3_episodes, "3 trainers with 3 episodes each")
+    except AssertionError:  # leave no frozen trainer behind
+        for pid in [*descendants(sm.pid), sm.pid]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        raise
     assert sm.poll() is None and all(episodes_logged(root, run) < N_EPISODES for run in VICTIMS)
     job = descendants(sm.pid)
     shells = {run: parent(pid) for run, pid in trainers.items()}
