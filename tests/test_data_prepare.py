@@ -3,6 +3,7 @@ de-duplication, bad input counted, idempotent second run."""
 from __future__ import annotations
 
 import gzip
+from collections import Counter
 import hashlib
 import json
 import struct
@@ -139,7 +140,7 @@ def test_prepare_second_run_is_up_to_date(world, capsys, monkeypatch):
     csv.write_text(csv.read_text() + "u2.png,more\n")
     assert not prepare.is_up_to_date(cfg.prepare, layout)
     cfg.prepare.heldout_fraction = 0.5
-    assert prepare.fingerprint(cfg.prepare, layout) != json.loads(prepare.fingerprint_path(layout).read_text())[
+    assert prepare.fingerprint(cfg.prepare, layout) != json.loads(layout.prepare_fingerprint.read_text())[
         "fingerprint"]
 
 
@@ -230,7 +231,7 @@ def test_prepare_killed_after_the_manifest_is_not_trusted(world, monkeypatch, ca
     with pytest.raises(KeyboardInterrupt):
         prepare.run_prepare(cfg)
     monkeypatch.undo()
-    assert not prepare.fingerprint_path(layout).exists()
+    assert not layout.prepare_fingerprint.exists()
     cfg.prepare.heldout_fraction = old
     assert not prepare.is_up_to_date(cfg.prepare, layout)
     capsys.readouterr()
@@ -239,3 +240,89 @@ def test_prepare_killed_after_the_manifest_is_not_trusted(world, monkeypatch, ca
     df = pd.read_parquet(layout.manifest)
     assert all(r.split == split_of(r.id, cfg.prepare.seed, old) for r in df.itertuples())
     assert prepare.is_up_to_date(cfg.prepare, layout)
+
+
+def _reference_manifest(offline, user, seed, fraction, path, row_group=None):
+    """What prepare wrote before it streamed: every pair in memory, deduplicate, split, one DataFrame, to_parquet."""
+    from protoclip.data.manifest import deduplicate, to_frame, write_manifest
+
+    kept, dup_drops = deduplicate(offline + user)
+    for pair in kept:
+        pair.split = pair.split or split_of(pair.id, seed, fraction)
+    if row_group is None:
+        write_manifest(to_frame(kept), path)  # the writer prepare used
+    else:
+        to_frame(kept).to_parquet(path, index=False, row_group_size=row_group)
+    return kept, dup_drops
+
+
+@pytest.mark.parametrize("row_group", [None, 3])
+def test_streamed_manifest_is_the_old_writers_bytes(world, monkeypatch, tmp_path, row_group):
+    """The streamed, spilled, bucket-deduplicated manifest equals byte for byte what the in-memory writer wrote for
+    the same input: offline sources, a CSV and webdataset shards, with duplicate ids across data sets (names 'x'
+    and 'x/y') and duplicate images within and across them; with row_group 3 over several row groups."""
+    import copy
+    import io
+    import tarfile
+
+    from protoclip.data import dedup, manifest, userdata
+
+    cfg, layout = world
+    monkeypatch.setattr(dedup, "BLOCK", 4)  # spread the keys over many flushes
+    monkeypatch.setattr(userdata, "CSV_BATCH", 2)  # several batches a source
+    if row_group:
+        monkeypatch.setattr(manifest, "ROW_GROUP", row_group)
+    user = Path(cfg.prepare.user_data[0].path).parent
+    make_png(user / "y" / "u1.png", "blue", "square")  # the bytes of u1.png: a duplicate image
+    (user / "x.csv").write_text("filepath,caption\ny/u1.png,a blue square\nu2.png,other caption\n")
+    (user / "y" / "xy.csv").write_text("filepath,caption\nu1.png,the id of x's first row\n")
+    make_png(user / "y" / "u3.png", "purple", "circle")
+    (user / "y" / "u4.png").write_bytes((user / "y" / "u3.png").read_bytes())
+    (user / "y" / "more.csv").write_text("filepath,caption\nu3.png,purple\nu4.png,purple\n")
+    with tarfile.open(user / "s.tar", "w") as tar:
+        for key, img, cap in (("k1", "u2.png", b"a yellow cross"), ("k2", "y/u3.png", b"purple again"),
+                              ("k3", "y/u1.png", b"a blue square"), ("k4", "u2.png", b"yellow")):
+            for name, data in ((f"{key}.png", (user / img).read_bytes()), (f"{key}.txt", cap)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    cfg.prepare.user_data += [UserDataConfig(name="x", format="csv", path=str(user / "x.csv")),
+                              UserDataConfig(name="x/y", format="csv", path=str(user / "y" / "xy.csv")),
+                              UserDataConfig(name="more", format="csv", path=str(user / "y" / "more.csv"),
+                                             split="heldout"),
+                              UserDataConfig(name="shards", format="wds", path=str(user / "s.tar"))]
+    captured = {}
+    build = prepare.build_offline_pairs
+
+    def keep_offline(*a, **k):
+        out = build(*a, **k)
+        captured["offline"] = copy.deepcopy(out)  # before prepare adds its duplicate counts to the drops
+        return out
+    monkeypatch.setattr(prepare, "build_offline_pairs", keep_offline)
+    report = prepare.run_prepare(cfg)
+    offline, offline_drops = captured["offline"]
+    user_pairs, user_drops = [], {}
+    for u in cfg.prepare.user_data:
+        pairs, user_drops[u.name] = userdata.scan_user_data(u)
+        user_pairs += pairs
+    kept, dup_drops = _reference_manifest(offline, user_pairs, cfg.prepare.seed, cfg.prepare.heldout_fraction,
+                                          tmp_path / "reference.parquet", row_group)
+    assert all(dup_drops.get(s) for s in ("x/y", "more", "shards"))  # the fixture exercises each kind of duplicate
+    assert layout.manifest.read_bytes() == (tmp_path / "reference.parquet").read_bytes()
+    import pyarrow.parquet as pq
+    assert pq.ParquetFile(layout.manifest).metadata.num_row_groups == (1 if row_group is None else -(-len(kept) // 3))
+    for src, counts in {**offline_drops, **user_drops}.items():
+        assert report["sources"][src]["dropped"] == dict(sorted((counts + dup_drops.get(src, Counter())).items()))
+    assert report["total"]["kept"] == len(kept)
+    assert not layout.prepare_scratch.exists()  # the spill is removed
+
+
+def test_empty_manifest_is_the_old_writers_bytes(tmp_path):
+    from protoclip.data.manifest import ManifestWriter, to_frame, write_manifest
+    write_manifest(to_frame([]), tmp_path / "old.parquet")
+    with ManifestWriter(tmp_path / "new.parquet"):
+        pass
+    assert (tmp_path / "new.parquet").read_bytes() == (tmp_path / "old.parquet").read_bytes()
+    with pytest.raises(KeyboardInterrupt), ManifestWriter(tmp_path / "cut.parquet"):
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.parquet", "old.parquet"]  # nothing of the cut write

@@ -1,6 +1,7 @@
 """The data path at scale, checked on small fixtures: the parallel shard scan writes the serial scan's
 manifest byte for byte, the flat-array dataset returns what a naive list-and-tarfile reader returns, and an
-image that changed or vanished after prepare stops the reader with one line naming it (issues 21, 22).
+image that changed or vanished after prepare stops the reader with one line naming it, and the bucketed
+de-duplication that lets prepare stream drops what the in-memory rule drops.
 Speed and memory at 10k-1M pairs are measured in bench/bench_data_scale.py, not here."""
 from __future__ import annotations
 
@@ -162,3 +163,55 @@ def test_image_read_error_exits_2_with_one_line_through_the_cli(tmp_path, capsys
     assert cli.main(["prepare", "--config", str(conf)]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and "x.png: the image changed" in err[0]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_bucketed_dedup_keeps_what_the_in_memory_rule_keeps(tmp_path, monkeypatch, seed):
+    """PairDedup (keys spilled to buckets, only the conflicting rows replayed) drops exactly the rows, with the
+    reasons, that deduplicate drops: random pairs over few ids / images / captions, so that the id and image
+    rules interact (a row dropped for its image does not claim its id); rows start negative as prepare's do."""
+    from protoclip.data import dedup
+    from protoclip.data.manifest import Pair, deduplicate
+
+    monkeypatch.setattr(dedup, "BLOCK", 7)
+    rng = random.Random(seed)
+    pairs = [Pair(f"id{rng.randrange(40)}", "p", f"cap{rng.randrange(3)}", f"s{i % 3}", "", f"sha{rng.randrange(30)}")
+             for i in range(300)]
+    pairs += [Pair(f"unique{i}", "p", "c", "s0", "", f"usha{i}") for i in range(200)]  # never in conflict
+    rng.shuffle(pairs)
+    for i, p in enumerate(pairs):
+        p.licence = str(i)  # the row, to find it again
+    kept, _ = deduplicate(pairs)
+    d = dedup.PairDedup(tmp_path)
+    first = -123
+    for i in range(0, len(pairs), 11):
+        d.add(first + i, pairs[i:i + 11])
+    removed = d.resolve()
+    kept_rows = {int(p.licence) for p in kept}
+    assert sorted(set(range(len(pairs))) - kept_rows) == (removed.rows - first).tolist()
+    expected = {}  # the reason deduplicate gives, replayed
+    ids, images = set(), {}
+    for i, p in enumerate(pairs):
+        if p.id in ids:
+            expected[i] = "duplicate_id"
+        elif p.sha256 in images:
+            expected[i] = "duplicate_pair" if images[p.sha256] == p.caption else "duplicate_image"
+        else:
+            ids.add(p.id)
+            images[p.sha256] = p.caption
+    assert {int(r) - first: dedup.REASONS[c] for r, c in zip(removed.rows, removed.reasons)} == expected
+
+
+def test_key_spill_finds_the_later_repeats(tmp_path, monkeypatch):
+    from protoclip.data import dedup
+    monkeypatch.setattr(dedup, "BLOCK", 5)
+    rng = random.Random(3)
+    keys = [f"k{rng.randrange(25)}" for _ in range(200)]
+    spill = dedup.KeySpill(tmp_path)
+    for i in range(0, 200, 9):
+        spill.add(np.arange(i, min(i + 9, 200)), keys[i:i + 9])
+    seen, later = set(), []
+    for i, k in enumerate(keys):
+        (later.append(i) if k in seen else seen.add(k))
+    assert spill.later_repeats().tolist() == later
+    assert len(list((tmp_path).iterdir())) > 10  # spread over bucket files

@@ -213,19 +213,95 @@ def test_webdataset_offsets_read_the_same_bytes_as_tarfile(tmp_path):
             assert p.sha256 == hashlib.sha256(expected).hexdigest()
 
 
-def test_csv_unterminated_quote_is_one_line_naming_file_and_line(tmp_path):
+# a spreadsheet export with a typo: the quote opened in row 2 (line 3) closes in row 4 (line 5), before text
+QUOTE_TYPO = ('filepath,caption\na.png,a red circle\nb.png,"a blue square\nc.png,a green thing\n'
+              'd.png,the quote closes" here\ne.png,the last row\n')
+
+
+def _five_images(d: Path) -> None:
+    for name, colour, shape in [("a", "red", "circle"), ("b", "blue", "square"), ("c", "green", "triangle"),
+                                ("d", "yellow", "circle"), ("e", "purple", "square")]:
+        make_png(d / f"{name}.png", colour, shape)
+
+
+def test_csv_quote_left_open_costs_its_own_row_only(tmp_path, caplog):
+    """One record a line (the default): the open quote makes row 2 malformed and nothing else; all 5 rows counted."""
+    _five_images(tmp_path)
+    (tmp_path / "p.csv").write_text(QUOTE_TYPO)
+    with caplog.at_level("WARNING", logger="protoclip.data.csvfile"):
+        pairs, drops = scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "p.csv")))
+    assert [p.caption for p in pairs] == ["a red circle", "a green thing", 'the quote closes" here', "the last row"]
+    assert dict(drops) == {"malformed_row": 1} and len(pairs) + sum(drops.values()) == 5
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and f"{tmp_path / 'p.csv'}: line 3: a quoted field is not closed on its line" in warned[0]
+    assert "1 row dropped" in warned[0]
+
+
+def test_csv_multiline_record_gone_wrong_counts_every_line_it_consumed(tmp_path, caplog):
+    """With multi-line captions allowed, the open quote runs to line 5 and the record breaks there: the three
+    lines it consumed are three lost rows, and the message says so and where the quote opened."""
+    _five_images(tmp_path)
+    (tmp_path / "p.csv").write_text(QUOTE_TYPO)
+    with caplog.at_level("WARNING", logger="protoclip.data.csvfile"):
+        pairs, drops = scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "p.csv"),
+                                               multiline_captions=True))
+    assert [p.caption for p in pairs] == ["a red circle", "the last row"]
+    assert dict(drops) == {"malformed_row": 3} and len(pairs) + sum(drops.values()) == 5
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "lines 3-5: not a CSV record" in warned[0]
+    assert "a quote opened on line 3 (3 rows dropped)" in warned[0]
+
+
+def test_csv_multiline_captions_only_where_allowed(tmp_path):
+    make_png(tmp_path / "a.png", "red", "circle")
+    make_png(tmp_path / "b.png", "blue", "square")
+    (tmp_path / "ok.csv").write_text('filepath,caption\na.png,"a red, quoted\ncircle"\nb.png,x\n')
+    cfg = UserDataConfig(name="q", format="csv", path=str(tmp_path / "ok.csv"), multiline_captions=True)
+    pairs, drops = scan_csv(cfg)
+    assert [p.caption for p in pairs] == ["a red, quoted circle", "x"] and not drops  # closed quotes span lines
+    pairs, drops = scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "ok.csv")))
+    # off: line 2 does not close its quote (malformed), line 3 'circle"' is a row of one field
+    assert [p.caption for p in pairs] == ["x"] and dict(drops) == {"malformed_row": 1, "missing_fields": 1}
+    from protoclip.data.config import PrepareConfig
+    with pytest.raises(ValueError, match="multiline_captions applies to csv/tsv"):
+        PrepareConfig(user_data=[UserDataConfig(name="w", format="wds", path="x.tar",
+                                                multiline_captions=True)]).validate()
+
+
+def test_csv_quote_never_closed_with_multiline_captions_names_the_line(tmp_path):
     from protoclip.errors import ConfigError
     make_png(tmp_path / "a.png", "red", "circle")
     make_png(tmp_path / "b.png", "blue", "square")
     (tmp_path / "p.csv").write_text('filepath,caption\na.png,a red circle\nb.png,"a blue\nb.png,swallowed\n'
                                     "a.png,swallowed too\n")
     with pytest.raises(ConfigError) as err:
-        scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "p.csv")))
+        scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "p.csv"), multiline_captions=True))
     msg = str(err.value)
     assert msg.startswith(f"{tmp_path / 'p.csv'}:3:") and "unterminated quote" in msg and "\n" not in msg
-    (tmp_path / "ok.csv").write_text('filepath,caption\na.png,"a red, quoted\ncircle"\nb.png,x\n')
-    pairs, drops = scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "ok.csv")))
-    assert [p.caption for p in pairs] == ["a red, quoted circle", "x"] and not drops  # closed quotes still span lines
+    assert "the 3 lines to the end of the file" in msg
+    # one record a line: the same file loses its line 3 only (line 5 repeats a.png: a duplicate id)
+    pairs, drops = scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "p.csv")))
+    assert [p.caption for p in pairs] == ["a red circle", "swallowed"]
+    assert dict(drops) == {"malformed_row": 1, "duplicate_id": 1}
+
+
+def test_csv_is_streamed_and_repeats_found_without_a_set_of_ids(tmp_path, monkeypatch):
+    """More rows than a batch and than the key spill's block: repeated paths are found across batches."""
+    import protoclip.data.dedup as dedup
+    import protoclip.data.userdata as userdata
+    monkeypatch.setattr(userdata, "CSV_BATCH", 7)
+    monkeypatch.setattr(dedup, "BLOCK", 5)
+    make_png(tmp_path / "a.png", "red", "circle")
+    names = [f"a.png{'#' * (i % 9)}" for i in range(40)]  # 9 distinct paths, repeated; only a.png exists
+    lines = ["filepath,caption"] + [f"{n},caption {i}" for i, n in enumerate(names)]
+    (tmp_path / "p.csv").write_text("\n".join(lines) + "\n")
+    pairs, drops = scan_csv(UserDataConfig(name="s", format="csv", path=str(tmp_path / "p.csv")), scratch=tmp_path)
+    first = {}
+    for i, n in enumerate(names):
+        first.setdefault(n, i)
+    assert [p.caption for p in pairs] == ["caption 0"]
+    assert drops["duplicate_id"] == 40 - len(first) and drops["missing_file"] == len(first) - 1
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("csv-ids-")]  # the spill is removed
 
 
 def test_csv_label_column_gives_coarse_labels(tmp_path):

@@ -228,3 +228,147 @@ def test_run_teacher_loads_a_local_directory_by_name(tmp_path, tiny_bert_dir):
     ids, feats, meta = load_teacher_features(out)
     assert feats.shape == (40, 4) and meta["teacher"] == str(tiny_bert_dir)
     assert meta["weights_sha256"] == sha256_file(tiny_bert_dir / "model.safetensors")
+
+
+# --------------------------------------------------------------------------- memory-bounded stage (issue 31)
+def _old_teacher_output(cfg, teacher) -> np.ndarray:
+    """What the stage wrote before it streamed: every caption encoded into one array, PCA fitted and applied to
+    all of it at once."""
+    df = pd.read_parquet(Layout.from_config(cfg).manifest)
+    captions = df.loc[df["split"] == "train", "caption"].tolist()
+    cs = cfg.teacher.chunk_size
+    raw = np.concatenate([teacher.encode(captions[i:i + cs]) for i in range(0, len(captions), cs)])
+    return fit_pca(raw, cfg.teacher.pca_dim, cfg.teacher.seed).transform(raw).astype(np.float32), raw
+
+
+def test_projection_streamed_from_chunks_equals_a_full_pca(tmp_path, monkeypatch):
+    """A corpus within the PCA sample: the chunk-by-chunk projection in blocks (tail joined to its neighbour) is
+    bit for bit the whole-matrix fit + transform the stage did before, at a real teacher width (384)."""
+    from teacher_fixtures import HashTeacher
+
+    import protoclip.teacher.cache as cache
+    monkeypatch.setattr(cache, "PROJECT_ROWS", 300)  # blocks 300, 300, 300, 100
+    cfg = make_project(tmp_path, n_train=1000, n_heldout=30, pca_dim=16, chunk_size=128)
+    teacher = HashTeacher(dim=384)
+    ids, feats, meta = load_teacher_features(run_teacher(cfg, teacher=teacher))
+    expected, _raw = _old_teacher_output(cfg, HashTeacher(dim=384))
+    np.testing.assert_array_equal(feats, expected)
+    assert meta["pca_fit_rows"] == 1000 and meta["pca_max_points_per_dim"] == 1000
+    assert cache.blocks(1000, 300) == [(0, 300), (300, 600), (600, 900), (900, 1000)]
+    assert cache.blocks(910, 300) == [(0, 300), (300, 600), (600, 910)]  # a 10-row tail joins its neighbour
+    assert not any(Layout.from_config(cfg).teacher_partial("x").parent.iterdir())  # the partial folder is gone
+
+
+def test_pca_fitted_on_the_seeded_sample_when_the_corpus_is_larger(tmp_path):
+    from teacher_fixtures import HashTeacher
+
+    cfg = make_project(tmp_path, n_train=500, n_heldout=10, pca_dim=6, chunk_size=64)
+    cfg.teacher.pca_max_points_per_dim = 5  # 5 x 48 = 240 of 500 captions
+    ids, feats, meta = load_teacher_features(run_teacher(cfg, teacher=HashTeacher(dim=48)))
+    assert meta["pca_fit_rows"] == 240
+    _full, raw = _old_teacher_output(cfg, HashTeacher(dim=48))
+    rows = np.sort(np.random.default_rng(cfg.teacher.seed).choice(500, size=240, replace=False))
+    pca = fit_pca(raw[rows], 6, cfg.teacher.seed)  # oracle: scikit-learn on exactly those rows
+    np.testing.assert_array_equal(meta["pca_components"], pca.components_)
+    np.testing.assert_allclose(feats, pca.transform(raw), rtol=1e-5, atol=1e-6)  # every caption projected
+
+
+def test_kill_after_the_pca_was_saved_resumes_without_refitting_or_encoding(tmp_path, monkeypatch):
+    from teacher_fixtures import HashTeacher
+
+    import protoclip.teacher.cache as cache
+    ref = make_project(tmp_path / "ref")
+    _, expected, _ = load_teacher_features(run_teacher(ref, teacher=HashTeacher()))
+
+    cfg = make_project(tmp_path / "killed")
+    with monkeypatch.context() as m:
+        def killed(*a, **k):
+            raise KeyboardInterrupt("killed while writing the cache")
+        m.setattr(cache, "write_cache", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run_teacher(cfg, teacher=HashTeacher())
+    assert list(Layout.from_config(cfg).teacher_partial("x").parent.glob("*/pca.npz"))
+
+    def no_refit(*a, **k):
+        raise AssertionError("the saved PCA was fitted again")
+    monkeypatch.setattr(cache, "fit_pca", no_refit)
+    again = HashTeacher()
+    _, feats, _ = load_teacher_features(run_teacher(cfg, teacher=again))
+    assert again.calls == 0
+    np.testing.assert_array_equal(feats, expected)
+
+
+KILL_CHILD = r"""
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from teacher_fixtures import HashTeacher
+import protoclip.teacher.cache as cache
+from protoclip.config import ProjectConfig
+
+where, root = sys.argv[2], sys.argv[3]
+cfg = ProjectConfig()
+cfg.paths.data_dir = os.path.join(root, "data")
+cfg.teacher.name, cfg.teacher.pca_dim, cfg.teacher.chunk_size, cfg.teacher.batch_size = "tiny-bert-test", 8, 25, 16
+
+
+class Killed(HashTeacher):
+    def encode(self, captions, **kw):
+        if where == "encode" and self.calls == 2:
+            os.kill(os.getpid(), signal.SIGKILL)  # two chunks saved, the third under way
+        return super().encode(captions, **kw)
+
+
+if where == "project":
+    apply = cache.Projection.apply
+    def dying(self, x):
+        os.kill(os.getpid(), signal.SIGKILL)  # the PCA is saved; the cache's temp file is half written
+    cache.Projection.apply = dying
+cache.run_teacher(cfg, teacher=Killed())
+"""
+
+
+@pytest.mark.parametrize("where, encodes, fits", [("encode", 2, 1), ("project", 0, 0)])
+def test_kill_9_anywhere_resumes_what_was_saved(tmp_path, monkeypatch, where, encodes, fits):
+    """SIGKILL in the middle of encoding (2 of 4 chunks saved) or of writing the cache (chunks and PCA saved):
+    the rerun encodes only the missing chunks, fits only if no PCA was saved, and writes the uninterrupted
+    run's features."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from teacher_fixtures import HashTeacher
+
+    import protoclip.teacher.cache as cache
+    _, expected, _ = load_teacher_features(run_teacher(make_project(tmp_path / "ref"), teacher=HashTeacher()))
+    cfg = make_project(tmp_path / "run")
+    res = subprocess.run([sys.executable, "-c", KILL_CHILD, str(Path(__file__).parent), where, str(tmp_path / "run")],
+                         capture_output=True, text=True)
+    assert res.returncode == -9, res.stderr[-2000:]
+    layout = Layout.from_config(cfg)
+    assert not layout.teacher_features(cfg.teacher.name).exists()
+    fitted = []
+    fit = cache.fit_pca
+    monkeypatch.setattr(cache, "fit_pca", lambda *a, **k: fitted.append(1) or fit(*a, **k))
+    again = HashTeacher()
+    _, feats, _ = load_teacher_features(run_teacher(cfg, teacher=again))
+    assert (again.calls, len(fitted)) == (encodes, fits)
+    np.testing.assert_array_equal(feats, expected)
+    assert not list(layout.teacher_features(cfg.teacher.name).parent.glob(".*.tmp*"))  # the cut write is gone
+
+
+def test_aligned_features_reads_the_run_rows_as_lookup_does(tmp_path):
+    """The train stage's block-wise merge read gives lookup's rows: the whole split, a subsample (a
+    subsequence), ids out of cache order and a missing id (lookup's fallback and its error)."""
+    from teacher_fixtures import HashTeacher
+
+    from protoclip.teacher.cache import aligned_features
+    cfg = make_project(tmp_path, n_train=300, n_heldout=10)
+    out = run_teacher(cfg, teacher=HashTeacher())
+    ids, feats, _ = load_teacher_features(out)
+    every = ids.tolist()
+    sub = every[3::7]
+    shuffled = list(np.random.default_rng(0).permutation(every)[:50])
+    for wanted in (every, sub, shuffled):
+        np.testing.assert_array_equal(aligned_features(out, wanted, block=32), lookup(ids, feats, wanted))
+    with pytest.raises(KeyError, match="no teacher features"):
+        aligned_features(out, sub + ["not-an-id"], block=32)

@@ -1,17 +1,25 @@
 """Where every stage reads and writes: the one place that knows the on-disk layout (no path is built elsewhere).
 
     data/raw/debs/*.deb                 pinned Debian packages (apt-get download)
+    data/raw/debs/hashes.json           sha256 recorded where a package differed from its pin
     data/raw/unpacked/<package>/        dpkg-deb -x of each
     data/prepared/manifest.parquet      image-caption pairs: id, path, caption, source, label, sha256, split
     data/prepared/images/<source>/...   rendered RGB PNGs
     data/prepared/report.json           kept / dropped counts per source and reason
+    data/prepared/fingerprint.json      what the outputs were built from (prepare's up-to-date check)
     data/prepared/eval/<name>.npz       offline labelled eval sets (images, labels, split, classnames)
+    data/tmp/                           stages' spill files while they run (prepare/: candidate pairs, dedup keys)
     data/teacher/<teacher>.npz          PCA-reduced teacher features keyed by sample id (+ .json metadata)
                                         (<teacher>: the teacher's name made file-safe, safe_name)
+<<<<<<< HEAD
+    data/teacher/.partial/<stem>/       a teacher run's encoded chunks and fitted PCA until its cache is written
+    results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt, checkpoints/ (last.pt, mlflow.json)
+=======
     results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt (the train stage's outputs)
     results/runs/<run>/checkpoints/     the training's work in progress, never a workflow output: last.pt,
                                         train_log.jsonl (the log the checkpoint continues), mlflow.json (its MLflow
                                         run id), train.lock (held by the process training the run)
+>>>>>>> main
     results/runs/<run>/eval/<set>/      one evaluation job's outputs (a DVC out of stage evaluate_<run>_<set>):
         <task>.json                     metrics of one task (also logged to the run's MLflow run)
         <task>.examples.npz             its per-example results (zero-shot, probes: hit per test image;
@@ -75,8 +83,41 @@ class Layout:
         return self.data_dir / "raw" / "unpacked"
 
     @property
+    def deb_hashes(self) -> Path:
+        """The sha256 recorded for each package that differed from its pin (protoclip.data.debs)."""
+        return self.debs / "hashes.json"
+
+    def deb(self, filename: str) -> Path:
+        return self.debs / filename
+
+    def unpacked_package(self, name: str) -> Path:
+        return self.unpacked / name
+
+    @property
     def prepared(self) -> Path:
         return self.data_dir / "prepared"
+
+    @property
+    def prepared_images(self) -> Path:
+        """Root of the rendered offline images (a pair's image is ``<root>/<its id>.png``)."""
+        return self.prepared / "images"
+
+    def source_images(self, source: str) -> Path:
+        return self.prepared_images / source
+
+    @property
+    def prepare_fingerprint(self) -> Path:
+        return self.prepared / "fingerprint.json"
+
+    @property
+    def scratch(self) -> Path:
+        """Where stages spill temporary files beside the data (large, and removed when the stage ends)."""
+        return self.data_dir / "tmp"
+
+    @property
+    def prepare_scratch(self) -> Path:
+        """Spill files of a running prepare (candidate pairs, de-duplication keys); removed when it ends."""
+        return self.scratch / "prepare"
 
     @property
     def manifest(self) -> Path:
@@ -99,11 +140,18 @@ class Layout:
         return self.teacher_cache(safe_name(teacher))
 
     def teacher_meta(self, teacher: str) -> Path:
-        return self.teacher_features(teacher).with_suffix(".json")
+        return self.teacher_cache_meta(safe_name(teacher))
 
     def teacher_cache(self, stem: str) -> Path:
         """The features file by its file stem (the workflow's ``{teacher}`` wildcard: a safe name)."""
         return self.data_dir / "teacher" / f"{stem}.npz"
+
+    def teacher_cache_meta(self, stem: str) -> Path:
+        return self.teacher_cache(stem).with_suffix(".json")
+
+    def teacher_partial(self, name: str) -> Path:
+        """A teacher run's work in progress (encoded chunks, fitted PCA), ``name`` saying which run it belongs to."""
+        return self.data_dir / "teacher" / ".partial" / name
 
     # ---- results
     def run_dir(self, run: str) -> Path:

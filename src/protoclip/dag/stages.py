@@ -163,8 +163,8 @@ def prepare_outs(lay: Layout, cfg) -> dict[str, Out]:
 
 def teacher_outs(lay: Layout, teacher_file: str) -> dict[str, Out]:
     """``teacher_file``: the cache's file stem (the rule's ``{teacher}`` wildcard)."""
-    features = lay.teacher_cache(teacher_file)
-    return {"features": Out(norm_path(features)), "meta": Out(norm_path(features.with_suffix(".json")))}
+    return {"features": Out(norm_path(lay.teacher_cache(teacher_file))),
+            "meta": Out(norm_path(lay.teacher_cache_meta(teacher_file)))}
 
 
 # --------------------------------------------------------------------------- stages

@@ -17,6 +17,9 @@ class UserDataConfig:
     # probes, as the offline sources' labels); null: the pairs are unlabelled (retrieval only)
     label_key: str | None = None
     split: Literal["train", "heldout", "auto"] = "auto"  # auto: split with the same seeded rule as the default data
+    # CSV/TSV: a quoted caption may span lines. Off by default: a quote left open then costs its own row only,
+    # instead of swallowing the following rows into one caption (protoclip.data.csvfile)
+    multiline_captions: bool = False
 
 
 @dataclass
@@ -44,6 +47,8 @@ class PrepareConfig:
         for u in self.user_data:
             if u.label_key and u.format == "wds":
                 raise ValueError(f"user_data '{u.name}': label_key applies to csv/tsv files, not wds shards")
+            if u.multiline_captions and u.format == "wds":
+                raise ValueError(f"user_data '{u.name}': multiline_captions applies to csv/tsv files, not wds shards")
         if len(set(names)) != len(names) or set(names) & set(self.offline_sources):
             raise ValueError(f"user_data names must be unique and differ from offline sources, got {names}")
         if self.image_size < 8:

@@ -3,7 +3,7 @@
 The offline default data (caption corpora, emoji font, Fashion-MNIST) comes from Debian's archive.
 Each package is pinned by name, version and the sha256 it had when the data recipe was written
 (``PINNED`` below; see shared/docs/offline-data.md). Debian point releases can replace a file, so a
-mismatch only warns and records the new hash in ``layout.debs/hashes.json`` (which the prepare
+mismatch only warns and records the new hash in ``layout.deb_hashes`` (which the prepare
 fingerprint includes, so the change re-runs the stage); with ``strict_hashes`` it is an error.
 
 Work already done is skipped: a cached ``.deb`` whose hash matches the pinned or recorded one is not
@@ -82,13 +82,9 @@ SOURCE_PACKAGES: dict[str, list[str]] = {
 }
 
 
-def _recorded_path(layout: Layout) -> Path:
-    return layout.debs / "hashes.json"
-
-
 def recorded_hashes(layout: Layout) -> dict[str, str]:
     """{package name: sha256 recorded at a mismatch}; empty when every package matched its pin."""
-    p = _recorded_path(layout)
+    p = layout.deb_hashes
     return json.loads(p.read_text()) if p.exists() else {}
 
 
@@ -129,7 +125,7 @@ def ensure_deb(name: str, layout: Layout, strict: bool = False,
     if name not in PINNED:
         raise KeyError(f"unknown package {name!r} (pinned: {', '.join(PINNED)})")
     pkg = PINNED[name]
-    path = layout.debs / pkg.filename
+    path = layout.deb(pkg.filename)
     # strict: only the pin counts, even if an earlier non-strict run recorded another hash
     accepted = {pkg.sha256} if strict else {pkg.sha256, recorded_hashes(layout).get(name)}
     if path.exists():
@@ -147,14 +143,14 @@ def ensure_deb(name: str, layout: Layout, strict: bool = False,
         log.warning("%s; recording the new hash (set prepare.strict_hashes to make this an error)", msg)
         rec = recorded_hashes(layout)
         rec[name] = digest
-        write_json(_recorded_path(layout), rec)
+        write_json(layout.deb_hashes, rec)
     return path, digest
 
 
 def ensure_unpacked(name: str, layout: Layout, strict: bool = False,
                     download: Callable[[PinnedDeb, Path], Path] = apt_download) -> Path:
     """``dpkg-deb -x`` package ``name`` into ``layout.unpacked/<name>`` unless its marker says it is done."""
-    root = layout.unpacked / name
+    root = layout.unpacked_package(name)
     marker = root / MARKER
     expected = PINNED[name].sha256 if strict else expected_hashes(layout, [name])[name]
     if marker.exists() and marker.read_text().strip() == expected:

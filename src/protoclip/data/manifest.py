@@ -6,15 +6,23 @@ Columns (docs/architecture.md): ``id`` (unique), ``path`` (a file, or ``shard.ta
 ``layout.prepared`` (so a moved or DVC-restored data folder stays valid); :func:`absolute_paths` makes them
 absolute again (the one rule, for training's ``load_manifest`` and the evaluation of the held-out pairs).
 User-data paths are stored absolute.
+
+Writing: :class:`ManifestWriter` streams pairs into the file row group by row group, byte for byte the file
+``DataFrame.to_parquet`` writes for the whole frame (:func:`write_manifest`; tested), holding one row group
+(``ROW_GROUP`` rows, pyarrow's default) at a time instead of the corpus.
 """
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+import contextlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from protoclip.atomic import atomic_path
 from protoclip.data.reading import SEP
@@ -90,21 +98,114 @@ def absolute_paths(paths: Iterable[str], root: str | Path) -> list[str]:
     return [p if Path(p.split(SEP, 1)[0]).is_absolute() else str(root / p) for p in paths]
 
 
-def read_manifest(path: str | Path) -> pd.DataFrame:
+ROW_GROUP = 1024 * 1024  # rows a parquet row group: what pyarrow's write_table (so DataFrame.to_parquet) uses
+
+
+def manifest_schema() -> pa.Schema:
+    """The Arrow schema ``to_parquet`` gives a manifest frame (large strings, int64, pandas metadata)."""
+    return pa.Schema.from_pandas(to_frame([])[COLUMNS], preserve_index=False)
+
+
+def pairs_batch(pairs: Sequence[Pair], schema: pa.Schema | None = None) -> pa.RecordBatch:
+    """Pairs -> one Arrow record batch of the manifest schema (column by column, no pandas)."""
+    schema = schema or manifest_schema()
+    return pa.RecordBatch.from_arrays([pa.array([getattr(p, c) for p in pairs], type=schema.field(c).type)
+                                       for c in COLUMNS], schema=schema)
+
+
+class ManifestWriter:
+    """Append record batches of the manifest schema; the file appears (atomically) when the block ends.
+
+        with ManifestWriter(layout.manifest) as w:
+            for batch in batches:
+                w.write(batch)
+
+    Rows are regrouped into row groups of exactly ``ROW_GROUP`` rows (the last one shorter), each written as one
+    contiguous table: the parquet writer then sees what ``write_table`` hands it for the whole frame, so the
+    bytes are the same. Ids are not checked for uniqueness here (that would hold every id): the caller
+    de-duplicates (``protoclip.data.dedup``).
+    """
+
+    def __init__(self, path: str | Path, row_group: int | None = None):
+        self.path, self.row_group = Path(path), row_group or ROW_GROUP
+        self.schema = manifest_schema()
+        self.rows = 0
+        self._stack = contextlib.ExitStack()
+        self._pending: list[pa.RecordBatch] = []
+        self._n = 0
+
+    def __enter__(self) -> "ManifestWriter":
+        tmp = self._stack.enter_context(atomic_path(self.path))
+        self._writer = pq.ParquetWriter(tmp, self.schema)
+        self._stack.callback(self._writer.close)
+        return self
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        while batch.num_rows:  # cut at the row-group boundary: a flush writes everything pending
+            take = min(batch.num_rows, self.row_group - self._n)
+            self._pending.append(batch.slice(0, take))
+            self._n += take
+            batch = batch.slice(take)
+            if self._n == self.row_group:
+                self._flush()
+
+    def _flush(self) -> None:
+        table = pa.Table.from_batches(self._pending, schema=self.schema)
+        self._pending, rows, self._n = [], self._n, 0
+        for i, field in enumerate(self.schema):  # one contiguous array a column, one column at a time: the
+            table = table.set_column(i, field, pa.concat_arrays(table.column(i).chunks))  # batches go as we go
+        self._writer.write_table(table)
+        self.rows += rows
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:  # close the writer and remove the temporary file: no manifest appears
+            return self._stack.__exit__(exc_type, exc, tb)
+        with self._stack:  # closed, then renamed onto the manifest (removed instead if the last flush fails)
+            if self._n:
+                self._flush()
+            elif not self.rows:  # an empty manifest: to_parquet writes the schema and one empty row group
+                self._writer.write_table(self.schema.empty_table())
+
+
+def manifest_batches(path: str | Path, columns: list[str], batch_size: int = 65536):
+    """The manifest's ``columns`` as Arrow record batches, in file order, without reading the whole file (the
+    errors of :func:`read_manifest` for a missing, unreadable or foreign file)."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"manifest not found: {p} (run `protoclip prepare` first)")
     try:
-        df = pd.read_parquet(p)
+        f = pq.ParquetFile(p)
     except Exception as err:  # noqa: BLE001  pyarrow raises several types for a cut or foreign file
         raise ConfigError(f"{p}: not a readable manifest ({type(err).__name__}: {str(err)[:200]}); rebuild it "
                           "with `protoclip prepare`") from None
-    missing = [c for c in ("id", "path", "caption", "source", "split") if c not in df.columns]  # what readers use
+    missing = [c for c in columns if c not in f.schema_arrow.names]
+    if missing:
+        raise ConfigError(f"{p}: not a manifest of this version (missing columns {missing}); rebuild it with "
+                          "`protoclip prepare`")
+    with f:
+        yield from f.iter_batches(batch_size=batch_size, columns=columns)
+
+
+def read_manifest(path: str | Path, columns: list[str] | None = None, filters: list | None = None) -> pd.DataFrame:
+    """The manifest as a frame (``columns``: only those, in that order; ``filters``: pyarrow's row filters, applied
+    row group by row group while reading, so the unfiltered manifest is never held)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"manifest not found: {p} (run `protoclip prepare` first)")
+    try:
+        names = pq.ParquetFile(p).schema_arrow.names
+        df = pd.read_parquet(p, columns=[c for c in columns if c in names] if columns is not None else None,
+                             filters=filters)
+    except Exception as err:  # noqa: BLE001  pyarrow raises several types for a cut or foreign file
+        raise ConfigError(f"{p}: not a readable manifest ({type(err).__name__}: {str(err)[:200]}); rebuild it "
+                          "with `protoclip prepare`") from None
+    wanted = ("id", "path", "caption", "source", "split") if columns is None else columns  # what readers use
+    missing = [c for c in wanted if c not in df.columns]
     if missing:
         raise ConfigError(f"{p}: not a manifest of this version (missing columns {missing}); rebuild it with "
                           "`protoclip prepare`")
     return df
 
 
-__all__ = ["COLUMNS", "INT_COLUMNS", "Pair", "deduplicate", "to_frame", "write_manifest", "read_manifest",
-           "absolute_paths"]
+__all__ = ["COLUMNS", "INT_COLUMNS", "ROW_GROUP", "Pair", "deduplicate", "to_frame", "write_manifest", "read_manifest",
+           "absolute_paths", "manifest_schema", "pairs_batch", "manifest_batches", "ManifestWriter"]

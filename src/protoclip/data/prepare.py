@@ -5,14 +5,21 @@
 
 Steps: download/verify/unpack the pinned Debian packages the configured sources need
 (``protoclip.data.debs``); scan each offline source (``tuxpaint``, ``openclipart``, ``emoji``) and
-render its images to ``layout.prepared/images/<source>/`` (PNG, ``image_size`` px, RGB on white);
+render its images to ``layout.source_images(<source>)`` (PNG, ``image_size`` px, RGB on white);
 scan user data (CSV/TSV, webdataset); de-duplicate; split train/held-out by id hash; write
 ``manifest.parquet``, the offline eval sets and ``report.json`` (kept and dropped counts per source
 and reason). Nothing bad in the input is fatal or silent: it is dropped and counted.
 
+Memory does not grow with the corpus (YFCC-15M on an ordinary node). User data is scanned in batches (a shard,
+or a few thousand CSV rows) that go to a spill file (Arrow IPC, ``layout.prepare_scratch``) while their keys go to
+the de-duplication spill (``protoclip.data.dedup``); the offline sources (a few thousand pairs) stay in memory.
+Then the duplicates are resolved bucket by bucket and the manifest is written in one streamed pass (offline pairs,
+then the user data in config order), row group by row group (``ManifestWriter``: the same bytes as writing the
+whole frame). The peak is one parquet row group (``ROW_GROUP`` rows), a dedup bucket and the duplicates' keys.
+
 Idempotent: a fingerprint of what the stage reads (prepare config, expected package hashes, user-data
 file sizes and mtimes, and the size and mtime of every image a CSV/TSV names, ``FORMAT_VERSION``) is
-stored in ``layout.prepared/fingerprint.json``; when it matches and every output exists the stage logs
+stored in ``layout.prepare_fingerprint``; when it matches and every output exists the stage logs
 "up to date" and returns the stored counts without work. Images are fingerprinted by (size, mtime_ns), not
 by content: replacing a file changes its mtime, and hashing a million images to learn that nothing
 changed would cost as much as the scan. The fingerprint is computed before anything is read (a file
@@ -28,24 +35,25 @@ import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from protoclip.atomic import clean_stale_temps, write_json
 from protoclip.schema import to_dict
 from protoclip.data import debs, emoji, evalsets, openclipart, tuxpaint, userdata
 from protoclip.data.captions import english_lexicon
 from protoclip.data.config import PrepareConfig
+from protoclip.data.csvfile import Malformed
+from protoclip.data.dedup import REASONS, PairDedup, Removed
 from protoclip.data.images import Candidate, render_all
-from protoclip.data.manifest import Pair, deduplicate, to_frame, write_manifest
-from protoclip.data.split import split_of
+from protoclip.data.manifest import ManifestWriter, Pair, manifest_schema
 from protoclip.layout import Layout
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3  # bump when the prepared outputs change meaning (forces a rebuild)
 WORDLIST = Path("usr/share/dict/american-english")
-
-
-def fingerprint_path(layout: Layout) -> Path:
-    return layout.prepared / "fingerprint.json"
 
 
 def needed_packages(p: PrepareConfig) -> list[str]:
@@ -71,7 +79,7 @@ def fingerprint(p: PrepareConfig, layout: Layout) -> str:
 
 def is_up_to_date(p: PrepareConfig, layout: Layout, current: str | None = None) -> bool:
     """Whether the stored fingerprint equals ``current`` (computed now when not given) and every output exists."""
-    fp = fingerprint_path(layout)
+    fp = layout.prepare_fingerprint
     if not fp.exists() or not all(o.exists() for o in layout.prepared_files(p.eval_sets).values()):
         return False
     try:
@@ -96,15 +104,14 @@ def scan_source(name: str, layout: Layout, p: PrepareConfig) -> tuple[list[Candi
 
 
 def build_offline_pairs(layout: Layout, p: PrepareConfig) -> tuple[list[Pair], dict[str, collections.Counter]]:
-    images = layout.prepared / "images"
     pairs: list[Pair] = []
     drops: dict[str, collections.Counter] = {}
     for name in p.offline_sources:
         cands, drop = scan_source(name, layout, p)
-        shutil.rmtree(images / name, ignore_errors=True)  # no stale images of an earlier config
+        shutil.rmtree(layout.source_images(name), ignore_errors=True)  # no stale images of an earlier config
         log.info("%s: rendering %d images at %d px", name, len(cands), p.image_size)
         by_id = {c.id: c for c in cands}
-        for r in render_all(cands, images, p.image_size, p.num_workers, desc=name):
+        for r in render_all(cands, layout.prepared_images, p.image_size, p.num_workers, desc=name):
             if r.reason:
                 drop[r.reason] += 1
                 continue
@@ -143,6 +150,72 @@ def format_counts(report: dict) -> str:
     return "\n".join(lines)
 
 
+class _Spill:
+    """The user data's pairs between the scan and the manifest: Arrow IPC batches on disk, keys logged for dedup."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / "user_pairs.arrow"
+        self.dedup = PairDedup(folder / "keys")
+        self.schema = manifest_schema()
+        self.rows = 0
+        self._sink = pa.OSFile(str(self.path), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, self.schema)
+
+    def add(self, packed: userdata.Packed) -> None:
+        if packed.batch.num_rows:
+            self.dedup.add_keys(self.rows, packed.keys)
+            self._writer.write_batch(packed.batch)
+            self.rows += packed.batch.num_rows
+
+    def close(self) -> None:
+        self._writer.close()
+        self._sink.close()
+
+    def batches(self):
+        with pa.OSFile(str(self.path), "rb") as f:
+            yield from pa.ipc.open_stream(f)
+
+
+def scan_all_user_data(p: PrepareConfig, spill: _Spill, scratch: Path
+                       ) -> tuple[dict[str, collections.Counter], dict[str, list[Malformed]]]:
+    """Scan every user data set into ``spill``; (drops, malformed CSV records) per data set."""
+    drops: dict[str, collections.Counter] = {}
+    malformed: dict[str, list[Malformed]] = {}
+    for u in p.user_data:
+        drops[u.name], malformed[u.name], before = collections.Counter(), [], spill.rows
+        for packed in userdata.packed_batches(u, drops[u.name], (p.seed, p.heldout_fraction), p.num_workers,
+                                              scratch, malformed[u.name]):
+            spill.add(packed)
+        log.info("user data '%s': %d pairs kept by the scan, %d dropped", u.name, spill.rows - before,
+                 sum(drops[u.name].values()))
+    return drops, malformed
+
+
+def write_deduplicated(path: Path, batches, removed: Removed, drops: dict[str, collections.Counter]
+                       ) -> tuple[collections.Counter, collections.Counter]:
+    """Stream ``batches`` ((first row, record batch) in manifest order) into the manifest at ``path``, leaving out
+    the rows ``removed`` names (counted into ``drops`` per source and reason). Returns the kept pairs per source and
+    per split."""
+    kept, splits = collections.Counter(), collections.Counter()
+    with ManifestWriter(path) as writer:
+        for first, batch in batches:
+            n = batch.num_rows
+            lo, hi = np.searchsorted(removed.rows, [first, first + n])
+            if hi > lo:
+                gone = removed.rows[lo:hi] - first
+                sources = batch.column("source").take(pa.array(gone)).to_pylist()
+                for src, code in zip(sources, removed.reasons[lo:hi].tolist()):
+                    drops[src][REASONS[code]] += 1
+                keep = np.ones(n, bool)
+                keep[gone] = False
+                batch = batch.filter(pa.array(keep))
+            for counter, column in ((kept, "source"), (splits, "split")):
+                for entry in pc.value_counts(batch.column(column)).to_pylist():
+                    counter[entry["values"]] += entry["counts"]
+            writer.write(batch)
+    return kept, splits
+
+
 def run_prepare(cfg) -> dict:
     """Build (or confirm up to date) every prepared output; return the report dict."""
     layout = Layout.from_config(cfg)
@@ -156,46 +229,67 @@ def run_prepare(cfg) -> dict:
         print(format_counts(report))
         return report
 
+    scratch = layout.prepare_scratch
+    shutil.rmtree(scratch, ignore_errors=True)  # a killed run's spill
+    scratch.mkdir(parents=True)
+    try:
+        report = _prepare(layout, p, scratch, current)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(format_counts(report))
+    return report
+
+
+def _prepare(layout: Layout, p: PrepareConfig, scratch: Path, current: str) -> dict:
     # user data first: a file that cannot be used at all stops the stage (ConfigError) before the offline
     # images are re-rendered, so nothing already prepared is touched
-    user_pairs: list[Pair] = []
-    user_drops: dict[str, collections.Counter] = {}
-    for u in p.user_data:
-        upairs, user_drops[u.name] = userdata.scan_user_data(u, p.num_workers)
-        user_pairs += upairs
+    spill = _Spill(scratch)
+    try:
+        user_drops, malformed = scan_all_user_data(p, spill, scratch)
+    finally:
+        spill.close()
     # the outputs are about to be replaced: a kill from here on must not leave a fingerprint that vouches
     # for them (the old one could match a rerun with the old config)
-    fingerprint_path(layout).unlink(missing_ok=True)
-    pairs, drops = build_offline_pairs(layout, p)
+    layout.prepare_fingerprint.unlink(missing_ok=True)
+    offline, drops = build_offline_pairs(layout, p)
     for name, udrops in user_drops.items():
         if name in drops:
             raise ValueError(f"user data name {name!r} is already a source name")
         drops[name] = udrops
-    pairs += user_pairs
-    kept, dup_drops = deduplicate(pairs)
-    for src, c in dup_drops.items():
-        drops[src].update(c)
-    for pair in kept:
-        pair.split = pair.split or split_of(pair.id, p.seed, p.heldout_fraction)
-    df = to_frame(kept)
-    write_manifest(df, layout.manifest)
+    # manifest order: the offline pairs, then the user data; the offline pairs are logged after the user data's
+    # scan, at the rows before it (negative)
+    offline = userdata.Packed.of(offline, (p.seed, p.heldout_fraction))
+    spill.dedup.add_keys(-len(offline.keys), offline.keys)
+    removed = spill.dedup.resolve()
+    spill.dedup.close()
+
+    def batches():
+        yield -offline.batch.num_rows, offline.batch
+        first = 0
+        for batch in spill.batches():
+            yield first, batch
+            first += batch.num_rows
+
+    kept_per, splits = write_deduplicated(layout.manifest, batches(), removed, drops)
     eval_summary = build_eval_sets(layout, p)
 
-    kept_per = collections.Counter(pair.source for pair in kept)
     sources = {s: {"kept": kept_per.get(s, 0), "dropped": dict(sorted(d.items()))} for s, d in drops.items()}
+    for name, records in malformed.items():
+        if records:  # where the malformed CSV records were (the first MAX_LISTED)
+            sources[name]["malformed"] = [m.describe() for m in records]
     report = {
         "sources": sources,
-        "total": {"kept": len(kept), "dropped": sum(sum(d.values()) for d in drops.values())},
-        "splits": dict(sorted(collections.Counter(pair.split for pair in kept).items())),
+        "total": {"kept": sum(kept_per.values()), "dropped": sum(sum(d.values()) for d in drops.values())},
+        "splits": dict(sorted(splits.items())),
         "eval_sets": eval_summary,
         "package_hashes": debs.expected_hashes(layout, needed_packages(p)),
         "hash_mismatches": debs.recorded_hashes(layout),
         "image_size": p.image_size,
     }
     write_json(layout.prepare_report, report)
-    write_json(fingerprint_path(layout), {"fingerprint": current})  # last: it vouches for every output above
-    print(format_counts(report))
+    write_json(layout.prepare_fingerprint, {"fingerprint": current})  # last: it vouches for every output above
     return report
 
 
-__all__ = ["FORMAT_VERSION", "run_prepare", "fingerprint", "is_up_to_date", "needed_packages", "format_counts"]
+__all__ = ["FORMAT_VERSION", "run_prepare", "fingerprint", "is_up_to_date", "needed_packages", "format_counts",
+           "write_deduplicated"]

@@ -5,7 +5,8 @@
   default ``caption``). Relative image paths resolve against the CSV's folder. Sample id =
   ``<name>/<filepath as written>``. Optional ``label_key``: a column of coarse labels (our addition, not
   open_clip's) that the held-out pairs' zero-shot and linear probes use, as the offline sources' folders;
-  an empty cell leaves that pair unlabelled.
+  an empty cell leaves that pair unlabelled. Rows, lines and quotes: ``protoclip.data.csvfile`` (one record a
+  line unless ``multiline_captions``).
 * webdataset (``format: wds``): ``path`` is a shard pattern with brace ranges
   (``/data/cc3m/{00000..00331}.tar``); members sharing a key (the member path up to the first dot of
   its file name, webdataset's rule) form a sample; the image is the ``jpg``/``jpeg``/``png``/``webp``
@@ -18,36 +19,46 @@ missing_file, bad_path, unreadable_file, empty_file, undecodable_image, empty_ca
 caption_too_long, duplicate_id; CSV/TSV rows also extra_fields / missing_fields (more or fewer fields than
 the header) and malformed_row; shards also duplicate_key and unreadable_member (a missing or unreadable
 shard counts once as missing_file / undecodable_shard; a cut shard keeps the samples before the cut and drops
-the one at the cut as unreadable_member). Kept + dropped = rows (samples) seen. A file that cannot be used at
-all (no such column, a quote that is never closed) stops with a one-line ConfigError naming it (exit 2).
+the one at the cut as unreadable_member). Kept + dropped = rows (samples) seen; a CSV record that consumed
+several lines counts each (see csvfile). A file that cannot be used at all (no such column; with
+multiline_captions, a quote that is never closed) stops with a one-line ConfigError naming it (exit 2).
+
+Streaming: pairs come out in batches (``csv_batches``, ``wds_batches``), so a scan holds one batch (a shard, or
+``CSV_BATCH`` rows), not the corpus. The sample ids a scan has seen are not kept: a CSV's repeated image paths are
+found by a first pass over the file with the keys spilled to disk (``protoclip.data.dedup``), and shard ids can
+only repeat between shards of the same file name.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
-import csv
 import errno
 import hashlib
-import io
 import logging
 import os
 import tarfile
-from concurrent.futures import ProcessPoolExecutor
+import tempfile
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
+import numpy as np
+import pyarrow as pa
 from braceexpand import braceexpand
 from tqdm import tqdm
 
-from protoclip.errors import ConfigError
 from protoclip.data.captions import CaptionError, decode_caption
 from protoclip.data.config import UserDataConfig
+from protoclip.data.csvfile import CaptionRows, Malformed
+from protoclip.data.dedup import KeySpill, pair_keys
 from protoclip.data.images import open_image_bytes
-from protoclip.data.manifest import Pair
+from protoclip.data.manifest import Pair, pairs_batch
+from protoclip.data.split import split_of
 
 log = logging.getLogger(__name__)
 
-RULES_VERSION = 3  # bump when what the readers keep or drop changes (part of prepare's fingerprint)
+RULES_VERSION = 4  # bump when what the readers keep or drop changes (part of prepare's fingerprint)
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SEP = "::"  # path = "<shard>::<member>"
 
@@ -76,18 +87,7 @@ def _pair_split(cfg: UserDataConfig) -> str:
 # A caption longer than this is junk for a 76/77-token text encoder (and is the csv module's own default
 # field limit, which would stop the whole scan with a traceback): the row is dropped as caption_too_long.
 MAX_CAPTION_CHARS = 131_072
-# the csv module's limit while reading: big enough that no real field trips it (rows are judged by us)
-_CSV_FIELD_LIMIT = 1 << 30
-
-
-@contextlib.contextmanager
-def _csv_field_limit(limit: int):
-    """The csv module's field limit is process-global: raise it for one scan, then restore it."""
-    old = csv.field_size_limit(limit)
-    try:
-        yield
-    finally:
-        csv.field_size_limit(old)
+CSV_BATCH = 4096  # CSV pairs a batch
 
 
 def _read_file(path: Path) -> tuple[bytes | None, str]:
@@ -104,90 +104,75 @@ def _read_file(path: Path) -> tuple[bytes | None, str]:
         return None, "bad_path" if err.errno == errno.ENAMETOOLONG else "unreadable_file"
 
 
-def _csv_rows(reader, drops: collections.Counter, path: Path):
-    """The reader's rows; a row the csv module cannot parse is counted as ``malformed_row`` and skipped.
+def _repeated_rows(cfg: UserDataConfig, scratch: Path | None) -> np.ndarray:
+    """Ordinals (among the data rows :class:`CaptionRows` yields) of the rows whose image path an earlier row
+    already named: one pass over the file, keys spilled to disk (sorted int64 array)."""
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="csv-ids-") as tmp, CaptionRows(cfg, quiet=True) as rows:
+        spill, paths, start = KeySpill(Path(tmp)), [], 0
+        for row in rows:
+            paths.append(row.image)
+            if len(paths) == CSV_BATCH:
+                spill.add(np.arange(start, start + len(paths)), paths)
+                start, paths = start + len(paths), []
+        spill.add(np.arange(start, start + len(paths)), paths)
+        return spill.later_repeats()
 
-    The reader is strict (``csv.reader(strict=True)``): a quote opened and never closed would otherwise
-    swallow every following row into one caption without a word. In strict mode the csv module reports it
-    at the end of the data, after the rows are gone, so it stops the scan with one line naming the file and
-    the line where the quoted field starts (the user must fix the file; no count could be right).
+
+def csv_batches(cfg: UserDataConfig, drops: collections.Counter, scratch: Path | None = None,
+                malformed: list[Malformed] | None = None) -> Iterator[list[Pair]]:
+    """The pairs of one CSV/TSV user data set, ``CSV_BATCH`` at a time; drops counted into ``drops``.
+
+    Every data row ends up either as a pair or in exactly one drop count (a malformed record in as many as the
+    lines it consumed). A file that cannot be used at all (no header, no image or caption column) stops with a
+    :class:`ConfigError` naming the file and the cause, before anything is yielded. ``scratch``: where the
+    repeated-path pass spills its keys (default: the system's temporary folder); ``malformed`` receives the first
+    malformed records (line, lines consumed, where a quote opened).
     """
-    while True:
-        start = reader.line_num + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as err:
-            if "unexpected end of data" in str(err):
-                raise ConfigError(f"{path}:{start}: a quoted field starts on this line and is never closed "
-                                  "(unterminated quote); fix the file") from None
-            drops["malformed_row"] += 1
-            continue
-        if row:  # a blank line is no row (csv.DictReader's rule)
-            yield row
-
-
-def scan_csv(cfg: UserDataConfig) -> tuple[list[Pair], collections.Counter]:
-    """Pairs and drop counts of one CSV/TSV user data set.
-
-    Every data row ends up either as a pair or in exactly one drop count: ``len(pairs) + sum(drops)``
-    is the number of (non-blank) rows. A file that cannot be used at all (no header, no image or caption
-    column) stops with a :class:`ConfigError` naming the file and the cause, before anything is written.
-    """
-    path = Path(cfg.path)
-    if not path.is_file():
-        raise FileNotFoundError(f"user data '{cfg.name}': {cfg.format.upper()} file not found: {path}")
-    # the csv module (not pandas: its Arrow strings reject undecodable bytes) over surrogate-escaped
-    # text keeps every row of a file with a few bad bytes; those captions are dropped below
-    text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
-    drops: collections.Counter = collections.Counter()
-    pairs: list[Pair] = []
-    seen: set[str] = set()
-    with _csv_field_limit(_CSV_FIELD_LIMIT):
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if cfg.format == "tsv" else ",",
-                            strict=True)
-        try:
-            columns = next(reader, None) or []
-        except csv.Error as err:
-            raise ConfigError(f"{path}: user data '{cfg.name}': unreadable header line ({err})") from None
-        for key in (cfg.img_key, cfg.caption_key) + ((cfg.label_key,) if cfg.label_key else ()):
-            if key not in columns:
-                shown = ", ".join(repr(c[:40]) for c in columns[:20]) or "none: empty file"
-                raise ConfigError(f"{path}: user data '{cfg.name}': no column '{key}' (columns: {shown})")
-        i_img, i_cap = columns.index(cfg.img_key), columns.index(cfg.caption_key)
-        i_lab = columns.index(cfg.label_key) if cfg.label_key else None
-        for row in tqdm(_csv_rows(reader, drops, path), desc=cfg.name, leave=False):
-            if len(row) != len(columns):  # a stray delimiter or a cut line: the columns cannot be trusted
-                drops["extra_fields" if len(row) > len(columns) else "missing_fields"] += 1
-                continue
-            fp, cap = row[i_img], row[i_cap]
-            sid = f"{cfg.name}/{fp}"
-            if sid in seen:
+    with CaptionRows(cfg, quiet=True):  # the header is checked before the first pass reads the whole file
+        pass
+    repeated = _repeated_rows(cfg, scratch)
+    nxt, r = 0, 0  # next index into ``repeated``; ordinal of the current row
+    batch: list[Pair] = []
+    with CaptionRows(cfg) as rows:
+        for row in tqdm(rows, desc=cfg.name, unit="row", leave=False):
+            ordinal, r = r, r + 1
+            if nxt < len(repeated) and repeated[nxt] == ordinal:
+                nxt += 1
                 drops["duplicate_id"] += 1
                 continue
-            seen.add(sid)
-            if len(cap) > MAX_CAPTION_CHARS:
+            if len(row.caption) > MAX_CAPTION_CHARS:
                 drops["caption_too_long"] += 1
                 continue
             try:
-                caption = decode_caption(cap.encode("utf-8", "surrogateescape"))
+                caption = decode_caption(row.caption.encode("utf-8", "surrogateescape"))
             except CaptionError as err:
                 drops[err.reason] += 1
                 continue
-            if not fp:
+            if not row.image:
                 drops["missing_file"] += 1
                 continue
-            img = Path(fp) if Path(fp).is_absolute() else path.parent / fp
+            img = rows.image_path(row.image)
             data, reason = _read_file(img)
             reason = reason or _image_reason(data)
             if reason:
                 drops[reason] += 1
                 continue
-            label = row[i_lab].strip() if i_lab is not None else ""  # empty: this pair is unlabelled
-            pairs.append(Pair(sid, str(img.resolve()), caption, cfg.name, label, hashlib.sha256(data).hexdigest(),
-                              split=_pair_split(cfg)))
-    return pairs, drops
+            batch.append(Pair(f"{cfg.name}/{row.image}", str(img.resolve()), caption, cfg.name, row.label.strip(),
+                              hashlib.sha256(data).hexdigest(), split=_pair_split(cfg)))
+            if len(batch) == CSV_BATCH:
+                yield batch
+                batch = []
+    drops.update(rows.drops)
+    if malformed is not None:
+        malformed.extend(rows.malformed)
+    if batch:
+        yield batch
+
+
+def scan_csv(cfg: UserDataConfig, scratch: Path | None = None) -> tuple[list[Pair], collections.Counter]:
+    """Every pair and the drop counts of one CSV/TSV user data set (see :func:`csv_batches`), in one list."""
+    drops: collections.Counter = collections.Counter()
+    return [p for b in csv_batches(cfg, drops, scratch) for p in b], drops
 
 
 def _key_ext(member: str) -> tuple[str, str]:
@@ -325,12 +310,56 @@ def _sample(f, members: dict[str, tarfile.TarInfo], repeated: bool, cut: bool, s
                 offset=img_m.offset_data, size=img_m.size), ""
 
 
-def _scan_shard_star(args: tuple[str, str, str]) -> ShardScan:
-    return scan_shard(*args)
+@dataclass
+class Packed:
+    """Scanned pairs as the prepare stage spills them: one Arrow record batch of the manifest schema (empty splits
+    filled by the seeded id-hash rule) and their de-duplication keys (``protoclip.data.dedup.pair_keys``). Made
+    where the pairs were scanned (a shard's worker process), so the stage's main process does no per-pair work."""
+    batch: pa.RecordBatch
+    keys: np.ndarray
+
+    @classmethod
+    def of(cls, pairs: list[Pair], split_rule: tuple[int, float]) -> "Packed":
+        seed, fraction = split_rule
+        for p in pairs:
+            p.split = p.split or split_of(p.id, seed, fraction)
+        return cls(pairs_batch(pairs), pair_keys(pairs))
 
 
-def scan_wds(cfg: UserDataConfig, num_workers: int = 1) -> tuple[list[Pair], collections.Counter]:
-    """Pairs and drop counts of one webdataset shard set (images stay inside the tars).
+def _scan_shard_star(args: tuple[str, str, str, tuple[int, float] | None]) -> ShardScan | tuple[collections.Counter, Packed]:
+    """One shard's scan; with a split rule, its drop counts and its kept pairs packed (see :class:`Packed`)."""
+    shard, name, split, split_rule = args
+    res = scan_shard(shard, name, split)
+    if split_rule is None:
+        return res
+    drops, pairs = collections.Counter(res.shard_drops), []
+    for _sid, pair, reason in res.outcomes:
+        if reason:
+            drops[reason] += 1
+        else:
+            pairs.append(pair)
+    return drops, Packed.of(pairs, split_rule)
+
+
+def _ordered_map(pool: Executor | None, fn: Callable, jobs: list, window: int) -> Iterator:
+    """``map(fn, jobs)`` in order, in ``pool`` with at most ``window`` jobs in flight (Executor.map submits every
+    job at once and keeps every finished result until it is consumed: the whole corpus, for a slow consumer)."""
+    if pool is None:
+        yield from map(fn, jobs)
+        return
+    pending = collections.deque()
+    for job in jobs:
+        pending.append(pool.submit(fn, job))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def wds_batches(cfg: UserDataConfig, drops: collections.Counter, num_workers: int = 1,
+                split_rule: tuple[int, float] | None = None) -> Iterator[list[Pair] | Packed]:
+    """The pairs of one webdataset shard set, one batch per shard; drops counted into ``drops``. With
+    ``split_rule`` ((seed, held-out fraction)) each batch comes :class:`Packed` by the shard's worker.
 
     Every sample (distinct key of a shard) ends up as a pair or in one drop count; a shard that cannot
     be opened or listed counts once (missing_file / undecodable_shard). A key that repeats a member
@@ -339,36 +368,69 @@ def scan_wds(cfg: UserDataConfig, num_workers: int = 1) -> tuple[list[Pair], col
     at the cut (its members may be incomplete) is dropped as ``unreadable_member``.
 
     Shards are scanned by ``num_workers`` processes (one shard a task) and merged in shard order, so the
-    pairs and counts do not depend on ``num_workers`` (ids repeated across shards are dropped in the merge).
+    pairs and counts do not depend on ``num_workers``. A sample id (``<name>/<shard file name>/<key>``) can repeat
+    only between shards of the same file name (a pattern over several folders, a shard listed twice): the ids of
+    those shards alone are remembered (their outcomes come back unpacked), and a repeat is dropped as
+    ``duplicate_id``.
     """
     shards = expand_shards(cfg.path)
-    jobs = [(s, cfg.name, _pair_split(cfg)) for s in shards]
-    drops: collections.Counter = collections.Counter()
-    pairs: list[Pair] = []
-    seen: set[str] = set()
+    names = collections.Counter(Path(s).name for s in shards)
+    seen: dict[str, set[str]] = {n: set() for n, k in names.items() if k > 1}
+    jobs = [(s, cfg.name, _pair_split(cfg), None if Path(s).name in seen else split_rule) for s in shards]
     bar = dict(total=len(jobs), desc=cfg.name, unit="shard", leave=False)
     with contextlib.ExitStack() as stack:
+        pool = None
         if num_workers > 1 and len(jobs) > 1:
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=min(num_workers, len(jobs))))
-            results = pool.map(_scan_shard_star, jobs, chunksize=1)
-        else:
-            results = map(_scan_shard_star, jobs)
-        for res in tqdm(results, **bar):
+        for shard, res in tqdm(zip(shards, _ordered_map(pool, _scan_shard_star, jobs, 4 * num_workers)), **bar):
+            if isinstance(res, tuple):  # packed by the worker
+                drops.update(res[0])
+                yield res[1]
+                continue
             drops.update(res.shard_drops)
+            ids = seen.get(Path(shard).name)
+            batch = []
             for sid, pair, reason in res.outcomes:
-                if sid in seen:
-                    drops["duplicate_id"] += 1
-                    continue
-                seen.add(sid)
+                if ids is not None:
+                    if sid in ids:
+                        drops["duplicate_id"] += 1
+                        continue
+                    ids.add(sid)
                 if reason:
                     drops[reason] += 1
                 else:
-                    pairs.append(pair)
-    return pairs, drops
+                    batch.append(pair)
+            yield batch if split_rule is None else Packed.of(batch, split_rule)
+
+
+def scan_wds(cfg: UserDataConfig, num_workers: int = 1) -> tuple[list[Pair], collections.Counter]:
+    """Every pair and the drop counts of one webdataset shard set (see :func:`wds_batches`), in one list."""
+    drops: collections.Counter = collections.Counter()
+    return [p for b in wds_batches(cfg, drops, num_workers) for p in b], drops
+
+
+def user_batches(cfg: UserDataConfig, drops: collections.Counter, num_workers: int = 1, scratch: Path | None = None,
+                 malformed: list[Malformed] | None = None) -> Iterable[list[Pair]]:
+    """The pairs of one user data set in batches (CSV/TSV or webdataset)."""
+    if cfg.format == "wds":
+        return wds_batches(cfg, drops, num_workers)
+    return csv_batches(cfg, drops, scratch, malformed)
+
+
+def packed_batches(cfg: UserDataConfig, drops: collections.Counter, split_rule: tuple[int, float],
+                   num_workers: int = 1, scratch: Path | None = None,
+                   malformed: list[Malformed] | None = None) -> Iterator[Packed]:
+    """:func:`user_batches` as :class:`Packed` batches (webdataset: packed by the scan workers)."""
+    if cfg.format == "wds":
+        yield from wds_batches(cfg, drops, num_workers, split_rule)
+        return
+    for batch in csv_batches(cfg, drops, scratch, malformed):
+        yield Packed.of(batch, split_rule)
 
 
 def scan_user_data(cfg: UserDataConfig, num_workers: int = 1) -> tuple[list[Pair], collections.Counter]:
-    return scan_wds(cfg, num_workers) if cfg.format == "wds" else scan_csv(cfg)
+    drops: collections.Counter = collections.Counter()
+    return [p for b in user_batches(cfg, drops, num_workers) for p in b], drops
 
 
 def input_files(cfg: UserDataConfig) -> list[Path]:
@@ -380,32 +442,27 @@ def image_stats_digest(cfg: UserDataConfig) -> str:
     """sha256 over (path, size, mtime_ns) of every image path a CSV/TSV names, in row order (absent: null).
 
     Part of prepare's fingerprint: replacing, adding or deleting an image the file points to makes the
-    prepared data stale even though the CSV itself is unchanged. Rows are read as :func:`scan_csv` reads
-    them; a file the scan cannot use gives a marker instead of a digest (the scan then reports the file).
+    prepared data stale even though the CSV itself is unchanged. Rows are read as the scan reads them
+    (:class:`CaptionRows`); a file the scan cannot use gives a marker instead of a digest (the scan then
+    reports the file).
     """
     h = hashlib.sha256()
-    path = Path(cfg.path)
     try:
-        text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
-        with _csv_field_limit(_CSV_FIELD_LIMIT):
-            reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if cfg.format == "tsv" else ",",
-                                strict=True)
-            columns = next(reader, None) or []
-            i_img = columns.index(cfg.img_key)
-            for row in _csv_rows(reader, collections.Counter(), path):
-                fp = row[i_img] if len(row) == len(columns) else ""
+        with CaptionRows(cfg, quiet=True) as rows:
+            for row in rows:
                 st = None
-                if fp and "\x00" not in fp:
+                if row.image and "\x00" not in row.image:
                     try:
-                        st = os.stat(Path(fp) if Path(fp).is_absolute() else path.parent / fp)
+                        st = os.stat(rows.image_path(row.image))
                     except (OSError, ValueError):
                         pass
-                h.update(repr((fp, st.st_size if st else None, st.st_mtime_ns if st else None)).encode(
+                h.update(repr((row.image, st.st_size if st else None, st.st_mtime_ns if st else None)).encode(
                     "utf-8", "surrogateescape"))
-    except (OSError, ValueError, csv.Error) as err:  # ConfigError is a ValueError
+    except (OSError, ValueError) as err:  # ConfigError is a ValueError
         return f"unreadable: {type(err).__name__}"
     return h.hexdigest()
 
 
-__all__ = ["IMAGE_EXTS", "SEP", "ShardScan", "expand_shards", "scan_csv", "scan_shard", "scan_wds", "scan_user_data",
-           "input_files", "image_stats_digest"]
+__all__ = ["IMAGE_EXTS", "SEP", "CSV_BATCH", "ShardScan", "Packed", "expand_shards", "csv_batches", "wds_batches",
+           "user_batches", "packed_batches",
+           "scan_csv", "scan_shard", "scan_wds", "scan_user_data", "input_files", "image_stats_digest"]

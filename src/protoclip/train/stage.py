@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -52,20 +52,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_teacher(layout: Layout, tcfg: TrainConfig, sample_ids: list[str]) -> np.ndarray:
+def load_teacher(layout: Layout, tcfg: TrainConfig, sample_ids: Sequence[str]) -> np.ndarray:
     """The run's cached teacher features, rows aligned with ``sample_ids`` (the training set's order).
 
     A missing cache is a :class:`ConfigError` naming the path and the command that builds it; training ids
     absent from the cache (a stale cache) stop here, before any training, through ``teacher.cache.lookup``.
+    The cache is read in blocks (``aligned_features``): only the run's rows are held, not the whole cache.
     """
-    from protoclip.teacher.cache import load_teacher_features, lookup
+    from protoclip.teacher.cache import aligned_features
 
     path = layout.teacher_features(tcfg.teacher)
     if not path.exists():
         raise ConfigError(f"run '{tcfg.name}': teacher cache for '{tcfg.teacher}' not found at {path}; build it with "
                           f"`protoclip teacher --config <config>` (with teacher.name: {tcfg.teacher})")
-    ids, feats, _meta = load_teacher_features(path)
-    aligned = np.ascontiguousarray(lookup(ids, feats, sample_ids), dtype=np.float32)
+    aligned = np.ascontiguousarray(aligned_features(path, sample_ids), dtype=np.float32)
     log.info("teacher %s: %d x %d features (%s)", tcfg.teacher, *aligned.shape, path)
     return aligned
 
@@ -92,18 +92,21 @@ def subsample_pairs(df, fraction: float, seed: int):
 
 def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_size: int, tokenizer):
     """The run's training pairs (manifest train split of its sources, the run's augmentation) and their ids."""
-    from protoclip.data.pairs import ImageTextDataset, load_manifest
+    from protoclip.data.pairs import ImageTextDataset, load_manifest, release_unused_memory
     from protoclip.train.registry import method_class
 
     if not layout.manifest.exists():
         raise ConfigError(f"run '{tcfg.name}': manifest not found at {layout.manifest}; build it with "
                           "`protoclip prepare --config <config>`")
-    df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train")
+    df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train",
+                       columns=["id", "path", "caption", "sha256", "offset", "size"])  # what the dataset reads
     if len(df) == 0:
         raise ConfigError(f"run '{tcfg.name}': no training pairs for sources {tcfg.data} in {layout.manifest}")
     df = subsample_pairs(df, tcfg.subset_fraction, tcfg.seed)
     dataset = ImageTextDataset(df, method_class(tcfg.method).train_transform(tcfg, image_size), tokenizer)
-    return dataset, [str(i) for i in df["id"].tolist()]
+    del df
+    release_unused_memory()  # the manifest read's pages, before the training (and its forked workers) start
+    return dataset, dataset.ids  # the ids as the dataset's flat column, not a Python string per pair
 
 
 def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict | None, tracker: Tracker) -> Path:
@@ -140,12 +143,18 @@ def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tra
     """The run's training rows of the manifest as an MLflow dataset input (digest: sha256 of ids + image hashes)."""
     import hashlib
 
-    from protoclip.data.pairs import load_manifest
+    from protoclip.data.pairs import load_manifest, release_unused_memory
 
-    df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train")
-    digest = hashlib.sha256("\n".join(f"{i} {h}" for i, h in zip(df["id"], df["sha256"])).encode()).hexdigest()
+    df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train",
+                       columns=["id", "source", "caption", "sha256"])
+    h = hashlib.sha256()  # of "\n".join(f"{id} {sha256}"), row by row (not one string of the whole corpus)
+    for k, (i, s) in enumerate(zip(df["id"], df["sha256"])):
+        h.update(f"{chr(10) if k else ''}{i} {s}".encode())
+    digest = h.hexdigest()
     tracker.log_dataset(df[["id", "source", "caption", "sha256"]], name=f"manifest:{'+'.join(tcfg.data)}:train",
                         digest=digest[:32], source=str(layout.manifest))
+    del df
+    release_unused_memory()
 
 
 def train_outputs(layout: Layout, run: str) -> list[Path]:
