@@ -151,14 +151,18 @@ def test_gpu_runs_request_a_gpu(tmp_path):
     out = dry.stdout + dry.stderr
     assert dry.returncode == 0, out
 
+    def jobs(rule: str) -> list[str]:
+        """Each dry-run job block of ``rule``: from its header to the next blank line, job header or timestamp
+        (a job without a threads: line must not read the next job's)."""
+        parts = out.split(f"rule {rule}:")[1:]
+        return [re.split(r"\n[ \t]*\n|\n(?:local)?rule \w+:|\n\[", j)[0] for j in parts]
+
     def gpus(rule: str) -> dict[str, str]:
-        jobs = out.split(f"rule {rule}:")[1:]
-        return {re.search(r"run=(\w+)", j).group(1): re.search(r"gpu=(\d)", j).group(1) for j in jobs}
+        return {re.search(r"run=(\w+)", j).group(1): re.search(r"gpu=(\d)", j).group(1) for j in jobs(rule)}
 
     def threads(rule: str) -> dict[str, int]:
-        jobs = [j.split("\n\n")[0] for j in out.split(f"rule {rule}:")[1:]]
         return {re.search(r"run=(\w+)", j).group(1): int(m.group(1)) if (m := re.search(r"threads: (\d+)", j)) else 1
-                for j in jobs}
+                for j in jobs(rule)}
 
     # a `gpu: 4` run's train job takes 4 slots (torchrun, 4 ranks); its evaluation, one process, takes 1
     assert gpus("train") == {"big": "1", "wide": "4", "small": "0"}
