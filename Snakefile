@@ -3,7 +3,26 @@
 #       snakemake --profile workflow/profiles/gpu (GPU machine)   |   --profile workflow/profiles/slurm
 # Each rule's inputs, outputs and command come from protoclip.dag.stages, like dvc.yaml's stages; after a
 # successful run, `onsuccess` records the outputs in dvc.lock (dvc commit), so DVC tracks what Snakemake made.
+import sys
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version, validate
+
+from protoclip.dag.snakemake import schema_error
+
+min_version("9.27")
+
+
 configfile: "config/config.yaml"
+
+
+# the merged config (this file, each --configfile, --config) against the schema made from the config classes
+# (`protoclip schema`); set_default=False keeps `config` as written, so an unchanged config stays the default file
+try:
+    validate(config, "workflow/schemas/config.schema.yaml", set_default=False)
+except WorkflowError as err:  # one line naming the key, as the protoclip CLI says it: no traceback
+    print(f"protoclip: config error: {schema_error(err)}", file=sys.stderr)
+    sys.exit(2)
 
 
 include: "workflow/rules/common.smk"

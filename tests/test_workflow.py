@@ -122,6 +122,15 @@ def test_bad_override_stops_naming_the_key():
     assert "protoclip: config error: " in dry.stderr and 'File "' not in dry.stdout + dry.stderr
 
 
+def test_snakefile_validates_its_config_against_the_schema_first():
+    # a wrong type is caught by the schema the Snakefile validates against (workflow/schemas/), before the loader
+    dry = snakemake("-n", "--cores", "1", "--config", 'prepare={"seed": "abc"}')
+    assert dry.returncode != 0
+    assert ("protoclip: config error: workflow/schemas/config.schema.yaml: 'prepare.seed' must be an integer, "
+            "got 'abc'") in dry.stderr
+    assert 'File "' not in dry.stdout + dry.stderr
+
+
 def test_dvc_outputs_do_not_overlap():
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     outs = []

@@ -13,6 +13,7 @@
     protoclip launch   --config config/config.yaml --gpus 2 -- <command>   # a command on 2 free GPUs
     protoclip birdsnap --src /data/birdsnap --out data/external/birdsnap   # Birdsnap's lists -> class folders
     protoclip ucf101   --src /data/ucf101 --out data/external/ucf101       # UCF101 test videos -> middle frames
+    protoclip schema   [--check]   # the config's JSON Schema (workflow/schemas/) and config/README.md, generated
 
 `train`, `evaluate` and `teacher` place themselves on free GPUs first (protoclip.launch): a run with ``gpu: k``
 takes k GPU slots and restarts as k torchrun ranks. `train` first holds its run (protoclip.run_lock: one trainer
@@ -81,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="output folder (the set's `path`)")
     s.add_argument("--split", type=int, default=1, choices=(1, 2, 3), help="official split (CLIP, ProtoCLIP: 1)")
     s.add_argument("--train", action="store_true", help="also the training videos (only the probes read them)")
+    s = sub.add_parser("schema", help="write the config's JSON Schema and config/README.md from the config classes")
+    s.add_argument("--root", default=".", help="repository root (default: the working directory)")
+    s.add_argument("--check", action="store_true", help="write nothing; exit 1 if a generated file is stale")
     return p
 
 
@@ -106,6 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     progress_for_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
+        if args.stage == "schema":  # no config needed: made from the config classes
+            from protoclip.config_schema import write_generated
+
+            stale = write_generated(args.root, check=args.check)
+            for path in stale:
+                print(f"protoclip schema: {path} {'is stale: run `protoclip schema`' if args.check else 'written'}",
+                      file=sys.stderr if args.check else sys.stdout)
+            return 1 if args.check and stale else 0
         if args.stage in ("birdsnap", "ucf101"):
             from protoclip.data import paper_evalsets
 

@@ -28,7 +28,7 @@ from protoclip.errors import ConfigError
 from protoclip.evaluate.config import EvaluateConfig
 from protoclip.gpu_slots import GpuSlotsConfig
 from protoclip.report.config import TargetConfig
-from protoclip.schema import build, deep_merge, read_yaml, to_dict
+from protoclip.schema import INTERNAL, build, deep_merge, read_yaml, to_dict
 from protoclip.teacher.config import TeacherConfig
 from protoclip.toy.config import ToyConfig
 from protoclip.train.config import TrainConfig
@@ -67,7 +67,7 @@ class ProjectConfig:
     runs: dict[str, dict] = field(default_factory=dict)  # extra runs defined inline: name -> overrides
     # applied on top of EVERY run's overrides (config/ci.yaml: the same runs, tiny epochs); {} = none
     train_force: dict = field(default_factory=dict)
-    source: str = "<config>"  # set by load_config; the file this came from
+    source: str = field(default="<config>", metadata={INTERNAL: True})  # set by load_config: the file read
 
     # resolved {run name -> (overrides, file it came from)}, filled by load_config
     _runs: dict = field(default_factory=dict, repr=False)

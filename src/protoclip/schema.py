@@ -138,6 +138,9 @@ def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
     raise ConfigError(f"{where}: '{key}' has an unsupported annotation {_type_name(tp)}")
 
 
+# field metadata key: a field the loader sets itself (the file a config came from), no YAML key of its own;
+# the generated config schema and its key table leave it out (protoclip.config_schema)
+INTERNAL = "internal"
 SECTIONS = "sections"  # field metadata key: the field holds sections other packages register (open_sections)
 
 
@@ -280,4 +283,4 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-__all__ = ["build", "open_sections", "to_dict", "deep_merge", "require_path", "read_yaml", "StrictLoader", "DuplicateKeyError"]
+__all__ = ["build", "open_sections", "INTERNAL", "SECTIONS", "to_dict", "deep_merge", "require_path", "read_yaml", "StrictLoader", "DuplicateKeyError"]

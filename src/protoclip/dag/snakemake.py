@@ -109,3 +109,28 @@ def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_co
 
         write_text(path, text)
     return resolved_path
+
+
+def schema_error(err: BaseException, schema_file: str = "workflow/schemas/config.schema.yaml") -> str:
+    """One line for a failed ``snakemake.utils.validate`` of the config, naming the key as the loader does
+    (``unknown key 'train.lrr' (known keys of 'train': ...)``); Snakemake's own message spans lines and prints
+    the whole config section."""
+    cause = err
+    while cause is not None and not hasattr(cause, "validator"):  # the jsonschema ValidationError it wraps
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return " ".join(str(err).split())
+    while cause.parent is not None and cause.parent.validator == "anyOf":  # a branch of number / integer
+        cause = cause.parent
+    path = ".".join(str(p) for p in cause.absolute_path)
+    schema = cause.schema if isinstance(cause.schema, dict) else {}
+    if cause.validator == "additionalProperties" and isinstance(cause.instance, dict):
+        known = list(schema.get("properties", {}))
+        unknown = sorted(str(k) for k in cause.instance if k not in known)
+        key = f"{path}.{unknown[0]}" if path else unknown[0]
+        what = f"unknown key '{key}' (known keys of '{path or '<top>'}': {', '.join(known)})"
+    elif cause.validator == "anyOf" and schema.get("description"):  # the number / integer definitions
+        what = f"'{path}' must be {schema['description'].split(';')[0]}, got {cause.instance!r}"
+    else:
+        what = f"'{path or '<top>'}': {' '.join(cause.message.split())}"
+    return f"{schema_file}: {what}"

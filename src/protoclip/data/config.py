@@ -34,7 +34,7 @@ class PrepareConfig:
         default_factory=lambda: ["fashion_mnist", "digits"])  # offline labelled evaluation sets
     user_data: list[UserDataConfig] = field(default_factory=list)  # extra pretraining pairs from user paths
     num_workers: int = 2  # processes for rendering SVGs and scanning webdataset shards
-    # added by protoclip.data: openclipart cleaning thresholds (shared/docs/offline-data.md)
+    # openclipart cleaning thresholds (shared/docs/offline-data.md)
     openclipart_max_title_uses: int = 5  # a title used by more files than this names a collection: dropped
     openclipart_max_keywords: int = 3  # keywords appended to an openclipart title in its caption
 
