@@ -88,6 +88,9 @@ def test_snakemake_report_has_every_target_and_renders_in_chromium(tmp_path):
         for target in ALL_TARGETS:
             if target.startswith(kind):
                 assert re.search(rf">{target}<", drawn), (category, target)
+        if category == "Figures":  # the summary figures (protoclip.report.summary_figures) beside the paper's
+            for name in ("ours_vs_paper", "table_VI_differences", "train_curves"):
+                assert re.search(rf">{name}<", drawn), (category, name)
     # a table opened as its eye button does: the paper's numbers beside ours, rendered
     js = ("const k = Object.keys(results).find(p => p.endsWith('table_V.html')); app.showResultInfo(k); "
           "app.setView({content: 'html', contentPath: results[k].data_uri});")
@@ -124,7 +127,8 @@ if __name__ == "__main__":  # manual check: build the report and a screenshot to
     if CHROMIUM:
         chromium([f"--screenshot={out / 'report.png'}", "--window-size=1400,1000", page.as_uri()])
         for name, kind in (("table_V.html", "html"), ("fig_8.png", "img"), ("claims.html", "html"),
-                           ("claims.png", "img")):
+                           ("claims.png", "img"), ("ours_vs_paper.png", "img"), ("table_VI_differences.png", "img"),
+                           ("train_curves.png", "img")):
             chromium([f"--screenshot={out / (name + '.png')}", "--window-size=1600,1000",
                       with_script(page, view(name, kind), out).as_uri()])
     print(page, *sorted(out.glob("*.png")), sep="\n")

@@ -37,6 +37,13 @@ def report_outputs(cfg, report) -> dict:
         else:
             out[t.id] = report(paths[0], category="Figures", **flag)
         out[f"{t.id}_caption"] = str(caption)
+    from protoclip.report.summary_figures import summary_names
+
+    for name in summary_names(cfg):  # ours vs the paper, Table VI's differences, training curves: Figures too
+        caption = lay.caption(name)
+        out[name] = report(str(lay.figures / f"{name}.png"), category="Figures", caption=os.path.abspath(caption),
+                           labels={"target": name})
+        out[f"{name}_caption"] = str(caption)
     # the claims ledger: its table and forest plot in their own category, captioned with the verdict rule
     md, csv, tex, htm, js, png, rst = (str(p) for p in lay.claims_files())
     flag = {"caption": os.path.abspath(rst), "category": "Claims"}

@@ -219,9 +219,13 @@ def evaluate_stage(cfg, lay: Layout, config_file: str, run: str, dataset: str,
 def target_outputs(cfg, lay: Layout) -> list[Path]:
     """Every file ``protoclip report`` writes for the configured targets and the claims ledger (stable: from the
     declarations)."""
+    from protoclip.report.summary_figures import summary_names
+
     out = [lay.report_index]
     for t in cfg.paper_targets():
         out += lay.target_files(t.id, t.kind) + [lay.caption(t.id)]
+    for name in summary_names(cfg):  # ours vs the paper, Table VI's differences, training curves
+        out += [lay.figures / f"{name}.png", lay.caption(name)]
     return out + lay.claims_files()  # the claims ledger (protoclip.report.claims), written even with no claim
 
 

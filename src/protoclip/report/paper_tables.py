@@ -70,7 +70,7 @@ def build_table(cfg, results: Results, target: TargetConfig, engine=None) -> tup
     differences = entry.get("differences") or {}
     for row in target.rows:
         line = {("", "ours: run"): run_label(cfg, row.run)}
-        for col, sets, _ in columns:
+        for col, sets, note in columns:
             if row.run is None:
                 cell = Cell(note="")
             elif col.task == "epochs":
@@ -82,9 +82,10 @@ def build_table(cfg, results: Results, target: TargetConfig, engine=None) -> tup
             digits = 3 if col.metric in ("ari", "ami") else 2
             line[(col.label, OURS)] = cell.fmt(digits) if row.run else ""
             line[(col.label, PAPER)] = _fmt_paper(pv)
-            long.append({"target": target.id, "row": row.label, "column": col.label, "run": row.run or "",
-                         "datasets": "+".join(sets), "ours_mean": cell.mean, "ours_std": cell.std,
-                         "ours_seeds": cell.n, "ours_text": cell.fmt(digits) if row.run else "",
+            long.append({"target": target.id, "row": row.label, "row_kind": "run", "column": col.label,
+                         "metric": col.metric if col.task != "epochs" else "epochs", "stand_in": bool(note),
+                         "run": row.run or "", "datasets": "+".join(sets), "ours_mean": cell.mean,
+                         "ours_std": cell.std, "ours_seeds": cell.n, "ours_text": cell.fmt(digits) if row.run else "",
                          "paper": pv if pv is not None else ""})
         data.append(line)
         labels.append(row.label)
@@ -126,7 +127,7 @@ def difference_row(target: TargetConfig, columns: list, cells: dict[str, dict[st
     a, b = cells.get(diff["minuend"], {}), cells.get(diff["subtrahend"], {})
     line = {("", "ours: run"): f"difference of our means: {diff['minuend']} - {diff['subtrahend']}"}
     recs = []
-    for col, sets, _ in columns:
+    for col, sets, note in columns:
         pv = (diff.get("values") or {}).get(col.paper_key)
         ca, cb = a.get(col.label), b.get(col.label)
         ours = lo = hi = None
@@ -146,8 +147,9 @@ def difference_row(target: TargetConfig, columns: list, cells: dict[str, dict[st
         line[(col.label, OURS)] = "" if col.task == "epochs" else text
         line[(col.label, PAPER)] = "" if col.task == "epochs" else _fmt_paper(pv)
         if col.task != "epochs":
-            recs.append({"target": target.id, "row": label, "column": col.label, "run": "",
-                         "datasets": "+".join(sets), "ours_mean": ours, "ours_std": None, "ours_seeds": 0,
+            recs.append({"target": target.id, "row": label, "row_kind": "difference", "column": col.label,
+                         "metric": col.metric, "stand_in": bool(note), "run": "", "datasets": "+".join(sets),
+                         "ours_mean": ours, "ours_std": None, "ours_seeds": 0,
                          "ours_text": line[(col.label, OURS)], "paper": pv if pv is not None else "",
                          "ours_ci_low": lo, "ours_ci_high": hi})
     return line, recs

@@ -12,8 +12,10 @@ skipped data sets once at the top, then every target and the ledger.
 
 Also, per task, the generic ``results/tables/<task>.{csv,md,tex}`` (rows: data set x headline metric;
 columns: runs; skipped sets left out, they are listed in the index), all values with their skip lines in
-``results/tables/metrics_long.csv``, ``results/figures/train_curves.png`` and ``results/tables/train_loss.csv``
-from each run's ``train_log.jsonl``, and the data of dvc.yaml's ``plots:`` (:mod:`protoclip.report.dvc_plots`).
+``results/tables/metrics_long.csv``, ``results/tables/train_loss.csv`` from each run's ``train_log.jsonl``, the
+data of dvc.yaml's ``plots:`` (:mod:`protoclip.report.dvc_plots`), and the summary figures with their captions
+(:mod:`protoclip.report.summary_figures`: ours against the paper, Table VI's per-set differences, the training
+curves per target).
 """
 from __future__ import annotations
 
@@ -80,28 +82,6 @@ def train_losses(layout: Layout, runs: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run", "step", "loss"])
 
 
-def plot_train_curves(losses: pd.DataFrame, out_png: Path) -> bool:
-    """Total loss against step for every run (matplotlib, Agg). False when no run has a log."""
-    if losses.empty:
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for run, sub in losses.groupby("run", sort=False):
-        ax.plot(sub.step, sub.loss, label=run)
-    ax.set_xlabel("step")
-    ax.set_ylabel("total loss")
-    ax.legend()
-    fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-    return True
-
-
 def rst_escape(text: str) -> str:
     """Plain text as one reStructuredText paragraph (markup characters escaped)."""
     return re.sub(r"([\\`*|_<>\[\]])", r"\\\1", " ".join(text.split()))
@@ -112,6 +92,7 @@ def run_report(cfg) -> Path:
     from protoclip.report.dvc_plots import write_plot_data
     from protoclip.report.figures import write_figure
     from protoclip.report.paper_tables import write_table
+    from protoclip.report.summary_figures import write_summary_figures
     from protoclip.report.values import Results
 
     layout = Layout.from_config(cfg)
@@ -165,8 +146,12 @@ def run_report(cfg) -> Path:
     with atomic_path(layout.train_losses) as tmp:
         losses.to_csv(tmp, index=False)
     write_plot_data(layout, runs, losses, cells)  # dvc.yaml `plots:` (protoclip.report.dvc_plots)
-    if plot_train_curves(losses, layout.train_curves):
-        lines += [f"![training curves](../figures/{layout.train_curves.name})", ""]
+    # ours against the paper, Table VI's differences, the training curves (protoclip.report.summary_figures)
+    summary = write_summary_figures(cfg, results, cells, losses)
+    lines += ["## Summary figures", ""]
+    for name, (png, caption) in summary.items():
+        write_text(layout.caption(name), rst_escape(caption) + "\n")
+        lines += [f"### {name}", "", caption, "", f"![{name}](../figures/{png.name})", ""]
     index = write_text(layout.report_index, "\n".join(lines) + "\n")
     log.info("report: %d targets, index %s", len(cfg.paper_targets()), index)
     return index
