@@ -77,6 +77,8 @@ def test_dvc_yaml_declares_a_plot_per_run_curve_table_and_figure(project):
             assert {f"{t.id} (ours)", f"{t.id} (paper)"} <= ids
         else:
             assert f"results/figures/{t.id}.png" in ids
+    for name in ("ours_vs_paper", "table_VI_differences", "train_curves"):  # the report's summary figures
+        assert f"results/figures/{name}.png" in ids
 
 
 @pytest.mark.skipif(DVC is None, reason="dvc is not installed")

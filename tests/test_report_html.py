@@ -49,8 +49,11 @@ def build_report(tmp_path: Path) -> Path:
     cfg = load_config(cfg_file)
     synthesize(cfg, examples=True)  # per-example results: the claims ledger and difference rows get intervals
     layout = Layout.from_config(cfg)
-    for run in cfg.run_names():  # the report rule's inputs: every run's metrics summary
+    for i, run in enumerate(cfg.run_names()):  # the report rule's inputs: every run's metrics summary
         layout.metrics_summary(run).write_text(json.dumps({"run": run}))
+        log = layout.train_log(run)  # and training losses to draw (the train_curves figure)
+        steps = [{"kind": "step", "step": s, "loss": 2.0 + (3 + i % 5) * 0.9 ** s} for s in range(30)]
+        log.write_text(log.read_text() + "".join(json.dumps(r) + "\n" for r in steps))
     assert Results(cfg).skipped()
     rules = ROOT / "workflow" / "rules"
     (tmp_path / "Snakefile").write_text(

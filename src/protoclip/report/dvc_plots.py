@@ -9,7 +9,8 @@
 and :func:`dvc_plots` gives the top-level ``plots:`` entries of ``dvc.yaml`` that show them (``protoclip
 dvc-yaml`` writes them from the same configured runs and targets as the stages): one ``linear`` plot of every
 run's loss against its step (one series per file), per table target a ``bar_horizontal`` plot of our numbers and
-one of the paper's, every figure target's PNG and the claims ledger's forest plot as image plots. DVC reads CSV / JSON / YAML data, not the
+one of the paper's, every figure target's PNG, the summary figures (protoclip.report.summary_figures) and the
+claims ledger's forest plot as image plots. DVC reads CSV / JSON / YAML data, not the
 runs' ``train_log.jsonl``, hence the per-run CSV copies of the step records.
 
     dvc plots show                       # dvc_plots/index.html: curves, per-target bars, figures
@@ -70,6 +71,10 @@ def dvc_plots(cfg) -> list[dict | str]:
                                                     "title": f"{t.id}: {field}", "x_label": field, "y_label": ""}})
         else:
             plots.append(str(layout.target_files(t.id, t.kind)[0]))  # the figure's PNG: an image plot
+    from protoclip.report.summary_figures import summary_names
+
+    # ours against the paper, Table VI's differences, the training curves per target: image plots too
+    plots += [str(layout.figures / f"{name}.png") for name in summary_names(cfg)]
     plots.append(str(layout.claims_files()[5]))  # the claims ledger's forest plot (protoclip.report.claims)
     return plots
 
