@@ -3,6 +3,7 @@ schema accepts every shipped config and refuses what the strict loader refuses, 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -134,6 +135,8 @@ def test_annotations_map_to_the_json_schema_the_loader_accepts():
 
 def test_readme_lists_every_key_of_every_section_with_its_default():
     text = (REPO / README_FILE).read_text()
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    assert all(len(re.findall(r"(?<!\\)\|", line)) == 5 for line in rows)  # 4 cells each, pipes in cells escaped
     for heading in ("## `train`", "## `train.loss`", "## `train.nclip`", "## `evaluate.datasets.<name>`",
                     "## `prepare.user_data[]`"):
         assert heading in text
