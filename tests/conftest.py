@@ -8,7 +8,9 @@ The tiers are folders, and each test gets its folder's marker: ``unit`` (functio
   absolute ``path``;
 * ``tiny_manifest(tmp_path)``: a ``Layout`` under tmp_path whose ``manifest.parquet`` holds those 40 pairs (paths
   relative to ``layout.prepared``, ids ``tiny/<n>``, source ``tiny``, seeded id-hash split with 25 % held out);
-* ``slurm_cluster``: a real single-node SLURM cluster with 4 fake GPUs, one per test session (testkit.slurm).
+* ``slurm_cluster``: a real single-node SLURM cluster with 4 fake GPUs, one per test session (testkit.slurm);
+* ``mlflow_server``: PostgreSQL and ``mlflow server --app-name basic-auth`` on it, one per test session
+  (testkit.tracking_server).
 """
 from __future__ import annotations
 
@@ -82,3 +84,18 @@ def slurm_cluster(tmp_path_factory):
         pytest.skip(why)
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """PostgreSQL and an authenticating ``mlflow server`` on it, started once on loopback and stopped at the end of
+    the session. Skipped with the reason where PostgreSQL's Debian packages or the pip extra ``tracking-server`` are
+    missing (``make test`` installs both); in CI that is a failure."""
+    from testkit import tracking_server
+
+    reason = tracking_server.missing()
+    if reason:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
+    root = tmp_path_factory.mktemp("tracking")
+    with tracking_server.Postgres(root) as pg, tracking_server.MlflowServer(root / "server", pg, auth=True) as srv:
+        yield srv

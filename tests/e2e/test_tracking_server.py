@@ -135,15 +135,10 @@ def test_a_job_that_loses_the_race_to_create_the_experiment_takes_the_winners(tm
 
 
 # --------------------------------------------------------------------------- a cluster: server + PostgreSQL
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """PostgreSQL and ``mlflow server --app-name basic-auth`` on it, for the module."""
-    reason = tracking_server.missing()
-    if reason:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
-    root = tmp_path_factory.mktemp("tracking")
-    with tracking_server.Postgres(root) as pg, tracking_server.MlflowServer(root / "server", pg, auth=True) as srv:
-        yield srv
+@pytest.fixture
+def server(mlflow_server):
+    """The test run's PostgreSQL and ``mlflow server --app-name basic-auth`` on it (conftest.py)."""
+    return mlflow_server
 
 
 def request(url: str, user: str | None = None, password: str | None = None, body: bool = False):
