@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import yaml
-from conftest import mark_evaluated
+from testkit.results import mark_evaluated
 
 from protoclip.config import load_config
 from protoclip.dag.stages import target_outputs

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import jsonschema
@@ -19,8 +18,8 @@ from protoclip.dag.snakemake import schema_error
 from protoclip.errors import ConfigError
 from protoclip.schema import deep_merge
 from protoclip.train.registry import method_sections
+from testkit import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ["config.yaml", "paper.yaml", "ci.yaml", "paper_pcl.yaml"]
 
 
