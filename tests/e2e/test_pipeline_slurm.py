@@ -1,6 +1,6 @@
 """End to end on a real SLURM cluster: ``snakemake --profile workflow/profiles/slurm`` over a tiny project.
 
-The cluster is tests/slurm_cluster.py's (Debian's slurmctld / slurmd / munge, one node with this machine's
+The cluster is tests/testkit/slurm.py's (Debian's slurmctld / slurmd / munge, one node with this machine's
 CPUs and four fake GPUs as generic resources, no accounting). The project is the repository's Snakefile,
 workflow/ and profiles, unchanged, except the site file ``workflow/profiles/slurm/site.yaml``, which says what
 this node has (1 CPU and 600 MB per GPU, partition ``debug``, no account). Its config trains five tiny runs on a

@@ -1,4 +1,4 @@
-"""The SLURM test cluster itself (tests/slurm_cluster.py): fake GPUs as generic resources, placed by SLURM.
+"""The SLURM test cluster itself (tests/testkit/slurm.py): fake GPUs as generic resources, placed by SLURM.
 
 The profile's end-to-end test (tests/test_pipeline_slurm.py) relies on these: a ``--gpus=k`` job gets k
 GPU ids in ``CUDA_VISIBLE_DEVICES`` from SLURM, concurrent jobs get disjoint ids, and the cluster records

@@ -1,6 +1,6 @@
 """MLflow at cluster scale: jobs logging at once lose nothing, on the SQLite default of one machine and
 on a real tracking server (Debian's PostgreSQL + ``mlflow server`` with MLflow's basic-auth, started on loopback
-in a temp folder by tests/tracking_server.py), and a server with authentication refuses whoever has no
+in a temp folder by tests/testkit/tracking_server.py), and a server with authentication refuses whoever has no
 credentials.
 
 Each "job" is a process of its own that logs through the project's code path (``protoclip.tracking.
@@ -10,7 +10,7 @@ read back through ``MlflowClient``: every run, param, metric value and artifact,
 paper table (``tags.`protoclip.target.table_V` = '1'``), also in the MLflow UI of the server (headless
 Chromium, skipped with the reason when it is not installed).
 
-Manual look: ``python tests/test_tracking_server.py OUT_DIR`` starts the server, logs the jobs and writes
+Manual look: ``python tests/e2e/test_tracking_server.py OUT_DIR`` starts the server, logs the jobs and writes
 OUT_DIR/mlflow_server_table_V.png.
 """
 from __future__ import annotations

@@ -12,6 +12,7 @@ from protoclip.config import ProjectConfig
 from protoclip.layout import Layout
 from protoclip.teacher.cache import fit_pca, load_teacher_features, lookup, run_teacher
 from protoclip.teacher.encoders import TextTeacher, load_text_teacher, mean_pool, packaged_path
+from testkit import REPO
 
 WORDS = "dog puppy cat truck car red blue small large photo drawing icon of a the with on tree house".split()
 
@@ -301,7 +302,7 @@ def test_kill_after_the_pca_was_saved_resumes_without_refitting_or_encoding(tmp_
 
 KILL_CHILD = r"""
 import os, signal, sys
-sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1])  # the child is a bare interpreter: tests/ for testkit
 from testkit.teachers import HashTeacher
 import protoclip.teacher.cache as cache
 from protoclip.config import ProjectConfig
@@ -341,7 +342,7 @@ def test_kill_9_anywhere_resumes_what_was_saved(tmp_path, monkeypatch, where, en
     from testkit.teachers import HashTeacher
     _, expected, _ = load_teacher_features(run_teacher(make_project(tmp_path / "ref"), teacher=HashTeacher()))
     cfg = make_project(tmp_path / "run")
-    res = subprocess.run([sys.executable, "-c", KILL_CHILD, str(Path(__file__).parent), where, str(tmp_path / "run")],
+    res = subprocess.run([sys.executable, "-c", KILL_CHILD, str(REPO / "tests"), where, str(tmp_path / "run")],
                          capture_output=True, text=True)
     assert res.returncode == -9, res.stderr[-2000:]
     layout = Layout.from_config(cfg)

@@ -12,8 +12,14 @@ import pytest
 import yaml
 
 from protoclip.config import ProjectConfig, load_config
-from protoclip.config_schema import (README_FILE, SCHEMA_FILE, field_comments, generated_files, project_schema,
-                                     type_schema)
+from protoclip.config_schema import (
+    README_FILE,
+    SCHEMA_FILE,
+    field_comments,
+    generated_files,
+    project_schema,
+    type_schema,
+)
 from protoclip.dag.snakemake import schema_error
 from protoclip.errors import ConfigError
 from protoclip.schema import deep_merge
