@@ -10,7 +10,7 @@ read back through ``MlflowClient``: every run, param, metric value and artifact,
 paper table (``tags.`protoclip.target.table_V` = '1'``), also in the MLflow UI of the server (headless
 Chromium, skipped with the reason when it is not installed).
 
-Manual look: ``python tests/e2e/test_tracking_server.py OUT_DIR`` starts the server, logs the jobs and writes
+Manual look: ``PYTHONPATH=tests python tests/e2e/test_tracking_server.py OUT_DIR`` starts the server, logs the jobs and writes
 OUT_DIR/mlflow_server_table_V.png.
 """
 from __future__ import annotations
