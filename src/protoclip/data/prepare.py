@@ -32,6 +32,7 @@ import collections
 import hashlib
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -295,6 +296,7 @@ def _prepare(layout: Layout, p: PrepareConfig, scratch: Path, current: str) -> d
         "report_path": str(layout.prepare_report),
     }
     write_json(layout.prepare_report, report)
+    os.sync()  # the rendered images (written without a sync each) on disk before the fingerprint vouches for them
     write_json(layout.prepare_fingerprint, {"fingerprint": current})  # last: it vouches for every output above
     return report
 
