@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +21,8 @@ import yaml
 from protoclip.config import load_config
 from protoclip.evaluate.resumable import CHUNK
 from protoclip.layout import Layout
+from testkit.processes import project_env, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 RUN, SET = "r", "digits"
 BATCH, CHUNK_BATCHES = 4, 2  # 8 images a chunk
 N_TEST = N_TRAIN = 200  # 25 chunks each
@@ -54,10 +53,8 @@ def _project(tmp_path: Path) -> tuple[Path, Layout]:
 
 
 def _evaluate(cfg_path: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "protoclip.cli", "evaluate", "--config", str(cfg_path), "--run",
-                             RUN, "--dataset", SET, "--task", "knn"], env=env, stdout=subprocess.PIPE,
+                             RUN, "--dataset", SET, "--task", "knn"], env=project_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -83,11 +80,12 @@ def test_a_killed_evaluation_resumes_its_extraction_and_gives_the_same_features(
     layout.features(RUN, SET).unlink()
     shutil.rmtree(layout.eval_dir(RUN, SET))
     proc = _evaluate(cfg_path)
-    deadline = time.monotonic() + 240
-    while len(list((work / "test").glob("chunk_*.npz"))) < 3:
+
+    def three_chunks() -> bool:
         assert proc.poll() is None, "the evaluation ended before it could be killed"
-        assert time.monotonic() < deadline, "no chunk written in 240 s"
-        time.sleep(0.01)
+        return len(list((work / "test").glob("chunk_*.npz"))) >= 3
+
+    wait_for(three_chunks, "3 chunks of the test split", timeout=240, poll=0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
