@@ -290,6 +290,12 @@ def test_csv_quote_left_open_past_the_bound_counts_the_rows_it_would_swallow(tmp
             f"a quote opened on line 3 and read as one field it would swallow the {swallowed} following rows ({to})" \
             in warned[0], warned
         assert "raise user_data quote_max_lines / quote_max_chars" in warned[0]
+    # a quote opened on the last line swallows nothing: said so
+    (tmp_path / "p.csv").write_text('filepath,caption\na.png,a red circle\nb.png,"left open\n')
+    pairs, drops, warned = _scan(tmp_path / "p.csv", caplog)
+    assert [p.caption for p in pairs] == ["a red circle"] and drops == {"malformed_row": 1}
+    assert "line 3: a quoted field is not closed before the end of the file; a quote opened on line 3, the file's " \
+        "last (malformed_row: 1 row dropped); close the quote in the file" in warned[0], warned
     # the bound in characters: the same open quote, lines of 50 characters, 120 allowed
     (tmp_path / "p.csv").write_text("filepath,caption\n" + 'b.png,"a blue square\n' + "\n".join(
         f"a.png#{i},{'x' * 40}" for i in range(10)) + "\n")

@@ -85,7 +85,9 @@ class Malformed:
     def describe(self) -> str:
         span = f"line {self.line}" if self.lines == 1 else f"lines {self.line}-{self.line + self.lines - 1}"
         what = self.error
-        if self.swallowed is not None:
+        if self.swallowed == 0:  # the quote opened on the last line
+            what += f"; a quote opened on line {self.quote_line}, the file's last"
+        elif self.swallowed is not None:
             to = f"to line {self.closes}, whose quote closes it" if self.closes else "to the end of the file"
             what += (f"; a quote opened on line {self.quote_line} and read as one field it would swallow the "
                      f"{self.swallowed} following {'row' if self.swallowed == 1 else 'rows'} ({to}): they are read "
