@@ -17,8 +17,8 @@ run id) are no output at all: work-in-progress state left in place for ``--resum
 cached they would read "deleted" after every fresh clone (dvc status never clean, dvc repro retrains), and as a
 Snakemake output they would be deleted before each job. The same holds for an evaluation's extraction in progress
 (``checkpoints/eval/<set>/``) and its feature files (``features/<set>.npz``): large local caches that DVC stores
-only with ``evaluate.track_features`` (then a persisted out of the evaluation stage, still no Snakemake output). DVC deps include the code (``src/protoclip``) and each
-configured external evaluation path that exists.
+only with ``evaluate.track_features`` (then a persisted out of the evaluation stage, still no Snakemake output).
+DVC deps include the code (``src/protoclip``) and each configured external evaluation path that exists.
 """
 from __future__ import annotations
 

@@ -489,6 +489,6 @@ def image_stats_digest(cfg: UserDataConfig) -> str:
     return h.hexdigest()
 
 
-__all__ = ["DROP_RULES", "IMAGE_EXTS", "SEP", "CSV_BATCH", "ShardScan", "Packed", "expand_shards", "csv_batches", "wds_batches",
-           "user_batches", "packed_batches",
-           "scan_csv", "scan_shard", "scan_wds", "scan_user_data", "input_files", "image_stats_digest"]
+__all__ = ["DROP_RULES", "IMAGE_EXTS", "SEP", "CSV_BATCH", "ShardScan", "Packed", "expand_shards", "csv_batches",
+           "wds_batches", "user_batches", "packed_batches", "scan_csv", "scan_shard", "scan_wds", "scan_user_data",
+           "input_files", "image_stats_digest"]
