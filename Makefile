@@ -34,9 +34,9 @@ checkout: $(STAMP)
 	PATH=$(BIN):$$PATH dvc status --quiet || { echo "outputs differ from dvc.lock: run 'make run'"; exit 1; }
 	PATH=$(BIN):$$PATH snakemake --touch --forceall --cores 1 --quiet
 
-# The tests (what CI runs through .ci/run), with what they start: the SLURM plugin and the MLflow tracking server's
-# packages (pip extras `slurm`, `tracking-server`) and, as root, the Debian packages of the test SLURM cluster and
-# of PostgreSQL (.ci/install-slurm, .ci/install-postgresql; each step does nothing when done).
+# The tests (what CI runs through .ci/run), with what they start: pytest, the SLURM plugin and the MLflow tracking
+# server's packages (pip extras `test`, `slurm`, `tracking-server`) and, as root, the Debian packages of the test
+# SLURM cluster and of PostgreSQL (.ci/install-slurm, .ci/install-postgresql; each step does nothing when done).
 # Every tier, fastest first (README "Tests"): `make test-unit`, `make test-integration`, `make test-e2e` run one.
 test: $(VENV)/.installed-test-extras
 	.ci/install-slurm
@@ -52,7 +52,7 @@ test-e2e: $(VENV)/.installed-test-extras
 	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q tests/e2e
 
 $(VENV)/.installed-test-extras: $(STAMP)
-	$(BIN)/python -m pip install -qq -e '.[slurm,tracking-server]'
+	$(BIN)/python -m pip install -qq -e '.[slurm,tracking-server,test]'
 	touch $@
 
 lint: $(STAMP)

@@ -1,6 +1,13 @@
-"""Atomic writes: a killed stage never leaves a half-written output that Snakemake or DVC would trust."""
+"""Atomic, durable writes: a killed stage never leaves a half-written output that Snakemake or DVC would trust,
+and a node that loses power right after a write finds the old file or the new one, never an empty one.
+
+The data is flushed to disk (``fsync`` of the file) before the rename, and the rename itself after it (``fsync``
+of the folder): without the first, ext4 with ``data=writeback``, XFS and others may persist the rename before the
+data, so an output or checkpoint that was complete before the crash reads back empty. Cost: bench/bench_fsync.py.
+"""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -16,9 +23,32 @@ log = logging.getLogger(__name__)
 TEMP_NAME = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp(\..*)?")
 
 
+def fsync_path(path: str | Path, folder: bool = False) -> None:
+    """``fsync`` a written file, or a folder (its entries: a rename or a new file in it). A file system that
+    cannot sync a folder (some network and FUSE file systems answer EINVAL) is left as it is."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if folder else 0))
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if not folder or err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def durable_replace(tmp: str | Path, path: str | Path, durable: bool = True) -> None:
+    """Rename the written file ``tmp`` onto ``path`` (same folder), its data and the rename on disk first."""
+    if durable:
+        fsync_path(tmp)
+    os.replace(tmp, path)
+    if durable:
+        fsync_path(Path(path).parent, folder=True)
+
+
 @contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
+def atomic_path(path: str | Path, durable: bool = True) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds (``durable``:
+    with :func:`durable_replace`'s fsyncs; False only to measure what they cost)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + "".join(path.suffixes), dir=path.parent)
@@ -29,7 +59,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600 files; outputs get the usual permissions
     try:
         yield tmp_path
-        os.replace(tmp_path, path)
+        durable_replace(tmp_path, path, durable)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()

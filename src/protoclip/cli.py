@@ -40,8 +40,23 @@ from protoclip.gpu_slots import SlotError
 from protoclip.layout import Layout
 
 
+class _Version(argparse.Action):
+    """``--version``, worked out only when asked (it runs git)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version, the code's commit and the main libraries', then exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from protoclip.provenance import version_line
+
+        print(version_line())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="protoclip", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="stage", required=True)
 
     def stage(name: str, help: str) -> argparse.ArgumentParser:

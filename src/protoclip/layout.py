@@ -11,20 +11,19 @@
     data/tmp/                           stages' spill files while they run (prepare/: candidate pairs, dedup keys)
     data/teacher/<teacher>.npz          PCA-reduced teacher features keyed by sample id (+ .json metadata)
                                         (<teacher>: the teacher's name made file-safe, safe_name)
-<<<<<<< HEAD
     data/teacher/.partial/<stem>/       a teacher run's encoded chunks and fitted PCA until its cache is written
-    results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt, checkpoints/ (last.pt, mlflow.json)
-=======
     results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt (the train stage's outputs)
     results/runs/<run>/checkpoints/     the training's work in progress, never a workflow output: last.pt,
                                         train_log.jsonl (the log the checkpoint continues), mlflow.json (its MLflow
                                         run id), train.lock (held by the process training the run)
->>>>>>> main
+    results/runs/<run>/checkpoints/eval/<set>/   an evaluation's feature extraction in progress (chunks of
+                                        image features, protoclip.evaluate.resumable), never a workflow output
+    results/runs/<run>/features/<set>.npz   the set's cached evaluation features (no workflow output: a DVC out
+                                        of the evaluation only with evaluate.track_features)
     results/runs/<run>/eval/<set>/      one evaluation job's outputs (a DVC out of stage evaluate_<run>_<set>):
         <task>.json                     metrics of one task (also logged to the run's MLflow run)
         <task>.examples.npz             its per-example results (zero-shot, probes: hit per test image;
                                         retrieval: rank of each query's first match), for the claims ledger
-        features.npz                    cached evaluation features
         tsne.png                        t-SNE figure (when the task ran)
         tasks.json                      what each configured task did on this set (ran / skipped / not applicable);
                                         written last: the folder's completion marker (protoclip.completion)
@@ -190,7 +189,12 @@ class Layout:
         return self.run_dir(run) / "eval" / dataset
 
     def features(self, run: str, dataset: str) -> Path:
-        return self.eval_dir(run, dataset) / "features.npz"
+        """The set's cached evaluation features: outside the job's output folder (a rerun finds them)."""
+        return self.run_dir(run) / "features" / f"{dataset}.npz"
+
+    def eval_progress(self, run: str, dataset: str) -> Path:
+        """An evaluation's feature extraction in progress (resumable chunks), beside the training checkpoints."""
+        return self.checkpoint(run).parent / "eval" / dataset
 
     def tsne_figure(self, run: str, dataset: str) -> Path:
         return self.eval_dir(run, dataset) / "tsne.png"

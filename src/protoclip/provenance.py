@@ -30,6 +30,18 @@ def versions(packages=("torch", "torchvision", "open_clip_torch", "faiss-cpu", "
     return out
 
 
+def version_line() -> str:
+    """``protoclip --version``: the package version, the commit of the code that runs, the libraries results depend
+    on most."""
+    from protoclip import __version__
+
+    v = versions(("torch", "open_clip_torch"))
+    commit = git_commit(Path(__file__).resolve().parent)
+    where = f"commit {commit}" if commit != "unknown" else "not a git checkout"
+    return (f"protoclip {__version__} ({where}; python {v['python']}, torch {v['torch']}, "
+            f"open_clip {v['open_clip_torch']})")
+
+
 def device_info() -> dict[str, str]:
     import torch
 

@@ -69,12 +69,12 @@ def built(tmp_path_factory):
 
 @pytest.fixture
 def project(built):
-    """The evaluation folder as a fresh job finds it (only the feature cache) ..."""
+    """The evaluation folder as a fresh job finds it (empty; the feature cache beside it) ..."""
     cfg_path, cfg, layout, pristine = built
     folder = layout.eval_dir(RUN, "digits")
     shutil.rmtree(folder)
     folder.mkdir()
-    shutil.copy2(pristine / "features.npz", folder / "features.npz")
+    assert layout.features(RUN, "digits").is_file()  # outside the job's folder: a rerun still finds it
     layout.metrics_summary(RUN).unlink(missing_ok=True)
     return cfg_path, cfg, layout
 

@@ -111,6 +111,11 @@ def test_prepare_end_to_end(world, capsys):
         "mine": {"kept": 2, "dropped": {"duplicate_id": 1, "duplicate_pair": 1, "missing_file": 1}},
     }
     assert report["total"] == {"kept": 6, "dropped": 7}
+    # each reason the user data lost rows for comes with its rule and fix, printed under the counts
+    assert list(report["drop_rules"]) == ["duplicate_id", "duplicate_pair", "missing_file"]
+    printed = prepare.format_counts(report)
+    assert all(f"  {k}: {v}" in printed for k, v in report["drop_rules"].items())
+    assert "fix the path" in report["drop_rules"]["missing_file"]
     assert json.loads(layout.prepare_report.read_text())["sources"] == report["sources"]
     fm = evalsets.load_eval_set(layout.eval_set("fashion_mnist"))
     assert fm["images"].shape == (10, 28, 28, 3) and fm["images"].dtype == np.uint8

@@ -224,65 +224,100 @@ def _five_images(d: Path) -> None:
         make_png(d / f"{name}.png", colour, shape)
 
 
+def _scan(path: Path, caplog, **cfg):
+    with caplog.at_level("WARNING", logger="protoclip.data.csvfile"):
+        caplog.clear()
+        pairs, drops = scan_csv(UserDataConfig(name="q", format="csv", path=str(path), **cfg))
+    return pairs, dict(drops), [r.getMessage() for r in caplog.records]
+
+
+def test_csv_as_rfc4180_allows_is_read_whole_by_default(tmp_path, caplog):
+    """A UTF-8 BOM, CRLF line ends, a quoted delimiter, a doubled quote and a quoted line break: all 5 rows kept
+    (pandas, which open_clip's CsvDataset uses, reads the same 5 records from the same file)."""
+    import pandas as pd
+
+    _five_images(tmp_path)
+    text = ('filepath,caption\r\na.png,a red circle\r\nb.png,"a blue square,\r\non two lines"\r\n'
+            'c.png,"a ""green"" thing"\r\nd.png,"yellow, round"\r\ne.png,the last row\r\n')
+    (tmp_path / "p.csv").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    pairs, drops, warned = _scan(tmp_path / "p.csv", caplog)
+    assert [p.caption for p in pairs] == ["a red circle", "a blue square, on two lines", 'a "green" thing',
+                                          "yellow, round", "the last row"]
+    assert drops == {} and warned == []
+    theirs = pd.read_csv(tmp_path / "p.csv")
+    assert list(theirs.columns) == ["filepath", "caption"] and list(theirs["filepath"]) == [f"{c}.png" for c in "abcde"]
+    assert [" ".join(c.split()) for c in theirs["caption"]] == [p.caption for p in pairs]
+
+
 def test_csv_quote_left_open_costs_its_own_row_only(tmp_path, caplog):
-    """One record a line (the default): the open quote makes row 2 malformed and nothing else; all 5 rows counted."""
+    """The quote opened on line 3 closes on line 5 before text, which breaks the record there: line 3 is dropped,
+    lines 4 and 5 are read again as rows; the message says where the quote opened and what it would swallow. One
+    record a line (multiline_captions false) keeps the same rows."""
     _five_images(tmp_path)
     (tmp_path / "p.csv").write_text(QUOTE_TYPO)
-    with caplog.at_level("WARNING", logger="protoclip.data.csvfile"):
-        pairs, drops = scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "p.csv")))
-    assert [p.caption for p in pairs] == ["a red circle", "a green thing", 'the quote closes" here', "the last row"]
-    assert dict(drops) == {"malformed_row": 1} and len(pairs) + sum(drops.values()) == 5
-    warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 1 and f"{tmp_path / 'p.csv'}: line 3: a quoted field is not closed on its line" in warned[0]
-    assert "1 row dropped" in warned[0]
+    for multiline in (True, False):
+        pairs, drops, warned = _scan(tmp_path / "p.csv", caplog, multiline_captions=multiline)
+        assert [p.caption for p in pairs] == ["a red circle", "a green thing", 'the quote closes" here',
+                                              "the last row"]
+        assert drops == {"malformed_row": 1} and len(pairs) + sum(drops.values()) == 5
+        assert len(warned) == 1 and f"{tmp_path / 'p.csv'}: line 3: " in warned[0], warned
+        assert "(malformed_row: 1 row dropped)" in warned[0]
+        if multiline:
+            assert "a quote opened on line 3 and read as one field it would swallow the 2 following rows (to line 5" \
+                in warned[0] and "close the quote in the file" in warned[0]
+        else:
+            assert "multiline_captions is false" in warned[0] and "set multiline_captions: true" in warned[0]
 
 
-def test_csv_multiline_record_gone_wrong_counts_every_line_it_consumed(tmp_path, caplog):
-    """With multi-line captions allowed, the open quote runs to line 5 and the record breaks there: the three
-    lines it consumed are three lost rows, and the message says so and where the quote opened."""
+def test_csv_quote_left_open_past_the_bound_counts_the_rows_it_would_swallow(tmp_path, caplog):
+    """A quote opened on line 3 that no quote closes within quote_max_lines: line 3 is dropped, every row after it
+    is kept, and the rows it would swallow are counted to the line whose lone quote closes it (here computed from
+    where the test put that quote) or to the end of the file."""
     _five_images(tmp_path)
-    (tmp_path / "p.csv").write_text(QUOTE_TYPO)
-    with caplog.at_level("WARNING", logger="protoclip.data.csvfile"):
-        pairs, drops = scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "p.csv"),
-                                               multiline_captions=True))
-    assert [p.caption for p in pairs] == ["a red circle", "the last row"]
-    assert dict(drops) == {"malformed_row": 3} and len(pairs) + sum(drops.values()) == 5
-    warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 1 and "lines 3-5: not a CSV record" in warned[0]
-    assert "a quote opened on line 3 (3 rows dropped)" in warned[0]
+    rows = [f"a.png#{i},caption {i}" for i in range(30)]  # missing images: dropped as missing_file, but read
+    for close_at in (None, 20):
+        body = ["a.png,a red circle", 'b.png,"a blue square'] + rows
+        if close_at is not None:
+            body[close_at] = body[close_at].replace("caption", 'caption"')  # a lone quote: closes it
+        (tmp_path / "p.csv").write_text("filepath,caption\n" + "\n".join(body) + "\n")
+        line_of = {i: i + 2 for i in range(len(body))}  # body[i] is on line i + 2 (the header is line 1)
+        pairs, drops, warned = _scan(tmp_path / "p.csv", caplog, quote_max_lines=4)
+        assert [p.caption for p in pairs] == ["a red circle"]
+        assert drops == {"malformed_row": 1, "missing_file": 30}
+        swallowed = (line_of[close_at] if close_at else line_of[len(body) - 1]) - 3
+        to = f"to line {line_of[close_at]}, whose quote closes it" if close_at else "to the end of the file"
+        assert len(warned) == 1 and f"line 3: a quoted field is not closed within 4 lines or 131072 characters; " \
+            f"a quote opened on line 3 and read as one field it would swallow the {swallowed} following rows ({to})" \
+            in warned[0], warned
+        assert "raise user_data quote_max_lines / quote_max_chars" in warned[0]
+    # a quote opened on the last line swallows nothing: said so
+    (tmp_path / "p.csv").write_text('filepath,caption\na.png,a red circle\nb.png,"left open\n')
+    pairs, drops, warned = _scan(tmp_path / "p.csv", caplog)
+    assert [p.caption for p in pairs] == ["a red circle"] and drops == {"malformed_row": 1}
+    assert "line 3: a quoted field is not closed before the end of the file; a quote opened on line 3, the file's " \
+        "last (malformed_row: 1 row dropped); close the quote in the file" in warned[0], warned
+    # the bound in characters: the same open quote, lines of 50 characters, 120 allowed
+    (tmp_path / "p.csv").write_text("filepath,caption\n" + 'b.png,"a blue square\n' + "\n".join(
+        f"a.png#{i},{'x' * 40}" for i in range(10)) + "\n")
+    pairs, drops, warned = _scan(tmp_path / "p.csv", caplog, quote_max_chars=120)
+    assert drops == {"malformed_row": 1, "missing_file": 10}
+    assert "not closed within 8 lines or 120 characters" in warned[0] and "swallow the 10 following rows" in warned[0]
 
 
-def test_csv_multiline_captions_only_where_allowed(tmp_path):
+def test_csv_a_long_quoted_caption_within_the_bounds_is_one_row(tmp_path, caplog):
     make_png(tmp_path / "a.png", "red", "circle")
     make_png(tmp_path / "b.png", "blue", "square")
-    (tmp_path / "ok.csv").write_text('filepath,caption\na.png,"a red, quoted\ncircle"\nb.png,x\n')
-    cfg = UserDataConfig(name="q", format="csv", path=str(tmp_path / "ok.csv"), multiline_captions=True)
-    pairs, drops = scan_csv(cfg)
-    assert [p.caption for p in pairs] == ["a red, quoted circle", "x"] and not drops  # closed quotes span lines
-    pairs, drops = scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "ok.csv")))
-    # off: line 2 does not close its quote (malformed), line 3 'circle"' is a row of one field
-    assert [p.caption for p in pairs] == ["x"] and dict(drops) == {"malformed_row": 1, "missing_fields": 1}
+    caption = "\n".join(f"line {i}" for i in range(8))  # 8 lines: the default bound
+    (tmp_path / "p.csv").write_text(f'filepath,caption\na.png,"{caption}"\nb.png,x\n')
+    pairs, drops, _ = _scan(tmp_path / "p.csv", caplog)
+    assert [p.caption for p in pairs] == [" ".join(caption.split()), "x"] and drops == {}
+    pairs, drops, warned = _scan(tmp_path / "p.csv", caplog, quote_max_lines=7)  # one line over: taken for a typo
+    assert [p.caption for p in pairs] == ["x"] and drops == {"malformed_row": 1, "missing_fields": 7}
+    assert len(warned) == 8 and "line 3: 1 fields where the header has 2: a row has exactly the header's columns " \
+        "(missing_fields: 1 row dropped); fix the row (a caption holding a comma is quoted)" in warned[0]
     from protoclip.data.config import PrepareConfig
-    with pytest.raises(ValueError, match="multiline_captions applies to csv/tsv"):
-        PrepareConfig(user_data=[UserDataConfig(name="w", format="wds", path="x.tar",
-                                                multiline_captions=True)]).validate()
-
-
-def test_csv_quote_never_closed_with_multiline_captions_names_the_line(tmp_path):
-    from protoclip.errors import ConfigError
-    make_png(tmp_path / "a.png", "red", "circle")
-    make_png(tmp_path / "b.png", "blue", "square")
-    (tmp_path / "p.csv").write_text('filepath,caption\na.png,a red circle\nb.png,"a blue\nb.png,swallowed\n'
-                                    "a.png,swallowed too\n")
-    with pytest.raises(ConfigError) as err:
-        scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "p.csv"), multiline_captions=True))
-    msg = str(err.value)
-    assert msg.startswith(f"{tmp_path / 'p.csv'}:3:") and "unterminated quote" in msg and "\n" not in msg
-    assert "the 3 lines to the end of the file" in msg
-    # one record a line: the same file loses its line 3 only (line 5 repeats a.png: a duplicate id)
-    pairs, drops = scan_csv(UserDataConfig(name="q", format="csv", path=str(tmp_path / "p.csv")))
-    assert [p.caption for p in pairs] == ["a red circle", "swallowed"]
-    assert dict(drops) == {"malformed_row": 1, "duplicate_id": 1}
+    with pytest.raises(ValueError, match="quote_max_lines and quote_max_chars must be >= 1"):
+        PrepareConfig(user_data=[UserDataConfig(name="w", format="csv", path="x.csv", quote_max_lines=0)]).validate()
 
 
 def test_csv_is_streamed_and_repeats_found_without_a_set_of_ids(tmp_path, monkeypatch):

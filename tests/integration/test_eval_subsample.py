@@ -198,9 +198,9 @@ def test_evaluation_records_subsample_same_images_for_every_run(two_runs, monkey
     seen: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     extract = FeatureExtractor.extract
 
-    def recording_extract(self, ds):
+    def recording_extract(self, ds, progress=None):
         seen[self.model_path.parent.name] = (_row_ids(ds.train), _row_ids(ds.test))
-        return extract(self, ds)
+        return extract(self, ds, progress)
 
     monkeypatch.setattr(stage, "evaluation_run", fake_evaluation_run)
     monkeypatch.setattr(FeatureExtractor, "extract", recording_extract)

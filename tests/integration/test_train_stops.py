@@ -278,3 +278,21 @@ def test_world_size_and_batches_are_logged_and_saved_with_the_run(tmp_path):
     start = read_train_log(layout.train_log("w"), "start")[0]["schedule"]
     assert (start["world_size"], start["per_rank_batch"], start["global_batch"]) == (1, 4, 4)
     assert rec.params["world"] == {"world_size": 1, "per_rank_batch": 4, "global_batch": 4}
+
+
+# ---------------------------------------------------------------- a broken manifest
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "text"])
+def test_a_broken_manifest_through_the_cli_is_one_line_exit_2(tmp_path, capsys, kind):
+    """A manifest left empty or cut short (a full disk, a copy that stopped): one line naming the file and the stage
+    that writes it, before any training; the file is left as it is."""
+    path = _project(tmp_path)
+    manifest = Layout.from_config(load_config(path)).manifest
+    data = manifest.read_bytes()
+    manifest.write_bytes({"empty": b"", "truncated": data[: len(data) * 2 // 3], "text": b"id,path\n"}[kind])
+    code, lines, err = _cli(path, capsys)
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert str(manifest) in lines[0] and "protoclip prepare" in lines[0] and "not a readable manifest" in lines[0]
+    assert (" (0 bytes)" in lines[0]) == (kind == "empty")
+    assert manifest.stat().st_size == {"empty": 0, "truncated": len(data) * 2 // 3, "text": 8}[kind]

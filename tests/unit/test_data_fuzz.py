@@ -6,10 +6,10 @@ is reproducible from the printed seed. Asserted for every input:
 * no exception escapes the reader except a one-line :class:`ConfigError` naming the file (a CSV whose
   header lacks the configured columns is not usable at all);
 * counts add up, computed here from what was generated, not from the reader: CSV/TSV with one record a line
-  (the default), kept + dropped == the non-blank lines after the header, damaged files included; with
-  multi-line captions, rows written <= kept + dropped <= those lines (a malformed record counts each line it
-  consumed); webdataset: kept + dropped == samples, i.e. distinct keys of regular-file members, plus one per
-  shard that cannot be opened;
+  (``multiline_captions: false``), kept + dropped == the non-blank lines after the header, damaged files included;
+  with multi-line captions (the default), rows written <= kept + dropped <= those lines (a quote taken for one left
+  open drops its own line, the lines after it are read again as rows); webdataset: kept + dropped == samples,
+  i.e. distinct keys of regular-file members, plus one per shard that cannot be opened;
 * kept pairs have unique ids, a non-empty caption and readable image bytes.
 """
 from __future__ import annotations

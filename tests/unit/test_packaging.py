@@ -40,3 +40,36 @@ def test_slurm_extra_pins_a_plugin_that_does_not_split_gpu_jobs():
     plugin = next(p for p in slurm if p.startswith("snakemake-executor-plugin-slurm=="))
     version = tuple(int(x) for x in plugin.split("==")[1].split("."))
     assert version >= (2, 7, 1)
+
+
+def test_pytest_is_a_test_extra_not_a_runtime_dependency():
+    """A user's environment (pip or conda) does not get pytest; `make test` (so CI) installs the `test` extra."""
+    deps = _pyproject()["project"]["dependencies"]
+    assert not [d for d in deps if d.split("==")[0].lower() == "pytest"]
+    assert _pyproject()["project"]["optional-dependencies"]["test"] == ["pytest==9.2.0"]
+    make = (REPO / "Makefile").read_text()
+    assert "pip install -qq -e '.[slurm,tracking-server,test]'" in make
+    importing = [str(p) for p in (REPO / "src").rglob("*.py")
+                 if any(ln.split()[:2] in (["import", "pytest"], ["from", "pytest"]) or ln.startswith("import pytest")
+                        for ln in p.read_text().splitlines())]
+    assert importing == []
+
+
+def test_version_is_the_packages_and_names_the_commit(capsys):
+    import subprocess
+
+    import pytest
+
+    import protoclip
+    from protoclip.cli import main
+
+    assert protoclip.__version__ == _pyproject()["project"]["version"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    out = capsys.readouterr().out.strip()
+    assert exit_.value.code == 0 and out.startswith(f"protoclip {protoclip.__version__} (") and "\n" not in out
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    if head:  # a git checkout (CI's clone is one): the commit of the code that runs
+        assert f"commit {head}" in out
+    from importlib import metadata
+    assert f"torch {metadata.version('torch')}," in out and f"open_clip {metadata.version('open_clip_torch')})" in out

@@ -15,8 +15,10 @@ whole folder, e.g. ``data/prepared`` with its images). Every out is cached, so `
 carry all of them and a fresh clone is complete. Training checkpoints (``checkpoints/``: last.pt, the MLflow
 run id) are no output at all: work-in-progress state left in place for ``--resume``; as a DVC out that is not
 cached they would read "deleted" after every fresh clone (dvc status never clean, dvc repro retrains), and as a
-Snakemake output they would be deleted before each job. DVC deps include the code (``src/protoclip``) and each
-configured external evaluation path that exists.
+Snakemake output they would be deleted before each job. The same holds for an evaluation's extraction in progress
+(``checkpoints/eval/<set>/``) and its feature files (``features/<set>.npz``): large local caches that DVC stores
+only with ``evaluate.track_features`` (then a persisted out of the evaluation stage, still no Snakemake output).
+DVC deps include the code (``src/protoclip``) and each configured external evaluation path that exists.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ from protoclip.layout import Layout
 from protoclip.schema import read_yaml
 
 CODE = "src/protoclip"  # every stage runs this package: a DVC dep of each stage
+# evaluate keys that change no result (not DVC params of the evaluation stages): the sets have their own entries,
+# the chunking of a resumable extraction and where DVC stores the features change no number
+NOT_RESULTS = ("datasets", "extract_chunk_batches", "track_features")
 
 
 def stage_command(stage: str, config_file: str, args: str = "") -> str:
@@ -153,6 +158,12 @@ def eval_outs(lay: Layout, run: str, dataset: str) -> dict[str, Out]:
     return {"eval": Out(norm_path(lay.eval_dir(run, dataset)), directory=True)}
 
 
+def features_out(lay: Layout, run: str, dataset: str) -> Out:
+    """The set's feature file as a DVC out (evaluate.track_features only): kept in place between runs (persist,
+    the extraction's cache) and no Snakemake target (Snakemake would delete it before each job)."""
+    return Out(norm_path(lay.features(run, dataset)), persist=True)
+
+
 def collect_outs(lay: Layout, run: str) -> dict[str, Out]:
     return {"summary": Out(norm_path(lay.metrics_summary(run)), metric=True)}
 
@@ -212,8 +223,9 @@ def evaluate_stage(cfg, lay: Layout, config_file: str, run: str, dataset: str,
                  stage_command("evaluate", config_file, f"--run {run} --dataset {dataset}{task_args}"),
                  {"model": [norm_path(lay.model(run))], "data": eval_inputs(cfg, lay, dataset)},
                  _params(config_file, f"evaluate.datasets.{dataset}",
-                         *(f"evaluate.{f.name}" for f in fields(EvaluateConfig) if f.name != "datasets")),
-                 list(outs.values()), outs)
+                         *(f"evaluate.{f.name}" for f in fields(EvaluateConfig) if f.name not in NOT_RESULTS)),
+                 list(outs.values()) + ([features_out(lay, run, dataset)] if cfg.evaluate.track_features else []),
+                 outs)
 
 
 def target_outputs(cfg, lay: Layout) -> list[Path]:

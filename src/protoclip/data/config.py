@@ -17,9 +17,12 @@ class UserDataConfig:
     # probes, as the offline sources' labels); null: the pairs are unlabelled (retrieval only)
     label_key: str | None = None
     split: Literal["train", "heldout", "auto"] = "auto"  # auto: split with the same seeded rule as the default data
-    # CSV/TSV: a quoted caption may span lines. Off by default: a quote left open then costs its own row only,
-    # instead of swallowing the following rows into one caption (protoclip.data.csvfile)
-    multiline_captions: bool = False
+    # CSV/TSV: a quoted caption may span lines (RFC 4180, as pandas reads it for open_clip); false: one record a line
+    multiline_captions: bool = True
+    # a quoted field still open after this many lines, or this many characters, is taken for a quote left open:
+    # its first line is dropped, the lines after it are read as rows (protoclip.data.csvfile)
+    quote_max_lines: int = 8
+    quote_max_chars: int = 131_072  # the longest caption kept (longer ones are dropped as caption_too_long)
 
 
 @dataclass
@@ -47,8 +50,9 @@ class PrepareConfig:
         for u in self.user_data:
             if u.label_key and u.format == "wds":
                 raise ValueError(f"user_data '{u.name}': label_key applies to csv/tsv files, not wds shards")
-            if u.multiline_captions and u.format == "wds":
-                raise ValueError(f"user_data '{u.name}': multiline_captions applies to csv/tsv files, not wds shards")
+            if u.quote_max_lines < 1 or u.quote_max_chars < 1:
+                raise ValueError(f"user_data '{u.name}': quote_max_lines and quote_max_chars must be >= 1, got "
+                                 f"{u.quote_max_lines} and {u.quote_max_chars}")
         if len(set(names)) != len(names) or set(names) & set(self.offline_sources):
             raise ValueError(f"user_data names must be unique and differ from offline sources, got {names}")
         if self.image_size < 8:

@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from protoclip.atomic import atomic_path
+from protoclip.datafiles import PREPARE, reading
 
 FASHION_DIR = Path("usr/share/datasets/fashion-mnist")
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
@@ -108,7 +109,7 @@ def save_eval_set(path: str | Path, arrays: dict[str, np.ndarray]) -> Path:
 
 
 def load_eval_set(path: str | Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
+    with reading(path, "evaluation set", PREPARE), np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
 
 

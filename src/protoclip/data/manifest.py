@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from protoclip.atomic import atomic_path
+from protoclip.datafiles import PREPARE, reading
 from protoclip.data.reading import SEP
 from protoclip.errors import ConfigError
 
@@ -167,45 +168,54 @@ class ManifestWriter:
                 self._writer.write_table(self.schema.empty_table())
 
 
-def manifest_batches(path: str | Path, columns: list[str], batch_size: int = 65536):
-    """The manifest's ``columns`` as Arrow record batches, in file order, without reading the whole file (the
-    errors of :func:`read_manifest` for a missing, unreadable or foreign file)."""
-    p = Path(path)
+def _open(p: Path) -> pq.ParquetFile:
     if not p.exists():
         raise FileNotFoundError(f"manifest not found: {p} (run `protoclip prepare` first)")
-    try:
-        f = pq.ParquetFile(p)
-    except Exception as err:  # noqa: BLE001  pyarrow raises several types for a cut or foreign file
-        raise ConfigError(f"{p}: not a readable manifest ({type(err).__name__}: {str(err)[:200]}); rebuild it "
-                          "with `protoclip prepare`") from None
-    missing = [c for c in columns if c not in f.schema_arrow.names]
+    with reading(p, "manifest", PREPARE):
+        return pq.ParquetFile(p)
+
+
+def _check_columns(p: Path, have: list[str], wanted: Iterable[str]) -> None:
+    missing = [c for c in wanted if c not in have]
     if missing:
         raise ConfigError(f"{p}: not a manifest of this version (missing columns {missing}); rebuild it with "
                           "`protoclip prepare`")
-    with f:
+
+
+def manifest_batches(path: str | Path, columns: list[str], batch_size: int = 65536):
+    """The manifest's ``columns`` as Arrow record batches, in file order, without reading the whole file. A
+    missing file: FileNotFoundError; an empty, cut or foreign one (also when the damage is found mid-file) or one
+    without ``columns``: one line naming it and ``protoclip prepare`` (:mod:`protoclip.datafiles`)."""
+    p = Path(path)
+    f = _open(p)
+    _check_columns(p, f.schema_arrow.names, columns)
+    with f, reading(p, "manifest", PREPARE):
         yield from f.iter_batches(batch_size=batch_size, columns=columns)
+
+
+def manifest_sources(path: str | Path) -> list[str]:
+    """The sources a manifest holds (its ``source`` column read as a dictionary: a few bytes a row)."""
+    p = Path(path)
+    f = _open(p)
+    _check_columns(p, f.schema_arrow.names, ["source"])
+    with f, reading(p, "manifest", PREPARE):
+        col = pq.read_table(p, columns=["source"], read_dictionary=["source"]).column("source")
+    return sorted({str(v) for chunk in col.chunks for v in chunk.dictionary.to_pylist()
+                   if len(chunk) and v is not None})
 
 
 def read_manifest(path: str | Path, columns: list[str] | None = None, filters: list | None = None) -> pd.DataFrame:
     """The manifest as a frame (``columns``: only those, in that order; ``filters``: pyarrow's row filters, applied
-    row group by row group while reading, so the unfiltered manifest is never held)."""
+    row group by row group while reading, so the unfiltered manifest is never held). Errors as
+    :func:`manifest_batches`."""
     p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"manifest not found: {p} (run `protoclip prepare` first)")
-    try:
-        names = pq.ParquetFile(p).schema_arrow.names
+    names = _open(p).schema_arrow.names
+    with reading(p, "manifest", PREPARE):
         df = pd.read_parquet(p, columns=[c for c in columns if c in names] if columns is not None else None,
                              filters=filters)
-    except Exception as err:  # noqa: BLE001  pyarrow raises several types for a cut or foreign file
-        raise ConfigError(f"{p}: not a readable manifest ({type(err).__name__}: {str(err)[:200]}); rebuild it "
-                          "with `protoclip prepare`") from None
-    wanted = ("id", "path", "caption", "source", "split") if columns is None else columns  # what readers use
-    missing = [c for c in wanted if c not in df.columns]
-    if missing:
-        raise ConfigError(f"{p}: not a manifest of this version (missing columns {missing}); rebuild it with "
-                          "`protoclip prepare`")
+    _check_columns(p, list(df.columns), ("id", "path", "caption", "source", "split") if columns is None else columns)
     return df
 
 
 __all__ = ["COLUMNS", "INT_COLUMNS", "ROW_GROUP", "Pair", "deduplicate", "to_frame", "write_manifest", "read_manifest",
-           "absolute_paths", "manifest_schema", "pairs_batch", "manifest_batches", "ManifestWriter"]
+           "absolute_paths", "manifest_schema", "pairs_batch", "manifest_batches", "manifest_sources", "ManifestWriter"]

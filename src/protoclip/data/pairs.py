@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 
 from protoclip.errors import ConfigError
 from protoclip.data.reading import SEP, TarCache, read_image  # noqa: F401  (re-exported)
-from protoclip.data.manifest import absolute_paths, read_manifest
+from protoclip.data.manifest import absolute_paths, manifest_sources, read_manifest
 from protoclip.layout import Layout
 
 
@@ -71,15 +71,6 @@ def release_unused_memory() -> None:
     After the manifest of a million pairs was read into a dataset about 450 MB stayed resident in a training process
     that DataLoader workers then fork from; this returns it to the system."""
     pa.default_memory_pool().release_unused()
-
-
-def manifest_sources(path) -> list[str]:
-    """The sources a manifest holds (its ``source`` column read as a dictionary: a few bytes a row)."""
-    import pyarrow.parquet as pq
-
-    col = pq.read_table(path, columns=["source"], read_dictionary=["source"]).column("source")
-    return sorted({str(v) for chunk in col.chunks for v in chunk.dictionary.to_pylist()
-                   if len(chunk) and v is not None})
 
 
 class StringColumn:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from protoclip.atomic import durable_replace
 from protoclip.errors import UserError
 
 
@@ -127,7 +128,7 @@ def prepare_ucf101(src: str | Path, out: str | Path, split: int = 1, train: bool
             dst.parent.mkdir(parents=True, exist_ok=True)
             tmp = dst.with_suffix(".tmp.jpg")
             middle_frame(video).save(tmp, quality=95)
-            tmp.replace(dst)  # a killed run leaves no half-written frame
+            durable_replace(tmp, dst)  # a killed run (or a power cut) leaves no half-written frame
         counts[name] = len(entries)
     (out / "ucf101.json").write_text(json.dumps({"split": split, **counts}, indent=1) + "\n")
     return counts

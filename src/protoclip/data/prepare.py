@@ -32,6 +32,7 @@ import collections
 import hashlib
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -147,6 +148,10 @@ def format_counts(report: dict) -> str:
                  + ", ".join(f"{k}={v}" for k, v in report["splits"].items()))
     for name, s in report["eval_sets"].items():
         lines.append(f"eval {name}: {s['train']} train / {s['test']} test, {s['classes']} classes")
+    rules = report.get("drop_rules", {})
+    if rules:  # why the user data's rows were dropped, and how to keep them
+        lines.append(f"user data drops (each record: {report.get('report_path', 'the prepare report')}):")
+        lines += [f"  {reason}: {rule}" for reason, rule in rules.items()]
     return "\n".join(lines)
 
 
@@ -285,8 +290,13 @@ def _prepare(layout: Layout, p: PrepareConfig, scratch: Path, current: str) -> d
         "package_hashes": debs.expected_hashes(layout, needed_packages(p)),
         "hash_mismatches": debs.recorded_hashes(layout),
         "image_size": p.image_size,
+        # the rule and the fix of every reason the user data's rows were dropped for
+        "drop_rules": {r: userdata.DROP_RULES[r] for r in sorted({r for u in user_drops.values() for r in u})
+                       if r in userdata.DROP_RULES},
+        "report_path": str(layout.prepare_report),
     }
     write_json(layout.prepare_report, report)
+    os.sync()  # the rendered images (written without a sync each) on disk before the fingerprint vouches for them
     write_json(layout.prepare_fingerprint, {"fingerprint": current})  # last: it vouches for every output above
     return report
 

@@ -5,8 +5,8 @@
   default ``caption``). Relative image paths resolve against the CSV's folder. Sample id =
   ``<name>/<filepath as written>``. Optional ``label_key``: a column of coarse labels (our addition, not
   open_clip's) that the held-out pairs' zero-shot and linear probes use, as the offline sources' folders;
-  an empty cell leaves that pair unlabelled. Rows, lines and quotes: ``protoclip.data.csvfile`` (one record a
-  line unless ``multiline_captions``).
+  an empty cell leaves that pair unlabelled. Rows, lines and quotes: ``protoclip.data.csvfile`` (RFC 4180: quoted
+  line breaks are read, a quote left open costs its own row).
 * webdataset (``format: wds``): ``path`` is a shard pattern with brace ranges
   (``/data/cc3m/{00000..00331}.tar``); members sharing a key (the member path up to the first dot of
   its file name, webdataset's rule) form a sample; the image is the ``jpg``/``jpeg``/``png``/``webp``
@@ -19,9 +19,9 @@ missing_file, bad_path, unreadable_file, empty_file, undecodable_image, empty_ca
 caption_too_long, duplicate_id; CSV/TSV rows also extra_fields / missing_fields (more or fewer fields than
 the header) and malformed_row; shards also duplicate_key and unreadable_member (a missing or unreadable
 shard counts once as missing_file / undecodable_shard; a cut shard keeps the samples before the cut and drops
-the one at the cut as unreadable_member). Kept + dropped = rows (samples) seen; a CSV record that consumed
-several lines counts each (see csvfile). A file that cannot be used at all (no such column; with
-multiline_captions, a quote that is never closed) stops with a one-line ConfigError naming it (exit 2).
+the one at the cut as unreadable_member). Kept + dropped = rows (samples) seen (see csvfile). :data:`DROP_RULES`
+says, per reason, the rule and how to keep such a row (prepare's report prints it). A file that cannot be used at
+all (no such column) stops with a one-line ConfigError naming it (exit 2).
 
 Streaming: pairs come out in batches (``csv_batches``, ``wds_batches``), so a scan holds one batch (a shard, or
 ``CSV_BATCH`` rows), not the corpus. The sample ids a scan has seen are not kept: a CSV's repeated image paths are
@@ -58,7 +58,36 @@ from protoclip.data.split import split_of
 
 log = logging.getLogger(__name__)
 
-RULES_VERSION = 4  # bump when what the readers keep or drop changes (part of prepare's fingerprint)
+RULES_VERSION = 5  # bump when what the readers keep or drop changes (part of prepare's fingerprint)
+
+# A caption longer than this is junk for a 76/77-token text encoder (and is the csv module's own default
+# field limit, which would stop the whole scan with a traceback): the row is dropped as caption_too_long.
+MAX_CAPTION_CHARS = 131_072
+
+# per drop reason of user data: the rule that dropped the row, and how to keep such a row (prepare's report)
+DROP_RULES = {
+    "missing_file": "the image path is empty or names no file: fix the path (relative paths resolve against the "
+                    "CSV's folder)",
+    "bad_path": "the image path cannot be a file name (a NUL byte, too long): fix the path",
+    "unreadable_file": "the image file cannot be read (permissions, a folder): fix its permissions",
+    "empty_file": "the image file has 0 bytes: restore it",
+    "undecodable_image": "the image does not decode (cut or not an image): restore or re-encode it",
+    "empty_caption": "the caption is empty after whitespace is collapsed: write a caption",
+    "non_utf8_caption": "the caption is not UTF-8: re-encode the file as UTF-8",
+    "caption_too_long": f"the caption has more than {MAX_CAPTION_CHARS} characters: shorten it",
+    "duplicate_id": "a row names an image path an earlier row named (the sample id): keep one row per image",
+    "duplicate_pair": "the same image bytes and caption as a kept pair: nothing to do (a copy)",
+    "duplicate_image": "the same image bytes as a kept pair with another caption (one image, one pair, so an image "
+                       "cannot sit in both splits): keep one caption per image",
+    "extra_fields": "a CSV row with more fields than the header: quote a caption that holds the delimiter",
+    "missing_fields": "a CSV row with fewer fields than the header: fix the row",
+    "malformed_row": "a CSV record that is not RFC 4180 (a quote left open, text after a closing quote): fix the "
+                     "quoting; user_data quote_max_lines / quote_max_chars bound a quoted caption, "
+                     "multiline_captions: false reads one record a line (the lines are listed in the report)",
+    "duplicate_key": "a shard holds two members of one sample and extension: keep one",
+    "unreadable_member": "a shard member cannot be read (the shard is cut there): restore the shard",
+    "undecodable_shard": "the shard is not a tar file: restore it",
+}
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SEP = "::"  # path = "<shard>::<member>"
 
@@ -84,9 +113,6 @@ def _pair_split(cfg: UserDataConfig) -> str:
     return "" if cfg.split == "auto" else cfg.split
 
 
-# A caption longer than this is junk for a 76/77-token text encoder (and is the csv module's own default
-# field limit, which would stop the whole scan with a traceback): the row is dropped as caption_too_long.
-MAX_CAPTION_CHARS = 131_072
 CSV_BATCH = 4096  # CSV pairs a batch
 
 
@@ -463,6 +489,6 @@ def image_stats_digest(cfg: UserDataConfig) -> str:
     return h.hexdigest()
 
 
-__all__ = ["IMAGE_EXTS", "SEP", "CSV_BATCH", "ShardScan", "Packed", "expand_shards", "csv_batches", "wds_batches",
-           "user_batches", "packed_batches",
-           "scan_csv", "scan_shard", "scan_wds", "scan_user_data", "input_files", "image_stats_digest"]
+__all__ = ["DROP_RULES", "IMAGE_EXTS", "SEP", "CSV_BATCH", "ShardScan", "Packed", "expand_shards", "csv_batches",
+           "wds_batches", "user_batches", "packed_batches", "scan_csv", "scan_shard", "scan_wds", "scan_user_data",
+           "input_files", "image_stats_digest"]

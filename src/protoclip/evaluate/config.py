@@ -80,6 +80,12 @@ class EvaluateConfig:
     batch_size: int = 256  # feature extraction batch (images and prompts)
     device: str = "auto"  # auto: cuda when available, else cpu
     num_workers: int = 0  # DataLoader processes decoding images (0 on the 2-core CPU default; ~8 on a GPU node)
+    # a set's image features are extracted in chunks of this many batches, kept outside the job's outputs until the
+    # set's feature file is written: a killed evaluation continues from its last whole chunk (evaluate.resumable)
+    extract_chunk_batches: int = 16
+    # the feature files (results/runs/<run>/features/<set>.npz: 6 GB for ImageNet's train split at RN50's width)
+    # are stored by DVC as an out of their evaluation stage only when true; by default they stay local caches
+    track_features: bool = False
     knn_k: int = 20  # DINO / paper Sec. IV-C3: k = 20
     knn_temperature: float = 0.07  # DINO's temperature-weighted vote
     linear_max_iter: int = 1000  # L-BFGS iterations (CLIP protocol, paper Sec. IV-C2)
@@ -93,6 +99,8 @@ class EvaluateConfig:
     def validate(self) -> None:
         if self.batch_size < 1 or self.knn_k < 1 or self.linear_max_iter < 1 or self.num_workers < 0:
             raise ValueError("batch_size, knn_k and linear_max_iter must be >= 1 and num_workers >= 0")
+        if self.extract_chunk_batches < 1:
+            raise ValueError(f"extract_chunk_batches must be >= 1, got {self.extract_chunk_batches}")
         if self.knn_temperature <= 0:
             raise ValueError(f"knn_temperature must be > 0, got {self.knn_temperature}")
         if self.nemd_max_pairs < 1 or self.tsne_max_points < 1 or self.linear_sgd_above < 0 or self.seed < 0:

@@ -13,13 +13,16 @@ stored as a dot product: ``test_s`` / ``zeroshot_classifier_s`` and ``caption_im
 plus ``similarity`` (the kind) and ``subspheres`` (m); the evaluation stage then uses those with
 ``normalize=False``.
 
-The arrays live in ``results/runs/<run>/eval/<set>/features.npz`` (written atomically) with a ``meta_json``
-entry; the cache is reused only when the model file's sha256, the data source, the split sizes, the probe
-subsample (``max_train`` / ``max_test`` / seed) and the class names / templates are unchanged, so a retrained
-``model.pt`` or a changed subsample invalidates it.
+The arrays live in ``results/runs/<run>/features/<set>.npz`` (written atomically) with a ``meta_json``
+entry: beside the evaluation job's output folder, not in it, so that a rerun of the job (Snakemake deletes its
+outputs first) still finds them, and DVC stores them only when ``evaluate.track_features`` asks. The cache is
+reused only when the model file's sha256, the data source, the split sizes, the probe subsample (``max_train`` /
+``max_test`` / seed) and the class names / templates are unchanged, so a retrained ``model.pt`` or a changed
+subsample invalidates it. With a ``work`` folder the image features are extracted in chunks there
+(:mod:`protoclip.evaluate.resumable`): a killed extraction continues from its last whole chunk.
 
     ex = FeatureExtractor(layout.model(run), device="auto", batch_size=256)
-    feats = ex.features(layout.features(run, "cifar10"), dataset)   # dict of numpy arrays
+    feats = ex.features(layout.features(run, "cifar10"), dataset, work=layout.eval_progress(run, "cifar10"))
 """
 from __future__ import annotations
 
@@ -36,10 +39,12 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from protoclip.atomic import atomic_path
+from protoclip.datafiles import READ_ERRORS, first_line
 from protoclip.hashing import sha256_file
 from protoclip.data.transforms import eval_transform
 from protoclip.devices import resolve_device
 from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
+from protoclip.evaluate.resumable import ExtractionProgress, encode_images_resumable
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +184,10 @@ def ensemble_pre(kind: str, pre: torch.Tensor) -> torch.Tensor:
 class FeatureExtractor:
     """Loads the run's model lazily (only on a cache miss) and extracts / caches features per set."""
 
-    def __init__(self, model_path: str | Path, device: str = "auto", batch_size: int = 256, num_workers: int = 0):
+    def __init__(self, model_path: str | Path, device: str = "auto", batch_size: int = 256, num_workers: int = 0,
+                 chunk_batches: int = 16):
         self.model_path = Path(model_path)
+        self.chunk_batches = int(chunk_batches)  # batches per chunk of a resumable extraction (``work``)
         if not self.model_path.is_file():
             raise FileNotFoundError(f"model file not found: {self.model_path} (train the run first)")
         self.device = resolve_device(device)
@@ -227,31 +234,47 @@ class FeatureExtractor:
             key.update(n_caption_images=len(caps.images), captions=_text_hash(caps.texts))
         return key
 
-    def features(self, cache: str | Path, ds: EvalSet) -> dict[str, np.ndarray]:
-        """Cached arrays of ``ds`` (see the module docstring for the keys); extracted on a miss."""
+    def features(self, cache: str | Path, ds: EvalSet, work: str | Path | None = None) -> dict[str, np.ndarray]:
+        """Cached arrays of ``ds`` (see the module docstring for the keys); extracted on a miss, in resumable
+        chunks under ``work`` when given (removed once the cache file is written)."""
         cache = Path(cache)
         key = self.cache_key(ds)
         if cache.exists():
-            with np.load(cache, allow_pickle=False) as z:
-                stored = json.loads(str(z["meta_json"])) if "meta_json" in z.files else None
-                if stored == key:
-                    log.info("%s: cached features %s", ds.name, cache)
-                    return {k: z[k] for k in z.files if k != "meta_json"}
-            log.info("%s: feature cache %s is stale (model or data changed); re-extracting", ds.name, cache)
-        arrays = self.extract(ds)
+            try:
+                with np.load(cache, allow_pickle=False) as z:
+                    stored = json.loads(str(z["meta_json"])) if "meta_json" in z.files else None
+                    if stored == key:
+                        log.info("%s: cached features %s", ds.name, cache)
+                        return {k: z[k] for k in z.files if k != "meta_json"}
+                log.info("%s: feature cache %s is stale (model or data changed); re-extracting", ds.name, cache)
+            except READ_ERRORS as err:  # our own cache, cut or damaged: extract again rather than stop
+                log.warning("%s: feature cache %s is unreadable (%s); re-extracting", ds.name, cache, first_line(err))
+        progress = None
+        if work is not None:
+            progress = ExtractionProgress(work, {**key, "chunk_images": self.batch_size * self.chunk_batches}).open()
+        arrays = self.extract(ds, progress)
         with atomic_path(cache) as tmp:
             with open(tmp, "wb") as f:  # np.savez on a file object: no ".npz" appended to the temp name
                 np.savez(f, meta_json=np.array(json.dumps(key, sort_keys=True)), **arrays)
+        if progress is not None:
+            progress.remove()
         return arrays
 
-    def extract(self, ds: EvalSet) -> dict[str, np.ndarray]:
+    def _encode(self, split: ImageSplit, desc: str, progress: ExtractionProgress | None,
+                part: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if progress is None:
+            return encode_images(self.model, split, self.transform, self.device, self.batch_size, desc=desc,
+                                 num_workers=self.num_workers)
+        return encode_images_resumable(self.model, split, self.transform, self.device, self.batch_size, desc,
+                                       self.num_workers, progress.part(part), self.chunk_batches)
+
+    def extract(self, ds: EvalSet, progress: ExtractionProgress | None = None) -> dict[str, np.ndarray]:
         model, out = self.model, {}
         if isinstance(ds, LabelledSet):
             for split_name, split in (("test", ds.test), ("train", ds.train)):
                 if split is None or len(split) == 0:  # e.g. held-out pairs without coarse labels
                     continue
-                z, h, y = encode_images(model, split, self.transform, self.device, self.batch_size,
-                                        desc=f"{ds.name} {split_name}", num_workers=self.num_workers)
+                z, h, y = self._encode(split, f"{ds.name} {split_name}", progress, split_name)
                 out.update({f"{split_name}_z": z, f"{split_name}_h": h, f"{split_name}_y": y})
             if ds.templates:
                 from protoclip.evaluate.metrics.zeroshot import build_zeroshot_classifier
@@ -264,8 +287,7 @@ class FeatureExtractor:
         else:
             caps = ds
         if caps is not None:
-            z, h, _ = encode_images(model, caps.images, self.transform, self.device, self.batch_size,
-                                    desc=f"{ds.name} caption images", num_workers=self.num_workers)
+            z, h, _ = self._encode(caps.images, f"{ds.name} caption images", progress, "caption_images")
             out["caption_image_z"] = z
             out["caption_text_z"] = self.text_encoder()(caps.texts).numpy()
             out["caption_text_to_image"] = caps.text_to_image

@@ -443,7 +443,8 @@ class SetEvaluation:
             if not plan.run:
                 metrics_files += self._skip(name, task, plan, status)
         runnable = [task for task, plan in plans.items() if plan.run]
-        feats = self.extractor.features(self.layout.features(self.run, name), ds) if runnable else {}
+        feats = self.extractor.features(self.layout.features(self.run, name), ds,
+                                        work=self.layout.eval_progress(self.run, name)) if runnable else {}
         for task in runnable:
             if (reason := too_small(task, feats)) is not None:
                 log.warning("%s: %s not run (%s)", name, task, reason)
@@ -500,7 +501,7 @@ def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[s
     model_path = require_path(layout.model(run), f"evaluate run '{run}'")
     from protoclip.evaluate.features import FeatureExtractor  # torch + open_clip: not needed by `collect`
 
-    extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size, ecfg.num_workers)
+    extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size, ecfg.num_workers, ecfg.extract_chunk_batches)
     written: list[Path] = []
     with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
         tracker.log_params({"evaluate": {"seed": ecfg.seed, "knn_k": ecfg.knn_k,

@@ -52,6 +52,7 @@ import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
 from protoclip.atomic import atomic_path, clean_stale_temps, clean_stale_temps_of, write_json
+from protoclip.datafiles import TEACHER, reading
 from protoclip.data.dedup import KeySpill
 from protoclip.data.manifest import manifest_batches
 from protoclip.layout import Layout
@@ -383,7 +384,7 @@ def load_teacher_features(path: str | Path) -> tuple[np.ndarray, np.ndarray, dic
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"teacher features not found: {path} (run `protoclip teacher`)")
-    with np.load(path, allow_pickle=False) as z:
+    with reading(path, "teacher feature cache", TEACHER), np.load(path, allow_pickle=False) as z:
         ids, feats = z["ids"].astype(str), z["features"].astype(np.float32, copy=False)
         extra = {k: z[k] for k in ("pca_mean", "pca_components", "explained_variance_ratio") if k in z}
     if feats.ndim != 2 or len(ids) != len(feats):
@@ -428,8 +429,9 @@ def aligned_features(path: str | Path, sample_ids: Sequence[str], block: int = 6
     cache. Ids out of the cache's order or missing fall back to :func:`lookup` (its error names them).
     """
     path = Path(path)
-    id_dtype, (n,), id_at = _npy_member_at(path, "ids")
-    f_dtype, (n_f, dim), f_at = _npy_member_at(path, "features")
+    with reading(path, "teacher feature cache", TEACHER):
+        id_dtype, (n,), id_at = _npy_member_at(path, "ids")
+        f_dtype, (n_f, dim), f_at = _npy_member_at(path, "features")
     if n_f != n or f_dtype != np.float32:
         raise ValueError(f"{path}: ids [{n}] and features [{n_f}, {dim}] {f_dtype} do not match")
     positions = np.empty(len(sample_ids), np.int64)
