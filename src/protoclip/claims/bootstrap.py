@@ -148,16 +148,16 @@ class CountsCache(dict):
             super().__setitem__(key, counts)
 
 
-def resample(components: list[Component], n_resamples: int = 2000, seed: int = 0, cache: dict | None = None
-             ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(A, B): each family's value per component in every resample, ``[components, n_resamples]`` (B: None
-    when no component has a family b). Draws: the module docstring. ``cache``: a dict (:class:`CountsCache`)
-    that keeps each paired stream's draw counts for later calls (a report builds each set's counts once)."""
+def resample_runs(components: list[Component], n_resamples: int = 2000, seed: int = 0, cache: dict | None = None
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per component, each run's value under every example resample, seeds not resampled: ``[(A [S_a, B],
+    B [S_b, B])]`` (draws: step 1 of the module docstring). protoclip.claims.intervals builds the seed level
+    from these with a small-sample correction."""
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     if not components:
         raise ValueError("resample: no component")
-    per_run: list[tuple[np.ndarray, np.ndarray]] = []  # per component: [S_a, B], [S_b, B]
+    per_run: list[tuple[np.ndarray, np.ndarray]] = []
     for i, comp in enumerate(components):
         key = f"examples/{comp.key or i}"
         if comp.paired:
@@ -174,6 +174,17 @@ def resample(components: list[Component], n_resamples: int = 2000, seed: int = 0
             v = np.concatenate([_values([u], _counts(_draw(stream(seed, name), n_resamples, u.n)))
                                 for u, name in zip(comp.a + comp.b, names)])
         per_run.append((v[:len(comp.a)], v[len(comp.a):]))
+    return per_run
+
+
+def resample(components: list[Component], n_resamples: int = 2000, seed: int = 0, cache: dict | None = None
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(A, B): each family's value per component in every resample of the two-level bootstrap (examples, then
+    seeds with replacement), ``[components, n_resamples]`` (B: None when no component has a family b). Draws:
+    the module docstring. ``cache``: a dict (:class:`CountsCache`) that keeps each paired stream's draw counts
+    for later calls (a report builds each set's counts once). Its percentile interval undercovers at few seeds
+    (protoclip.claims.intervals); the ledger uses it only for counts over sets."""
+    per_run = resample_runs(components, n_resamples, seed, cache)
     seeds_a = _seed_draw(stream(seed, "seeds/a"), len(components[0].a), n_resamples)
     n_b = len(components[0].b)
     seeds_b = _seed_draw(stream(seed, "seeds/b"), n_b, n_resamples) if n_b else None
@@ -211,4 +222,4 @@ def percentile_interval(theta: np.ndarray, confidence: float = 0.95) -> tuple[fl
     return float(lo), float(hi)
 
 
-__all__ = ["Units", "Component", "CountsCache", "resample", "point", "percentile_interval", "stream", "MAX_DRAW"]
+__all__ = ["Units", "Component", "CountsCache", "resample", "resample_runs", "point", "percentile_interval", "stream", "MAX_DRAW"]
