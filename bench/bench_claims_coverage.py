@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="result file stem ('-': print only); default "
                     "bench/results/claims_coverage_cpu<N>_<date>")
     args = ap.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     load0 = os.getloadavg()[0]
     t0 = time.time()
