@@ -338,13 +338,14 @@ class ClaimEngine:
         row.ours = diffs[0]  # shown even when the interval cannot be computed (NotRun below)
         est, row.units = self.column_estimate(runs_a, runs_b, col, sets)
         self._estimate(row, est)
-        row.ours = diffs[0]  # the tables' number (the estimate's point is the same mean of means)
+        row.ours = diffs[0]  # the tables' number printed (the estimate's point: the same mean, summed otherwise)
 
     def _count(self, claim: ClaimConfig, target: TargetConfig, base_a: str, base_b: str, runs_a: list[str],
                runs_b: list[str], row: LedgerRow) -> None:
         """The number of sets where a - b has the paper's sign: its percentile interval over the two-level
-        bootstrap (sets resampled together, the same seeds for all sets), and how many sets are significant on
-        their own after Holm over the sets (the replicability count of Dror et al. 2017)."""
+        bootstrap (sets resampled together, the same seeds for all sets; without the small-sample seed
+        correction, so rough at 2-5 seeds), and how many sets are significant on their own after Holm over the
+        sets (the replicability count of Dror et al. 2017)."""
         columns, diffs, _ = self._columns(claim, target, base_a, base_b, runs_a, runs_b)
         sign = _sign(claim)
         comps, owner, per_set_p = [], [], []
@@ -458,10 +459,11 @@ def finish(rows: list[LedgerRow]) -> list[LedgerRow]:
 
 def _seed_fallback(row: LedgerRow, rows: list[LedgerRow]) -> tuple[float | None, str]:
     """A per-seed variance for a row whose seed spread is not measured: the median over the ledger's rows of the
-    same kind (and task) that measured theirs, and which rows those were."""
+    same kind and task that measured theirs (else of the same kind), and which rows those were."""
     task = row.measured.split(" ")[0]
-    same = [r for r in rows if r.estimate is not None and r.estimate.seed_measured and r.claim.kind ==
-            row.claim.kind and r.measured.split(" ")[0] == task]
+    measured = [r for r in rows if r.estimate is not None and r.estimate.seed_measured and r.claim.kind ==
+                row.claim.kind]
+    same = [r for r in measured if r.measured.split(" ")[0] == task] or measured
     if not same:
         return None, ""
     var = float(np.median([r.estimate.seed_var[0] for r in same]))
@@ -526,8 +528,8 @@ def _display(rows: list[LedgerRow], confidence: float) -> pd.DataFrame:
         f"ours [{confidence:.0%} interval]": r.ours_text() + ("" if r.ours is None else f" {r.unit}")
         + (f" ({r.seed_note})" if r.seed_note else ""),
         "verdict": r.verdict + (f": {r.reason}" if r.reason else ""),
-        "direction (Holm)": r.direction + (f" (Holm: {r.holm}, p = {r.p_holm:.3g})" if r.p_holm is not None
-                                           else ""),
+        "direction (Holm)": r.direction + (f" (Holm: {r.holm}, adjusted p = {r.p_holm:.2g})"
+                                           if r.p_holm is not None and r.direction != ledger.CONTRADICTED else ""),
         "magnitude": _magnitude_cell(r),
         "what it would take": r.needs or "-",
         "runs; metric": "; ".join(x for x in (r.runs, r.measured) if x)} for r in rows])
