@@ -65,7 +65,7 @@ def test_a_magnitude_is_decided_only_at_the_papers_scale_with_seed_spread_measur
     for raw in (REPRODUCED, CONTRADICTED):
         assert gate_magnitude(raw, paper_scale=True, seed_measured=True) == (raw, "")
         v, why = gate_magnitude(raw, paper_scale=False, seed_measured=True)
-        assert v == NOT_RESOLVED and "scale the paper did not use" in why and f"the test alone: {raw}" in why
+        assert v == NOT_RESOLVED and "not the paper's scale" in why and f"the test alone: {raw}" in why
         v, why = gate_magnitude(raw, paper_scale=True, seed_measured=False)
         assert v == NOT_RESOLVED and ledger.NO_SPREAD in why
     assert gate_magnitude(NOT_RESOLVED, True, True) == (NOT_RESOLVED, "")

@@ -25,8 +25,10 @@ them) and two run *families* (a run, or its seeds). Every draw comes from a name
 
 A family's value in resample b is the mean over its drawn seeds of their values under the component's draw:
 a two-level bootstrap, seeds then examples (for the same test images across seeds: the examples crossed with
-the seeds, both resampled), which adds the seed spread to the example spread. With three seeds the seed level
-has only 10 distinct draws and the percentile interval is a rough one; that is what three seeds can tell.
+the seeds, both resampled). Its percentile interval undercovers at few seeds (resampling S seeds shrinks their
+variance by (S - 1) / S, with normal tails); the ledger therefore takes step 1 alone (:func:`resample_runs`,
+every run's value under the example draws) and adds the seed level with a t correction
+(protoclip.claims.intervals); :func:`resample` remains for counts over sets.
 Different data sets come from different streams (independent resamples); the same set in two cells or claims
 gets the same draw (a ``cache`` dict passed to :func:`resample` keeps its draw counts, so a report builds them
 once per set). The interval is the percentile interval of the B resampled statistics (``np.quantile``,

@@ -33,8 +33,8 @@ NOT_RUN = "not run"
 OUTCOMES = (REPRODUCED, CONTRADICTED, NOT_RESOLVED)
 VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_TESTED, NOT_RUN)  # of each question
 ONE_SEED = "examples only, seed spread not measured"
-NO_SPREAD = "the seed spread is not measured on both sides"
-OFFLINE = "runs at a scale the paper did not use (claims.paper_scale: false): a magnitude cannot be reproduced here"
+NO_SPREAD = "seed spread not measured on both sides"
+OFFLINE = "not the paper's scale (claims.paper_scale: false)"
 
 RULES = {
     "direction": "the 95 % interval excludes 0 on the paper's side: reproduced; on the other side: contradicted; "

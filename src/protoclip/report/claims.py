@@ -118,6 +118,8 @@ class LedgerRow:
 
     @property
     def unit(self) -> str:
+        if self.claim.kind == "difference" and self.measured.split(" ")[0] in ("clustering", "nemd"):
+            return "score (ARI, AMI, NEMD)"  # not percentages: their own panel
         return UNITS[self.claim.kind]
 
     @property
@@ -513,9 +515,10 @@ def _paper_cell(c: ClaimConfig) -> str:
     if c.margin is None:  # no magnitude test (or a claim no target can test)
         return c.paper_text
     if c.magnitude == "equivalence":
-        return f"{c.paper_text} (m = {c.margin:g}: [{c.paper_value - c.margin:g}, {c.paper_value + c.margin:g}])"
+        return (f"{c.paper_text} (m = {c.margin:.4g}: [{c.paper_value - c.margin:.4g}, "
+                f"{c.paper_value + c.margin:.4g}])")
     if c.magnitude in ("at_most", "at_least"):
-        return f"{c.paper_text} ({'<=' if c.magnitude == 'at_most' else '>='} {c.bound():g})"
+        return f"{c.paper_text} ({'<=' if c.magnitude == 'at_most' else '>='} {c.bound():.4g})"
     return c.paper_text
 
 
@@ -528,8 +531,9 @@ def _display(rows: list[LedgerRow], confidence: float) -> pd.DataFrame:
         f"ours [{confidence:.0%} interval]": r.ours_text() + ("" if r.ours is None else f" {r.unit}")
         + (f" ({r.seed_note})" if r.seed_note else ""),
         "verdict": r.verdict + (f": {r.reason}" if r.reason else ""),
-        "direction (Holm)": r.direction + (f" (Holm: {r.holm}, adjusted p = {r.p_holm:.2g})"
-                                           if r.p_holm is not None and r.direction != ledger.CONTRADICTED else ""),
+        "direction (Holm)": r.direction + (
+            f"; after Holm: {'holds' if r.holm == ledger.REPRODUCED else 'does not hold'} (adjusted p = "
+            f"{r.p_holm:.2g})" if r.p_holm is not None and r.direction == ledger.REPRODUCED else ""),
         "magnitude": _magnitude_cell(r),
         "what it would take": r.needs or "-",
         "runs; metric": "; ".join(x for x in (r.runs, r.measured) if x)} for r in rows])
@@ -548,7 +552,7 @@ def rule_text(cfg) -> str:
             f"magnitude against the paper's number with the margin m of claims.yaml, "
             f"{ledger.RULES['equivalence']}; the paper's one-sided words (\"only\", \"negligible\", \"less than\"), "
             f"{ledger.RULES['at_most']}. "
-            f"{ledger.RULES['gate']}. {ledger.RULES['holm']}. This ledger: {scale}. Not run: "
+            f"{ledger.RULES['gate'].capitalize()}. {ledger.RULES['holm']}. This ledger: {scale}. Not run: "
             f"{ledger.RULES['not run']}.")
 
 
@@ -562,8 +566,8 @@ def summary_text(rows: list[LedgerRow]) -> str:
             parts.append(f"{q} ({len(vals)} tested): " + ", ".join(f"{vals.count(v)} {v}" for v in ledger.OUTCOMES))
     holm_rep = sum(r.holm == ledger.REPRODUCED for r in ran)
     if any(r.p_holm is not None for r in ran):
-        parts.append(f"{holm_rep} directions reproduced after Holm over "
-                     f"{sum(r.p_holm is not None for r in ran)} tests")
+        parts.append(f"after Holm over the {sum(r.p_holm is not None for r in ran)} direction tests, "
+                     f"{holm_rep} reproduced")
     return "; ".join(parts)
 
 
