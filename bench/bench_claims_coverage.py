@@ -36,7 +36,7 @@ def main() -> None:
                     "bench/results/claims_coverage_cpu<N>_<date>")
     args = ap.parse_args()
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+                            text=True, check=False).stdout.strip()
     load0 = os.getloadavg()[0]
     t0 = time.time()
     table = {}
@@ -53,9 +53,9 @@ def main() -> None:
              f"{args.examples} --resamples {args.resamples}, commit {commit}, "
              f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H:%MZ}; {os.cpu_count()} CPUs, load average "
              f"{load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; {seconds:.0f} s",
-             "Coverage of nominal 95 % intervals of a - b (share of simulated experiments whose interval holds the "
-             f"true difference; Monte-Carlo sd at {args.reps} draws: {100 * se:.1f} points). True differences: "
-             + ", ".join(f"{n} {truth(n):+.3f}" for n in NOISES) + " points.",
+             ("Coverage of nominal 95 % intervals of a - b (share of simulated experiments whose interval holds the "
+              f"true difference; Monte-Carlo sd at {args.reps} draws: {100 * se:.1f} points). True differences: "
+              + ", ".join(f"{n} {truth(n):+.3f}" for n in NOISES) + " points."),
              "", "| noise | seeds a side | ledger (t-corrected seeds + examples) | before (two-level percentile) |",
              "|---|---|---|---|"]
     for noise in NOISES:

@@ -230,7 +230,7 @@ def planted(tmp_path, request):
 
 
 def test_planted_ledger_asks_both_questions_offline(planted):
-    cfg, layout = planted
+    cfg, _ = planted
     rows, files = run_ledger(cfg, Results(cfg))
     by = {r.claim.id: r for r in rows}
     p = by["planted"]

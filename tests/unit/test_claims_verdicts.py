@@ -9,8 +9,18 @@ import pytest
 
 from protoclip.claims import ledger
 from protoclip.claims.intervals import holm
-from protoclip.claims.ledger import (CONTRADICTED, NOT_RESOLVED, NOT_RUN, NOT_TESTED, REPRODUCED, count_verdict,
-                                     direction_verdict, gate_magnitude, magnitude_verdict, verdict_text)
+from protoclip.claims.ledger import (
+    CONTRADICTED,
+    NOT_RESOLVED,
+    NOT_RUN,
+    NOT_TESTED,
+    REPRODUCED,
+    count_verdict,
+    direction_verdict,
+    gate_magnitude,
+    magnitude_verdict,
+    verdict_text,
+)
 
 
 @pytest.mark.parametrize("sign, lo, hi, want", [

@@ -38,8 +38,8 @@ from protoclip import records
 from protoclip.atomic import atomic_path, write_text
 from protoclip.claims import ledger
 from protoclip.claims.bootstrap import Component, CountsCache, Units, percentile_interval, resample, resample_runs
-from protoclip.claims.intervals import Estimate, combine, holm
 from protoclip.claims.config import ClaimConfig
+from protoclip.claims.intervals import Estimate, combine, holm
 from protoclip.layout import Layout
 from protoclip.report.config import ColumnConfig, TargetConfig, first_configured
 from protoclip.report.values import Results, episode_times
@@ -504,7 +504,6 @@ def ledger_frame(rows: list[LedgerRow]) -> pd.DataFrame:
 
 
 def _magnitude_cell(r: LedgerRow) -> str:
-    c = r.claim
     if r.magnitude in (ledger.NOT_RUN, ledger.NOT_TESTED):
         return r.magnitude
     iv = r._fmt(r.ours, r.lo90, r.hi90) if r.lo90 is not None else ""
