@@ -134,6 +134,19 @@ def plant(layout: Layout, run: str, task: str, dataset: str, hits: np.ndarray | 
         records.write_examples(layout.examples(run, task, dataset), {"top1": hits, "labels": labels})
 
 
+def plant_clusters(layout: Layout, run: str, dataset: str, labels: np.ndarray, keep: float, seed: int) -> None:
+    """k-means assignments that follow the labels for a share ``keep`` of the images, with the metrics file's
+    ARI and AMI computed from them as the evaluation does."""
+    from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score
+
+    rng = np.random.default_rng(seed)
+    cluster = np.where(rng.random(len(labels)) < keep, labels, rng.integers(0, 10, len(labels)))
+    m = {"ari": adjusted_rand_score(labels, cluster), "ami": adjusted_mutual_info_score(labels, cluster)}
+    records.write_metrics(layout.metrics(run, "clustering", dataset),
+                          {"run": run, "dataset": dataset, "task": "clustering", "metrics": m})
+    records.write_examples(layout.examples(run, "clustering", dataset), {"cluster": cluster, "labels": labels})
+
+
 def episodes(layout: Layout, run: str, extract: float, train: float, n: int = 6, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     recs = [{"kind": "episode", "episode": e, "time/extract": extract * (1 + 0.05 * rng.standard_normal()),
@@ -165,7 +178,9 @@ def planted(tmp_path, request):
                        {"label": "C", "run": "c"},
                        {"label": "A copy", "run": "a_copy"}, {"label": "No keep", "run": "nokeep"}],
               "columns": [{"label": s, "task": "linear", "datasets": [s]} for s in SETS]
-              + [{"label": "avg", "task": "linear", "datasets": SETS}]}
+              + [{"label": "avg", "task": "linear", "datasets": SETS},
+                 {"label": "ARI digits", "task": "clustering", "metric": "ari", "datasets": ["digits"]},
+                 {"label": "AMI digits", "task": "clustering", "metric": "ami", "datasets": ["digits"]}]}
     # Table V's difference row (RN50 ProtoCLIP - RN50 CLIP) over a planted column named as the paper's
     table_v = {"id": "table_W", "kind": "table", "caption": "planted V", "paper": "table_V",
                "rows": [{"label": "RN50 CLIP", "run": "b"}, {"label": "RN50 ProtoCLIP", "run": "a"}],
@@ -190,6 +205,8 @@ def planted(tmp_path, request):
         claim("count", "A", "B", SETS, kind="count", paper_value=3, magnitude="equivalence", margin=1.0,
               margin_why="planted"),
         claim("no_examples", "A", "No keep", ["digits"]),
+        claim("ari", "A", "B", ["ARI digits"]),
+        claim("ami", "A", "B", ["AMI digits"]),
         claim("absent", "A", "B", ["digits"], target="table_nowhere"),
         claim("share", "ProtoCLIP", "CLIP", [], kind="share", phase="extract", direction="none",
               paper_value=31.0, magnitude="equivalence", margin=7.75, margin_why="planted", target="fig_T"),
@@ -222,6 +239,9 @@ def planted(tmp_path, request):
         plant(layout, "a0", "linear", s, hits_with(0.60, seed=10 * i), labels)
         plant(layout, "a_copy", "linear", s, hits_with(0.60, seed=10 * i), labels)
         plant(layout, "nokeep", "linear", s, hits_with(0.55, seed=200 + i), labels, keep=False)
+    for k, run in enumerate(cfg.run_group("a")):  # clusters matching the labels 90 % of the time vs 50 %
+        plant_clusters(layout, run, "digits", labels, 0.9, seed=300 + k)
+    plant_clusters(layout, "b", "digits", labels, 0.5, seed=400)
     for k, run in enumerate(cfg.run_group("a")):
         episodes(layout, run, extract=1.0, train=3.0, seed=k)  # extraction: 1 / 3 = 33 % of CLIP's epoch time
     episodes(layout, "b", extract=0.0, train=3.0, seed=9)
@@ -255,6 +275,9 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     count = by["count"]
     assert count.direction == REPRODUCED and count.ours == 3 and count.lo == 3
     assert "3 of 3 significant on their own after Holm" in count.measured
+    ari = by["ari"]  # ARI resampled over the test images with their fixed assignments
+    assert ari.direction == REPRODUCED and ari.unit == "score (ARI, AMI, NEMD)" and ari.lo > 0.3
+    assert by["ami"].verdict == NOT_RUN and "AMI's expected mutual information" in by["ami"].reason
     nk = by["no_examples"]
     assert nk.verdict == NOT_RUN and "nokeep: no per-example results for linear on digits" in nk.reason
     assert nk.ours == pytest.approx(5.0)  # the point stands without an interval
@@ -269,7 +292,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     # Holm over the direction tests that ran: adjusted p >= raw p; the big effects hold family-wise
     tested = [r for r in rows if r.p is not None]
     assert {r.claim.id for r in tested} == {"planted", "planted_avg", "identical", "reversed", "small", "one_seed",
-                                            "count"}
+                                            "count", "ari"}
     assert all(r.p_holm >= r.p for r in tested) and p.holm == REPRODUCED and small.holm == NOT_RESOLVED
 
     # the files: every claim once, never a blank verdict; the json for DVC; the forest plot
@@ -279,7 +302,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     js = json.loads(files["json"].read_text())
     assert js["planted"]["direction"] == REPRODUCED and js["planted"]["margin"] == 5.0
     md = files["md"].read_text()
-    assert "+10.00 [" in md and f"{len(rows)} distinct claims, 3 not run" in md
+    assert "+10.00 [" in md and f"{len(rows)} distinct claims, 4 not run" in md
     assert "m = 5: [5, 15]" in md and "what it would take" in md
     assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "reproduced" in files["rst"].read_text()

@@ -88,6 +88,39 @@ class Units:
         return ((counts @ self.num.T) / (counts @ self.den.T)) @ self.coef
 
 
+class RandIndex:
+    """The adjusted Rand index of fixed cluster assignments against the labels, as a resampling unit: under a
+    resample that draws test image u ``w[u]`` times it is the ARI of the sample holding each image w[u] times
+    (sklearn's ``adjusted_rand_score`` of the repeated arrays), computed from the weighted contingency table.
+    The k-means assignments stay those of the full test set: the interval covers the test images' sampling,
+    not k-means' own initialisation spread (the metrics file reports that as ``ari_std``)."""
+
+    def __init__(self, cluster, labels):
+        cluster, labels = np.asarray(cluster), np.asarray(labels)
+        if cluster.shape != labels.shape or cluster.ndim != 1 or len(cluster) < 2:
+            raise ValueError(f"RandIndex: cluster {cluster.shape} and labels {labels.shape} must be [N >= 2]")
+        self.n = len(cluster)
+        # one-hot maps of each image to its contingency cell, its cluster and its class (occupied ones only)
+        self._maps = [np.unique(key, return_inverse=True)[1]
+                      for key in (cluster.astype(np.int64) * (int(labels.max()) + 1) + labels, cluster, labels)]
+
+    def value(self, counts: np.ndarray | None = None) -> np.ndarray:
+        if counts is None:
+            counts = np.ones((1, self.n))
+        pairs = []
+        for inv in self._maps:
+            table = np.zeros((counts.shape[0], int(inv.max()) + 1))
+            for b in range(counts.shape[0]):  # the resample's counts per cell
+                table[b] = np.bincount(inv, weights=counts[b], minlength=table.shape[1])
+            pairs.append((table * (table - 1) / 2).sum(axis=1))
+        n = counts.sum(axis=1)
+        cells, rows, cols = pairs
+        expected = rows * cols / (n * (n - 1) / 2)
+        top, bottom = cells - expected, (rows + cols) / 2 - expected
+        # sklearn's special cases: a single cluster and class, or every image its own: ARI 1
+        return np.where(bottom == 0, 1.0, top / np.where(bottom == 0, 1.0, bottom))
+
+
 @dataclass(frozen=True)
 class Component:
     """The two families' results on one data set (or one set of episodes): ``a`` and ``b`` list one
@@ -224,4 +257,4 @@ def percentile_interval(theta: np.ndarray, confidence: float = 0.95) -> tuple[fl
     return float(lo), float(hi)
 
 
-__all__ = ["Units", "Component", "CountsCache", "resample", "resample_runs", "point", "percentile_interval", "stream", "MAX_DRAW"]
+__all__ = ["Units", "RandIndex", "Component", "CountsCache", "resample", "resample_runs", "point", "percentile_interval", "stream", "MAX_DRAW"]

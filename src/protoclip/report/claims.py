@@ -37,7 +37,8 @@ import pandas as pd
 from protoclip import records
 from protoclip.atomic import atomic_path, write_text
 from protoclip.claims import ledger
-from protoclip.claims.bootstrap import Component, CountsCache, Units, percentile_interval, resample, resample_runs
+from protoclip.claims.bootstrap import (Component, CountsCache, RandIndex, Units, percentile_interval, resample,
+                                        resample_runs)
 from protoclip.claims.config import ClaimConfig
 from protoclip.claims.intervals import Estimate, combine, holm
 from protoclip.layout import Layout
@@ -55,15 +56,19 @@ class NotRun(Exception):
     """Why a claim (or an interval) cannot be decided: its one-line reason."""
 
 
-def metric_units(task: str, metric: str, examples: dict[str, np.ndarray]) -> Units | None:
+def metric_units(task: str, metric: str, examples: dict[str, np.ndarray]) -> Units | RandIndex | None:
     """The resampling units of ``metric`` from a task's per-example arrays (records.read_examples); None when the
-    metric is no mean over them (ARI, NEMD, ...). With every unit drawn once it is the metrics file's number.
+    metric has no resampling unit here (AMI, NEMD, ...). With every unit drawn once it is the metrics file's
+    number. Clustering ``ari``: the test images with their fixed k-means assignments (:class:`RandIndex`).
 
     zero-shot / linear / kNN ``top1`` / ``top5``: the mean hit of the test images; retrieval ``<dir>_R@k`` and
     ``mean_recall``: units are the images, each with its captions (image queries: hit or not; caption queries:
     the image's captions hit, over its number of captions), so an image is drawn together with its captions."""
     if task in ("zeroshot", "linear", "knn"):
         return Units.mean(examples[metric]) if metric in ("top1", "top5") and metric in examples else None
+    if task == "clustering":
+        return RandIndex(examples["cluster"], examples["labels"]) if metric == "ari" and "cluster" in examples \
+            else None
     if task != "retrieval" or "image_to_text_rank" not in examples:
         return None
     owner = np.asarray(examples["text_to_image"])
@@ -196,13 +201,14 @@ class ClaimEngine:
         examples = records.read_examples(self.results.layout, run, task, dataset)
         what = metric if metric == task else f"{task} {metric}"
         if examples is None:
-            if task not in ("zeroshot", "linear", "knn", "retrieval"):
+            if task not in ("zeroshot", "linear", "knn", "retrieval", "clustering"):
                 raise NotRun(f"{what} is not a mean over test examples: no per-example results, no interval")
             raise NotRun(f"{run}: no per-example results for {task} on {dataset} (evaluated before they were "
                          "kept: rerun its evaluation)")
         units = metric_units(task, metric, examples)
         if units is None:
-            raise NotRun(f"{what} is not a mean over test examples: no interval")
+            raise NotRun(f"{what}: no resampling of test examples is implemented for it (clustering: ARI only; "
+                         "AMI's expected mutual information per resample is not), no interval")
         expected = self.results.value(run, task, dataset, metric)
         got = float(units.value()[0])
         if expected is None or not math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9):
