@@ -204,6 +204,8 @@ def planted(tmp_path, request):
               margin_why="planted"),
         claim("count", "A", "B", SETS, kind="count", paper_value=3, magnitude="equivalence", margin=1.0,
               margin_why="planted"),
+        claim("count_small", "A", "C", SETS, kind="count"),
+        claim("count_reversed", "B", "A", SETS, kind="count"),
         claim("no_examples", "A", "No keep", ["digits"]),
         claim("ari", "A", "B", ["ARI digits"]),
         claim("ami", "A", "B", ["AMI digits"]),
@@ -274,7 +276,11 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert 4 <= n <= 200 and "80 % power" in small.needs, small.needs
     count = by["count"]
     assert count.direction == REPRODUCED and count.ours == 3 and count.lo == 3
-    assert "3 of 3 significant on their own after Holm" in count.measured
+    assert "3 of 3 significant on the paper's side and 0 on the other" in count.measured
+    # the count's bounds: sets significant on the paper's side (Holm over the sets), N less those on the other
+    small, rev = by["count_small"], by["count_reversed"]
+    assert (small.lo, small.hi, small.direction) == (0, 3, NOT_RESOLVED)
+    assert (rev.lo, rev.hi, rev.direction) == (0, 0, CONTRADICTED)
     ari = by["ari"]  # ARI resampled over the test images with their fixed assignments
     assert ari.direction == REPRODUCED and ari.unit == "score (ARI, AMI, NEMD)" and ari.lo > 0.3
     assert by["ami"].verdict == NOT_RUN and "AMI's expected mutual information" in by["ami"].reason
@@ -292,7 +298,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     # Holm over the direction tests that ran: adjusted p >= raw p; the big effects hold family-wise
     tested = [r for r in rows if r.p is not None]
     assert {r.claim.id for r in tested} == {"planted", "planted_avg", "identical", "reversed", "small", "one_seed",
-                                            "count", "ari"}
+                                            "count", "count_small", "count_reversed", "ari"}
     assert all(r.p_holm >= r.p for r in tested) and p.holm == REPRODUCED and small.holm == NOT_RESOLVED
 
     # the files: every claim once, never a blank verdict; the json for DVC; the forest plot

@@ -28,7 +28,7 @@ a two-level bootstrap, seeds then examples (for the same test images across seed
 the seeds, both resampled). Its percentile interval undercovers at few seeds (resampling S seeds shrinks their
 variance by (S - 1) / S, with normal tails); the ledger therefore takes step 1 alone (:func:`resample_runs`,
 every run's value under the example draws) and adds the seed level with a t correction
-(protoclip.claims.intervals); :func:`resample` remains for counts over sets.
+(protoclip.claims.intervals); :func:`resample` remains as the comparison of protoclip.claims.coverage.
 Different data sets come from different streams (independent resamples); the same set in two cells or claims
 gets the same draw (a ``cache`` dict passed to :func:`resample` keeps its draw counts, so a report builds them
 once per set). The interval is the percentile interval of the B resampled statistics (``np.quantile``,
@@ -218,7 +218,7 @@ def resample(components: list[Component], n_resamples: int = 2000, seed: int = 0
     seeds with replacement), ``[components, n_resamples]`` (B: None when no component has a family b). Draws:
     the module docstring. ``cache``: a dict (:class:`CountsCache`) that keeps each paired stream's draw counts
     for later calls (a report builds each set's counts once). Its percentile interval undercovers at few seeds
-    (protoclip.claims.intervals); the ledger uses it only for counts over sets."""
+    (protoclip.claims.intervals); the ledger no longer uses it."""
     per_run = resample_runs(components, n_resamples, seed, cache)
     seeds_a = _seed_draw(stream(seed, "seeds/a"), len(components[0].a), n_resamples)
     n_b = len(components[0].b)
