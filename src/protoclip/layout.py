@@ -23,7 +23,8 @@
     results/runs/<run>/eval/<set>/      one evaluation job's outputs (a DVC out of stage evaluate_<run>_<set>):
         <task>.json                     metrics of one task (also logged to the run's MLflow run)
         <task>.examples.npz             its per-example results (zero-shot, probes: hit per test image;
-                                        retrieval: rank of each query's first match), for the claims ledger
+                                        retrieval: rank of each query's first match; clustering: each image's
+                                        k-means cluster), for the claims ledger
         tsne.png                        t-SNE figure (when the task ran)
         tasks.json                      what each configured task did on this set (ran / skipped / not applicable);
                                         written last: the folder's completion marker (protoclip.completion)

@@ -8,8 +8,9 @@
 * ``results/runs/<run>/eval/<set>/<task>.examples.npz``: the per-example results of a task that scores test
   examples (:func:`write_examples`): zero-shot, linear and kNN ``top1`` / ``top5`` (bool per test image, the
   ``labels`` they were scored against), retrieval ``image_to_text_rank`` / ``text_to_image_rank`` (0-based rank of
-  each query's first match) with ``text_to_image``. The metrics file's accuracies and recalls are computed from
-  exactly these, so the claims ledger bootstraps them without extracting features again. Vouched for by the
+  each query's first match) with ``text_to_image``, clustering ``cluster`` (each test image's k-means cluster of
+  the run the metrics file reports) with ``labels``. The metrics file's accuracies, recalls, ARI and AMI are
+  computed from exactly these, so the claims ledger bootstraps them without extracting features again. Vouched for by the
   folder's tasks.json like the metrics files (:func:`read_examples`; None where a task keeps none).
 * ``results/runs/<run>/eval/<set>/tasks.json``: what each configured task did on the set (``ran``,
   a skip line, ``not applicable: ...`` or ``not run: ...``), the model's sha256 and the probe subsample. It is

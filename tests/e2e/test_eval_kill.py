@@ -183,11 +183,12 @@ def test_evaluating_some_tasks_keeps_the_others_complete(completed):
     assert main(["collect", "--config", str(cfg_path), "--run", RUN]) == 0
     assert set(json.loads(layout.metrics_summary(RUN).read_text())) == set(TASKS)
     marker = json.loads(layout.eval_tasks(RUN, "digits").read_text())
-    # knn's per-example results too (clustering keeps none: ARI is no mean over test examples)
+    # knn's and clustering's per-example results too (hits; k-means assignments)
     assert marker["tasks"] == {"knn": "ran"} and set(marker["complete_files"]) == {f"{t}.json" for t in TASKS} | {
-        "knn.examples.npz"}
+        "knn.examples.npz", "clustering.examples.npz"}
     # then `--task clustering`: knn's metrics file and its per-example results stay vouched for (same model)
     run_evaluate(cfg, RUN, tasks=["clustering"], datasets=["digits"])
     marker = json.loads(layout.eval_tasks(RUN, "digits").read_text())
-    assert set(marker["complete_files"]) == {"knn.json", "clustering.json", "knn.examples.npz"}
+    assert set(marker["complete_files"]) == {"knn.json", "clustering.json", "knn.examples.npz",
+                                             "clustering.examples.npz"}
     assert records.read_examples(layout, RUN, "knn", "digits") is not None

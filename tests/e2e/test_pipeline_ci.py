@@ -165,8 +165,10 @@ def check_ledger(cfg, results: Path) -> None:
     from protoclip.claims.ledger import NOT_RUN, VERDICTS
 
     ledger = pd.read_csv(results / "tables" / "claims.csv")
-    assert list(ledger["id"]) == [c.id for c in cfg.paper_claims()] and len(ledger) >= 20
-    assert ledger["verdict"].isin(VERDICTS).all(), ledger[["id", "verdict"]].to_string()
+    assert list(ledger["id"]) == [c.id for c in cfg.paper_claims()] and len(ledger) >= 40
+    for question in ("direction", "magnitude"):
+        assert ledger[question].isin(VERDICTS).all(), ledger[["id", question]].to_string()
+    assert not ledger["magnitude"].isin(["reproduced", "contradicted"]).any()  # offline: no magnitude decided
     not_run = ledger[ledger["verdict"] == NOT_RUN]
     assert not_run["reason"].fillna("").str.len().gt(0).all(), not_run[["id", "reason"]].to_string()
     ran = ledger.set_index("id")

@@ -107,7 +107,7 @@ def test_snakemake_report_has_every_target_and_renders_in_chromium(tmp_path):
     dom = chromium(["--dump-dom", with_script(html, "app.showCategory('Claims')", tmp_path).as_uri()])
     drawn = re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S)
     assert ">claims ledger<" in drawn and ">claims forest plot<" in drawn, drawn[-3000:]
-    assert "not resolved at this scale" in text or "reproduced" in text  # the verdict rule in the caption
+    assert "direction" in text and "magnitude" in text  # the two questions' rules in the caption
     for name, kind in (("claims.html", "html"), ("claims.png", "img")):
         shot = tmp_path / f"{name}.png"
         r = chromium([f"--screenshot={shot}", "--window-size=1600,1000", with_script(html, view(name, kind),

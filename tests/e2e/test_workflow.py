@@ -197,7 +197,7 @@ def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_
     (tmp_path / "config" / "experiments" / "r.yaml").write_text(yaml.safe_dump({"runs": {"b": {"method": "clip"}}}))
     (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump({"experiments": []}))
     claim = {"id": "c", "paper": "P", "source": "p.txt", "line": 1, "where": "w", "quote": "q", "paper_value": 1.0,
-             "paper_text": "+1", "target": "t_only", "a": "A", "b": "A", "columns": ["L"]}
+             "paper_text": "+1", "target": "t_only", "a": "A", "b": "A", "columns": ["L"], "magnitude": "none"}
     (tmp_path / "config" / "claims.yaml").write_text(yaml.safe_dump({"claims": [claim]}))
     cli = {"experiments": ["experiments/r.yaml"], "targets": ["experiments/t.yaml"],
            "claims": {"files": ["claims.yaml"], "resamples": 500}}  # a nested list of files: rewritten too

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from protoclip.claims.bootstrap import Component, Units, percentile_interval, point, resample, stream
+from protoclip.claims.bootstrap import Component, RandIndex, Units, percentile_interval, point, resample, stream
 
 
 def planted_pair(n: int, p_a: float, p_b: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -143,6 +143,27 @@ def test_seed_spread_widens_the_interval():
     assert widths["spread"] > 3 * widths["flat"]  # seed sd 10 points vs an example-level sd of ~1.2
 
 
+def test_rand_index_of_a_resample_is_sklearns_ari_of_the_repeated_images():
+    """ARI under draw counts w equals sklearn's adjusted_rand_score on the arrays holding each image w times."""
+    from sklearn.metrics import adjusted_rand_score
+
+    rng = np.random.default_rng(8)
+    labels = rng.integers(0, 6, 250)
+    cluster = np.where(rng.random(250) < 0.7, (labels + 1) % 6, rng.integers(0, 6, 250))  # relabelled + noise
+    ri = RandIndex(cluster, labels)
+    assert ri.value()[0] == pytest.approx(adjusted_rand_score(labels, cluster), rel=1e-12)
+    idx = rng.integers(0, 250, (5, 250))
+    counts = np.stack([np.bincount(i, minlength=250) for i in idx]).astype(float)
+    want = [adjusted_rand_score(labels[i], cluster[i]) for i in idx]
+    np.testing.assert_allclose(ri.value(counts), want, rtol=1e-12)
+    # paired with another run's assignments on the same images: one draw for both, as for hits
+    other = RandIndex(labels.copy(), labels)
+    A, B = resample([Component([ri], [other], key="clusters")], n_resamples=50, seed=2)
+    lo, hi = percentile_interval((A - B)[0])
+    assert lo < ri.value()[0] - 1.0 < hi < 0  # a perfect clustering beats this one on every resample
+    assert (B == 1.0).all()
+
+
 def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="same units"):
         Component([Units.mean(np.ones(3))], [Units.mean(np.ones(4))])
@@ -152,5 +173,7 @@ def test_bad_inputs_are_refused():
         Units(np.ones((1, 3)), np.zeros((1, 3)), np.ones(1))
     with pytest.raises(ValueError, match="confidence"):
         percentile_interval(np.arange(3.0), 1.5)
+    with pytest.raises(ValueError, match="RandIndex"):
+        RandIndex(np.zeros(3, int), np.zeros(4, int))
     with pytest.raises(ValueError, match="n_resamples"):
         resample([Component([Units.mean(np.ones(3))])], n_resamples=0)

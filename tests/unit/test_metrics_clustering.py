@@ -23,6 +23,18 @@ def test_separable_classes_give_perfect_scores(backend):
     assert cluster_scores(x, (y + 2) % 5, backend=backend)["ari"] == pytest.approx(1.0)
 
 
+def test_per_example_assignments_are_the_chosen_runs():
+    """The assignments kept for the claims ledger give the reported ARI and AMI again."""
+    from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score
+
+    rng = np.random.default_rng(3)
+    x, y = blobs_on_axes(rng, 200, 4, 6, 0.6)  # overlapping: k-means errs, so the scores test something
+    out, ex = cluster_scores(x, y, per_example=True, backend="sklearn")
+    assert 0.1 < out["ari"] < 0.95 and ex["cluster"].shape == (200,)
+    assert out["ari"] == adjusted_rand_score(y, ex["cluster"]) and out["ami"] == adjusted_mutual_info_score(
+        y, ex["cluster"])
+
+
 def test_normalisation_makes_radial_scale_irrelevant():
     # two classes along two directions, each with norms 1 and 20: on the sphere they are two points,
     # while Euclidean k-means on raw features splits by norm instead.

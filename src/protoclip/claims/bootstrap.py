@@ -25,8 +25,10 @@ them) and two run *families* (a run, or its seeds). Every draw comes from a name
 
 A family's value in resample b is the mean over its drawn seeds of their values under the component's draw:
 a two-level bootstrap, seeds then examples (for the same test images across seeds: the examples crossed with
-the seeds, both resampled), which adds the seed spread to the example spread. With three seeds the seed level
-has only 10 distinct draws and the percentile interval is a rough one; that is what three seeds can tell.
+the seeds, both resampled). Its percentile interval undercovers at few seeds (resampling S seeds shrinks their
+variance by (S - 1) / S, with normal tails); the ledger therefore takes step 1 alone (:func:`resample_runs`,
+every run's value under the example draws) and adds the seed level with a t correction
+(protoclip.claims.intervals); :func:`resample` remains as the comparison of protoclip.claims.coverage.
 Different data sets come from different streams (independent resamples); the same set in two cells or claims
 gets the same draw (a ``cache`` dict passed to :func:`resample` keeps its draw counts, so a report builds them
 once per set). The interval is the percentile interval of the B resampled statistics (``np.quantile``,
@@ -84,6 +86,39 @@ class Units:
         if counts is None:
             counts = np.ones((1, self.n))
         return ((counts @ self.num.T) / (counts @ self.den.T)) @ self.coef
+
+
+class RandIndex:
+    """The adjusted Rand index of fixed cluster assignments against the labels, as a resampling unit: under a
+    resample that draws test image u ``w[u]`` times it is the ARI of the sample holding each image w[u] times
+    (sklearn's ``adjusted_rand_score`` of the repeated arrays), computed from the weighted contingency table.
+    The k-means assignments stay those of the full test set: the interval covers the test images' sampling,
+    not k-means' own initialisation spread (the metrics file reports that as ``ari_std``)."""
+
+    def __init__(self, cluster, labels):
+        cluster, labels = np.asarray(cluster), np.asarray(labels)
+        if cluster.shape != labels.shape or cluster.ndim != 1 or len(cluster) < 2:
+            raise ValueError(f"RandIndex: cluster {cluster.shape} and labels {labels.shape} must be [N >= 2]")
+        self.n = len(cluster)
+        # one-hot maps of each image to its contingency cell, its cluster and its class (occupied ones only)
+        self._maps = [np.unique(key, return_inverse=True)[1]
+                      for key in (cluster.astype(np.int64) * (int(labels.max()) + 1) + labels, cluster, labels)]
+
+    def value(self, counts: np.ndarray | None = None) -> np.ndarray:
+        if counts is None:
+            counts = np.ones((1, self.n))
+        pairs = []
+        for inv in self._maps:
+            table = np.zeros((counts.shape[0], int(inv.max()) + 1))
+            for b in range(counts.shape[0]):  # the resample's counts per cell
+                table[b] = np.bincount(inv, weights=counts[b], minlength=table.shape[1])
+            pairs.append((table * (table - 1) / 2).sum(axis=1))
+        n = counts.sum(axis=1)
+        cells, rows, cols = pairs
+        expected = rows * cols / (n * (n - 1) / 2)
+        top, bottom = cells - expected, (rows + cols) / 2 - expected
+        # sklearn's special cases: a single cluster and class, or every image its own: ARI 1
+        return np.where(bottom == 0, 1.0, top / np.where(bottom == 0, 1.0, bottom))
 
 
 @dataclass(frozen=True)
@@ -148,16 +183,16 @@ class CountsCache(dict):
             super().__setitem__(key, counts)
 
 
-def resample(components: list[Component], n_resamples: int = 2000, seed: int = 0, cache: dict | None = None
-             ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(A, B): each family's value per component in every resample, ``[components, n_resamples]`` (B: None
-    when no component has a family b). Draws: the module docstring. ``cache``: a dict (:class:`CountsCache`)
-    that keeps each paired stream's draw counts for later calls (a report builds each set's counts once)."""
+def resample_runs(components: list[Component], n_resamples: int = 2000, seed: int = 0, cache: dict | None = None
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per component, each run's value under every example resample, seeds not resampled: ``[(A [S_a, B],
+    B [S_b, B])]`` (draws: step 1 of the module docstring). protoclip.claims.intervals builds the seed level
+    from these with a small-sample correction."""
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     if not components:
         raise ValueError("resample: no component")
-    per_run: list[tuple[np.ndarray, np.ndarray]] = []  # per component: [S_a, B], [S_b, B]
+    per_run: list[tuple[np.ndarray, np.ndarray]] = []
     for i, comp in enumerate(components):
         key = f"examples/{comp.key or i}"
         if comp.paired:
@@ -174,6 +209,17 @@ def resample(components: list[Component], n_resamples: int = 2000, seed: int = 0
             v = np.concatenate([_values([u], _counts(_draw(stream(seed, name), n_resamples, u.n)))
                                 for u, name in zip(comp.a + comp.b, names)])
         per_run.append((v[:len(comp.a)], v[len(comp.a):]))
+    return per_run
+
+
+def resample(components: list[Component], n_resamples: int = 2000, seed: int = 0, cache: dict | None = None
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(A, B): each family's value per component in every resample of the two-level bootstrap (examples, then
+    seeds with replacement), ``[components, n_resamples]`` (B: None when no component has a family b). Draws:
+    the module docstring. ``cache``: a dict (:class:`CountsCache`) that keeps each paired stream's draw counts
+    for later calls (a report builds each set's counts once). Its percentile interval undercovers at few seeds
+    (protoclip.claims.intervals); the ledger no longer uses it."""
+    per_run = resample_runs(components, n_resamples, seed, cache)
     seeds_a = _seed_draw(stream(seed, "seeds/a"), len(components[0].a), n_resamples)
     n_b = len(components[0].b)
     seeds_b = _seed_draw(stream(seed, "seeds/b"), n_b, n_resamples) if n_b else None
@@ -211,4 +257,4 @@ def percentile_interval(theta: np.ndarray, confidence: float = 0.95) -> tuple[fl
     return float(lo), float(hi)
 
 
-__all__ = ["Units", "Component", "CountsCache", "resample", "point", "percentile_interval", "stream", "MAX_DRAW"]
+__all__ = ["Units", "RandIndex", "Component", "CountsCache", "resample", "resample_runs", "point", "percentile_interval", "stream", "MAX_DRAW"]

@@ -6,7 +6,8 @@ The project config names the claim files and the bootstrap's settings::
       files: [claims.yaml]    # relative to the config file; each holds a top-level `claims:` list
       resamples: 2000         # bootstrap resamples per interval
       seed: 0                 # every interval draws from numpy's default_rng(seed) afresh
-      confidence: 0.95        # two-sided percentile interval
+      confidence: 0.95        # the direction question's two-sided interval (magnitudes: 90 %)
+      paper_scale: false      # true only where the runs use the papers' data and sizes (config/paper.yaml)
 
 A claim names the paper's number and where it is printed, and the two run families and the metric through a
 paper target's rows and column (``target``, ``a``, ``b``, ``columns``: the labels of config/experiments/*.yaml),
@@ -22,7 +23,17 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 KINDS = ("difference", "count", "share", "overhead", "time_ratio")
+MAGNITUDE_TESTS = ("equivalence", "at_most", "at_least", "none")
 PHASES = ("extract", "kmeans", "pbt", "train")  # the episode phases train_log.jsonl times (time/<phase>)
+
+
+@dataclass
+class Citation:
+    """Another place the paper prints the same claim (the same runs and column): checked against the text too."""
+    line: int  # the line of the claim's `source` text
+    where: str  # its table / figure / section
+    quote: str  # the paper's words on that line, verbatim
+    paper_text: str = ""  # the number as printed there, when it differs ("+1.79%")
 
 
 @dataclass
@@ -36,9 +47,9 @@ class ClaimConfig:
     paper_value: float | None  # the paper's number in the ledger's unit (None: the paper states none)
     paper_text: str  # the number as printed ("+5.81%"), or the words ("negligible")
     # difference: a - b of one column (points); count: in how many of `columns` a - b has the claimed sign;
-    # share: a's time per epoch in `phase`, in % of b's time per epoch (Fig. 9's base: CLIP's epoch, see
-    # protoclip.report.figures.TIME_SPLIT_NOTE); overhead: % more time per epoch of a than b;
-    # time_ratio: a's total training time in % of b's
+    # share: a's time in `phase` in % of a's own training-phase time over the same episodes (paired within the
+    # run; the training phase is the work CLIP does per epoch, Fig. 9's base); overhead: % more time per epoch of
+    # a than b (between runs); time_ratio: a's total training time in % of b's
     kind: Literal["difference", "count", "share", "overhead", "time_ratio"] = "difference"
     target: str | None = None  # the paper target whose rows / columns name the runs and the metric
     a: str | None = None  # row label of the claimed-better run family (the minuend)
@@ -47,12 +58,19 @@ class ClaimConfig:
     metric: str | None = None  # another metric of the column's task than the column's own (e.g. image_to_text_R@1)
     a_runs: list[str] = field(default_factory=list)  # candidate runs for a instead of the row's (first configured)
     b_runs: list[str] = field(default_factory=list)
-    # positive / negative: the sign rule; within: the interval must lie inside `band` (a magnitude or parity claim)
-    direction: Literal["positive", "negative", "within"] = "positive"
-    band: list[float] = field(default_factory=list)  # [low, high] for `within`, in the ledger's unit
-    phase: str | None = None  # `share`: extract | kmeans | pbt | train
+    # the direction question: positive / negative: the paper's sign (the 95 % interval must exclude 0 on it);
+    # none: the claim has no sign to test (a share, or an overhead that is positive by construction)
+    direction: Literal["positive", "negative", "none"] = "positive"
+    # the magnitude question against paper_value: equivalence (two one-sided tests, [paper - margin, paper +
+    # margin]), at_most / at_least (the paper's one-sided words: "only", "negligible", "less than": the bound is
+    # paper_value (0 when null) + / - margin), none (the paper prints no magnitude)
+    magnitude: Literal["equivalence", "at_most", "at_least", "none"] = "equivalence"
+    margin: float | None = None  # m, in the ledger's unit, fixed before any number of ours (margin_why says how)
+    margin_why: str = ""  # the margin's justification, printed with the claim
+    phase: str | None = None  # `share`: extract | kmeans | pbt
     unavailable: str | None = None  # no target of the project can test it: the reason (the claim reads not run)
     note: str = ""  # our reading and the offline stand-ins, printed with the claim
+    also: list[Citation] = field(default_factory=list)  # other places the paper prints this claim
 
     def validate(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_]+", self.id):
@@ -67,19 +85,28 @@ class ClaimConfig:
             raise ValueError(f"claim {self.id}: a {self.kind} claim needs `columns`")
         if self.kind == "difference" and len(self.columns) != 1:
             raise ValueError(f"claim {self.id}: a difference compares one column, got {len(self.columns)}")
-        if self.kind == "count" and self.direction == "within":
+        if self.kind == "count" and self.direction == "none":
             raise ValueError(f"claim {self.id}: a count claim has direction positive or negative")
-        if self.kind == "share" and self.phase not in PHASES:
-            raise ValueError(f"claim {self.id}: a share claim needs `phase` ({', '.join(PHASES)})")
-        if self.direction == "within":
-            if len(self.band) != 2 or self.band[0] > self.band[1]:
-                raise ValueError(f"claim {self.id}: direction within needs `band: [low, high]`")
-        elif self.band:
-            raise ValueError(f"claim {self.id}: `band` is for direction within only")
-        if self.paper_value is not None and self.direction in ("positive", "negative") and self.kind != "count":
+        if self.kind == "share" and self.phase not in PHASES[:3]:
+            raise ValueError(f"claim {self.id}: a share claim needs `phase` ({', '.join(PHASES[:3])})")
+        if self.magnitude != "none":
+            if self.margin is None or self.margin < 0 or not self.margin_why:
+                raise ValueError(f"claim {self.id}: a magnitude test needs `margin` >= 0 and `margin_why`")
+            if self.magnitude == "equivalence" and (self.paper_value is None or self.margin <= 0):
+                raise ValueError(f"claim {self.id}: an equivalence test needs `paper_value` and `margin` > 0")
+        elif self.margin is not None:
+            raise ValueError(f"claim {self.id}: `margin` is for a magnitude test (magnitude: none)")
+        if self.direction == "none" and self.magnitude == "none":
+            raise ValueError(f"claim {self.id}: neither a direction nor a magnitude to test")
+        if self.paper_value is not None and self.direction != "none" and self.kind != "count":
             if (self.paper_value > 0) != (self.direction == "positive"):
                 raise ValueError(f"claim {self.id}: paper_value {self.paper_value} contradicts direction "
                                  f"{self.direction}")
+
+    def bound(self) -> float | None:
+        """The magnitude test's one-sided bound (at_most / at_least), in the ledger's unit."""
+        base = self.paper_value or 0.0
+        return {"at_most": base + (self.margin or 0.0), "at_least": base - (self.margin or 0.0)}.get(self.magnitude)
 
 
 @dataclass
@@ -88,7 +115,10 @@ class ClaimsConfig:
     files: list[str] = field(default_factory=list)  # claim files, relative to the config that lists them
     resamples: int = 2000  # bootstrap resamples per interval
     seed: int = 0  # each interval: numpy default_rng(seed), drawn afresh (the same cell, the same interval)
-    confidence: float = 0.95
+    confidence: float = 0.95  # the direction question's two-sided interval (the magnitude's: 1 - 2 (1 - this))
+    # the runs use the papers' data and sizes (config/paper.yaml): only then can a magnitude be reproduced;
+    # false (the offline default): the ledger judges directions and says why magnitudes stay not resolved
+    paper_scale: bool = False
 
     def validate(self) -> None:
         if self.resamples < 100:
@@ -97,4 +127,4 @@ class ClaimsConfig:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
 
 
-__all__ = ["ClaimConfig", "ClaimsConfig", "KINDS", "PHASES"]
+__all__ = ["ClaimConfig", "ClaimsConfig", "Citation", "KINDS", "PHASES", "MAGNITUDE_TESTS"]

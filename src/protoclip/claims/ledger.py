@@ -1,74 +1,124 @@
 """The verdict rules of the claims ledger and how its numbers are printed. Pure functions, no files.
 
-Every claim gets one of four verdicts, decided from our estimate's 95 % interval (protoclip.claims.bootstrap):
+Each claim is asked two questions, each with its rule fixed here and its margin in config/claims.yaml before
+any number of ours is seen:
 
-* a **difference** (or a cost overhead) with a claimed sign (``direction: positive | negative``):
-  *reproduced*: the interval excludes 0 on the paper's side; *contradicted*: it excludes 0 on the other side;
-  *not resolved at this scale*: it includes 0;
-* a **count** ("better on 9 of 14 sets"): the number of sets where the difference has the claimed sign, with its
-  bootstrap interval (every set's test examples resampled, the same draws for all sets' seeds); the claim read as
-  "on most of the sets": *reproduced* when the whole interval lies above half the sets, *contradicted* when it
-  lies below, *not resolved* when it contains N / 2;
-* a **magnitude or parity** claim (``direction: within``, a phase's share of the episode time, "matched"): the
-  paper's words as a band ``[low, high]`` stated in claims.yaml; *reproduced*: the interval lies inside the band;
-  *contradicted*: it lies wholly outside; *not resolved*: it straddles an edge;
-* *not run*: the runs, the data set or the per-example results are absent, with the one-line reason.
+* **Direction** (``direction: positive | negative``): does our 95 % interval exclude 0 on the paper's side?
+  *reproduced*: yes; *contradicted*: it excludes 0 on the other side; *not resolved*: it contains 0. A count
+  ("better on 9 of 14 sets"): is the paper's side better on most sets, i.e. does the 95 % interval of the count
+  (protoclip.report.claims: Holm over the sets' own tests) lie above half the sets (*reproduced*), below it
+  (*contradicted*), or contain it (*not resolved*)?
+  ``direction: none``: the quantity has no sign to test (a share; an overhead positive by construction).
+* **Magnitude** (against ``paper_value`` with margin m): two one-sided tests at 5 % each, i.e. the 90 %
+  interval: ``equivalence``: inside [paper - m, paper + m] *reproduced*, wholly outside *contradicted*, else
+  *not resolved*; ``at_most`` (the paper's "only", "negligible", "less than": a one-sided bound L = paper + m):
+  the 90 % interval's upper end <= L *reproduced*, its lower end > L *contradicted*; ``at_least`` mirrored.
+  A magnitude is never *reproduced* or *contradicted* from runs at a scale the paper did not use (the offline
+  default: ``claims.paper_scale: false``) or from one seed a side (seed spread not measured): it reads *not
+  resolved* with the reason and what the test alone would say.
 
-    verdict("positive", 0.4, 3.9)            # 'reproduced'
-    verdict("count", 6.0, 11.0, n_sets=14)   # 'not resolved at this scale'
-    with_interval(1.8, -0.4, 3.9)            # '+1.80 [-0.40, +3.90]'
+The ledger also adjusts the direction tests for multiplicity (Holm over the claims it ran,
+protoclip.claims.intervals.holm) and prints both.
+
+    direction_verdict(+1, 0.4, 3.9)                          # 'reproduced'
+    magnitude_verdict("equivalence", 2.0, 4.0, 3.0, 1.5)     # 'reproduced'
+    verdict_text("reproduced", "not resolved")               # 'direction reproduced, magnitude not resolved'
 """
 from __future__ import annotations
 
 REPRODUCED = "reproduced"
 CONTRADICTED = "contradicted"
-NOT_RESOLVED = "not resolved at this scale"
+NOT_RESOLVED = "not resolved"
+NOT_TESTED = "not tested"  # the claim asks no such question (direction: none / magnitude: none)
 NOT_RUN = "not run"
-VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_RUN)
+OUTCOMES = (REPRODUCED, CONTRADICTED, NOT_RESOLVED)
+VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_TESTED, NOT_RUN)  # of each question
+ONE_SEED = "examples only, seed spread not measured"
+NO_SPREAD = "seed spread not measured on both sides"
+OFFLINE = "not the paper's scale (claims.paper_scale: false)"
 
 RULES = {
-    "sign": "reproduced: the 95 % interval excludes 0 on the paper's side; contradicted: it excludes 0 on the "
-            "other side; not resolved at this scale: it includes 0",
-    "count": "the number of sets where the difference has the claimed sign, with its bootstrap interval; "
-             "reproduced: the interval lies above half the sets; contradicted: below; not resolved: it contains "
-             "half",
-    "within": "reproduced: the 95 % interval lies inside the band (the paper's words as numbers, claims.yaml); "
-              "contradicted: wholly outside it; not resolved: it straddles an edge",
+    "direction": "the 95 % interval excludes 0 on the paper's side: reproduced; on the other side: contradicted; "
+                 "contains 0: not resolved",
+    "count": "the 95 % interval of the number of sets where the paper's side is better lies above half the sets: "
+             "reproduced; below: contradicted; contains half: not resolved",
+    "equivalence": "the 90 % interval lies inside [paper - m, paper + m]: reproduced; wholly outside: "
+                   "contradicted; else not resolved (two one-sided tests at 5 %)",
+    "at_most": "a bound L = paper + m: the 90 % interval's upper end <= L: reproduced; its lower end > L: "
+               "contradicted; else not resolved",
+    "at_least": "the bound L = paper - m: the 90 % interval's lower end >= L: reproduced; its upper end < L: "
+                "contradicted; else not resolved",
+    "gate": "a magnitude is never decided from runs at a scale the paper did not use, nor from one seed a side",
+    "holm": "Holm: the direction tests' one-sided p-values adjusted over the ledger's claims; reproduced "
+            "family-wise when the adjusted p < 0.025",
     "not run": "the runs, the data set or the per-example results are absent (the reason is given)",
 }
 
 
-def verdict(direction: str, lo: float, hi: float, band: list[float] | None = None, n_sets: int | None = None
-            ) -> str:
-    """The verdict of an interval ``[lo, hi]`` (module docstring). ``direction``: positive | negative (the sign
-    rule), within (``band``), or count (``n_sets`` compared: ``lo`` / ``hi`` bound the count)."""
+def _check(lo: float, hi: float) -> None:
     if lo > hi:
         raise ValueError(f"interval [{lo}, {hi}] is reversed")
-    if direction == "count":
-        if n_sets is None or n_sets < 1:
-            raise ValueError("a count verdict needs n_sets >= 1")
-        half = n_sets / 2.0
-        return REPRODUCED if lo > half else CONTRADICTED if hi < half else NOT_RESOLVED
-    if direction == "within":
-        if not band or len(band) != 2:
-            raise ValueError("a within verdict needs band [low, high]")
-        low, high = band
+
+
+def direction_verdict(sign: float, lo: float, hi: float) -> str:
+    """The direction question on a 95 % interval ``[lo, hi]``; ``sign``: +1 (the paper says positive) or -1."""
+    _check(lo, hi)
+    if sign not in (1, -1):
+        raise ValueError(f"sign must be +1 or -1, got {sign}")
+    if lo <= 0.0 <= hi:
+        return NOT_RESOLVED
+    return REPRODUCED if (lo > 0.0) == (sign > 0) else CONTRADICTED
+
+
+def count_verdict(lo: float, hi: float, n_sets: int) -> str:
+    """The direction question of a count: the 95 % interval of the count against half the sets."""
+    _check(lo, hi)
+    if n_sets < 1:
+        raise ValueError("a count verdict needs n_sets >= 1")
+    half = n_sets / 2.0
+    return REPRODUCED if lo > half else CONTRADICTED if hi < half else NOT_RESOLVED
+
+
+def magnitude_verdict(test: str, lo: float, hi: float, paper: float | None, margin: float) -> str:
+    """The magnitude question on a 90 % interval ``[lo, hi]`` (module docstring)."""
+    _check(lo, hi)
+    if test == "equivalence":
+        if paper is None:
+            raise ValueError("an equivalence test needs the paper's value")
+        low, high = paper - margin, paper + margin
         if low <= lo and hi <= high:
             return REPRODUCED
         return CONTRADICTED if hi < low or lo > high else NOT_RESOLVED
-    if direction not in ("positive", "negative"):
-        raise ValueError(f"unknown direction {direction!r}")
-    if lo <= 0.0 <= hi:
-        return NOT_RESOLVED
-    same = lo > 0.0 if direction == "positive" else hi < 0.0
-    return REPRODUCED if same else CONTRADICTED
+    base = paper or 0.0
+    if test == "at_most":
+        bound = base + margin
+        return REPRODUCED if hi <= bound else CONTRADICTED if lo > bound else NOT_RESOLVED
+    if test == "at_least":
+        bound = base - margin
+        return REPRODUCED if lo >= bound else CONTRADICTED if hi < bound else NOT_RESOLVED
+    raise ValueError(f"unknown magnitude test {test!r}")
 
 
-def rule_of(kind: str, direction: str) -> str:
-    """The key of :data:`RULES` a claim is judged by."""
-    if kind == "count":
-        return "count"
-    return "within" if direction == "within" else "sign"
+def gate_magnitude(raw: str, paper_scale: bool, seed_measured: bool) -> tuple[str, str]:
+    """(verdict, reason): a decisive magnitude verdict only from runs at the paper's scale with their seed
+    spread measured; otherwise *not resolved*, saying why and what the test alone gave."""
+    if raw not in OUTCOMES:
+        raise ValueError(f"unknown outcome {raw!r}")
+    why = [] if paper_scale else [OFFLINE]
+    if not seed_measured:
+        why.append(NO_SPREAD)
+    if raw == NOT_RESOLVED or not why:
+        return raw, "; ".join(why)
+    return NOT_RESOLVED, "; ".join(why) + f" (the test alone: {raw})"
+
+
+def verdict_text(direction: str, magnitude: str) -> str:
+    """What held, in words: ``direction reproduced, magnitude not resolved``; ``not run`` alone."""
+    if NOT_RUN in (direction, magnitude):
+        return NOT_RUN
+    parts = [f"direction {direction}" if direction != NOT_TESTED else "",
+             f"magnitude {magnitude}" if magnitude != NOT_TESTED else ""]
+    return ", ".join(p for p in parts if p)
 
 
 def signed(value: float, digits: int = 2) -> str:
@@ -83,5 +133,6 @@ def with_interval(point: float, lo: float, hi: float, digits: int = 2, sign: boo
     return f"{f(point)} [{f(lo)}, {f(hi)}]"
 
 
-__all__ = ["REPRODUCED", "CONTRADICTED", "NOT_RESOLVED", "NOT_RUN", "VERDICTS", "RULES", "verdict", "rule_of",
-           "signed", "with_interval"]
+__all__ = ["REPRODUCED", "CONTRADICTED", "NOT_RESOLVED", "NOT_TESTED", "NOT_RUN", "OUTCOMES", "VERDICTS", "RULES",
+           "ONE_SEED", "NO_SPREAD", "OFFLINE", "direction_verdict", "count_verdict", "magnitude_verdict", "gate_magnitude",
+           "verdict_text", "signed", "with_interval"]

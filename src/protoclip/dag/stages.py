@@ -290,9 +290,11 @@ def report_stage(cfg, lay: Layout, config_file: str) -> Stage:
     """Every declared paper target (:func:`target_outputs`: tables, figures, captions)."""
     runs = cfg.run_names()
     outs = {f"file{i}": Out(norm_path(p)) for i, p in enumerate(target_outputs(cfg, lay))}
+    claim_files = sorted({norm_path(f) for _, f in cfg._claims})  # a margin changed in claims.yaml: a new ledger
     return Stage("report", stage_command("report", config_file),
                  {"summaries": [norm_path(lay.metrics_summary(r)) for r in runs],
-                  "train_logs": [norm_path(lay.train_log(r)) for r in runs]}, [],
+                  "train_logs": [norm_path(lay.train_log(r)) for r in runs], "claims": claim_files},
+                 _params(config_file, "claims"),
                  [Out(norm_path(lay.tables), directory=True), Out(norm_path(lay.figures), directory=True),
                   Out(norm_path(lay.report_dir), directory=True)], outs)
 

@@ -166,7 +166,7 @@ def too_small(task: str, feats: dict[str, np.ndarray]) -> str | None:
 class TaskResult:
     """What a task function returns: the metrics file's ``metrics``, what the task scored (``features``), the
     split sizes (top-level keys of the metrics file), and its per-example arrays (``<task>.examples.npz``,
-    protoclip.records.write_examples; empty for a task whose number is no mean over test examples)."""
+    protoclip.records.write_examples; empty for a task the ledger cannot resample: NEMD, temperature, ...)."""
     metrics: dict[str, Any]
     features: str
     sizes: dict[str, int]
@@ -266,8 +266,8 @@ def task_retrieval(f: dict, ds: EvalSet, cfg: EvaluateConfig, fig: Path) -> Task
 def task_clustering(f: dict, ds: LabelledSet, cfg: EvaluateConfig, fig: Path) -> TaskResult:
     from protoclip.evaluate.metrics.clustering import cluster_scores
 
-    m = cluster_scores(f["test_z"], f["test_y"], seed=cfg.seed)
-    return TaskResult(m, "z_image (L2-normalised)", _sizes(f))
+    m, assign = cluster_scores(f["test_z"], f["test_y"], seed=cfg.seed, per_example=True)
+    return TaskResult(m, "z_image (L2-normalised)", _sizes(f), _with_labels(assign, f))
 
 
 @runs_task("nemd")

@@ -4,7 +4,7 @@ Each declared table (``kind: table`` targets) keeps the paper's rows and columns
 column group of two: ``ours`` (mean ± std over the row's seeds, or "(1 seed)") and ``paper`` (transcribed,
 ``paper_numbers.yaml``, printed exactly as the paper prints it in every format). Where the paper prints a "+/-"
 row (Tables V-VIII: ProtoCLIP minus CLIP) the table has it too, ours (difference of our means, with its 95 %
-bootstrap interval in brackets: ``+1.80 [-0.40, +3.90]``, protoclip.report.claims) beside the paper's.
+interval in brackets: ``+1.80 [-0.40, +3.90]``, protoclip.claims.intervals) beside the paper's.
 A leading ``ours: run`` column names the run group, its epochs and seeds. The caption
 states the paper's caption and source, our config and training data, and each column's mapping to offline
 stand-ins ("ImageNet zero-shot: imagenet -> fashion_mnist"), and chance level for zero-shot sets.
@@ -109,7 +109,8 @@ def build_table(cfg, results: Results, target: TargetConfig, engine=None) -> tup
         cap.append("Column mapping (paper set -> set used here): " + "; ".join(mappings) + ".")
     if differences and engine is not None:
         cap.append(f"Difference rows: ours = the difference of our means with its {cfg.claims.confidence:.0%} "
-                   "bootstrap interval in brackets (test examples paired, then seeds; results/tables/claims.md); "
+                   "interval in brackets (seeds with a small-sample t correction, test examples bootstrapped and "
+                   "paired; results/tables/claims.md); "
                    "without brackets: no per-example results to resample.")
     if chance:
         cap.append("Zero-shot chance level: " + ", ".join(f"{d} {c:.1f}%" for d, c in sorted(chance.items())) + ".")

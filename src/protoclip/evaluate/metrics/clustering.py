@@ -109,12 +109,15 @@ def cluster_scores(
     n_clusters: int | None = None,
     backend: Literal["sklearn", "faiss", "auto"] = "auto",
     normalize: bool = True,
-) -> dict[str, float]:
+    per_example: bool = False,
+) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """ARI and AMI of k-means (K = number of distinct labels unless given) against ``labels``.
 
     ``ari`` / ``ami`` are those of the run with the lowest k-means objective among ``n_init``
     initialisations (as scikit-learn picks); ``ari_min/ari_max/ari_std`` and the same for AMI give
     the spread over the initialisations (one seed alone can move ARI by 0.1+ on ordinary data).
+    ``per_example``: also ``{"cluster": [N]}``, that run's assignments (the claims ledger resamples the test
+    images with them: protoclip.claims.bootstrap.RandIndex).
     """
     x = features_np(features, "features", nonzero=normalize)
     y = labels_np(labels, "labels", x.shape[0])
@@ -130,4 +133,4 @@ def cluster_scores(
         out[f"{name}_min"], out[f"{name}_max"] = float(vals.min()), float(vals.max())
         out[f"{name}_std"] = float(vals.std())
     log.info("clustering %d points into %d clusters (%d inits): %s", x.shape[0], k, n_init, out)
-    return out
+    return (out, {"cluster": runs[best][1]}) if per_example else out

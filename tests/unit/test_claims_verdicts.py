@@ -1,0 +1,119 @@
+"""The claims ledger's verdict rules (protoclip.claims.ledger): every rule gives each of its outcomes on synthetic
+intervals, so none is a rule that cannot fail; the magnitude gate; Holm's adjustment against its definition."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from protoclip.claims import ledger
+from protoclip.claims.intervals import holm
+from protoclip.claims.ledger import (
+    CONTRADICTED,
+    NOT_RESOLVED,
+    NOT_RUN,
+    NOT_TESTED,
+    REPRODUCED,
+    count_verdict,
+    direction_verdict,
+    gate_magnitude,
+    magnitude_verdict,
+    verdict_text,
+)
+
+
+@pytest.mark.parametrize("sign, lo, hi, want", [
+    (+1, 0.4, 3.9, REPRODUCED), (+1, -3.9, -0.4, CONTRADICTED), (+1, -0.4, 3.9, NOT_RESOLVED),
+    (+1, 0.0, 0.0, NOT_RESOLVED),  # an identical pair
+    (-1, -3.9, -0.4, REPRODUCED), (-1, 0.1, 2.0, CONTRADICTED), (-1, -1.0, 0.5, NOT_RESOLVED),
+])
+def test_direction_rule(sign, lo, hi, want):
+    assert direction_verdict(sign, lo, hi) == want
+
+
+@pytest.mark.parametrize("lo, hi, want", [(8, 12, REPRODUCED), (6, 11, NOT_RESOLVED), (7, 12, NOT_RESOLVED),
+                                          (2, 5, CONTRADICTED)])
+def test_count_rule_reads_most_sets_as_above_half(lo, hi, want):
+    assert count_verdict(lo, hi, 14) == want  # 9 of 14 judged by the interval against 7, not by the point
+
+
+@pytest.mark.parametrize("test, lo, hi, paper, m, want", [
+    # equivalence: [paper - m, paper + m] = [2.905, 8.715] for the paper's +5.81
+    ("equivalence", 3.5, 8.0, 5.81, 2.905, REPRODUCED),
+    ("equivalence", 0.34, 2.04, 5.81, 2.905, CONTRADICTED),  # a positive difference, far below the paper's
+    ("equivalence", 9.0, 12.0, 5.81, 2.905, CONTRADICTED),  # above
+    ("equivalence", 2.0, 4.0, 5.81, 2.905, NOT_RESOLVED),  # straddles the lower edge
+    ("equivalence", -1.0, 12.0, 5.81, 2.905, NOT_RESOLVED),  # wider than the whole margin
+    # at most paper + m ("only 2.3 %", "less than 8 %"), at least paper - m
+    ("at_most", 1.0, 2.5, 2.3, 0.575, REPRODUCED), ("at_most", 3.0, 4.0, 2.3, 0.575, CONTRADICTED),
+    ("at_most", 2.0, 3.5, 2.3, 0.575, NOT_RESOLVED), ("at_most", 0.1, 0.9, None, 1.0, REPRODUCED),
+    ("at_least", 1.0, 2.0, 1.5, 0.5, REPRODUCED), ("at_least", -2.0, 0.5, 1.5, 0.5, CONTRADICTED),
+    ("at_least", 0.5, 2.0, 1.5, 0.5, NOT_RESOLVED),
+])
+def test_magnitude_rules(test, lo, hi, paper, m, want):
+    assert magnitude_verdict(test, lo, hi, paper, m) == want
+
+
+def test_every_rule_gives_every_outcome_on_a_grid_of_intervals():
+    """Sweeping intervals over a grid, each rule reaches reproduced, contradicted and not resolved."""
+    grid = np.linspace(-10, 10, 21)
+    pairs = [(lo, hi) for lo, hi in itertools.product(grid, grid) if lo <= hi]
+    rules = {
+        "direction +": lambda lo, hi: direction_verdict(+1, lo, hi),
+        "direction -": lambda lo, hi: direction_verdict(-1, lo, hi),
+        "count": lambda lo, hi: count_verdict(lo + 10, hi + 10, 14),
+        "equivalence": lambda lo, hi: magnitude_verdict("equivalence", lo, hi, 3.0, 2.0),
+        "at_most": lambda lo, hi: magnitude_verdict("at_most", lo, hi, 2.0, 0.5),
+        "at_least": lambda lo, hi: magnitude_verdict("at_least", lo, hi, 2.0, 0.5),
+    }
+    for name, rule in rules.items():
+        assert {rule(lo, hi) for lo, hi in pairs} == set(ledger.OUTCOMES), name
+
+
+def test_a_magnitude_is_decided_only_at_the_papers_scale_with_seed_spread_measured():
+    for raw in (REPRODUCED, CONTRADICTED):
+        assert gate_magnitude(raw, paper_scale=True, seed_measured=True) == (raw, "")
+        v, why = gate_magnitude(raw, paper_scale=False, seed_measured=True)
+        assert v == NOT_RESOLVED and "not the paper's scale" in why and f"the test alone: {raw}" in why
+        v, why = gate_magnitude(raw, paper_scale=True, seed_measured=False)
+        assert v == NOT_RESOLVED and ledger.NO_SPREAD in why
+    assert gate_magnitude(NOT_RESOLVED, True, True) == (NOT_RESOLVED, "")
+
+
+def test_the_verdict_names_what_held():
+    assert verdict_text(REPRODUCED, NOT_RESOLVED) == "direction reproduced, magnitude not resolved"
+    assert verdict_text(NOT_TESTED, CONTRADICTED) == "magnitude contradicted"
+    assert verdict_text(NOT_RESOLVED, NOT_TESTED) == "direction not resolved"
+    assert verdict_text(NOT_RUN, NOT_RUN) == NOT_RUN
+
+
+def test_bad_intervals_and_rules_are_refused():
+    with pytest.raises(ValueError, match="reversed"):
+        direction_verdict(+1, 2.0, 1.0)
+    with pytest.raises(ValueError, match="sign"):
+        direction_verdict(0, 1.0, 2.0)
+    with pytest.raises(ValueError, match="paper's value"):
+        magnitude_verdict("equivalence", 1.0, 2.0, None, 1.0)
+    with pytest.raises(ValueError, match="unknown magnitude"):
+        magnitude_verdict("within", 1.0, 2.0, 1.0, 1.0)
+
+
+def test_holm_matches_its_step_down_definition():
+    """Holm: sort p ascending, p_(i) * (m - i + 1), running maximum, capped at 1; checked against an explicit
+    loop over every rejection threshold (reject H_(1..k) while p_(j) <= alpha / (m - j + 1))."""
+    p = [0.01, 0.04, 0.03, 0.005, 0.2]
+    adj = holm(p)
+    assert adj == pytest.approx([0.04, 0.09, 0.09, 0.025, 0.2])
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        p = rng.uniform(0, 0.1, 6).tolist()
+        adj = holm(p)
+        for alpha in (0.01, 0.025, 0.05):
+            order = np.argsort(p)
+            rejected = set()
+            for j, i in enumerate(order):
+                if p[i] > alpha / (len(p) - j):
+                    break
+                rejected.add(i)
+            assert {i for i, a in enumerate(adj) if a <= alpha} == rejected
