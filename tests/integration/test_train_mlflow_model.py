@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from train_fixtures import one_thread, tiny_project
 
 from protoclip.config import load_config
 from protoclip.layout import Layout
 from protoclip.records import read_train_log
+from testkit.training import one_thread, tiny_project
 
 _threads = pytest.fixture(autouse=True)(one_thread)
 
@@ -64,7 +64,6 @@ def expected_provenance(layout: Layout, run: str) -> dict[str, str]:
             "protoclip.model_sha256": hashlib.sha256(layout.model(run).read_bytes()).hexdigest()}
 
 
-@pytest.mark.slow
 def test_training_run_holds_curves_system_metrics_and_a_registered_model_open_clip_loads(tmp_path, monkeypatch):
     import mlflow
     import open_clip
@@ -115,7 +114,7 @@ def test_training_run_holds_curves_system_metrics_and_a_registered_model_open_cl
     folder = mlflow.artifacts.download_artifacts("models:/clip/1", dst_path=str(tmp_path / "download"))
     assert hashlib.sha256((tmp_path / "download" / "model.pt").read_bytes()).hexdigest() == tags[
         "protoclip.model_sha256"]
-    oc_model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
+    oc_model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{folder}")
     oc_tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
     ours, _ = load_model(layout.model("clip"))
     oc_model.eval()
@@ -132,7 +131,6 @@ def test_training_run_holds_curves_system_metrics_and_a_registered_model_open_cl
         assert torch.equal(oc_model.logit_scale, ours.clip.logit_scale)
 
 
-@pytest.mark.slow
 def test_validation_leaves_the_weights_and_the_switches_turn_artifacts_and_system_metrics_off(tmp_path):
     from protoclip.train.stage import run_train
 

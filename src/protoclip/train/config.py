@@ -92,7 +92,9 @@ class ValidationConfig:
     as step metrics of the MLflow run, so that runs can be compared while they train (open_clip's
     ``--zeroshot-frequency``). Monitoring only: no early stop or selection reads these numbers."""
 
-    every_episodes: int = 4  # after every n-th episode and after the last one; 0 = off
+    # after every n-th episode and after the last one; 0 = off. The offline default's runs have 9 or 17 episodes
+    # (2 or 3 validations each): 2.5 % of their training time at most (bench/results/validation_cpu2_*.txt)
+    every_episodes: int = 8
     # an `evaluate.datasets` name whose test split is scored; heldout_pairs (the manifest's held-out pairs under
     # their coarse labels) needs no entry there
     dataset: str = HELDOUT_SET
