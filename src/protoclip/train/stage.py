@@ -9,7 +9,10 @@ Reads the prepared manifest (train split, the run's ``data`` sources) and, for a
 and ``external_weight > 0``, the teacher cache ``data/teacher/<teacher>.npz``. Writes
 ``results/runs/<run>/{config.yaml, train_log.jsonl, model.pt}`` and the work in progress under ``checkpoints/``
 (last.pt, the log it continues, the MLflow run id). MLflow is reached only through
-:func:`protoclip.tracking.training_run`.
+:func:`protoclip.tracking.training_run`: besides params and episode metrics, the run gets the validation curves
+(:mod:`protoclip.train.validation`, ``train.validation``), provenance tags and, unless ``paths.mlflow_log_models`` is
+false, ``model.pt`` and its open_clip export as artifacts registered as a version of the model named after the run
+(:func:`log_model`).
 
 First the stage takes the run's lock (:mod:`protoclip.run_lock`: one process trains a run at a time; a second
 waits, saying which process holds it), removes temp files that a killed earlier run of it left beside its
