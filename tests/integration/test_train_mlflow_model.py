@@ -155,3 +155,28 @@ def test_validation_leaves_the_weights_and_the_switches_turn_artifacts_and_syste
     assert not any(k.startswith("system/") for k in quiet.data.metrics)
     assert quiet.data.tags["protoclip.model_sha256"] == expected_provenance(layout, "quiet")["protoclip.model_sha256"]
     assert np.isfinite(quiet.data.metrics["mean/loss"])
+
+
+def test_a_model_open_clip_cannot_represent_is_registered_as_model_pt_alone(tmp_path):
+    """nCLIP scores pairs by its heads' cross-entropy, which no open_clip model computes: its version holds
+    model.pt only and says why in its ``protoclip.open_clip`` tag."""
+    from protoclip.models import save_model
+    from protoclip.schema import to_dict
+    from protoclip.tracking import training_run
+    from protoclip.train.config import TrainConfig
+    from protoclip.train.stage import log_model
+
+    tcfg = TrainConfig(name="nclip_run", method="nclip", teacher=None, model="tiny-rn", image_size=32,
+                       head_hidden=32, head_out=16)
+    torch.manual_seed(0)
+    save_model(tmp_path / "model.pt", tcfg.method_class().build_model(tcfg), to_dict(tcfg),
+               eval_spec=tcfg.method_class().eval_spec(tcfg))
+    cfg = load_config(tiny_project(tmp_path, {"paths": {"mlflow_system_metrics": False}}, n=4))
+    with training_run(cfg, "nclip_run", None, []) as tracker:
+        assert log_model(tracker, tmp_path / "model.pt", "nclip_run", {"protoclip.data_digest": "d"}) == "1"
+        run_id = tracker.run_id
+    c = store(cfg)
+    assert [a.path for a in c.list_artifacts(run_id, "model")] == ["model/model.pt"]
+    (version,) = c.search_model_versions("name = 'nclip_run'")
+    assert version.tags["protoclip.open_clip"].startswith("no: run 'nclip_run' (nclip) scores image-text pairs by")
+    assert version.tags["protoclip.data_digest"] == "d" and version.source == f"runs:/{run_id}/model"
