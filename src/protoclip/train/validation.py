@@ -2,13 +2,13 @@
 few episodes, as open_clip's ``--zeroshot-frequency`` does, so that the MLflow UI's chart view compares runs
 while they train.
 
-    validator = build_validator(cfg, tcfg)           # None: off, or the set is not there (logged why)
-    model = train(..., validator=validator)          # -> val/<task>/<metric> in the episode records and MLflow
+    validator = build_validator(cfg, tcfg, model.image_size, tokenizer)   # None: off, or why not is logged
+    model = train(..., validator=validator)     # -> val/<task>/<metric> in the episode records and MLflow
 
 The numbers are those ``protoclip evaluate`` computes (the same task functions on the same features,
 :mod:`protoclip.evaluate.stage`), on a fixed seeded subsample of at most ``validation.max_images`` images per split,
-decoded once when training starts: one validation is one forward pass over those images and the prompts (and, for
-retrieval, the captions). Monitoring only: no early stop or selection reads them. Run on the main process, in
+decoded and transformed once when training starts (held in memory: 500 images are 6 MB at 32 px, 300 MB at
+224 px): one validation is one forward pass over those images and the prompts (and, for retrieval, the captions). Monitoring only: no early stop or selection reads them. Run on the main process, in
 eval mode under ``torch.inference_mode``, inside ``torch.random.fork_rng``: the training's random streams, its
 BatchNorm statistics and therefore its weights are those of a run without validation.
 """
