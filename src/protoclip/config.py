@@ -46,7 +46,7 @@ class PathsConfig:
     # artifacts of its MLflow run, registered as a version of the model named after the run; false for a store
     # that cannot hold them (about twice the model file per run)
     mlflow_log_models: bool = True
-    # MLflow's system metrics (CPU, memory, disk, network; GPU when pynvml is installed) in training runs
+    # MLflow's system metrics (CPU, memory, disk, network; GPU with nvidia-ml-py, the gpu extra) in training runs
     mlflow_system_metrics: bool = True
 
     def validate(self) -> None:
