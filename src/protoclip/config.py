@@ -31,7 +31,7 @@ from protoclip.report.config import TargetConfig
 from protoclip.schema import INTERNAL, build, deep_merge, read_yaml, to_dict
 from protoclip.teacher.config import TeacherConfig
 from protoclip.toy.config import ToyConfig
-from protoclip.train.config import TrainConfig
+from protoclip.train.config import HELDOUT_SET as HELDOUT, TrainConfig
 
 
 @dataclass
@@ -42,6 +42,12 @@ class PathsConfig:
     # on a cluster a tracking server, http://host:port (README "MLflow on a cluster")
     mlflow_uri: str = "sqlite:///results/mlflow.db"
     mlflow_experiment: str = "protoclip-repro"
+    # each training run's weights (model.pt and, where open_clip can represent the model, its open_clip export) as
+    # artifacts of its MLflow run, registered as a version of the model named after the run; false for a store
+    # that cannot hold them (about twice the model file per run)
+    mlflow_log_models: bool = True
+    # MLflow's system metrics (CPU, memory, disk, network; GPU with nvidia-ml-py, the gpu extra) in training runs
+    mlflow_system_metrics: bool = True
 
     def validate(self) -> None:
         # the config is a tracked file: credentials go to MLflow's own environment variables instead
@@ -226,10 +232,16 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
     cfg._claims = _read_claims(path, cfg)
     sources = {"offline"} | {u.name for u in cfg.prepare.user_data}
     for name in runs:  # validate every run now, not when it starts training
-        unknown = [d for d in cfg.run(name).data if d not in sources]
+        tcfg = cfg.run(name)
+        unknown = [d for d in tcfg.data if d not in sources]
         if unknown:
             raise ConfigError(f"{runs[name][1]}: run '{name}' trains on '{unknown[0]}', which is neither 'offline' "
                               f"nor a prepare.user_data name of {path} ({', '.join(sorted(sources))})")
+        val = tcfg.validation
+        if val.every_episodes and val.dataset != HELDOUT and val.dataset not in cfg.evaluate.datasets:
+            raise ConfigError(f"{runs[name][1]}: run '{name}': validation.dataset '{val.dataset}' is not a set of "
+                              f"evaluate.datasets in {path} (configured: "
+                              f"{', '.join(sorted(cfg.evaluate.datasets)) or 'none'}; {HELDOUT} needs no entry)")
     return cfg
 
 

@@ -34,6 +34,7 @@ from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
 
+MODEL_ARTIFACTS = "model"  # artifact folder of a training run's weights, the source of its registered versions
 # MLflow 3 UI: experiments of this kind open on the runs table (mlflow/server/js: ExperimentKind enum)
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
@@ -53,6 +54,11 @@ class Tracker:
 
     def log_dataset(self, frame, name: str, digest: str | None = None, source: str | None = None,
                     context: str = "training") -> None: ...
+
+    def log_model(self, folder: str | Path, name: str, tags: dict[str, str], description: str = "") -> str | None:
+        """Log ``folder`` as the run's ``model`` artifacts and register them as a new version of model ``name``
+        tagged ``tags``; returns the version (None: nothing logged)."""
+        return None
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -122,6 +128,19 @@ class MlflowTracker(Tracker):
         ds = mlflow.data.from_pandas(frame, source=source, name=name, digest=digest)
         self._mlflow.log_input(ds, context=context)
 
+    def log_model(self, folder: str | Path, name: str, tags: dict[str, str], description: str = "") -> str | None:
+        """The folder as artifacts ``model/`` of this run, and a version of registered model ``name`` whose
+        source is ``runs:/<run id>/model`` (so ``models:/<name>/<version>`` downloads that folder)."""
+        self._mlflow.log_artifacts(str(folder), artifact_path=MODEL_ARTIFACTS)
+        try:
+            self._client.create_registered_model(name, description=description or None)
+        except self._mlflow.exceptions.MlflowException as err:  # a retrained run: a new version of its model
+            if err.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+                raise
+        version = self._client.create_model_version(name, f"runs:/{self.run_id}/{MODEL_ARTIFACTS}", run_id=self.run_id,
+                                                    tags=tags, description=description or None)
+        return str(version.version)
+
 
 @contextmanager
 def _file_lock(path: Path | None) -> Iterator[None]:
@@ -147,11 +166,14 @@ def _mlflow(cfg):
         log.warning("mlflow not importable: metrics are written to files only")
         return None
     uri = cfg.paths.mlflow_uri
-    lock_path = None
+    lock_path = artifacts = None
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):])
         db.parent.mkdir(parents=True, exist_ok=True)
         lock_path = db.with_name(db.name + ".lock")
+        # MLflow's default artifact root of a database store is ./mlruns under the first job's working folder:
+        # beside the database instead, so that a store's runs and their artifacts stay together
+        artifacts = (db.parent.resolve() / "mlartifacts").as_uri()
     mlflow.set_tracking_uri(uri)
     # Parallel Snakemake jobs open a fresh SQLite store at the same moment; MLflow's schema creation is not safe
     # against that ("index ... already exists"), so the first connection and the experiment are made under a lock
@@ -159,7 +181,7 @@ def _mlflow(cfg):
         client = mlflow.tracking.MlflowClient()
         exp = client.get_experiment_by_name(cfg.paths.mlflow_experiment)
         if exp is None:
-            exp_id = _create_experiment(mlflow, client, cfg.paths.mlflow_experiment)
+            exp_id = _create_experiment(mlflow, client, cfg.paths.mlflow_experiment, artifacts)
         else:
             exp_id = exp.experiment_id
             for k, v in EXPERIMENT_KIND.items():
@@ -169,11 +191,12 @@ def _mlflow(cfg):
     return mlflow
 
 
-def _create_experiment(mlflow, client, name: str) -> str:
+def _create_experiment(mlflow, client, name: str, artifact_location: str | None = None) -> str:
     """Create the experiment, or take the one a concurrent job created first: a tracking server has no file lock,
-    so the first jobs on a new server race to create it and all but one get RESOURCE_ALREADY_EXISTS."""
+    so the first jobs on a new server race to create it and all but one get RESOURCE_ALREADY_EXISTS.
+    ``artifact_location``: None = the store's default (a tracking server's artifact root)."""
     try:
-        return client.create_experiment(name, tags=EXPERIMENT_KIND)
+        return client.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_KIND)
     except mlflow.exceptions.MlflowException as err:
         exp = client.get_experiment_by_name(name) if err.error_code == "RESOURCE_ALREADY_EXISTS" else None
         if exp is None:
@@ -191,8 +214,10 @@ def _exists(mlflow, run_id: str | None) -> bool:
 
 
 @contextmanager
-def _open(mlflow, run_id: str | None, run_name: str, tags: dict[str, str]) -> Iterator[Tracker]:
-    with mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name) as active:
+def _open(mlflow, run_id: str | None, run_name: str, tags: dict[str, str], system_metrics: bool = False
+          ) -> Iterator[Tracker]:
+    with mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name,
+                          log_system_metrics=system_metrics) as active:
         mlflow.set_tags(tags)
         yield MlflowTracker(mlflow, active.info.run_id)
 
@@ -202,6 +227,19 @@ def read_run_id(path: Path) -> str | None:
         return json.loads(Path(path).read_text()).get("run_id")
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+def system_metrics(cfg) -> bool:
+    """Whether a training run records MLflow's system metrics (``paths.mlflow_system_metrics``; they need psutil,
+    GPU ones pynvml, which MLflow reports missing itself)."""
+    if not cfg.paths.mlflow_system_metrics:
+        return False
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        log.warning("psutil is not installed: no MLflow system metrics (pip install psutil)")
+        return False
+    return True
 
 
 @contextmanager
@@ -221,7 +259,7 @@ def training_run(cfg, run_name: str, resume_id_file: Path | None, targets: list[
         run_id = None
     targets = run_targets(cfg, run_name) if targets is None else targets
     tags = {"protoclip.run": run_name, "protoclip.kind": "train", **target_tags(targets)}
-    with _open(mlflow, run_id, run_name, tags) as tracker:
+    with _open(mlflow, run_id, run_name, tags, system_metrics=system_metrics(cfg)) as tracker:
         tracker.set_tags({"protoclip.stage.train": "started"})
         yield tracker
         tracker.set_tags({"protoclip.stage.train": "finished"})

@@ -179,6 +179,46 @@ def test_concurrent_authenticated_jobs_on_the_server_lose_nothing(server, tmp_pa
     assert "job01" not in dom and "job15" not in dom  # ... and only they
 
 
+def test_a_model_registered_through_the_server_loads_in_open_clip(server, tmp_path, monkeypatch):
+    """The train stage's model logging (open_clip export + model.pt as the run's artifacts, a registered version
+    with its tags) through the authenticating server and its artifact proxy; the version's models:/ URI downloads
+    the folder, which open_clip loads."""
+    import mlflow
+    import open_clip
+    import torch
+
+    from protoclip.config import load_config
+    from protoclip.models import save_model
+    from protoclip.schema import to_dict
+    from protoclip.tracking import training_run
+    from protoclip.train.config import TrainConfig
+    from protoclip.train.stage import log_model
+
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(key, server.job_env()[key])
+    tcfg = TrainConfig(name="served", method="clip", teacher=None, model="tiny-rn", image_size=32, head_hidden=32,
+                       head_out=16)
+    torch.manual_seed(0)
+    model = tcfg.method_class().build_model(tcfg)
+    save_model(tmp_path / "model.pt", model, to_dict(tcfg), eval_spec=tcfg.method_class().eval_spec(tcfg))
+    cfg = load_config(config_file(tmp_path, server.uri))
+    tags = {"protoclip.code_commit": "c" * 40, "protoclip.config_sha256": "f" * 64, "protoclip.data_digest": "d" * 64}
+    with training_run(cfg, "served", None, []) as tracker:
+        assert log_model(tracker, tmp_path / "model.pt", "served", tags) == "1"
+        run_id = tracker.run_id
+    client = mlflow.tracking.MlflowClient(server.uri)
+    (version,) = client.search_model_versions("name = 'served'")
+    assert version.run_id == run_id and {k: version.tags[k] for k in tags} == tags
+    mlflow.set_tracking_uri(server.uri)
+    folder = mlflow.artifacts.download_artifacts("models:/served/1", dst_path=str(tmp_path / "download"))
+    assert sorted(p.name for p in Path(folder).iterdir()) == [
+        "model.pt", "open_clip_config.json", "open_clip_model.safetensors"]
+    oc_model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{folder}")
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(oc_model.eval().encode_image(images), model.eval().encode_image(images))
+
+
 # --------------------------------------------------------------------------- the UI, as a person sees it
 def screenshot_filtered_table(server, out: Path) -> str:
     """The server's runs table filtered by table_V, seen by the jobs' user logged in (through

@@ -8,10 +8,8 @@ Manual look: ``python tests/test_tracking_targets.py OUT_DIR`` writes OUT_DIR/ml
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -21,9 +19,9 @@ import yaml
 
 from protoclip.config import load_config
 from testkit import REPO
-from testkit.training import free_port, tiny_project
+from testkit.mlflow_ui import CHROMIUM, NO_CHROMIUM, MlflowUI
+from testkit.training import tiny_project
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 TABLE_FILTER = "tags.`protoclip.target.table_V` = '1'"  # the README's filter
 
 RUN = {"method": "clip", "teacher": None, "model": "tiny-rn", "head_hidden": 32, "head_out": 16, "epochs": 1.0,
@@ -110,53 +108,23 @@ def small_store(tmp_path: Path):
     return cfg
 
 
-def serve_ui(cfg, port: int) -> subprocess.Popen:
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    proc = subprocess.Popen([str(mlflow_bin), "server", "--backend-store-uri", cfg.paths.mlflow_uri,
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
-                return proc
-        except OSError:
-            time.sleep(1)
-    proc.terminate()
-    raise AssertionError("mlflow server did not answer /health within 120 s")
-
-
-def ui_url(cfg, port: int) -> str:
+def ui_fragment(cfg) -> str:
     import mlflow
 
     mlflow.set_tracking_uri(cfg.paths.mlflow_uri)
     exp_id = mlflow.get_experiment_by_name(cfg.paths.mlflow_experiment).experiment_id
-    return f"http://127.0.0.1:{port}/#/experiments/{exp_id}/runs?searchFilter={urllib.parse.quote(TABLE_FILTER)}"
-
-
-def chromium(args: list[str]) -> subprocess.CompletedProcess:
-    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-            "--virtual-time-budget=15000", "--window-size=1600,900"]
-    return subprocess.run(base + args, capture_output=True, text=True, timeout=180)
+    return f"#/experiments/{exp_id}/runs?searchFilter={urllib.parse.quote(TABLE_FILTER)}"
 
 
 def screenshot_filtered_table(cfg, out: Path) -> str:
     """Serve the store, screenshot the runs table filtered by table_V to ``out``; returns the page's DOM."""
-    port = free_port()
-    proc = serve_ui(cfg, port)
-    try:
-        url = ui_url(cfg, port)
-        dom = chromium(["--dump-dom", url]).stdout
-        chromium([f"--screenshot={out}", url])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    return dom
+    with MlflowUI(cfg.paths.mlflow_uri) as ui:
+        return ui.render(ui_fragment(cfg), out)
 
 
 def test_mlflow_ui_shows_the_runs_of_one_table(tmp_path):
     if CHROMIUM is None:
-        pytest.skip("chromium not installed (Debian: apt-get install -y chromium): the MLflow UI was not opened")
+        pytest.skip(NO_CHROMIUM)
     cfg = small_store(tmp_path / "p")
     shot = tmp_path / "mlflow_table_V.png"
     dom = screenshot_filtered_table(cfg, shot)

@@ -324,4 +324,22 @@ class FeatureExtractor:
                 "similarity": np.array(self.similarity), "subspheres": np.array(self.subspheres)}
 
 
-__all__ = ["FeatureExtractor", "encode_images", "make_text_encoder", "resolve_device", "sha256_file"]
+class ModelFeatures(FeatureExtractor):
+    """:meth:`FeatureExtractor.extract` over a model held in memory (validation while training): no model file and
+    no cache; ``spec`` (:class:`~protoclip.models.checkpoint.EvalSpec`) says how its method scores pairs.
+    ``tokenizer`` / ``transform``: the model's own when None (a caller whose images are transformed already
+    passes the identity)."""
+
+    def __init__(self, model: Any, spec: Any, device: torch.device, batch_size: int = 256,
+                 tokenizer: Callable | None = None, transform: Callable | None = None):
+        from protoclip.models import get_tokenizer
+
+        self.model_path, self.model_sha256 = None, None  # type: ignore[assignment]
+        self.device, self.batch_size, self.num_workers = device, int(batch_size), 0
+        self.spec, self.similarity, self.subspheres = spec, spec.similarity, spec.subspheres
+        self._model = model
+        self.tokenizer = tokenizer or get_tokenizer(model.name, context_length=model.context_length)
+        self.transform = transform or eval_transform(model.image_size)
+
+
+__all__ = ["FeatureExtractor", "ModelFeatures", "encode_images", "make_text_encoder", "resolve_device", "sha256_file"]

@@ -80,6 +80,39 @@ class EarlyStopConfig:
     min_delta: float = 0.0  # an improvement must beat the best value by more than this
 
 
+VALIDATION_TASKS = ("zeroshot", "knn", "retrieval")  # what the validation during training can score
+# protoclip.evaluate.datasets.HELDOUT, spelled out: the config loader does not import the evaluation data readers
+HELDOUT_SET = "heldout_pairs"
+
+
+@dataclass
+class ValidationConfig:
+    """Validation while training (protoclip.train.validation): the model's zero-shot accuracy (and optionally kNN,
+    retrieval) on a held-out set every few episodes, logged as ``val/<task>/<metric>`` in the episode records and
+    as step metrics of the MLflow run, so that runs can be compared while they train (open_clip's
+    ``--zeroshot-frequency``). Monitoring only: no early stop or selection reads these numbers."""
+
+    # after every n-th episode and after the last one; 0 = off. The offline default's runs have 9 or 17 episodes
+    # (2 or 3 validations each): 2.5 % of their training time at most (bench/results/validation_cpu2_*.txt)
+    every_episodes: int = 8
+    # an `evaluate.datasets` name whose test split is scored; heldout_pairs (the manifest's held-out pairs under
+    # their coarse labels) needs no entry there
+    dataset: str = HELDOUT_SET
+    tasks: list[str] = field(default_factory=lambda: ["zeroshot"])  # of zeroshot, knn (train split), retrieval
+    # cost bound: a fixed seeded class-stratified subsample of at most this many images per split (the same
+    # images at every validation and for every run); the offline default's 434 held-out images fit whole
+    max_images: int = 500
+    batch_size: int = 256  # images / prompts per forward pass
+
+    def validate(self) -> None:
+        if self.every_episodes < 0 or self.max_images < 1 or self.batch_size < 1:
+            raise ValueError("validation.every_episodes must be >= 0, max_images and batch_size >= 1")
+        bad = [t for t in self.tasks if t not in VALIDATION_TASKS]
+        if bad or not self.tasks:
+            raise ValueError(f"validation.tasks must be a non-empty list of {', '.join(VALIDATION_TASKS)}, "
+                             f"got {self.tasks}")
+
+
 @dataclass
 class TrainConfig:
     name: str = "run"  # set from the run's key in the experiment file
@@ -127,6 +160,7 @@ class TrainConfig:
     # (weights + AdamW moments, 150 MB) costs 0.5-1 s to check and write on 2 CPU cores, against 8-15 s episodes;
     # a paper-size episode takes minutes, so every episode is still checkpointed there.
     checkpoint_interval_s: float = 60.0
+    validation: ValidationConfig = field(default_factory=ValidationConfig)  # curves while training
     # the sections the training methods register (protoclip.train.registry: nclip, pcl, ...), by key; read as
     # attributes (cfg.pcl.tau), written in YAML beside the fields above (train.pcl.tau); every run has them all
     sections: dict[str, Any] = field(default_factory=dict, metadata={"sections": method_sections})

@@ -210,6 +210,8 @@ class Session:
     tracker: Tracker
     checkpoint: Path
     resume_key: dict
+    # protoclip.train.validation.Validator (its due(), and its call on the model -> val/* numbers) or None
+    validator: Any = None
 
 
 def setup_device(name: str) -> tuple[torch.device, DistInfo]:
@@ -410,6 +412,8 @@ def run_episodes(s: Session, progress: Progress, stop_after_episodes: int | None
                                                             cfg.early_stop.patience, cfg.early_stop.min_delta), s.info)
         progress = Progress(episode + 1, step, prototypes, early_stop)
         stopping = stop_decision(episode, n_episodes, progress.stopped, done_here, stop_after_episodes)
+        if s.validator is not None and s.info.is_main and s.validator.due(episode, n_episodes, progress.stopped):
+            ep_rec.update(s.validator(s.model))  # val/* and time/validation: logged with the episode
         records = [ep_rec]
         if progress.stopped:
             log.info("early stop after episode %d: %s has not improved on %.6g for %d episodes", episode,
@@ -423,7 +427,7 @@ def run_episodes(s: Session, progress: Progress, stop_after_episodes: int | None
 
 def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: TrainFiles, *,
           state: dict | None = None, teacher: np.ndarray | None = None, tracker: Tracker | None = None,
-          stop_after_episodes: int | None = None) -> torch.nn.Module:
+          stop_after_episodes: int | None = None, validator: Any = None) -> torch.nn.Module:
     """Train ``model`` on ``dataset`` (items ``(image, tokens, id)``) and return it (unwrapped).
 
     ``files``: where the run's config, log and checkpoint go. ``state``: None trains from scratch (the log starts
@@ -431,7 +435,9 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
     log is cut back to what the checkpoint covers). The caller decides which, and removes an older training's
     files for a training from scratch (protoclip.train.stage). ``teacher``: cached external-teacher features
     [M, d], row i belonging to ``dataset[i]`` (the stage aligns the cache by id). ``stop_after_episodes`` ends
-    the call after that many episodes of this call (checkpoint written): used to test resume.
+    the call after that many episodes of this call (checkpoint written): used to test resume. ``validator``: a
+    :class:`~protoclip.train.validation.Validator` (the main process scores the model with it after the episodes
+    it says, into their records) or None.
     """
     device, info = setup_device(cfg.device)
     if teacher is not None and (teacher.ndim != 2 or len(teacher) != len(dataset)):
@@ -462,7 +468,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
         seed_rank(cfg.seed, info)  # rank r > 0: its own augmentation stream (the weights are built already)
     s = Session(cfg, cfg.name, model, wrap_for_ddp(model, method, device, info), optimizer, method, sched, dataset,
                 teacher, cfg.reads_teacher() and teacher is not None, info, device,
-                autocast_factory(cfg.precision, device), tlog, tracker or Tracker(), files.checkpoint, key)
+                autocast_factory(cfg.precision, device), tlog, tracker or Tracker(), files.checkpoint, key, validator)
     log_start(s, progress, config, files.config, resumed=state is not None)
     run_episodes(s, progress, stop_after_episodes)
     tlog.publish()  # train_log.jsonl = the checkpoint's log, whatever happened to the output file meanwhile

@@ -9,7 +9,10 @@ Reads the prepared manifest (train split, the run's ``data`` sources) and, for a
 and ``external_weight > 0``, the teacher cache ``data/teacher/<teacher>.npz``. Writes
 ``results/runs/<run>/{config.yaml, train_log.jsonl, model.pt}`` and the work in progress under ``checkpoints/``
 (last.pt, the log it continues, the MLflow run id). MLflow is reached only through
-:func:`protoclip.tracking.training_run`.
+:func:`protoclip.tracking.training_run`: besides params and episode metrics, the run gets the validation curves
+(:mod:`protoclip.train.validation`, ``train.validation``), provenance tags and, unless ``paths.mlflow_log_models`` is
+false, ``model.pt`` and its open_clip export as artifacts registered as a version of the model named after the run
+(:func:`log_model`).
 
 First the stage takes the run's lock (:mod:`protoclip.run_lock`: one process trains a run at a time; a second
 waits, saying which process holds it), removes temp files that a killed earlier run of it left beside its
@@ -38,6 +41,7 @@ from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, env_world
 from protoclip.train.checkpoint import check_state_finite, resume_key, resume_point
 from protoclip.train.loop import train
+from protoclip.train.validation import build_validator
 
 if TYPE_CHECKING:  # the stage reads the project config it is given; the assembler stands above it
     from protoclip.config import ProjectConfig
@@ -121,26 +125,71 @@ def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict |
     info = env_world()
     seed_everything(tcfg.seed)  # same seed on every rank: identical initial weights
     model = method_class(tcfg.method).build_model(tcfg)
-    dataset, ids = build_dataset(cfg, layout, tcfg, model.image_size,
-                                 get_tokenizer(tcfg.model, context_length=model.context_length))
-    if info.rank == 0:
-        log_training_data(cfg, layout, tcfg, tracker)
+    tokenizer = get_tokenizer(tcfg.model, context_length=model.context_length)
+    dataset, ids = build_dataset(cfg, layout, tcfg, model.image_size, tokenizer)
+    data_digest = log_training_data(cfg, layout, tcfg, tracker) if info.rank == 0 else ""
     teacher = load_teacher(layout, tcfg, ids) if tcfg.reads_teacher() else None
-    model = train(model, dataset, tcfg, layout.train_files(run), state=state, teacher=teacher, tracker=tracker)
+    validator = build_validator(cfg, tcfg, model.image_size, tokenizer) if info.is_main else None
+    model = train(model, dataset, tcfg, layout.train_files(run), state=state, teacher=teacher, tracker=tracker,
+                  validator=validator)
     out = layout.model(run)
     check_state_finite(model, None, step=None, episode=None, checkpoint=layout.checkpoint(run), what=str(out))
     if info.rank == 0:
         save_model(out, model, config, eval_spec=method_class(tcfg.method).eval_spec(tcfg))
         # evaluate finds this MLflow run by the sha256 of the model it evaluates (protoclip.tracking)
-        tracker.set_tags({"protoclip.model_sha256": sha256_file(out)})
+        tags = provenance_tags(config, data_digest, sha256_file(out))
+        tracker.set_tags(tags)
         for path in (layout.run_config(run), layout.train_log(run)):
             tracker.log_artifact(path)
+        if cfg.paths.mlflow_log_models and tracker.run_id:
+            log_model(tracker, out, run, tags)
         log.info("run %s: model written to %s", run, out)
     return out
 
 
-def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tracker: Tracker) -> None:
-    """The run's training rows of the manifest as an MLflow dataset input (digest: sha256 of ids + image hashes)."""
+def provenance_tags(config: dict, data_digest: str, model_sha256: str) -> dict[str, str]:
+    """What made a model, as MLflow tags of its run and registered version: the code's commit, the sha256 of the
+    resolved run config (canonical JSON of ``config.yaml``'s dict), the training rows' digest and the model's."""
+    import hashlib
+    import json
+
+    from protoclip.provenance import git_commit
+
+    config_digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    return {"protoclip.code_commit": git_commit(), "protoclip.config_sha256": config_digest,
+            "protoclip.data_digest": data_digest, "protoclip.model_sha256": model_sha256}
+
+
+def log_model(tracker: Tracker, model_path: Path, run: str, tags: dict[str, str]) -> str | None:
+    """The run's ``model.pt`` and, where open_clip can represent the model, its open_clip export (the files of
+    ``protoclip export``, beside it in one folder, so that ``local-dir:`` reads the downloaded version as is) as
+    the MLflow run's ``model`` artifacts, registered as a version of the model named after the run."""
+    import shutil
+    import tempfile
+
+    from protoclip.models.export_openclip import ExportError, export_openclip
+
+    with tempfile.TemporaryDirectory(prefix=f"protoclip-model-{run}-") as tmp:
+        folder = Path(tmp) / "model"
+        try:
+            export_openclip(model_path, folder)
+            open_clip = "local-dir"
+        except ExportError as err:  # e.g. nCLIP's similarity: the version holds model.pt only
+            folder.mkdir(parents=True, exist_ok=True)
+            open_clip = f"no: {err}"
+        shutil.copy2(model_path, folder / model_path.name)
+        version = tracker.log_model(folder, run, {**tags, "protoclip.run": run, "protoclip.open_clip": open_clip[:500]},
+                                    description=f"protoclip training run '{run}': model.pt"
+                                    + (" and its open_clip export (open_clip_config.json, open_clip_model.safetensors)"
+                                       if open_clip == "local-dir" else ""))
+    if version is not None:
+        log.info("run %s: model registered in MLflow as models:/%s/%s", run, run, version)
+    return version
+
+
+def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tracker: Tracker) -> str:
+    """The run's training rows of the manifest as an MLflow dataset input (digest: sha256 of ids + image hashes,
+    returned)."""
     import hashlib
 
     from protoclip.data.pairs import load_manifest, release_unused_memory
@@ -155,6 +204,7 @@ def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tra
                         digest=digest[:32], source=str(layout.manifest))
     del df
     release_unused_memory()
+    return digest
 
 
 def train_outputs(layout: Layout, run: str) -> list[Path]:

@@ -1,0 +1,184 @@
+"""Validation while training: the model's zero-shot accuracy (optionally kNN, retrieval) on a held-out set every
+few episodes, as open_clip's ``--zeroshot-frequency`` does, so that the MLflow UI's chart view compares runs
+while they train.
+
+    validator = build_validator(cfg, tcfg, model.image_size, tokenizer)   # None: off, or why not is logged
+    model = train(..., validator=validator)     # -> val/<task>/<metric> in the episode records and MLflow
+
+The numbers are those ``protoclip evaluate`` computes (the same task functions on the same features,
+:mod:`protoclip.evaluate.stage`), on a fixed seeded subsample of at most ``validation.max_images`` images per split,
+decoded and transformed once when training starts (held in memory: 500 images are 6 MB at 32 px, 300 MB at
+224 px): one validation is one forward pass over those images and the prompts (and, for retrieval, the captions). Monitoring only: no early stop or selection reads them. Run on the main process, in
+eval mode under ``torch.inference_mode``, inside ``torch.random.fork_rng``: the training's random streams, its
+BatchNorm statistics and therefore its weights are those of a run without validation.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from protoclip.data.transforms import eval_transform
+from protoclip.errors import UserError
+from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
+from protoclip.evaluate.datasets import (CaptionSet, LabelledSet, Skipped, load_eval_set, subsample_indices,
+                                         subsample_set)
+from protoclip.evaluate.datasets.sets import Indexed
+from protoclip.evaluate.stage import TASK_FUNCS, mlflow_key
+from protoclip.layout import Layout
+from protoclip.train.config import TrainConfig, ValidationConfig
+
+if TYPE_CHECKING:  # the stage hands the project config in; the assembler stands above train/
+    from protoclip.config import ProjectConfig
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class Prepared(Indexed):
+    """A split decoded and transformed once (the model's evaluation transform): ``[i] -> (image tensor, label)``."""
+
+    images: torch.Tensor
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.images[i], self.labels[i]
+
+
+def prepare(split: Any, transform: Callable) -> Prepared:
+    pairs = [(transform(img), int(y)) for img, y in split]
+    return Prepared(torch.stack([x for x, _ in pairs]), [y for _, y in pairs])
+
+
+def capped_captions(caps: CaptionSet, n: int, seed: int, transform: Callable) -> CaptionSet:
+    """The caption set cut to a fixed seeded draw of at most ``n`` images (all their captions), prepared."""
+    idx = np.arange(len(caps.images))
+    if len(idx) > n:
+        idx = subsample_indices(caps.name, "captions", len(idx), n, seed)
+    images = torch.stack([transform(caps.images[int(i)][0]) for i in idx])
+    return CaptionSet(caps.name, Prepared(images, list(range(len(idx)))), [caps.captions[int(i)] for i in idx],
+                      source=caps.source)
+
+
+class MemoTokenizer:
+    """A tokenizer that keeps the tokens of the lists of texts it was given (the prompts, every validation)."""
+
+    def __init__(self, tokenizer: Callable):
+        self.tokenizer, self.memo = tokenizer, {}
+
+    def __call__(self, texts: list[str]) -> torch.Tensor:
+        key = tuple(texts)
+        if key not in self.memo:
+            self.memo[key] = self.tokenizer(texts)
+        return self.memo[key]
+
+
+def due(vcfg: ValidationConfig, episode: int, n_episodes: int, stopped_early: bool) -> bool:
+    """Whether episode ``episode`` (0-based) ends with a validation: every ``every_episodes``-th, and the last one
+    (of the schedule or an early stop), so that every curve ends at the final model."""
+    if vcfg.every_episodes <= 0:
+        return False
+    return (episode + 1) % vcfg.every_episodes == 0 or episode + 1 == n_episodes or stopped_early
+
+
+class Validator:
+    """Scores a model on the prepared set: ``validator(model) -> {"val/<task>/<metric>": value, ...}``."""
+
+    def __init__(self, vcfg: ValidationConfig, ds: LabelledSet, tasks: list[str], spec: Any, ecfg: EvaluateConfig,
+                 tokenizer: Callable):
+        self.cfg, self.ds, self.tasks, self.spec, self.ecfg = vcfg, ds, tasks, spec, ecfg
+        self.tokenizer = MemoTokenizer(tokenizer)
+
+    def due(self, episode: int, n_episodes: int, stopped_early: bool) -> bool:
+        return due(self.cfg, episode, n_episodes, stopped_early)
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        from protoclip.evaluate.features import ModelFeatures
+
+        modes = [(m, m.training) for m in model.modules()]
+        device = next(model.parameters()).device
+        t0 = time.perf_counter()
+        try:
+            model.eval()
+            devices = [device.index or 0] if device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices), torch.inference_mode():
+                feats = ModelFeatures(model, self.spec, device, self.cfg.batch_size, tokenizer=self.tokenizer,
+                                      transform=identity).extract(self.ds)  # the images are transformed already
+        finally:
+            for m, training in modes:
+                m.training = training
+        out: dict[str, float] = {}
+        for task in self.tasks:
+            metrics = TASK_FUNCS[task](feats, self.ds, self.ecfg, None).metrics
+            out.update(_numbers(metrics, f"val/{task}/"))
+        out["time/validation"] = time.perf_counter() - t0
+        return out
+
+
+SETTINGS = ("k", "T", "n_classes", "n_templates")  # entries of the task metrics that are settings, not scores
+
+
+def _numbers(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
+    """Top-level scores of a task's metrics under ``prefix`` (MLflow-safe names)."""
+    return {mlflow_key(prefix + k): float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in SETTINGS}
+
+
+def identity(x: Any) -> Any:
+    return x
+
+
+def build_validator(cfg: ProjectConfig, tcfg: TrainConfig, image_size: int, tokenizer: Callable
+                    ) -> Validator | None:
+    """The run's validator, its set loaded and prepared for the model's ``image_size`` (evaluation transform) and
+    ``tokenizer``; None when ``validation.every_episodes`` is 0 or the set
+    cannot serve (not there, no labels or prompts, an image-only method without a kNN task): training goes on
+    without curves, and the log says why."""
+    from protoclip.models.checkpoint import EvalSpec
+
+    vcfg = tcfg.validation
+    if vcfg.every_episodes <= 0:
+        return None
+    name = vcfg.dataset
+    spec = EvalSpec(**tcfg.method_class().eval_spec(tcfg))
+    tasks = [t for t in vcfg.tasks if not (spec.image_only and t in ("zeroshot", "retrieval"))]
+    ds_cfg = cfg.evaluate.datasets.get(name) or EvalDatasetConfig(kind="offline")  # load_config checked the name
+    why = None
+    try:
+        ds = load_eval_set(name, ds_cfg, Layout.from_config(cfg), seed=cfg.evaluate.seed, tasks=tasks)
+    except UserError as err:  # broken evaluation data stops `evaluate`, not the training it would only watch
+        ds, why = None, str(err)
+    if isinstance(ds, Skipped):
+        why = ds.reason
+    elif isinstance(ds, LabelledSet):
+        tasks = [t for t in tasks if not ((t == "zeroshot" and not (ds.templates and len(ds.test)))
+                                           or (t == "knn" and (ds.train is None or not len(ds.test)))
+                                           or (t == "retrieval" and ds.captions is None))]
+        if not tasks:
+            why = f"{name} gives none of the tasks {vcfg.tasks} (labels, prompt templates, a train split, captions)"
+    elif ds is not None:
+        why = f"{name} is not a labelled set"
+    if why is not None:
+        log.warning("run %s: no validation while training (%s)", tcfg.name, why)
+        return None
+    t0 = time.perf_counter()
+    transform = eval_transform(image_size)
+    ds = subsample_set(ds, vcfg.max_images if "knn" in tasks else None, vcfg.max_images, cfg.evaluate.seed)
+    ds = replace(ds, test=prepare(ds.test, transform), templates=ds.templates if "zeroshot" in tasks else [],
+                 train=prepare(ds.train, transform) if "knn" in tasks else None,
+                 captions=capped_captions(ds.captions, vcfg.max_images, cfg.evaluate.seed, transform)
+                 if "retrieval" in tasks else None)
+    log.info("run %s: validation on %s (%s) every %d episodes: %d test images%s, decoded in %.1f s", tcfg.name,
+             name, ", ".join(tasks), vcfg.every_episodes, len(ds.test),
+             f", {len(ds.train)} train images" if ds.train is not None else "", time.perf_counter() - t0)
+    return Validator(vcfg, ds, tasks, spec, cfg.evaluate, tokenizer)
+
+
+__all__ = ["Validator", "build_validator", "due"]
