@@ -3,7 +3,8 @@
 #       snakemake --profile workflow/profiles/gpu (GPU machine)   |   --profile workflow/profiles/slurm
 # Each rule's inputs, outputs and command come from protoclip.dag.stages, like dvc.yaml's stages; after a
 # successful run, `onsuccess` records the outputs in dvc.lock (dvc commit), so DVC tracks what Snakemake made.
-configfile: "config/config.yaml"
+# The config: config/config.yaml, or the --configfile files alone (workflow/rules/common.smk; README
+# "Overriding the config").
 
 
 include: "workflow/rules/common.smk"
@@ -27,3 +28,5 @@ onsuccess:
     # record in dvc.lock what this invocation's jobs made (finished jobs), plus stages the lock lacks
     dvc_sync.dvc_commit(PROJECT, CONFIG_FILE, DEFAULT_CONFIG,
                         made={str(f) for job in workflow.dag.jobs if workflow.dag.finished(job) for f in job.output})
+    if skipped_summary():  # the last line a user with part of the data reads
+        print(f"protoclip: {skipped_summary()}", file=sys.stderr)

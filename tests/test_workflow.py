@@ -82,10 +82,11 @@ def test_one_evaluation_job_per_run_and_existing_set(tmp_path):
     exp = tmp_path / "exp.yaml"  # a run no target shows: every task on every set whose data exists
     exp.write_text(yaml.safe_dump({"runs": {"solo": {"method": "clip", "teacher": None}}}))
     conf.write_text(yaml.safe_dump({"experiments": [exp.name], "evaluate": {"datasets": {
-        "cifar10": {"kind": "torchvision", "path": str(ext)}, "dtd": {"kind": "torchvision", "path": str(tmp_path / "no")}}}}))
+        "cifar10": {"kind": "torchvision", "path": str(ext)}, "dtd": {"kind": "torchvision", "path": str(tmp_path / "no")},
+        "digits": {"kind": "offline"}}}}))
     jobs = dry_jobs("--forceall", "--configfile", str(conf))
     evals = sorted(c.split("--dataset ")[1] for c in jobs if c.startswith("protoclip evaluate") and "--run solo " in c)
-    assert evals == ["cifar10", "digits", "fashion_mnist", "heldout_pairs"]  # dtd's path does not exist: no job
+    assert evals == ["cifar10", "digits"]  # dtd's path does not exist: no job
     cifar = next(j for c, j in jobs.items() if c.endswith("--run solo --dataset cifar10"))
     assert str(ext) in cifar["input"]  # a set added later is an input: its job appears, the others stay
 
@@ -102,12 +103,17 @@ def test_config_override_reaches_every_command():
     assert "elsewhere/runs/clip_tiny_s0/model.pt" in outputs and not any(o.startswith("results/") for o in outputs)
 
 
-def test_configfile_override_merges_onto_the_default(tmp_path):
+def test_a_configfile_is_read_alone_and_several_merge_in_order(tmp_path):
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump({"runs": {"solo": {"method": "clip", "teacher": None}}}))
     conf = tmp_path / "other.yaml"
     conf.write_text(yaml.safe_dump({"experiments": [exp.name], "teacher": {"pca_dim": 32}}))
+    # alone: the jobs read the file itself, nothing of config/config.yaml under it (no evaluation set configured)
     jobs = dry_jobs("--forceall", "--configfile", str(conf))
+    assert f"protoclip train --config {conf} --run solo --resume" in jobs
+    assert not any(c.startswith("protoclip evaluate") for c in jobs)
+    # on top of the default, given after one --configfile: the merge, in order
+    jobs = dry_jobs("--forceall", "--configfile", CONFIG, str(conf))
     assert "protoclip train --config .snakemake/protoclip/config.yaml --run solo --resume" in jobs
     cfg = load_config(REPO / ".snakemake/protoclip/config.yaml")
     assert cfg.run_names() == ["solo"] and cfg.teacher.pca_dim == 32
@@ -214,7 +220,8 @@ def test_stages_to_commit_takes_what_ran_what_the_lock_lacks_and_their_downstrea
         for o in outs:
             Path(o).parent.mkdir(parents=True, exist_ok=True)
             Path(o).write_text(name)
-        return Stage(name=name, cmd=name, deps={"in": deps}, outs=[Out(o) for o in outs],
+        return Stage(name=name, command=name, config_file="c.yaml", args="", deps={"in": deps},
+                     outs=[Out(o) for o in outs],
                      targets={"out": Out(outs[0])})
 
     prep = stage("prepare", [], ["data/prepared/manifest.parquet"])

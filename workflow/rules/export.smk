@@ -22,7 +22,7 @@ rule export:
     wildcard_constraints:
         run="|".join(EXPORTABLE) or "NO_RUNS",
     shell:
-        f"protoclip export --config {CONFIG_FILE} --run {{wildcards.run}} --out {{output}} 2>&1 | tee {{log}}"
+        "protoclip export --config {CONFIG_ARG} --run {wildcards.run} --out {output} 2>&1 | tee {log}"
 
 
 rule export_all:

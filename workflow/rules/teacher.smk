@@ -18,6 +18,6 @@ rule teacher:
         **job_resources(lambda wc: launch.teacher_gpus(PROJECT)),
     params:
         settings=settings(PROJECT.teacher),
-        cmd=stage_cmd(lambda wc: f"teacher_{wc.teacher}"),
+        args=stage_args(lambda wc: f"teacher_{wc.teacher}"),
     shell:
-        "{params.cmd} 2>&1 | tee {log}"
+        "protoclip teacher --config {CONFIG_ARG}{params.args} 2>&1 | tee {log}"

@@ -13,6 +13,5 @@ rule toy_nemd:
         **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     params:
         settings=settings(PROJECT.toy),
-        cmd=STAGES["toy_nemd"].cmd,
     shell:
-        "{params.cmd} 2>&1 | tee {log}"
+        "protoclip toy-nemd --config {CONFIG_ARG} 2>&1 | tee {log}"
