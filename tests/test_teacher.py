@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -113,8 +116,14 @@ def test_encode_is_normalised_and_batch_independent(tiny_teacher):
 def test_unknown_teacher_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
-    with pytest.raises(RuntimeError, match="cannot load text teacher 'no-such-org/no-such-model' offline"):
+    from protoclip.errors import UserError
+
+    with pytest.raises(UserError, match="cannot load text teacher 'no-such-org/no-such-model' offline") as err:
         load_text_teacher("no-such-org/no-such-model", device="cpu")
+    # one line (the CLI prints a UserError so, exit 2), naming a command the installed huggingface_hub has
+    assert "\n" not in str(err.value) and "`hf download no-such-org/no-such-model`" in str(err.value)
+    hf = subprocess.run([str(Path(sys.executable).parent / "hf"), "download", "--help"], capture_output=True, text=True)
+    assert hf.returncode == 0 and "repo_id" in hf.stdout.lower().replace("-", "_"), hf.stdout + hf.stderr
 
 
 # --------------------------------------------------------------------------- PCA
