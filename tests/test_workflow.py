@@ -151,7 +151,8 @@ def test_gpu_runs_request_a_gpu(tmp_path):
                                             "wide": {"method": "clip", "gpu": 4, "batch_size": 128},
                                             "small": {"method": "clip"}}}))
     conf = tmp_path / "config.yaml"
-    conf.write_text(yaml.safe_dump({"experiments": [str(exp)], "prepare": {"eval_sets": ["digits"]}}))
+    conf.write_text(yaml.safe_dump({"experiments": [str(exp)], "prepare": {"eval_sets": ["digits"]},
+                                    "evaluate": {"datasets": {"digits": {"kind": "offline"}}}}))
     dry = snakemake("-n", "--forceall", "--cores", "8", "--configfile", str(conf), "--resources", "gpu=4",
                     "--", *(f"results/runs/{r}/eval/digits" for r in ("big", "wide", "small")))
     out = dry.stdout + dry.stderr
@@ -179,8 +180,8 @@ def test_gpu_runs_request_a_gpu(tmp_path):
 
 
 def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_path, monkeypatch):
-    """`--configfile sub/x.yaml` whose `targets:` (and `experiments:`) name files next to it: the merged config
-    written under .snakemake/ still finds them (config/paper.yaml style, README "The paper configuration")."""
+    """`--configfile sub/x.yaml` whose `targets:` (and `experiments:`) name files next to it, merged with a
+    --config key: the merged config written under .snakemake/ still finds them (config/paper.yaml style)."""
     from protoclip.dag.snakemake import resolve_config
 
     monkeypatch.chdir(tmp_path)
@@ -197,7 +198,10 @@ def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_
     cli = {"experiments": ["experiments/r.yaml"], "targets": ["experiments/t.yaml"],
            "claims": {"files": ["claims.yaml"], "resamples": 500}}  # a nested list of files: rewritten too
     (tmp_path / "config" / "over.yaml").write_text(yaml.safe_dump(cli))
-    path = resolve_config(cli, "config/config.yaml", ["config/over.yaml"], {})
+    # the file alone is read as it is; with a --config key on top, the merge is written
+    assert resolve_config(cli, "config/config.yaml", ["config/over.yaml"], {}) == "config/over.yaml"
+    merged = {**cli, "teacher": {"pca_dim": 8}}
+    path = resolve_config(merged, "config/config.yaml", ["config/over.yaml"], {"teacher": {"pca_dim": 8}})
     assert path == ".snakemake/protoclip/config.yaml"
     data = yaml.safe_load(Path(path).read_text())
     assert data["targets"] == ["../../config/experiments/t.yaml"]

@@ -103,6 +103,14 @@ def test_with_part_of_the_data_the_runs_that_can_run_are_planned(tmp_path):
     assert prepare == [f"{shards}/00000.tar", f"{shards}/00002.tar"]
 
 
+def test_paper_pcl_builds_its_dag():
+    out = snakemake(REPO, "--configfile", "config/paper_pcl.yaml", "-n", "-p", "--forceall", "--cores", "4",
+                    "--resources", "gpu=1")
+    n = len(load_config(REPO / "config" / "paper_pcl.yaml").run_names())
+    assert "report" in planned(out)  # without /data/imagenet*: every run skipped, saying so
+    assert f"protoclip: {n} of {n} runs skipped, their training data is absent: " in out
+
+
 # ----------------------------------------------------------------------------------------------- no leaks
 @functools.lru_cache(maxsize=None)
 def jobs_config(*configfiles: str) -> Path:

@@ -30,9 +30,9 @@ try:
 except ConfigError as err:  # one line naming key and file, exit 2, as the protoclip CLI says it: no traceback
     print(f"protoclip: {err.kind}: {err}", file=sys.stderr)
     sys.exit(2)
-# the config file as the rules' shell commands pass it (a global the commands name, not a param: which file
+# the config file the commands pass, as every rule's `config` param: one Snakemake does not record (which file
 # holds the config is no reason to rerun a job; its settings are, `settings()` below)
-CONFIG_ARG = shlex.quote(CONFIG_FILE)
+CONFIG_ARG = dag_snakemake.UntrackedParam(shlex.quote(CONFIG_FILE))
 LAYOUT = Layout.from_config(PROJECT)
 # runs whose training data is absent get no job (protoclip.dag.stages); the rest run, and the report lists these
 SKIPPED_RUNS = PROJECT.runs_without_data()
@@ -66,13 +66,13 @@ def stage_inputs(name_of):
 
 
 def stage_args(name_of):
-    """The arguments of stage ``name_of(wildcards)``'s command after ``--config <file>`` (a rule param: they
-    name the job), with a leading space when there are any."""
-    return lambda wc: (" " + STAGES[name_of(wc)].args) if STAGES[name_of(wc)].args else ""
+    """The arguments of stage ``name_of(wildcards)``'s command after ``--config <file>`` (a param of the job's
+    rule, as they name the job), with a leading space when there are any."""
+    return lambda wc: f" {STAGES[name_of(wc)].args}" if STAGES[name_of(wc)].args else ""
 
 
 def settings(section) -> str:
-    """A job's own resolved settings as a digest (a rule param: editing them reruns the job, and only then)."""
+    """A job's own resolved settings as a digest (a param of its rule, so editing them reruns the job)."""
     return dag_snakemake.settings_digest(to_dict(section))
 
 

@@ -18,10 +18,11 @@ rule evaluate:
     resources:
         **job_resources(lambda wc: launch.evaluate_gpus(PROJECT, wc.run)),  # one GPU for a GPU run's evaluation
     params:
+        config=CONFIG_ARG,
         settings=lambda wc: settings({**to_dict(PROJECT.evaluate), "datasets": PROJECT.evaluate.datasets[wc.dataset]}),
         args=stage_args(lambda wc: f"evaluate_{wc.run}_{wc.dataset}"),
     shell:
-        "protoclip evaluate --config {CONFIG_ARG}{params.args} 2>&1 | tee {log}"
+        "protoclip evaluate --config {params.config}{params.args} 2>&1 | tee {log}"
 
 
 rule collect:
@@ -37,7 +38,8 @@ rule collect:
     wildcard_constraints:
         run="|".join(RUNS) or "NO_RUNS",
     params:
+        config=CONFIG_ARG,
         args=stage_args(lambda wc: f"collect_{wc.run}"),
     localrule: True
     shell:
-        "protoclip collect --config {CONFIG_ARG}{params.args} 2>&1 | tee {log}"
+        "protoclip collect --config {params.config}{params.args} 2>&1 | tee {log}"

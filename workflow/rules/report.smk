@@ -21,8 +21,9 @@ rule report:
     resources:
         **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     params:
+        config=CONFIG_ARG,
         # the declared tables, figures and claims (captions, rows, columns): a changed one rewrites the report
         settings=settings({"targets": PROJECT.paper_targets(), "claims": PROJECT.claims,
                            "claim_list": PROJECT.paper_claims()}),
     shell:
-        "protoclip report --config {CONFIG_ARG} 2>&1 | tee {log}"
+        "protoclip report --config {params.config} 2>&1 | tee {log}"

@@ -63,6 +63,22 @@ def _get(data: dict, dotted: str):
     return data
 
 
+class UntrackedParam:
+    """A rule param that reruns nothing: it formats into the shell command as ``text``, and Snakemake records
+    (and compares, for its params rerun trigger) only params of builtin types (str, int, list, ...), leaving any
+    other object out. The rules pass the config file's name so: a job reruns on its own settings
+    (:func:`settings_digest`), not because an override moved the config to another file."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __format__(self, spec: str) -> str:
+        return format(self.text, spec)
+
+
 def skipped_summary(skipped: dict[str, str], n_runs: int) -> str | None:
     """One line on the runs skipped for absent data, grouped by reason (None when none is)."""
     if not skipped:
