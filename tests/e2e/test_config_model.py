@@ -11,12 +11,7 @@
 """
 from __future__ import annotations
 
-import functools
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,19 +20,21 @@ import yaml
 from protoclip.config import load_config
 from protoclip.models.build import model_config
 from protoclip.schema import read_yaml
-
-REPO = Path(__file__).resolve().parents[2]
+from testkit import REPO
+from testkit.processes import snakemake as run_snakemake
+from testkit.workflow import workflow_copy
 
 
 def snakemake(cwd: Path, *args: str, check: bool = True) -> str:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
-    out = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=env, capture_output=True, text=True)
-    text = out.stdout + out.stderr
-    if check:
-        assert out.returncode == 0, f"snakemake {' '.join(args)} ({out.returncode}):\n{text[-6000:]}"
-    return text
+    out = run_snakemake(cwd, *args, check=check)
+    return out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def paper_project(tmp_path_factory) -> Path:
+    """The workflow and the shipped configs in a temp folder: the dry runs write .snakemake/ there, not in the
+    checkout (where another Snakemake call could rewrite the merged config between a run and its reading)."""
+    return workflow_copy(tmp_path_factory.mktemp("paper") / "project", config=True)
 
 
 def planned(text: str) -> dict[str, str]:
@@ -65,10 +62,10 @@ PAPER_CALLS = {
 
 
 @pytest.mark.parametrize("call", list(PAPER_CALLS))
-def test_the_readme_paper_commands_build_their_dag(call):
+def test_the_readme_paper_commands_build_their_dag(call, paper_project):
     """On a clone without the corpora (no /data/cc2.5m, ...): the DAG builds and exits 0 with the report (every
     table and figure, each run skipped with its reason) and nothing to train; the summary line says why."""
-    out = snakemake(REPO, "--configfile", "config/paper.yaml", "-n", "-p", "--forceall", *PAPER_CALLS[call])
+    out = snakemake(paper_project, "--configfile", "config/paper.yaml", "-n", "-p", "--forceall", *PAPER_CALLS[call])
     jobs = planned(out)
     n = len(load_config(REPO / "config" / "paper.yaml").run_names())
     assert set(jobs) == {"report", "toy_nemd", "all"}, set(jobs)
@@ -77,7 +74,7 @@ def test_the_readme_paper_commands_build_their_dag(call):
     assert commands(out)[0].endswith("--config config/paper.yaml")
 
 
-def test_with_part_of_the_data_the_runs_that_can_run_are_planned(tmp_path):
+def test_with_part_of_the_data_the_runs_that_can_run_are_planned(tmp_path, paper_project):
     """CC2.5M present (shards in the brace-range layout, one missing), CC1M and YFCC absent: the CC2.5M runs
     and their teacher are planned, prepare reads the shards that exist (its settings hold the brace ranges, no
     wildcard), the other runs are skipped, exit 0."""
@@ -90,7 +87,7 @@ def test_with_part_of_the_data_the_runs_that_can_run_are_planned(tmp_path):
             for u in paper["prepare"]["user_data"]]
     site = tmp_path / "my-data.yaml"
     site.write_text(yaml.safe_dump({"prepare": {"user_data": user}}))
-    out = snakemake(REPO, "--configfile", "config/paper.yaml", str(site), "-n", "-p", "--forceall", "--cores", "4",
+    out = snakemake(paper_project, "--configfile", "config/paper.yaml", str(site), "-n", "-p", "--forceall", "--cores", "4",
                     "--resources", "gpu=1")
     jobs = planned(out)
     cfg = load_config(REPO / "config" / "paper.yaml")
@@ -103,8 +100,8 @@ def test_with_part_of_the_data_the_runs_that_can_run_are_planned(tmp_path):
     assert prepare == [f"{shards}/00000.tar", f"{shards}/00002.tar"]
 
 
-def test_paper_pcl_builds_its_dag():
-    out = snakemake(REPO, "--configfile", "config/paper_pcl.yaml", "-n", "-p", "--forceall", "--cores", "4",
+def test_paper_pcl_builds_its_dag(paper_project):
+    out = snakemake(paper_project, "--configfile", "config/paper_pcl.yaml", "-n", "-p", "--forceall", "--cores", "4",
                     "--resources", "gpu=1")
     n = len(load_config(REPO / "config" / "paper_pcl.yaml").run_names())
     assert "report" in planned(out)  # without /data/imagenet*: every run skipped, saying so
@@ -112,24 +109,24 @@ def test_paper_pcl_builds_its_dag():
 
 
 # ----------------------------------------------------------------------------------------------- no leaks
-@functools.lru_cache(maxsize=None)
-def jobs_config(*configfiles: str) -> Path:
-    """The one config file every command of the DAG reads, for these --configfile arguments (a dry run)."""
-    out = snakemake(REPO, "--configfile", *configfiles, "-n", "-p", "--forceall", "--cores", "4", "--resources", "gpu=1")
+def jobs_config(root: Path, *configfiles: str) -> Path:
+    """The one config file every command of the DAG reads, for these --configfile arguments (a dry run in
+    ``root``; read it before the next call there)."""
+    out = snakemake(root, "--configfile", *configfiles, "-n", "-p", "--forceall", "--cores", "4", "--resources", "gpu=1")
     files = {re.search(r"--config (\S+)", c).group(1) for c in commands(out)}
     assert len(files) == 1, files
-    return REPO / files.pop()
+    return root / files.pop()
 
 
 @pytest.mark.parametrize("paper", ["paper.yaml", "paper_pcl.yaml"])
-def test_a_paper_config_is_itself_and_nothing_else(paper, tmp_path):
-    alone = jobs_config(f"config/{paper}")
-    assert alone == REPO / "config" / paper  # nothing merged onto it: the jobs read the file itself
+def test_a_paper_config_is_itself_and_nothing_else(paper, tmp_path, paper_project):
+    alone = jobs_config(paper_project, f"config/{paper}")
+    assert alone == paper_project / "config" / paper  # nothing merged onto it: the jobs read the file itself
     # a site overlay (paths only): the jobs read the merge, the paper's settings and the overlay's paths, and no
     # key of the offline default (config/config.yaml) that neither file sets
     site = tmp_path / "my-site.yaml"
     site.write_text(yaml.safe_dump({"paths": {"mlflow_uri": "http://tracking-host:5000"}}))
-    merged = read_yaml(jobs_config(f"config/{paper}", str(site)))
+    merged = read_yaml(jobs_config(paper_project, f"config/{paper}", str(site)))
     want = read_yaml(REPO / "config" / paper)
     assert merged["paths"] == {**want["paths"], "mlflow_uri": "http://tracking-host:5000"}
     for key in ("prepare", "train", "evaluate", "teacher"):
@@ -139,10 +136,10 @@ def test_a_paper_config_is_itself_and_nothing_else(paper, tmp_path):
     assert merged["evaluate"]["datasets"] != default["evaluate"]["datasets"]
 
 
-def test_the_jobs_of_the_paper_config_train_and_evaluate_as_table_i():
+def test_the_jobs_of_the_paper_config_train_and_evaluate_as_table_i(paper_project):
     """The resolved config of every paper run (the file the jobs read) at the paper's sizes, full test sets; the
-    per-run values of Table I and Sec. IV are tests/test_paper_configs.py's, on the same file."""
-    cfg = load_config(jobs_config("config/paper.yaml"))
+    per-run values of Table I and Sec. IV are tests/unit/test_paper_configs.py's, on the same file."""
+    cfg = load_config(jobs_config(paper_project, "config/paper.yaml"))
     assert cfg.prepare.image_size == 224 and cfg.prepare.heldout_fraction == 0.0
     assert cfg.prepare.offline_sources == [] and cfg.prepare.eval_sets == []
     for name in cfg.run_names():
@@ -154,11 +151,11 @@ def test_the_jobs_of_the_paper_config_train_and_evaluate_as_table_i():
         assert d.path is None, name  # the paper file's null (the user's to set), not data/external/<set>
 
 
-def test_the_jobs_of_paper_pcl_train_as_pcl_sec_4_1():
+def test_the_jobs_of_paper_pcl_train_as_pcl_sec_4_1(paper_project):
     """PCL Sec. 4.1 / PAUC Sec. 4.1 as the jobs read them: ResNet-50 at 224 px, 200 epochs, batch 256, tau 0.2,
     momentum 0.999, r = 16000 (ImageNet-100: 1024 negatives), K = {25k, 50k, 100k} ({2.5k, 5k, 10k}), 20
     InfoNCE-only epochs; whole test sets."""
-    cfg = load_config(jobs_config("config/paper_pcl.yaml"))
+    cfg = load_config(jobs_config(paper_project, "config/paper_pcl.yaml"))
     assert cfg.prepare.image_size == 224
     for name in cfg.run_names():
         run = cfg.run(name)
@@ -189,11 +186,7 @@ TINY = {
 def recorded(tmp_path) -> Path:
     """A tiny project (the repository's Snakefile and workflow, a two-run config) whose every output exists and
     is recorded in Snakemake's metadata (``--touch``: as after a finished `snakemake`)."""
-    root = tmp_path / "project"
-    root.mkdir()
-    for item in ("Snakefile", "environment.yml"):
-        shutil.copy(REPO / item, root)
-    shutil.copytree(REPO / "workflow", root / "workflow")
+    root = workflow_copy(tmp_path / "project")
     (root / "config").mkdir()
     (root / "config" / "config.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
     dry = snakemake(root, "-n", "--forceall", "--cores", "2")

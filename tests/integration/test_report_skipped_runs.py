@@ -9,8 +9,7 @@ import yaml
 from protoclip.cli import main
 from protoclip.config import load_config
 from protoclip.dag.stages import stages
-
-REPO = Path(__file__).resolve().parents[2]
+from testkit import REPO
 EXP = REPO / "config" / "experiments"
 
 

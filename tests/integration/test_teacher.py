@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,6 +13,7 @@ from protoclip.config import ProjectConfig
 from protoclip.layout import Layout
 from protoclip.teacher.cache import fit_pca, load_teacher_features, lookup, run_teacher
 from protoclip.teacher.encoders import TextTeacher, load_text_teacher, mean_pool, packaged_path
+from testkit.processes import BIN
 
 WORDS = "dog puppy cat truck car red blue small large photo drawing icon of a the with on tree house".split()
 
@@ -122,7 +121,7 @@ def test_unknown_teacher_is_a_clear_error(monkeypatch, tmp_path):
         load_text_teacher("no-such-org/no-such-model", device="cpu")
     # one line (the CLI prints a UserError so, exit 2), naming a command the installed huggingface_hub has
     assert "\n" not in str(err.value) and "`hf download no-such-org/no-such-model`" in str(err.value)
-    hf = subprocess.run([str(Path(sys.executable).parent / "hf"), "download", "--help"], capture_output=True, text=True)
+    hf = subprocess.run([str(BIN / "hf"), "download", "--help"], capture_output=True, text=True)
     assert hf.returncode == 0 and "repo_id" in hf.stdout.lower().replace("-", "_"), hf.stdout + hf.stderr
 
 

@@ -11,8 +11,7 @@ import pytest
 
 from protoclip.cli import _parser
 from protoclip.config import load_config
-
-REPO = Path(__file__).resolve().parents[2]
+from testkit import REPO
 README = (REPO / "README.md").read_text()
 # a user's own files the README names as such (an overlay of their paths, their tracking server)
 USER_FILES = {"my-tracking.yaml", "my-data.yaml", "my-site.yaml", "other.yaml"}
