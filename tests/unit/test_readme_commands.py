@@ -13,8 +13,8 @@ from protoclip.cli import _parser
 from protoclip.config import load_config
 from testkit import REPO
 README = (REPO / "README.md").read_text()
-# a user's own files the README names as such (an overlay of their paths, their tracking server)
-USER_FILES = {"my-tracking.yaml", "my-data.yaml", "my-site.yaml", "other.yaml"}
+# a user's own files the README names as such (an overlay of their paths, their tracking server, the smoke run's)
+USER_FILES = {"my-tracking.yaml", "my-data.yaml", "my-site.yaml", "other.yaml", "smoke.yaml"}
 
 
 def shown_commands() -> list[tuple[str, bool]]:
