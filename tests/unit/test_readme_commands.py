@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from protoclip.cli import _parser
 from protoclip.config import load_config
@@ -83,3 +84,20 @@ def test_snakemake_command(command):
                            flags=re.M)) | {"all"}
     for target in args.targets or []:
         assert target in rules or target.startswith("results/"), f"{command}: no rule {target}"
+
+
+def test_the_overlays_the_readme_writes_load_on_top_of_the_paper_config(tmp_path):
+    """Each `cat > my-*.yaml <<'EOF'` block, merged onto config/paper.yaml as Snakemake merges two --configfile
+    files, validates (every run's data source still declared) and changes only what it sets."""
+    from protoclip.schema import deep_merge, read_yaml
+
+    overlays = re.findall(r"cat > (my-[\w-]+\.yaml) <<'EOF'\n(.*?)\nEOF", README, flags=re.S)
+    assert overlays, "the README writes no overlay file"
+    paper = read_yaml(REPO / "config" / "paper.yaml")
+    for name, text in overlays:
+        merged = deep_merge(paper, yaml.safe_load(text))
+        merged.update({k: [str(REPO / "config" / e) for e in merged[k]] for k in ("experiments", "targets")})
+        merged["claims"]["files"] = [str(REPO / "config" / f) for f in merged["claims"]["files"]]
+        (tmp_path / name).write_text(yaml.safe_dump(merged))
+        cfg = load_config(tmp_path / name)
+        assert cfg.run_names() == load_config(REPO / "config" / "paper.yaml").run_names(), name
