@@ -14,8 +14,8 @@ folder of that name before the Hugging Face cache). No evaluation set of the pap
 sets are reported skipped. The test checks that every CC2.5M run trained, that the skipped runs are listed
 with their reason, that every table, figure and ledger file was written, and that a second call has nothing
 to do. Cost (37 jobs: prepare, teacher, toy, 16 trainings, 16 collects, report): 291 s of CPU (245 user + 46
-sys), measured as 23:49 wall on the shared 2-core machine at a load average of about 20 (2026-11-27); about
-3-5 min on 2 idle cores. The SLURM profile's run of the same miniature is not tested here.
+sys), measured as 23:49 wall on the shared 2-core machine at a load average of about 20, and 15:23 at about 14
+(2026-11-27); not measured on idle cores (estimated 3-5 min there from its CPU time). The SLURM profile's run of the same miniature is not tested here.
 """
 from __future__ import annotations
 
