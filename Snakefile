@@ -3,26 +3,12 @@
 #       snakemake --profile workflow/profiles/gpu (GPU machine)   |   --profile workflow/profiles/slurm
 # Each rule's inputs, outputs and command come from protoclip.dag.stages, like dvc.yaml's stages; after a
 # successful run, `onsuccess` records the outputs in dvc.lock (dvc commit), so DVC tracks what Snakemake made.
-import sys
-
-from snakemake.exceptions import WorkflowError
-from snakemake.utils import min_version, validate
-
-from protoclip.dag.snakemake import schema_error
+from snakemake.utils import min_version
 
 min_version("9.27")
 
-
-configfile: "config/config.yaml"
-
-
-# the merged config (this file, each --configfile, --config) against the schema made from the config classes
-# (`protoclip schema`); set_default=False keeps `config` as written, so an unchanged config stays the default file
-try:
-    validate(config, "workflow/schemas/config.schema.yaml", set_default=False)
-except WorkflowError as err:  # one line naming the key, as the protoclip CLI says it: no traceback
-    print(f"protoclip: config error: {schema_error(err)}", file=sys.stderr)
-    sys.exit(2)
+# The config: config/config.yaml, or the --configfile files alone (workflow/rules/common.smk; README
+# "Overriding the config").
 
 
 include: "workflow/rules/common.smk"
@@ -46,3 +32,5 @@ onsuccess:
     # record in dvc.lock what this invocation's jobs made (finished jobs), plus stages the lock lacks
     dvc_sync.dvc_commit(PROJECT, CONFIG_FILE, DEFAULT_CONFIG,
                         made={str(f) for job in workflow.dag.jobs if workflow.dag.finished(job) for f in job.output})
+    if skipped_summary():  # the last line a user with part of the data reads
+        print(f"protoclip: {skipped_summary()}", file=sys.stderr)

@@ -2,11 +2,11 @@
 
     protoclip prepare  --config config/config.yaml
     protoclip teacher  --config config/config.yaml [--name roberta-large]
-    protoclip train    --config config/config.yaml --run protoclip_tiny [--resume]
-    protoclip evaluate --config config/config.yaml --run protoclip_tiny [--task knn] [--dataset digits]
-    protoclip collect  --config config/config.yaml --run protoclip_tiny   # metrics files -> metrics.json
+    protoclip train    --config config/config.yaml --run protoclip_tiny_s0 [--resume]
+    protoclip evaluate --config config/config.yaml --run protoclip_tiny_s0 [--task knn] [--dataset digits]
+    protoclip collect  --config config/config.yaml --run protoclip_tiny_s0   # metrics files -> metrics.json
     protoclip report   --config config/config.yaml
-    protoclip export   --config config/config.yaml --run clip_tiny [--out DIR]   # open_clip local-dir: folder
+    protoclip export   --config config/config.yaml --run clip_tiny_s0 [--out DIR]   # open_clip local-dir: folder
     protoclip toy-nemd --config config/config.yaml  # PAUC's NEMD toy experiment (results/toy/)
     protoclip runs     --config config/config.yaml      # list the configured runs
     protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands

@@ -13,7 +13,7 @@ onto the ``train:`` defaults, so every run's resolved config is a complete ``Tra
 
     from protoclip.config import load_config
     cfg = load_config("config/config.yaml")
-    cfg.run("protoclip_tiny")   # -> TrainConfig with the run's overrides applied
+    cfg.run("protoclip_tiny_s0")   # -> TrainConfig with the run's overrides applied
 """
 from __future__ import annotations
 
@@ -105,6 +105,20 @@ class ProjectConfig:
         if name in self._groups:
             return list(self._groups[name])
         return [name] if name in self._runs else []
+
+    def runs_without_data(self) -> dict[str, str]:
+        """{run: reason} of the runs none of whose training data exists (every ``prepare.user_data`` set it
+        trains on has no file: a user with CC3M but not YFCC). They get no job; the report shows them as
+        skipped with the reason, and the runs whose data is there run as usual."""
+        from protoclip.data.userdata import absent_reason
+
+        absent = {u.name: why for u in self.prepare.user_data if (why := absent_reason(u))}
+        out = {}
+        for name in self._runs:
+            data = self.run(name).data
+            if data and all(d in absent for d in data):
+                out[name] = "training data absent (" + "; ".join(absent[d] for d in data) + ")"
+        return out
 
     def run(self, name: str) -> TrainConfig:
         """The complete training config of run ``name`` (train defaults + its overrides)."""

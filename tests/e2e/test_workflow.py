@@ -84,10 +84,11 @@ def test_one_evaluation_job_per_run_and_existing_set(tmp_path):
     exp = tmp_path / "exp.yaml"  # a run no target shows: every task on every set whose data exists
     exp.write_text(yaml.safe_dump({"runs": {"solo": {"method": "clip", "teacher": None}}}))
     conf.write_text(yaml.safe_dump({"experiments": [exp.name], "evaluate": {"datasets": {
-        "cifar10": {"kind": "torchvision", "path": str(ext)}, "dtd": {"kind": "torchvision", "path": str(tmp_path / "no")}}}}))
+        "cifar10": {"kind": "torchvision", "path": str(ext)}, "dtd": {"kind": "torchvision", "path": str(tmp_path / "no")},
+        "digits": {"kind": "offline"}}}}))
     jobs = dry_jobs("--forceall", "--configfile", str(conf))
     evals = sorted(c.split("--dataset ")[1] for c in jobs if c.startswith("protoclip evaluate") and "--run solo " in c)
-    assert evals == ["cifar10", "digits", "fashion_mnist", "heldout_pairs"]  # dtd's path does not exist: no job
+    assert evals == ["cifar10", "digits"]  # dtd's path does not exist: no job
     cifar = next(j for c, j in jobs.items() if c.endswith("--run solo --dataset cifar10"))
     assert str(ext) in cifar["input"]  # a set added later is an input: its job appears, the others stay
 
@@ -104,12 +105,17 @@ def test_config_override_reaches_every_command():
     assert "elsewhere/runs/clip_tiny_s0/model.pt" in outputs and not any(o.startswith("results/") for o in outputs)
 
 
-def test_configfile_override_merges_onto_the_default(tmp_path):
+def test_a_configfile_is_read_alone_and_several_merge_in_order(tmp_path):
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump({"runs": {"solo": {"method": "clip", "teacher": None}}}))
     conf = tmp_path / "other.yaml"
     conf.write_text(yaml.safe_dump({"experiments": [exp.name], "teacher": {"pca_dim": 32}}))
+    # alone: the jobs read the file itself, nothing of config/config.yaml under it (no evaluation set configured)
     jobs = dry_jobs("--forceall", "--configfile", str(conf))
+    assert f"protoclip train --config {conf} --run solo --resume" in jobs
+    assert not any(c.startswith("protoclip evaluate") for c in jobs)
+    # on top of the default, given after one --configfile: the merge, in order
+    jobs = dry_jobs("--forceall", "--configfile", CONFIG, str(conf))
     assert "protoclip train --config .snakemake/protoclip/config.yaml --run solo --resume" in jobs
     cfg = load_config(REPO / ".snakemake/protoclip/config.yaml")
     assert cfg.run_names() == ["solo"] and cfg.teacher.pca_dim == 32
@@ -156,7 +162,8 @@ def test_gpu_runs_request_a_gpu(tmp_path):
                                             "wide": {"method": "clip", "gpu": 4, "batch_size": 128},
                                             "small": {"method": "clip"}}}))
     conf = tmp_path / "config.yaml"
-    conf.write_text(yaml.safe_dump({"experiments": [str(exp)], "prepare": {"eval_sets": ["digits"]}}))
+    conf.write_text(yaml.safe_dump({"experiments": [str(exp)], "prepare": {"eval_sets": ["digits"]},
+                                    "evaluate": {"datasets": {"digits": {"kind": "offline"}}}}))
     dry = snakemake("-n", "--forceall", "--cores", "8", "--configfile", str(conf), "--resources", "gpu=4",
                     "--", *(f"results/runs/{r}/eval/digits" for r in ("big", "wide", "small")))
     out = dry.stdout + dry.stderr
@@ -184,8 +191,8 @@ def test_gpu_runs_request_a_gpu(tmp_path):
 
 
 def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_path, monkeypatch):
-    """`--configfile sub/x.yaml` whose `targets:` (and `experiments:`) name files next to it: the merged config
-    written under .snakemake/ still finds them (config/paper.yaml style, README "The paper configuration")."""
+    """`--configfile sub/x.yaml` whose `targets:` (and `experiments:`) name files next to it, merged with a
+    --config key: the merged config written under .snakemake/ still finds them (config/paper.yaml style)."""
     from protoclip.dag.snakemake import resolve_config
 
     monkeypatch.chdir(tmp_path)
@@ -202,7 +209,10 @@ def test_resolved_config_keeps_targets_relative_to_the_file_that_lists_them(tmp_
     cli = {"experiments": ["experiments/r.yaml"], "targets": ["experiments/t.yaml"],
            "claims": {"files": ["claims.yaml"], "resamples": 500}}  # a nested list of files: rewritten too
     (tmp_path / "config" / "over.yaml").write_text(yaml.safe_dump(cli))
-    path = resolve_config(cli, "config/config.yaml", ["config/over.yaml"], {})
+    # the file alone is read as it is; with a --config key on top, the merge is written
+    assert resolve_config(cli, "config/config.yaml", ["config/over.yaml"], {}) == "config/over.yaml"
+    merged = {**cli, "teacher": {"pca_dim": 8}}
+    path = resolve_config(merged, "config/config.yaml", ["config/over.yaml"], {"teacher": {"pca_dim": 8}})
     assert path == ".snakemake/protoclip/config.yaml"
     data = yaml.safe_load(Path(path).read_text())
     assert data["targets"] == ["../../config/experiments/t.yaml"]
@@ -225,7 +235,8 @@ def test_stages_to_commit_takes_what_ran_what_the_lock_lacks_and_their_downstrea
         for o in outs:
             Path(o).parent.mkdir(parents=True, exist_ok=True)
             Path(o).write_text(name)
-        return Stage(name=name, cmd=name, deps={"in": deps}, outs=[Out(o) for o in outs],
+        return Stage(name=name, command=name, config_file="c.yaml", args="", deps={"in": deps},
+                     outs=[Out(o) for o in outs],
                      targets={"out": Out(outs[0])})
 
     prep = stage("prepare", [], ["data/prepared/manifest.parquet"])

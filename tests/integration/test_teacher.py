@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ from protoclip.layout import Layout
 from protoclip.teacher.cache import fit_pca, load_teacher_features, lookup, run_teacher
 from protoclip.teacher.encoders import TextTeacher, load_text_teacher, mean_pool, packaged_path
 from testkit import REPO
+from testkit.processes import BIN
 
 WORDS = "dog puppy cat truck car red blue small large photo drawing icon of a the with on tree house".split()
 
@@ -114,8 +116,14 @@ def test_encode_is_normalised_and_batch_independent(tiny_teacher):
 def test_unknown_teacher_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
-    with pytest.raises(RuntimeError, match="cannot load text teacher 'no-such-org/no-such-model' offline"):
+    from protoclip.errors import UserError
+
+    with pytest.raises(UserError, match="cannot load text teacher 'no-such-org/no-such-model' offline") as err:
         load_text_teacher("no-such-org/no-such-model", device="cpu")
+    # one line (the CLI prints a UserError so, exit 2), naming a command the installed huggingface_hub has
+    assert "\n" not in str(err.value) and "`hf download no-such-org/no-such-model`" in str(err.value)
+    hf = subprocess.run([str(BIN / "hf"), "download", "--help"], capture_output=True, text=True)
+    assert hf.returncode == 0 and "repo_id" in hf.stdout.lower().replace("-", "_"), hf.stdout + hf.stderr
 
 
 # --------------------------------------------------------------------------- PCA

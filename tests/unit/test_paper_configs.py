@@ -4,8 +4,9 @@ Sources: ProtoCLIP (shared/papers/protoclip.txt) Table I (hyper-parameters), Sec
 context length 76, locking at 16 of 32 epochs, early stop), Sec. IV-B3 (augmentation), Sec. IV-D / Fig. 6
 (1M CC subset, 20 epochs, defaults m = 0.2M, hard targets, 10 images per prototype, no teacher, no
 augmentation; one sweep per panel), Tables III-IV (CC2.5M: 8-epoch ablations; 16/32 ProtoCLIP, 32/64 CLIP),
-Tables V-IX (YFCC: ProtoCLIP RN50 and RN101, "8 (10.8)" epochs). A field is checked for every run unless
-the run's sweep varies it on purpose (listed per run below).
+Tables V-IX (YFCC: ProtoCLIP RN50 and RN101, "8 (10.8)" epochs), Fig. 7 (CLIP on CC2.5M subsets). A field is
+checked for every run unless the run's sweep varies it on purpose (listed per run below). config/paper.yaml is
+what the paper DAG's jobs read, alone (tests/e2e/test_config_model.py checks that through Snakemake).
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def expected(name: str) -> dict:
     elif name.startswith("t4_"):
         exp.update(data=["cc2.5m"], epochs=float(name.split("_")[-1].removesuffix("ep")))
         exp["lock"] = exp["epochs"] / 2  # Sec. IV-A2: 16 of 32 (the same half for the other lengths: ours)
+    elif name.startswith("f7_"):  # Fig. 7: CLIP on CC2.5M subsets, t4_clip_32ep's recipe (sizes, schedule: ours)
+        exp.update(data=["cc2.5m"], epochs=32.0, lock=16.0)
     elif name.startswith("yfcc_"):
         exp.update(data=["yfcc14m"], epochs=8.0, lock=4.0)  # Tables V-IX: 8 (10.8) for RN50 and RN101
     else:
@@ -50,6 +53,7 @@ def test_every_table_and_figure_has_its_runs():
     assert {"t3_clip", "t3_protoclip", "t3_no_roberta", "t3_no_roberta_no_pbt", "t3_no_roberta_no_soft_target",
             "t3_no_roberta_no_kmeans", "t3_no_roberta_no_augmentation"} <= names  # Table III rows
     assert {"t4_protoclip_16ep", "t4_clip_32ep", "t4_protoclip_32ep", "t4_clip_64ep"} <= names  # Table IV
+    assert sorted(CFG.run(n).subset_fraction for n in names if n.startswith("f7_")) == [0.1, 0.25, 0.5]  # Fig. 7
     assert {"yfcc_protoclip_rn50_8ep", "yfcc_protoclip_rn101_8ep"} == {n for n in names if n.startswith("yfcc")}
     sizes = sorted(CFG.run(n).episode_size for n in names if n.startswith("f6a"))
     assert sizes == [50_000, 100_000, 200_000, 500_000, 1_000_000]  # Fig. 6(a)
@@ -112,6 +116,30 @@ def test_run_matches_the_paper(name):
         assert run.lock_image_epoch == exp["lock"], where
     if run.epochs == 32:  # the one locking schedule the paper states: "16 of 32 epochs" (Sec. IV-A2)
         assert run.lock_image_epoch == 16, where
+
+
+def test_every_table_and_figure_is_a_target_with_its_paper_runs():
+    """The report regenerates every table and figure but Table IX (detection fine-tuning, not run here); every
+    row it can fill names a paper run (the CLIP rows of Tables V-VIII are OpenCLIP's released checkpoints)."""
+    ids = [t.id for t in CFG.paper_targets()]
+    assert ids == ["table_III", "table_IV", "table_V", "table_VI", "table_VII", "table_VIII", "table_X", "table_XI",
+                   "table_XII", "fig_6a", "fig_6b", "fig_6c", "fig_6d", "fig_7", "fig_8", "fig_9"]
+    for t in CFG.paper_targets():
+        for row in t.rows:
+            if row.run and not (t.id in ("table_V", "table_VI", "table_VII", "table_VIII") and "CLIP" == row.label.split()[-1]):
+                assert CFG.run_group(row.run), f"{t.id} row {row.label!r}: no paper run {row.run}"
+
+
+def test_every_paper_run_is_tagged_with_its_tables():
+    """The MLflow target tags (protoclip.tracking.run_targets) of paper runs, as the tables print them: Table III's
+    CLIP row is also Table X's; ProtoCLIP 32 ep is in Tables IV and XII and Figs. 8-9; the YFCC runs in V-VIII."""
+    from protoclip.tracking import run_targets
+
+    assert run_targets(CFG, "t3_clip") == ["table_III", "table_X"]
+    assert {"table_IV", "table_XII", "fig_8", "fig_9"} <= set(run_targets(CFG, "t4_protoclip_32ep"))
+    assert run_targets(CFG, "yfcc_protoclip_rn101_8ep") == ["table_V", "table_VI", "table_VII", "table_VIII"]
+    assert run_targets(CFG, "f7_clip_subset_0.25") == ["fig_7"] and "fig_7" in run_targets(CFG, "t4_clip_32ep")
+    assert all(run_targets(CFG, r) for r in RUNS), [r for r in RUNS if not run_targets(CFG, r)]
 
 
 def test_prepare_and_warmup_are_consistent_across_episode_sizes():

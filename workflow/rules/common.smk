@@ -1,38 +1,68 @@
 # Shared by every rule: the validated project config (protoclip.config: unknown keys and wrong types stop
 # here, before any job runs) and the stages (protoclip.dag.stages: each rule's inputs, outputs and command, the
 # same ones dvc.yaml holds).
-import json
 import os
+import shlex
 import sys
 
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
 from protoclip.errors import ConfigError
-from protoclip.schema import to_dict
+from protoclip.schema import deep_merge, read_yaml, to_dict
 from protoclip.config import load_config
 from protoclip.layout import Layout
 from protoclip import launch
 from protoclip.dag import dvc_sync, resources as job_sizes, snakemake as dag_snakemake, stages as dag_stages
+from protoclip.dag.snakemake import schema_error
 
 DEFAULT_CONFIG = "config/config.yaml"
-# Snakemake's `config` is the Snakefile's configfile extended by every --configfile, then by --config. The
-# commands read exactly that: the default file when nothing is overridden (the commands of dvc.yaml), else the
-# merged config written to .snakemake/protoclip/config.yaml (README: "Overriding the config").
-CONFIG_FILE = dag_snakemake.resolve_config(
-    config, DEFAULT_CONFIG, [str(f) for f in workflow.config_settings.configfiles],
-    dict(workflow.config_settings.config or {}))
+# One config model (README "Overriding the config"): `snakemake` alone reads config/config.yaml; with
+# --configfile, the given files alone, merged in order (an overlay such as my-site.yaml on top of
+# config/paper.yaml), never on top of the offline default; --config keys go on top of either. The commands read
+# exactly that: the one file itself when nothing is merged onto it (the commands of dvc.yaml), else the merged
+# config written to .snakemake/protoclip/config.yaml.
+CLI_CONFIGFILES = [dag_snakemake.display_path(f) for f in workflow.config_settings.configfiles]
 try:
+    if (repeated := dag_snakemake.repeated_configfile_flag(sys.argv)):
+        raise ConfigError(repeated)
+    if not CLI_CONFIGFILES:
+        config.update(deep_merge(read_yaml(DEFAULT_CONFIG), dict(config)))
+    # the assembled config against the schema made from the config classes (`protoclip schema`);
+    # set_default=False keeps `config` as written
+    try:
+        validate(config, "workflow/schemas/config.schema.yaml", set_default=False)
+    except WorkflowError as err:
+        raise ConfigError(schema_error(err)) from None
+    CONFIG_FILE = dag_snakemake.resolve_config(
+        config, DEFAULT_CONFIG, CLI_CONFIGFILES, dict(workflow.config_settings.config or {}))
     PROJECT = load_config(CONFIG_FILE)
 except ConfigError as err:  # one line naming key and file, exit 2, as the protoclip CLI says it: no traceback
     print(f"protoclip: {err.kind}: {err}", file=sys.stderr)
     sys.exit(2)
+# the config file the commands pass, as every rule's `config` param: one Snakemake does not record (which file
+# holds the config is no reason to rerun a job; its settings are, `settings()` below)
+CONFIG_ARG = dag_snakemake.UntrackedParam(shlex.quote(CONFIG_FILE))
 LAYOUT = Layout.from_config(PROJECT)
-RUNS = PROJECT.run_names()
+# runs whose training data is absent get no job (protoclip.dag.stages); the rest run, and the report lists these
+SKIPPED_RUNS = PROJECT.runs_without_data()
+RUNS = [r for r in PROJECT.run_names() if r not in SKIPPED_RUNS]
 DATASETS = list(PROJECT.evaluate.datasets)
 STAGES = {s.name: s for s in dag_stages.stages(PROJECT, CONFIG_FILE)}
-if CONFIG_FILE != DEFAULT_CONFIG:
+if CONFIG_FILE == dag_snakemake.RESOLVED_CONFIG:
     print(f"protoclip: config overrides in effect: every command reads {CONFIG_FILE}", file=sys.stderr)
 
 # teacher cache file stem -> teacher name (names with '/' become single path components)
-TEACHER_BY_FILE = {LAYOUT.teacher_features(t).stem: t for t in dag_stages.teachers(PROJECT)}
+TEACHER_BY_FILE = {LAYOUT.teacher_features(t).stem: t for t in dag_stages.teachers(PROJECT, SKIPPED_RUNS)}
+
+
+def skipped_summary() -> str | None:
+    """One line: how many runs are skipped and why (None when none is)."""
+    return dag_snakemake.skipped_summary(SKIPPED_RUNS, len(PROJECT.run_names()))
+
+
+if skipped_summary():
+    print(f"protoclip: {skipped_summary()}", file=sys.stderr)
 
 
 def outputs(outs: dict) -> dict:
@@ -45,13 +75,15 @@ def stage_inputs(name_of):
     return lambda wc: STAGES[name_of(wc)].inputs()
 
 
-def stage_cmd(name_of):
-    return lambda wc: STAGES[name_of(wc)].cmd
+def stage_args(name_of):
+    """The arguments of stage ``name_of(wildcards)``'s command after ``--config <file>`` (a param of the job's
+    rule, as they name the job), with a leading space when there are any."""
+    return lambda wc: f" {STAGES[name_of(wc)].args}" if STAGES[name_of(wc)].args else ""
 
 
-def settings(obj) -> str:
-    """A config section as canonical JSON: used as a rule param, so that editing it reruns the rule."""
-    return json.dumps(to_dict(obj), sort_keys=True)
+def settings(section) -> str:
+    """A job's own resolved settings as a digest (a param of its rule, so editing them reruns the job)."""
+    return dag_snakemake.settings_digest(to_dict(section))
 
 
 # --------------------------------------------------------------------------- job sizes (protoclip.dag.resources)

@@ -14,7 +14,8 @@ rule prepare:
     resources:
         **job_resources(lambda wc: 0, cpus=False),  # on SLURM: a CPU job of the site, with its threads as CPUs
     params:
-        settings=settings(PROJECT.prepare),
-        cmd=STAGES["prepare"].cmd,
+        config=CONFIG_ARG,
+        # what prepare writes depends on (its worker count does not change it)
+        settings=settings({k: v for k, v in to_dict(PROJECT.prepare).items() if k != "num_workers"}),
     shell:
-        "{params.cmd} 2>&1 | tee {log}"
+        "protoclip prepare --config {params.config} 2>&1 | tee {log}"

@@ -18,10 +18,11 @@ rule evaluate:
     resources:
         **job_resources(lambda wc: launch.evaluate_gpus(PROJECT, wc.run)),  # one GPU for a GPU run's evaluation
     params:
+        config=CONFIG_ARG,
         settings=lambda wc: settings({**to_dict(PROJECT.evaluate), "datasets": PROJECT.evaluate.datasets[wc.dataset]}),
-        cmd=stage_cmd(lambda wc: f"evaluate_{wc.run}_{wc.dataset}"),
+        args=stage_args(lambda wc: f"evaluate_{wc.run}_{wc.dataset}"),
     shell:
-        "{params.cmd} 2>&1 | tee {log}"
+        "protoclip evaluate --config {params.config}{params.args} 2>&1 | tee {log}"
 
 
 rule collect:
@@ -37,7 +38,8 @@ rule collect:
     wildcard_constraints:
         run="|".join(RUNS) or "NO_RUNS",
     params:
-        cmd=stage_cmd(lambda wc: f"collect_{wc.run}"),
+        config=CONFIG_ARG,
+        args=stage_args(lambda wc: f"collect_{wc.run}"),
     localrule: True
     shell:
-        "{params.cmd} 2>&1 | tee {log}"
+        "protoclip collect --config {params.config}{params.args} 2>&1 | tee {log}"

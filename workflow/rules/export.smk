@@ -21,8 +21,10 @@ rule export:
         **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     wildcard_constraints:
         run="|".join(EXPORTABLE) or "NO_RUNS",
+    params:
+        config=CONFIG_ARG,
     shell:
-        f"protoclip export --config {CONFIG_FILE} --run {{wildcards.run}} --out {{output}} 2>&1 | tee {{log}}"
+        "protoclip export --config {params.config} --run {wildcards.run} --out {output} 2>&1 | tee {log}"
 
 
 rule export_all:

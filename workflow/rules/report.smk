@@ -21,6 +21,9 @@ rule report:
     resources:
         **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     params:
-        cmd=STAGES["report"].cmd,
+        config=CONFIG_ARG,
+        # the declared tables, figures and claims (captions, rows, columns): a changed one rewrites the report
+        settings=settings({"targets": PROJECT.paper_targets(), "claims": PROJECT.claims,
+                           "claim_list": PROJECT.paper_claims()}),
     shell:
-        "{params.cmd} 2>&1 | tee {log}"
+        "protoclip report --config {params.config} 2>&1 | tee {log}"

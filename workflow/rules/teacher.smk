@@ -17,7 +17,8 @@ rule teacher:
     resources:
         **job_resources(lambda wc: launch.teacher_gpus(PROJECT)),
     params:
+        config=CONFIG_ARG,
         settings=settings(PROJECT.teacher),
-        cmd=stage_cmd(lambda wc: f"teacher_{wc.teacher}"),
+        args=stage_args(lambda wc: f"teacher_{wc.teacher}"),
     shell:
-        "{params.cmd} 2>&1 | tee {log}"
+        "protoclip teacher --config {params.config}{params.args} 2>&1 | tee {log}"

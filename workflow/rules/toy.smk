@@ -12,7 +12,7 @@ rule toy_nemd:
     resources:
         **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     params:
+        config=CONFIG_ARG,
         settings=settings(PROJECT.toy),
-        cmd=STAGES["toy_nemd"].cmd,
     shell:
-        "{params.cmd} 2>&1 | tee {log}"
+        "protoclip toy-nemd --config {params.config} 2>&1 | tee {log}"

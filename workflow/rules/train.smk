@@ -19,9 +19,10 @@ rule train:
     resources:
         **job_resources(lambda wc: launch.train_gpus(PROJECT.run(wc.run))),
     params:
+        config=CONFIG_ARG,
         settings=lambda wc: settings(PROJECT.run(wc.run)),
-        cmd=stage_cmd(lambda wc: f"train_{wc.run}"),
+        args=stage_args(lambda wc: f"train_{wc.run}"),
     shell:
         # PROTOCLIP_JOB_PID: the process running this job (Snakemake, or its job step on a cluster); the trainer
         # ends when it or this shell ends, instead of training on beside a rerun (protoclip.launch.follow_job)
-        "PROTOCLIP_JOB_PID=$PPID {params.cmd} 2>&1 | tee {log}"
+        "PROTOCLIP_JOB_PID=$PPID protoclip train --config {params.config}{params.args} 2>&1 | tee {log}"

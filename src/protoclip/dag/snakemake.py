@@ -70,34 +70,89 @@ def _get(data: dict, dotted: str):
     return data
 
 
+class UntrackedParam:
+    """A rule param that reruns nothing: it formats into the shell command as ``text``, and Snakemake records
+    (and compares, for its params rerun trigger) only params of builtin types (str, int, list, ...), leaving any
+    other object out. The rules pass the config file's name so: a job reruns on its own settings
+    (:func:`settings_digest`), not because an override moved the config to another file."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __format__(self, spec: str) -> str:
+        return format(self.text, spec)
+
+
+def skipped_summary(skipped: dict[str, str], n_runs: int) -> str | None:
+    """One line on the runs skipped for absent data, grouped by reason (None when none is)."""
+    if not skipped:
+        return None
+    by_reason: dict[str, list[str]] = {}
+    for run, why in skipped.items():
+        by_reason.setdefault(why, []).append(run)
+    parts = [f"{len(runs)} for {why.removeprefix('training data absent ')}" for why, runs in by_reason.items()]
+    return (f"{len(skipped)} of {n_runs} runs skipped, their training data is absent: {'; '.join(parts)} "
+            f"(listed in the report's index)")
+
+
+def display_path(path) -> str:
+    """``path`` relative to the working directory when it lies inside it (Snakemake makes --configfile paths
+    absolute; the commands then read ``config/paper.yaml``, as the user wrote it), else as given."""
+    rel = os.path.relpath(os.path.abspath(path))
+    return str(path) if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+
+def repeated_configfile_flag(argv: list[str]) -> str | None:
+    """A one-line error when ``argv`` gives ``--configfile`` more than once, else None. Snakemake's option takes
+    several files after one flag (``--configfile config/paper.yaml my-site.yaml``) and a second flag replaces
+    the first's files: ``--configfile config/paper.yaml --configfile my-site.yaml`` would run my-site.yaml alone."""
+    flags = [a for a in argv if a.split("=", 1)[0] in ("--configfile", "--configfiles")]
+    if len(flags) < 2:
+        return None
+    return ("--configfile is given more than once, and Snakemake keeps only the last one's files: list every "
+            "config file after one flag, in order (--configfile config/paper.yaml my-site.yaml)")
+
+
+def settings_digest(section) -> str:
+    """sha256 (16 hex digits) of a job's resolved settings as canonical JSON: the rule param that reruns the job
+    when, and only when, they change (not the name of the file that holds them)."""
+    import hashlib
+    import json
+
+    text = json.dumps(section, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_config: dict,
                    resolved_path: str = RESOLVED_CONFIG) -> str:
     """The config file every rule's command passes to ``protoclip``: Snakemake's own merged ``config``.
 
-    Snakemake merges the Snakefile's ``configfile`` with each ``--configfile`` and then ``--config``. When that
-    adds nothing to ``default_file``, the default file itself is used (the commands in dvc.yaml). Otherwise the
-    merged config is written to ``resolved_path`` (rewritten only when it changes) and every command reads it,
-    so an override takes effect in every stage, or fails validation there with the key named. Relative
-    ``experiments``, ``targets`` and ``claims.files`` entries keep meaning "relative to the file that listed them"
-    (rewritten relative to the resolved file; from ``--config``: relative to the working directory).
+    The config is ``default_file`` when no ``--configfile`` is given, else the ``--configfile`` files merged in
+    order (the default not under them), then ``--config`` on top (the Snakefile loads it so). When that is one
+    file unchanged (``default_file`` alone, or a single ``--configfile``), that file itself is used (the
+    commands in dvc.yaml for the default). Otherwise the merged config is written to ``resolved_path`` (rewritten
+    only when it changes) and every command reads it, so an override takes effect in every stage, or fails
+    validation there with the key named. Relative ``experiments``, ``targets`` and ``claims.files`` entries keep
+    meaning "relative to the file that listed them" (rewritten relative to the resolved file; from
+    ``--config``: relative to the working directory).
     """
     import yaml
 
-
-    base = read_yaml(default_file)
-    if merged == base:
-        return default_file
+    sources = list(cli_files) or [default_file]
+    if len(sources) == 1 and merged == read_yaml(sources[0]):
+        return sources[0]
     data = copy.deepcopy(merged)
     out_dir = Path(resolved_path).parent.resolve()
     for key in PATH_LIST_KEYS:
         entries = _get(data, key)
         if not isinstance(entries, list):
             continue
-        origin = Path(default_file).parent
-        if _get(cli_config, key) is not None:
-            origin = Path(".")
-        else:
-            for f in reversed(cli_files):
+        origin = Path(".")
+        if _get(cli_config, key) is None:
+            for f in reversed(sources):
                 if _get(read_yaml(f) or {}, key) is not None:
                     origin = Path(f).parent
                     break
@@ -107,8 +162,8 @@ def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_co
             holder = holder[part]
         holder[last] = [e if Path(e).is_absolute() else os.path.relpath((origin / e).resolve(), out_dir)
                         for e in entries]
-    text = ("# Written by workflow/rules/common.smk: the project config merged with the command line's\n"
-            "# --configfile / --config overrides. Every rule's command reads this file.\n"
+    text = ("# Written by workflow/rules/common.smk: the project config (config/config.yaml, or the --configfile\n"
+            "# files in order) with the command line's --config keys. Every rule's command reads this file.\n"
             + yaml.safe_dump(data, sort_keys=False))
     path = Path(resolved_path)
     if not path.exists() or path.read_text() != text:

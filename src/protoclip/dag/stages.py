@@ -52,11 +52,18 @@ class Out:
 @dataclass
 class Stage:
     name: str  # DVC stage name (the Snakemake job's benchmark file is named after it)
-    cmd: str
+    command: str  # the protoclip subcommand (``train``)
+    config_file: str  # the file the command reads (dvc.yaml: config/config.yaml)
+    args: str  # the arguments after ``--config <file>`` (``--run clip --resume``)
     deps: dict[str, list[str]]  # Snakemake input name -> paths (DVC deps: all of them, plus CODE)
     params: list = field(default_factory=list)  # DVC params entries
     outs: list[Out] = field(default_factory=list)  # DVC outs (and metrics)
     targets: dict[str, Out] = field(default_factory=dict)  # Snakemake outputs by name, each inside an out
+
+    @property
+    def cmd(self) -> str:
+        """The shell command (dvc.yaml's ``cmd``)."""
+        return stage_command(self.command, self.config_file, self.args)
 
     @property
     def benchmark(self) -> str:
@@ -116,9 +123,9 @@ def teacher_read_by(cfg, run: str) -> str | None:
     return rc.teacher if rc.reads_teacher() else None
 
 
-def teachers(cfg) -> list[str]:
-    """Every teacher cache some configured run reads (one teacher stage each)."""
-    return sorted({t for r in cfg.run_names() if (t := teacher_read_by(cfg, r))})
+def teachers(cfg, skipped: dict[str, str] | None = None) -> list[str]:
+    """Every teacher cache some configured run reads (one teacher stage each); not for runs in ``skipped``."""
+    return sorted({t for r in cfg.run_names() if r not in (skipped or {}) and (t := teacher_read_by(cfg, r))})
 
 
 def built_by_prepare(cfg, dataset: str) -> bool | None:
@@ -183,15 +190,25 @@ def teacher_outs(lay: Layout, teacher_file: str) -> dict[str, Out]:
 # paths (``lay``: :func:`stages` makes it once).
 def prepare_stage(cfg, lay: Layout, config_file: str) -> Stage:
     targets = prepare_outs(lay, cfg)
-    user = [norm_path(Path(u.path)) for u in cfg.prepare.user_data if "{" not in str(u.path) and Path(u.path).exists()]
-    return Stage("prepare", stage_command("prepare", config_file), {"user_data": user},
+    return Stage("prepare", "prepare", config_file, "", {"user_data": user_data_inputs(cfg)},
                  _params(config_file, "prepare"), [Out(norm_path(lay.prepared), directory=True)], targets)
+
+
+def user_data_inputs(cfg) -> list[str]:
+    """The user data files `prepare` reads that exist: each CSV/TSV, each shard of a webdataset brace range
+    (``/data/cc/{00000..00249}.tar``, expanded as webdataset does), so a shard added or replaced later reruns
+    `prepare`. A file whose own name holds braces is left out: Snakemake reads ``{name}`` in an input as a
+    wildcard, whatever the escaping (prepare's fingerprint still sees it)."""
+    from protoclip.data.userdata import input_files
+
+    files = [p for u in cfg.prepare.user_data for p in input_files(u)]
+    return [norm_path(p) for p in files if "{" not in str(p) and "}" not in str(p) and p.is_file()]
 
 
 def teacher_stage(cfg, lay: Layout, config_file: str, teacher: str) -> Stage:
     outs = teacher_outs(lay, lay.teacher_features(teacher).stem)
-    return Stage(f"teacher_{lay.teacher_features(teacher).stem}",
-                 stage_command("teacher", config_file, f"--name {teacher}"), {"manifest": [norm_path(lay.manifest)]},
+    return Stage(f"teacher_{lay.teacher_features(teacher).stem}", "teacher", config_file, f"--name {teacher}",
+                 {"manifest": [norm_path(lay.manifest)]},
                  _params(config_file, "teacher"), list(outs.values()), outs)
 
 
@@ -210,7 +227,7 @@ def train_stage(cfg, lay: Layout, config_file: str, run: str) -> Stage:
         deps["teacher"] = [norm_path(lay.teacher_features(t))]
     outs = train_outs(lay, run)
     # resume: a job killed by the cluster continues from its last complete episode
-    return Stage(f"train_{run}", stage_command("train", config_file, f"--run {run} --resume"), deps,
+    return Stage(f"train_{run}", "train", config_file, f"--run {run} --resume", deps,
                  _run_params(cfg, run, config_file), list(outs.values()), outs)
 
 
@@ -219,8 +236,7 @@ def evaluate_stage(cfg, lay: Layout, config_file: str, run: str, dataset: str,
     """One (run, set) evaluation job; ``tasks``: only these (what the run's paper targets show), None = all."""
     outs = eval_outs(lay, run, dataset)
     task_args = "".join(f" --task {t}" for t in tasks or [])
-    return Stage(f"evaluate_{run}_{dataset}",
-                 stage_command("evaluate", config_file, f"--run {run} --dataset {dataset}{task_args}"),
+    return Stage(f"evaluate_{run}_{dataset}", "evaluate", config_file, f"--run {run} --dataset {dataset}{task_args}",
                  {"model": [norm_path(lay.model(run))], "data": eval_inputs(cfg, lay, dataset)},
                  _params(config_file, f"evaluate.datasets.{dataset}",
                          *(f"evaluate.{f.name}" for f in fields(EvaluateConfig) if f.name not in NOT_RESULTS)),
@@ -281,17 +297,18 @@ def collect_stage(cfg, lay: Layout, config_file: str, run: str, datasets: list[s
     finished and list the offline sets as not found)."""
     outs = collect_outs(lay, run)
     data = [o.path for o in prepare_outs(lay, cfg).values()]
-    return Stage(f"collect_{run}", stage_command("collect", config_file, f"--run {run}"),
+    return Stage(f"collect_{run}", "collect", config_file, f"--run {run}",
                  {"evals": [norm_path(lay.eval_dir(run, d)) for d in datasets], "data": data}, [],
                  list(outs.values()), outs)
 
 
-def report_stage(cfg, lay: Layout, config_file: str) -> Stage:
-    """Every declared paper target (:func:`target_outputs`: tables, figures, captions)."""
-    runs = cfg.run_names()
+def report_stage(cfg, lay: Layout, config_file: str, skipped: dict[str, str] | None = None) -> Stage:
+    """Every declared paper target (:func:`target_outputs`: tables, figures, captions), from the runs not in
+    ``skipped`` (those the report lists as skipped, with the reason)."""
+    runs = [r for r in cfg.run_names() if r not in (skipped or {})]
     outs = {f"file{i}": Out(norm_path(p)) for i, p in enumerate(target_outputs(cfg, lay))}
     claim_files = sorted({norm_path(f) for _, f in cfg._claims})  # a margin changed in claims.yaml: a new ledger
-    return Stage("report", stage_command("report", config_file),
+    return Stage("report", "report", config_file, "",
                  {"summaries": [norm_path(lay.metrics_summary(r)) for r in runs],
                   "train_logs": [norm_path(lay.train_log(r)) for r in runs], "claims": claim_files},
                  _params(config_file, "claims"),
@@ -302,21 +319,25 @@ def report_stage(cfg, lay: Layout, config_file: str) -> Stage:
 def toy_stage(cfg, lay: Layout, config_file: str) -> Stage:
     """PAUC's NEMD toy experiment (protoclip.toy.pauc_nemd): needs no data, only the `toy` config section."""
     outs = {k: Out(norm_path(p)) for k, p in lay.toy_files().items()}
-    return Stage("toy_nemd", stage_command("toy-nemd", config_file), {},
+    return Stage("toy_nemd", "toy-nemd", config_file, "", {},
                  _params(config_file, "toy"), list(outs.values()), outs)
 
 
 def stages(cfg, config_file: str) -> list[Stage]:
-    """Every stage instance of the config, in DAG order."""
+    """Every stage instance of the config, in DAG order. A run none of whose training data exists
+    (``ProjectConfig.runs_without_data``: a user with part of the paper's corpora) gets no stage."""
     lay = Layout.from_config(cfg)
+    skipped = cfg.runs_without_data()
     out = [prepare_stage(cfg, lay, config_file)]
-    out += [teacher_stage(cfg, lay, config_file, t) for t in teachers(cfg)]
+    out += [teacher_stage(cfg, lay, config_file, t) for t in teachers(cfg, skipped)]
     for run, jobs in evaluations(cfg, lay).items():
+        if run in skipped:
+            continue
         out.append(train_stage(cfg, lay, config_file, run))
         out += [evaluate_stage(cfg, lay, config_file, run, d, tasks) for d, tasks in jobs.items()]
         out.append(collect_stage(cfg, lay, config_file, run, list(jobs)))
     out.append(toy_stage(cfg, lay, config_file))
-    out.append(report_stage(cfg, lay, config_file))
+    out.append(report_stage(cfg, lay, config_file, skipped))
     return out
 
 

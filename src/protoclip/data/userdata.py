@@ -1,8 +1,10 @@
 """User image-text pairs in open_clip's formats: CSV/TSV files and webdataset tar shards.
 
-* CSV/TSV (``format: csv | tsv``): one row per pair, image path in column ``img_key`` (open_clip's
-  ``--csv-img-key``, default ``filepath``) and caption in ``caption_key`` (``--csv-caption-key``,
-  default ``caption``). Relative image paths resolve against the CSV's folder. Sample id =
+* CSV/TSV (``format: csv | tsv``): one row per pair, image path in column ``img_key`` (default ``filepath``,
+  as open_clip's ``--csv-img-key``) and caption in ``caption_key`` (default ``caption``; open_clip's
+  ``--csv-caption-key`` defaults to ``title``, so a file made for open_clip's defaults needs
+  ``caption_key: title``, and, being tab-separated as open_clip's ``--csv-separator`` default is,
+  ``format: tsv``). Relative image paths resolve against the CSV's folder. Sample id =
   ``<name>/<filepath as written>``. Optional ``label_key``: a column of coarse labels (our addition, not
   open_clip's) that the held-out pairs' zero-shot and linear probes use, as the offline sources' folders;
   an empty cell leaves that pair unlabelled. Rows, lines and quotes: ``protoclip.data.csvfile`` (RFC 4180: quoted
@@ -464,6 +466,14 @@ def input_files(cfg: UserDataConfig) -> list[Path]:
     return [Path(cfg.path)] if cfg.format != "wds" else [Path(s) for s in expand_shards(cfg.path)]
 
 
+def absent_reason(cfg: UserDataConfig) -> str | None:
+    """None when some file of the data set exists, else one line saying that none does (a user who has not got
+    this corpus: its runs are skipped, protoclip.config.ProjectConfig.runs_without_data)."""
+    if any(p.is_file() for p in input_files(cfg)):
+        return None
+    return f"{cfg.name}: no file of {cfg.path} exists"
+
+
 def image_stats_digest(cfg: UserDataConfig) -> str:
     """sha256 over (path, size, mtime_ns) of every image path a CSV/TSV names, in row order (absent: null).
 
@@ -490,5 +500,5 @@ def image_stats_digest(cfg: UserDataConfig) -> str:
 
 
 __all__ = ["DROP_RULES", "IMAGE_EXTS", "SEP", "CSV_BATCH", "ShardScan", "Packed", "expand_shards", "csv_batches",
-           "wds_batches", "user_batches", "packed_batches", "scan_csv", "scan_shard", "scan_wds", "scan_user_data",
-           "input_files", "image_stats_digest"]
+           "wds_batches", "absent_reason", "user_batches", "packed_batches", "scan_csv", "scan_shard", "scan_wds",
+           "scan_user_data", "input_files", "image_stats_digest"]

@@ -1,7 +1,7 @@
 """`protoclip evaluate`: every configured task on every configured data set of one trained run.
 
-    protoclip evaluate --config config/config.yaml --run protoclip_tiny [--task knn] [--dataset digits]
-    protoclip collect  --config config/config.yaml --run protoclip_tiny   # -> results/runs/<run>/metrics.json
+    protoclip evaluate --config config/config.yaml --run protoclip_tiny_s0 [--task knn] [--dataset digits]
+    protoclip collect  --config config/config.yaml --run protoclip_tiny_s0   # -> results/runs/<run>/metrics.json
 
 For each data set of ``evaluate.datasets`` and each of its tasks that applies to it
 

@@ -1,10 +1,10 @@
 """Export a trained run as an open_clip model folder, for the field's own tools (open_clip, CLIP_benchmark).
 
-    protoclip export --config config/config.yaml --run clip_tiny [--out DIR]   # default results/export/<run>
+    protoclip export --config config/config.yaml --run clip_tiny_s0 [--out DIR]   # default results/export/<run>
 
     import open_clip
-    model, _, preprocess = open_clip.create_model_and_transforms("local-dir:results/export/clip_tiny")
-    tokenizer = open_clip.get_tokenizer("local-dir:results/export/clip_tiny")
+    model, _, preprocess = open_clip.create_model_and_transforms("local-dir:results/export/clip_tiny_s0")
+    tokenizer = open_clip.get_tokenizer("local-dir:results/export/clip_tiny_s0")
 
 The folder is open_clip's ``local-dir:`` / Hugging Face hub layout (open_clip 3.3.0 ``factory.py``:
 ``_find_checkpoint_in_dir``, ``push_to_hf_hub.save_config_for_hf``):

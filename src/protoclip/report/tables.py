@@ -99,7 +99,7 @@ def run_report(cfg) -> Path:
     for folder in (layout.tables, layout.figures, layout.report_dir):
         clean_stale_temps(folder)  # the report job is these folders' only writer: a killed run's temp files
     runs = cfg.run_names()
-    long = collect_metrics(layout, runs)
+    long = collect_metrics(layout, runs)  # a skipped run has no files: nothing to collect
     # the stage's DVC outputs exist even when a config declares no target (dvc commit needs every out)
     for folder in (layout.tables, layout.figures, layout.report_dir):
         folder.mkdir(parents=True, exist_ok=True)
@@ -112,6 +112,10 @@ def run_report(cfg) -> Path:
     if skipped:
         lines += ["## Skipped data sets (listed once; their cells read '-' or use the stand-in named in each "
                   "caption)", ""] + [f"- {line}" for line in skipped.values()] + [""]
+    absent = results.skipped_runs()
+    if absent:
+        lines += ["## Skipped runs (their training data is absent: no job ran; their cells read 'skipped')", ""]
+        lines += [f"- {run}: {why}" for run, why in absent.items()] + [""]
     engine = ClaimEngine(cfg, results)  # intervals of the difference rows and the claims ledger
     cells = []  # every target cell, ours and the paper's (targets_long.csv)
     for target in cfg.paper_targets():

@@ -151,6 +151,8 @@ class Results:
             if vals and all(v is not None for v in vals):
                 per_run.append(float(np.mean(vals)))
         if not per_run:
+            if (absent := self.skipped_run(runs)) is not None:
+                return Cell(note=absent)
             reasons = {line for r in runs for d in datasets
                        if (line := records.skip_line(self.metrics(r, column.task, d))) is not None}
             if reasons and all(records.is_not_applicable(x) for x in reasons):
@@ -159,6 +161,20 @@ class Results:
             return Cell(note="no result")
         m, s = mean_std(per_run)
         return Cell(mean=m, std=s, n=len(per_run))
+
+    def skipped_runs(self) -> dict[str, str]:
+        """{run: reason} of the runs skipped because their training data is absent (they had no job)."""
+        if "runs_without_data" not in self._cache:
+            self._cache["runs_without_data"] = self.cfg.runs_without_data()
+        return self._cache["runs_without_data"]
+
+    def skipped_run(self, runs: list[str]) -> str | None:
+        """``skipped: <run>'s training data is absent`` when every run of a row was skipped so, else None (the
+        report's index says which files are missing)."""
+        absent = self.skipped_runs()
+        if runs and all(r in absent for r in runs):
+            return f"skipped: {runs[0]}'s training data is absent"
+        return None
 
     def skipped(self) -> dict[str, str]:
         """{data set: skip line} over every run's metrics files (listed once in the index)."""
@@ -200,6 +216,8 @@ class Results:
         ref = [t["total"] / self.cfg.run(r).epochs for r in ref_runs if (t := self.phase_times(r))]
         mine = [t["total"] for r in runs if (t := self.phase_times(r))]
         ep = f"{epochs:g}"
+        if not mine and (absent := self.skipped_run(runs)) is not None:
+            return Cell(text=f"{ep} ({absent})", note=absent)
         if not ref or not mine:
             return Cell(text=f"{ep} (no train log)")
         rel = [m / float(np.mean(ref)) for m in mine]

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from protoclip.devices import resolve_device
+from protoclip.errors import UserError
 from protoclip.hashing import sha256_file
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,19 @@ def find_weights(path: Path) -> Path | None:
     return None
 
 
+class TeacherMissingError(UserError):
+    """A teacher that is neither packaged, nor a local folder, nor in the Hugging Face cache: one line (the CLI's
+    exit 2) with the command that fetches it (`hf`, the CLI of the pinned huggingface_hub)."""
+
+    kind = "teacher error"
+
+    def __init__(self, name: str):
+        super().__init__(
+            f"cannot load text teacher '{name}' offline: it is not a packaged teacher ({', '.join(sorted(PACKAGED))}), "
+            f"not a local directory, and not in the local Hugging Face cache; fetch it once where there is "
+            f"internet (`hf download {name}`) or set teacher.name to a local directory")
+
+
 def load_text_teacher(name: str, device: str = "auto") -> TextTeacher:
     """Load teacher ``name``: a packaged teacher, a local transformers directory, or a HF-cached model id."""
     from transformers import AutoModel, AutoTokenizer
@@ -127,11 +141,7 @@ def load_text_teacher(name: str, device: str = "auto") -> TextTeacher:
             model = AutoModel.from_pretrained(name, local_files_only=True)
             weights = cached_weights(name)
     except (OSError, ValueError) as err:
-        raise RuntimeError(
-            f"cannot load text teacher '{name}' offline: it is not a packaged teacher ({', '.join(sorted(PACKAGED))}), "
-            f"not a local directory, and not in the local Hugging Face cache. Fetch it once where there is "
-            f"internet (`huggingface-cli download {name}`) or set teacher.name to a local directory. ({err})"
-        ) from None
+        raise TeacherMissingError(name) from err
     if hasattr(model, "text_model") and hasattr(model, "vision_model"):
         # a dual encoder (e.g. openai/clip-vit-base-patch32, the CLIP ViT-B/32 text teacher of Fig. 6(d)):
         # keep its text transformer, mean-pooled like every other teacher (the paper does not say how it

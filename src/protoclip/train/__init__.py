@@ -1,6 +1,6 @@
 """Episodic trainer for every training method (ProtoCLIP Sec. III-D, IV-A).
 
-    protoclip train --config config/config.yaml --run protoclip_tiny [--resume]
+    protoclip train --config config/config.yaml --run protoclip_tiny_s0 [--resume]
     torchrun --nproc_per_node 2 -m protoclip.cli train --run protoclip_tiny     # DDP
 
 Modules: ``config`` (TrainConfig), ``schedule`` (episodes, warm-up + cosine LR, locked-image epoch),
