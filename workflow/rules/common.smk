@@ -31,7 +31,7 @@ try:
     # the assembled config against the schema made from the config classes (`protoclip schema`);
     # set_default=False keeps `config` as written
     try:
-        validate(config, "workflow/schemas/config.schema.yaml", set_default=False)
+        validate(config, "../schemas/config.schema.yaml", set_default=False)  # relative to this file
     except WorkflowError as err:
         raise ConfigError(schema_error(err)) from None
     CONFIG_FILE = dag_snakemake.resolve_config(
