@@ -26,7 +26,7 @@ from protoclip.data.transforms import eval_transform  # noqa: E402
 from protoclip.models import build_model, get_tokenizer, load_model, save_model  # noqa: E402
 from protoclip.models.export_openclip import CONFIG_FILE, WEIGHTS_FILE, ExportError, export_openclip  # noqa: E402
 from protoclip.train.config import TrainConfig  # noqa: E402
-from protoclip.train.registry import method_class  # noqa: E402
+from protoclip.registry import method_class  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -137,6 +137,8 @@ def test_clip_benchmark_scores_the_export_as_the_project_does(tmp_path):
     from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
     from protoclip.data.evalsets import build_digits
+    from protoclip.evaluate.adapters import SetInput, zeroshot_classifier
+    from protoclip.evaluate.config import EvaluateConfig
     from protoclip.evaluate.datasets import ArraySplit, CaptionSet, load_offline_npz
     from protoclip.evaluate.features import FeatureExtractor
     from protoclip.evaluate.metrics.retrieval import retrieval_recall
@@ -157,7 +159,8 @@ def test_clip_benchmark_scores_the_export_as_the_project_does(tmp_path):
     path = saved_model(tmp_path, "tiny-vit")
     ex = FeatureExtractor(path, device="cpu", batch_size=64)
     f = ex.extract(ds)
-    ours_zs = zeroshot_classify(f["test_z"], f["zeroshot_classifier"], f["test_y"])
+    classes = zeroshot_classifier(SetInput(f, ds, EvaluateConfig(), tmp_path / "f.png", ex.similarity, ex))
+    ours_zs = zeroshot_classify(f["test_z"], classes, f["test_y"])
     g = ex.extract(caps)
     ours_ret = retrieval_recall(g["caption_image_z"], g["caption_text_z"], g["caption_text_to_image"])
 

@@ -72,8 +72,9 @@ def synthesize(cfg, examples: bool = False) -> None:
             for task in tasks:
                 path = layout.metrics(run, task, dataset)
                 if dataset not in offline:
-                    write(path, {"run": run, "task": task, "dataset": dataset,
-                                 "skipped": f"skipped: {dataset} not found at data/external/{dataset}"})
+                    line = f"skipped: {dataset} not found at data/external/{dataset}"
+                    write(path, {"run": run, "task": task, "dataset": dataset, "skipped": line,
+                                 "status": {"state": "missing", "reason": line}})
                     continue
                 m = {k: metric_value(run, task, dataset, k) for k in metrics[task]}
                 if task == "zeroshot":
@@ -225,7 +226,7 @@ def test_shared_subsample_is_seeded_and_sorted():
 
 
 def test_report_writes_every_target_with_ours_and_the_papers_numbers(tmp_path):
-    from protoclip.report.tables import run_report
+    from protoclip.report.stage import run_report
 
     cfg = load_config(project_copy(tmp_path))
     synthesize(cfg)
