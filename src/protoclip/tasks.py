@@ -1,6 +1,6 @@
-"""The evaluation tasks: their names, the metrics tables show, and the words of a task that does not run.
+"""The evaluation tasks: their names, the metrics tables show, and what a task did (:class:`TaskStatus`).
 
-The one place that names them. ``protoclip.evaluate`` runs a task by its name (``evaluate.stage``: one function
+The one place that names them. ``protoclip.evaluate`` runs a task by its name (``evaluate.adapters``: one adapter
 per task, registered under the name), ``protoclip.records`` lists a run's metrics files by it, and the report's
 targets and tables read the headline metrics from here.
 
