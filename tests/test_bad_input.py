@@ -1,5 +1,5 @@
 """Bad input stops with one line naming the key or the file (exit 2 through the CLI), never a traceback or a
-silent wrong result (issue 22): config values that used to load and fail inside the job seconds later, YAML
+silent wrong result: config values that used to load and fail inside the job seconds later, YAML
 files with a repeated key, experiment entries that are folders or not UTF-8, `device: cuda` without a GPU,
 and model files that are empty, truncated or foreign.
 

@@ -201,7 +201,7 @@ def test_reader_rules_version_rebuilds_user_data_only(world, monkeypatch):
 
 
 def test_replaced_image_behind_an_unchanged_csv_is_not_up_to_date(world, capsys):
-    """The fingerprint covers the images a CSV names (size + mtime), not only the CSV (issue 22)."""
+    """The fingerprint covers the images a CSV names (size + mtime), not only the CSV."""
     cfg, layout = world
     prepare.run_prepare(cfg)
     assert prepare.is_up_to_date(cfg.prepare, layout)
@@ -219,7 +219,7 @@ def test_replaced_image_behind_an_unchanged_csv_is_not_up_to_date(world, capsys)
 
 def test_prepare_killed_after_the_manifest_is_not_trusted(world, monkeypatch, capsys):
     """Killed between replacing the manifest and writing its fingerprint: a rerun with the earlier config
-    must rebuild, not find the earlier fingerprint and trust the other config's manifest (issue 22)."""
+    must rebuild, not find the earlier fingerprint and trust the other config's manifest."""
     cfg, layout = world
     prepare.run_prepare(cfg)
     old = cfg.prepare.heldout_fraction

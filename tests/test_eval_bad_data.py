@@ -1,4 +1,4 @@
-"""Broken evaluation data stops with one line naming the file (issue 22): a truncated image inside a webdataset
+"""Broken evaluation data stops with one line naming the file: a truncated image inside a webdataset
 shard, a cut shard, a non-image file in an image folder or a torchvision set, a cut or foreign offline .npz.
 
 Each case goes through `load_eval_set` and the feature extraction loader (`image_batches`); one case per kind goes

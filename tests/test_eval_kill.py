@@ -1,4 +1,4 @@
-"""kill -9 inside `evaluate`: the half-written evaluation folder is never read as complete (issue 22).
+"""kill -9 inside `evaluate`: the half-written evaluation folder is never read as complete.
 
 A forked child runs the real stage and SIGKILLs itself at a chosen point: inside the atomic write of a task's
 metrics file (so the temp file of a killed write is left, as a real kill leaves it), after an earlier task's

@@ -1,5 +1,5 @@
 """Every stage removes, when it starts, the temp files that a kill -9 inside its atomic writes left in its output
-folders (issue 22: they ended up inside DVC-tracked outputs), and only its own: a job that shares a folder with
+folders (they would end up inside DVC-tracked outputs), and only its own: a job that shares a folder with
 other jobs (one teacher job per teacher in ``data/teacher/``) leaves theirs alone.
 
 The leftovers are made for real: a forked child enters ``atomic_path`` on the output, writes half of it and

@@ -230,7 +230,7 @@ def test_run_teacher_loads_a_local_directory_by_name(tmp_path, tiny_bert_dir):
     assert meta["weights_sha256"] == sha256_file(tiny_bert_dir / "model.safetensors")
 
 
-# --------------------------------------------------------------------------- memory-bounded stage (issue 31)
+# --------------------------------------------------------------------------- memory-bounded stage
 def _old_teacher_output(cfg, teacher) -> np.ndarray:
     """What the stage wrote before it streamed: every caption encoded into one array, PCA fitted and applied to
     all of it at once."""

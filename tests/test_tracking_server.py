@@ -1,4 +1,4 @@
-"""MLflow at cluster scale (issue 30): jobs logging at once lose nothing, on the SQLite default of one machine and
+"""MLflow at cluster scale: jobs logging at once lose nothing, on the SQLite default of one machine and
 on a real tracking server (Debian's PostgreSQL + ``mlflow server`` with MLflow's basic-auth, started on loopback
 in a temp folder by tests/tracking_server.py), and a server with authentication refuses whoever has no
 credentials.

@@ -1,4 +1,4 @@
-"""A train job killed under Snakemake loses nothing and never runs twice (issue 30).
+"""A train job killed under Snakemake loses nothing and never runs twice.
 
 One tiny project (36 random PNGs, CLIP runs of 9 episodes with a checkpoint after each) run with the real
 Snakefile and Snakemake's local executor. Snakemake trains three runs at once; each trainer is frozen (SIGSTOP,

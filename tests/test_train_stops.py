@@ -1,4 +1,4 @@
-"""Training on bad input, broken files and kills (issue 22, training side): one line and exit 2 instead of a
+"""Training on bad input, broken files and kills (training side): one line and exit 2 instead of a
 traceback, nothing stale left beside a new config, no temp files of killed writes in a run folder.
 
 Each test builds its own tiny project (12 random PNGs + captions, tiny-rn) or calls the trainer on in-memory
@@ -258,7 +258,7 @@ def test_resume_point_accepts_only_its_own_config(tmp_path):
     assert resume_point(tmp_path / "none.pt", {"lr": 1.0}) is None
 
 
-# ---------------------------------------------------------------- the resolved world size (issue 21)
+# ---------------------------------------------------------------- the resolved world size
 
 
 def test_world_size_and_batches_are_logged_and_saved_with_the_run(tmp_path):

@@ -118,7 +118,7 @@ def test_bad_override_stops_naming_the_key():
     dry = snakemake("-n", "--cores", "1", "--config", 'train={"lrr": 0.1}')
     assert dry.returncode != 0
     assert "unknown key 'train.lrr'" in dry.stdout + dry.stderr
-    # one line, as the protoclip CLI prints it: no traceback of the Snakefile's frames (issue 22)
+    # one line, as the protoclip CLI prints it: no traceback of the Snakefile's frames
     assert "protoclip: config error: " in dry.stderr and 'File "' not in dry.stdout + dry.stderr
 
 

@@ -123,9 +123,9 @@ class TrainConfig:
     seed: int = 0  # seeds weights, episode draws (seed, episode) and k-means inits (seed, episode)
     log_every: int = 1  # write a `step` line to train_log.jsonl every n optimizer steps (episode means use all)
     # write checkpoints/last.pt at an episode end only when this many seconds passed since the last one (and always
-    # after the final episode): a crash loses at most this much training. 0 = every episode. A tiny-rn checkpoint
-    # (weights + AdamW moments, 150 MB) costs 0.5-1 s to check and write on 2 CPU cores, against 8-15 s episodes;
-    # a paper-size episode takes minutes, so every episode is still checkpointed there.
+    # after the final episode): a crash loses at most this much training. 0 = every episode. A tiny run's episodes
+    # are seconds, a fair share of which a checkpoint write would take; a paper-size episode takes minutes, so
+    # every episode is still checkpointed there.
     checkpoint_interval_s: float = 60.0
     # the sections the training methods register (protoclip.registry: nclip, pcl, ...), by key; read as
     # attributes (cfg.pcl.tau), written in YAML beside the fields above (train.pcl.tau); every run has them all

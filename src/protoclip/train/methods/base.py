@@ -34,8 +34,7 @@ Imports: the config loader imports every method module (to check each run agains
 rules), so a method module imports at its top only what is light (this module, the registry, its config
 dataclasses) and imports torch, open_clip and the project modules built on them (losses, models, data
 transforms, ``train.distributed``) inside the training hooks that use them: at the top they would cost every
-config load (Snakemake's parse, each ``collect`` / ``report`` job) 6 s (torch) to 15 s (open_clip) on the
-2-core machine.
+config load (Snakemake's parse, each ``collect`` / ``report`` job) seconds of imports.
 """
 from __future__ import annotations
 
