@@ -16,7 +16,7 @@
   a skip line, ``not applicable: ...`` or ``not run: ...``), the model's sha256 and the probe subsample. It is
   the folder's completion marker (:mod:`protoclip.completion`): deleted when an evaluation of the set starts,
   written last with the sha256 of every metrics file it vouches for. Metrics files are listed only through it
-  (:func:`metrics_files`, :func:`set_results`): a folder killed half-way, or a file changed since, is a
+  (:func:`metrics_files`, :func:`run_results`): a folder killed half-way, or a file changed since, is a
   one-line error naming it, never a partial result; a 0-byte or cut file is one line naming it too.
 * ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or {"skipped": line, "status": ...}}}`` of the
   whole run (``protoclip collect``; the DVC metrics file).
@@ -79,7 +79,7 @@ def _result(data: dict, path: Path) -> dict:
 def read_metrics(path: Path) -> dict | None:
     """The metrics dict of a task file, ``{"skipped": line}`` when it did not run, None when there is no file;
     a file that is not a JSON object (0 bytes, cut, binary) stops with one line naming it. This reads one file:
-    list a run's files with :func:`metrics_files` / :func:`set_results`, which require the completion marker."""
+    list a run's files with :func:`metrics_files` / :func:`run_results`, which require the completion marker."""
     path = Path(path)
     return _result(completion.read_record(path), path) if path.exists() else None
 
@@ -142,11 +142,6 @@ def metrics_files(layout, run: str) -> list[tuple[str, str, Path]]:
     sets = sorted(p.name for p in layout.run_dir(run).glob("eval/*/") if p.is_dir())
     found = sorted((p for d in sets for p in _vouched(layout, run, d)), key=lambda p: (p.stem, p.parent.name))
     return [(p.stem, p.parent.name, p) for p in found]
-
-
-def set_results(layout, run: str, dataset: str) -> dict[str, dict]:
-    """{task: metrics or {"skipped": line}} of one evaluation folder (vouched files only; {} when none)."""
-    return {p.stem: read_metrics(p) for p in _vouched(layout, run, dataset)}
 
 
 def run_results(layout, run: str) -> dict[str, dict[str, dict]]:
