@@ -5,7 +5,7 @@ CORES  ?= all
 BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run pull checkout test lint dry-run clean-results
+.PHONY: run pull checkout test test-unit test-integration test-e2e lint dry-run clean-results
 
 # Create the virtual environment and install the package (re-done only when pyproject.toml changes).
 $(STAMP): pyproject.toml
@@ -37,10 +37,19 @@ checkout: $(STAMP)
 # The tests (what CI runs through .ci/run), with what they start: the SLURM plugin and the MLflow tracking server's
 # packages (pip extras `slurm`, `tracking-server`) and, as root, the Debian packages of the test SLURM cluster and
 # of PostgreSQL (.ci/install-slurm, .ci/install-postgresql; each step does nothing when done).
+# Every tier, fastest first (README "Tests"): `make test-unit`, `make test-integration`, `make test-e2e` run one.
 test: $(VENV)/.installed-test-extras
 	.ci/install-slurm
 	.ci/install-postgresql
-	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q tests/unit tests/integration tests/e2e
+
+test-unit test-integration: $(VENV)/.installed-test-extras
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q tests/$(@:test-%=%)
+
+test-e2e: $(VENV)/.installed-test-extras
+	.ci/install-slurm
+	.ci/install-postgresql
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q tests/e2e
 
 $(VENV)/.installed-test-extras: $(STAMP)
 	$(BIN)/python -m pip install -qq -e '.[slurm,tracking-server]'

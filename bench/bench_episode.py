@@ -55,7 +55,7 @@ def run(method: str, args, dataset, out: Path) -> dict:
     model = build_model(cfg.model, head_hidden=cfg.head_hidden, head_out=cfg.head_out)
     layout = Layout(out / "data", out / "results")
     start = time.perf_counter()
-    train(model, dataset, cfg, layout, method)
+    train(model, dataset, cfg, layout.train_files(method))
     total = time.perf_counter() - start
     episodes = [json.loads(line) for line in layout.train_log(method).read_text().splitlines()]
     episodes = [e for e in episodes if e.get("kind") == "episode"][1:]  # drop episode 0 (warm-up, compile)

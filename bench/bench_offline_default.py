@@ -65,7 +65,7 @@ def _job(args: dict, variant: str, seed: int, out: str, queue) -> None:
     model = build_model(cfg.model, head_hidden=cfg.head_hidden, image_size=size)
     ds = ImageTextDataset(df, method_class("clip").train_transform(cfg, size), get_tokenizer(cfg.model))
     layout = Layout(Path(args["data"]), Path(out))
-    train(model, ds, cfg, layout, "bench")
+    train(model, ds, cfg, layout.train_files("bench"))
     recs = [json.loads(line) for line in layout.train_log("bench").read_text().splitlines()]
     eps = [r for r in recs if r.get("kind") == "episode"][1:]
     queue.put(sum(r["time/train"] for r in eps) / sum(r["n_steps"] for r in eps))

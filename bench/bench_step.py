@@ -91,7 +91,7 @@ def ours(args, dataset: Dataset, out: Path, tag: str, workers: int) -> float:
     torch.manual_seed(0)
     model = build_model(cfg.model, head_hidden=cfg.head_hidden, head_out=cfg.head_out)
     layout = Layout(out / "data", out / "results")
-    train(model, dataset, cfg, layout, tag)
+    train(model, dataset, cfg, layout.train_files(tag))
     recs = [json.loads(line) for line in layout.train_log(tag).read_text().splitlines()]
     eps = [r for r in recs if r.get("kind") == "episode"][1:]
     return sum(r["time/train"] for r in eps) / sum(r["n_steps"] for r in eps)

@@ -1,47 +1,36 @@
-"""Shared test fixtures. Data fixtures (owned by protoclip.data): tiny rendered PNGs with captions.
+"""Fixtures shared by every tier; helper functions live in the ``testkit`` package (tests/testkit/).
 
-* ``make_png(path, color, shape, size)``: draw one RGB PNG (a coloured circle/square/triangle on white);
-* ``tiny_pairs(tmp_path)``: 40 such PNGs with captions ("a red circle") and labels (shape), as a list
-  of dicts with absolute ``path``;
-* ``tiny_manifest(tmp_path)``: a ``Layout`` under tmp_path whose ``manifest.parquet`` holds those 40
-  pairs (paths relative to ``layout.prepared``, as ``protoclip prepare`` writes them; ids
-  ``tiny/<n>``, source ``tiny``, seeded id-hash split with 25% held out);
-* ``mark_evaluated(results_dir)``: write the completion marker (``tasks.json``, protoclip.completion) of every
-  evaluation folder ``results_dir/runs/*/eval/*/``, for tests that write metrics files by hand.
-* ``slurm_cluster``: a real single-node SLURM cluster with 4 fake GPUs, one per test session (tests/slurm_cluster.py).
+The tiers are folders, and each test gets its folder's marker: ``unit`` (functions on in-memory or tiny files),
+``integration`` (a stage on a tiny project), ``e2e`` (Snakemake, DVC, SLURM, the MLflow server, kills). One tier:
+``pytest tests/unit`` or ``pytest -m unit``.
+
+* ``tiny_pairs(tmp_path)``: 40 drawn PNGs with captions ("a red circle") and labels (shape), as dicts with an
+  absolute ``path``;
+* ``tiny_manifest(tmp_path)``: a ``Layout`` under tmp_path whose ``manifest.parquet`` holds those 40 pairs (paths
+  relative to ``layout.prepared``, ids ``tiny/<n>``, source ``tiny``, seeded id-hash split with 25 % held out);
+* ``slurm_cluster``: a real single-node SLURM cluster with 4 fake GPUs, one per test session (testkit.slurm);
+* ``mlflow_server``: PostgreSQL and ``mlflow server --app-name basic-auth`` on it, one per test session
+  (testkit.tracking_server).
 """
 from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from pathlib import Path
 
 import pytest
-from PIL import Image, ImageDraw
 
-COLORS = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 60, 220), "yellow": (230, 210, 20),
-          "purple": (140, 40, 160)}
-SHAPES = ("circle", "square", "triangle", "cross")
+from testkit.data import COLORS, SHAPES, make_png
+
+pytest_plugins = ["testkit.evaluation"]  # its `project` fixture
+TIERS = ("unit", "integration", "e2e")
 
 
-def make_png(path: Path, color: str, shape: str, size: int = 32) -> Path:
-    img = Image.new("RGB", (size, size), (255, 255, 255))
-    d = ImageDraw.Draw(img)
-    m, c = size // 6, COLORS[color]
-    box = (m, m, size - m, size - m)
-    if shape == "circle":
-        d.ellipse(box, fill=c)
-    elif shape == "square":
-        d.rectangle(box, fill=c)
-    elif shape == "triangle":
-        d.polygon([(size // 2, m), (size - m, size - m), (m, size - m)], fill=c)
-    else:
-        d.rectangle((size // 2 - m // 2, m, size // 2 + m // 2, size - m), fill=c)
-        d.rectangle((m, size // 2 - m // 2, size - m, size // 2 + m // 2), fill=c)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path, format="PNG")
-    return path
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture
@@ -77,28 +66,12 @@ def tiny_manifest(tmp_path: Path, tiny_pairs: list[dict]):
     return layout
 
 
-def mark_evaluated(results_dir: Path) -> None:
-    """Vouch for every metrics file (and per-example file) of every evaluation folder under ``results_dir``, as
-    `evaluate` does last, then write each run's metrics.json from them, as `collect` does."""
-    from protoclip import records
-    from protoclip.completion import finish
-    from protoclip.layout import Layout
-
-    for folder in sorted(Path(results_dir).glob("runs/*/eval/*/")):
-        files = [p for p in folder.glob("*.json") if p.name != "tasks.json"] + list(folder.glob("*.examples.npz"))
-        finish(folder / "tasks.json", {"tasks": {p.stem: "ran" for p in files if p.suffix == ".json"}}, files)
-    layout = Layout(Path(results_dir).parent / "data", Path(results_dir))
-    for run in sorted(p.name for p in Path(results_dir).glob("runs/*/") if (p / "eval").is_dir()):
-        records.write_summary(layout.metrics_summary(run), records.run_results(layout, run))
-
-
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
-    """The SLURM test cluster (tests/slurm_cluster.py), started once and stopped at the end of the session.
+    """The SLURM test cluster (testkit.slurm), started once and stopped at the end of the session.
     Skipped with the reason where its Debian packages are missing (``.ci/install-slurm`` installs them as root,
     run by ``make test``) or the tests do not run as root (slurmd needs it); in CI both are failures."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from slurm_cluster import SlurmCluster, missing_commands
+    from testkit.slurm import SlurmCluster, missing_commands
 
     why = None
     if (missing := missing_commands()):
@@ -111,3 +84,18 @@ def slurm_cluster(tmp_path_factory):
         pytest.skip(why)
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """PostgreSQL and an authenticating ``mlflow server`` on it, started once on loopback and stopped at the end of
+    the session. Skipped with the reason where PostgreSQL's Debian packages or the pip extra ``tracking-server`` are
+    missing (``make test`` installs both); in CI that is a failure."""
+    from testkit import tracking_server
+
+    reason = tracking_server.missing()
+    if reason:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
+    root = tmp_path_factory.mktemp("tracking")
+    with tracking_server.Postgres(root) as pg, tracking_server.MlflowServer(root / "server", pg, auth=True) as srv:
+        yield srv

@@ -95,7 +95,7 @@ def save_torch(path: str | Path, obj: Any) -> Path:
     ``torch.save(obj, filename)`` names the zip records after the file (``<tmpname>/data.pkl``), and our atomic
     writes use a random temp name, so the same weights gave different bytes every time (a change for DVC and
     any content-addressed store). Saving to a buffer uses the fixed record prefix ``archive/``: same object,
-    same bytes (tests/test_determinism.py).
+    same bytes (tests/unit/test_determinism.py).
     """
     import io
 

@@ -14,7 +14,7 @@ seconds, ``den`` = the episode's seconds. With ``w = 1`` it is the metric as the
 How. A claim has one or more *components* (data sets: a column averaged over several sets, or counted over
 them) and two run *families* (a run, or its seeds). Every draw comes from a named stream,
 ``np.random.default_rng([seed, zlib.crc32(name)])`` (:func:`stream`), so a naive loop reproduces it
-(tests/test_claims_bootstrap.py) and the same data set is resampled the same way wherever it appears:
+(tests/unit/test_claims_bootstrap.py) and the same data set is resampled the same way wherever it appears:
 
 1. per component: ``paired`` (both families scored on the same units, the same test images): one
    ``integers(0, n, (B, n))`` draw from stream ``examples/<key>`` (``key``: the data set), shared by every run

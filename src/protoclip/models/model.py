@@ -76,7 +76,7 @@ HEADS = {"swav": ProjectionHead, "nclip": NCLIPHead}
 # gives the same z^T and the same gradients (the cut positions never reach the output). We do this on CPU only:
 # there the offline captions' batches need ~26 of 32 positions (median over batches of 128), the text tower is
 # most of a tiny model's step, and reading L costs nothing; on a GPU it would cost a host sync per step.
-# tests/test_models.py checks values and gradients against open_clip's own encode_text.
+# tests/unit/test_models.py checks values and gradients against open_clip's own encode_text.
 def trims_text(clip: nn.Module) -> bool:
     """Whether ``clip`` is open_clip's plain CLIP with a causal, EOT-pooled text tower (trimming is exact)."""
     from open_clip.model import CLIP

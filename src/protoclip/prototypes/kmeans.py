@@ -9,7 +9,7 @@ One entry point, :func:`kmeans`, with two interchangeable backends:
   faiss-gpu* (faiss-gpu wheels are not always installable). Squared distances are computed in chunks as
   ``|x|^2 - 2 x.c + |c|^2`` so memory stays bounded at m = 200k, K = 20k. It mirrors faiss step by step
   (assign -> mean -> split empty clusters -> optional L2 re-normalisation), so both backends give the same
-  objective from the same ``init_centroids`` (tested in tests/test_prototypes.py).
+  objective from the same ``init_centroids`` (tested in tests/unit/test_prototypes.py).
 
 ``backend='auto'`` picks faiss when it is importable and can work where the data lives (CPU data, or CUDA
 data with a GPU faiss build); otherwise the torch backend on the data's device.

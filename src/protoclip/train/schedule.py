@@ -8,7 +8,7 @@ epoch 16 of 32 and locked-image tuning (LiT) continues for the remaining epochs.
     s = Schedule.from_config(cfg, dataset_size=len(ds), world_size=1)
     lr = s.lr(step); image_lr = s.image_lr(step)
 
-Conventions (choices where the paper is silent, each tested in tests/test_train_schedule.py):
+Conventions (choices where the paper is silent, each tested in tests/unit/test_train_schedule.py):
 
 * ``batch_size`` of the config is the *global* batch B (the papers' "batch size": the N of ProtoCLIP's
   Eq. 1, nCLIP's "4096 distributed across 32 GPUs"), so that a run means the same training on any number

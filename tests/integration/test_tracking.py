@@ -1,0 +1,104 @@
+"""MLflow bookkeeping, read back through MlflowClient: a training from scratch is a new run (its new params show),
+a resumed one continues its own, evaluate finds the run by the model's sha256, the experiment opens on the
+training-runs view, and the report gets a run of its own with the tables as artifacts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from protoclip.config import load_config
+from protoclip.hashing import sha256_file
+from protoclip.layout import Layout
+from testkit.training import one_thread, tiny_project
+
+_threads = pytest.fixture(autouse=True)(one_thread)
+
+RUN = {"method": "clip", "teacher": None, "model": "tiny-rn", "head_hidden": 32, "head_out": 16, "epochs": 1.0,
+       "episode_size": 16, "batch_size": 8, "warmup_episodes": 1, "lock_image_epoch": None, "num_workers": 0,
+       "device": "cpu", "data": ["offline"]}
+
+
+def project(tmp_path: Path, lr: float) -> Path:
+    """24 random PNGs (4 held out) and one CLIP run; rewriting it with another ``lr`` changes the run's config."""
+    return tiny_project(tmp_path, {"paths": {"mlflow_experiment": "exp"}, "prepare": {"eval_sets": []},
+                                   "train": RUN, "runs": {"clip": {"lr": lr}}}, n=24, heldout=4)
+
+
+def client(cfg):
+    import mlflow
+
+    mlflow.set_tracking_uri(cfg.paths.mlflow_uri)
+    return mlflow.tracking.MlflowClient()
+
+
+def training_runs(cfg) -> list:
+    c = client(cfg)
+    exp = c.get_experiment_by_name(cfg.paths.mlflow_experiment)
+    return c.search_runs([exp.experiment_id], "tags.`protoclip.kind` = 'train'", order_by=["attributes.start_time"])
+
+
+def test_retrain_is_a_new_run_resume_continues_and_evaluate_finds_the_model(tmp_path):
+    from protoclip.tracking import evaluation_run
+    from protoclip.train.stage import run_train
+
+    cfg = load_config(project(tmp_path, lr=1e-3))
+    run_train(cfg, "clip", resume=True, targets=["table_V", "fig_7"])
+    (first,) = training_runs(cfg)
+    assert first.data.params["train.lr"] == "0.001" and first.info.run_name == "clip"
+    assert first.data.tags["protoclip.target.table_V"] == "1" and first.data.tags["protoclip.targets"] == "fig_7,table_V"
+    assert "mean/loss" in first.data.metrics
+    exp = client(cfg).get_experiment_by_name("exp")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # UI: training runs, not GenAI
+    inputs = first.inputs.dataset_inputs
+    assert len(inputs) == 1 and inputs[0].dataset.name == "manifest:offline:train"
+    assert first.data.tags["protoclip.model_sha256"] == sha256_file(Layout.from_config(cfg).model("clip"))
+
+    run_train(cfg, "clip", resume=True)  # same config, finished checkpoint: resumes its own MLflow run
+    assert [r.info.run_id for r in training_runs(cfg)] == [first.info.run_id]
+
+    cfg2 = load_config(project(tmp_path, lr=2e-3))  # trained again from scratch with another lr
+    run_train(cfg2, "clip", resume=True)
+    runs = training_runs(cfg2)
+    assert len(runs) == 2 and runs[0].info.run_id == first.info.run_id
+    assert runs[0].data.params["train.lr"] == "0.001" and runs[1].data.params["train.lr"] == "0.002"
+
+    sha = sha256_file(Layout.from_config(cfg2).model("clip"))
+    with evaluation_run(cfg2, "clip", sha) as tracker:
+        tracker.log_metrics({"eval/knn/x/top1": 0.5})
+    assert tracker.run_id == runs[1].info.run_id  # the run that produced this model, not the first "clip"
+    assert client(cfg2).get_run(runs[1].info.run_id).data.metrics["eval/knn/x/top1"] == 0.5
+
+
+def test_report_run_holds_tables_as_artifacts(tmp_path):
+    from protoclip.tracking import log_report
+
+    cfg = load_config(project(tmp_path, lr=1e-3))
+    lay = Layout.from_config(cfg)
+    lay.tables.mkdir(parents=True)
+    (lay.tables / "index.md").write_text("# Results\n")
+    (lay.tables / "knn.csv").write_text("dataset,clip\ndigits,0.5\n")
+    run_id = log_report(cfg)
+    c = client(cfg)
+    assert c.get_run(run_id).data.tags["protoclip.kind"] == "report"
+    assert sorted(a.path for a in c.list_artifacts(run_id, "tables")) == ["tables/index.md", "tables/knn.csv"]
+    assert log_report(cfg) != run_id  # every report is its own run
+
+
+def _open_store(uri: str) -> str:
+    from types import SimpleNamespace
+
+    from protoclip.tracking import _mlflow
+
+    cfg = SimpleNamespace(paths=SimpleNamespace(mlflow_uri=uri, mlflow_experiment="race"))
+    return _mlflow(cfg).get_experiment_by_name("race").experiment_id
+
+
+def test_parallel_jobs_open_a_fresh_sqlite_store_together(tmp_path):
+    """Snakemake starts several jobs at once on a new results folder: each must get the one experiment."""
+    import multiprocessing as mp
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with mp.get_context("spawn").Pool(3) as pool:
+        ids = pool.map(_open_store, [uri] * 3)
+    assert len(set(ids)) == 1

@@ -1,0 +1,64 @@
+"""`run_train` on a fixture project (64 random PNGs + captions, a random teacher cache): outputs and errors."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from protoclip.config import load_config
+from protoclip.data.manifest import to_frame, write_manifest
+from protoclip.errors import ConfigError
+from protoclip.layout import Layout
+from protoclip.records import read_train_log
+from protoclip.train.stage import resolve_sources, run_train
+from testkit.training import one_thread
+from testkit.training import stage_project as _project
+
+_threads = pytest.fixture(autouse=True)(one_thread)
+
+
+def test_run_train_protoclip_writes_outputs_and_mlflow(tmp_path):
+    cfg = load_config(_project(tmp_path))
+    out = run_train(cfg, "proto")
+    layout = Layout.from_config(cfg)
+    assert out == layout.model("proto") and out.exists()
+    from protoclip.models import load_model
+
+    model, saved_cfg = load_model(out)
+    assert saved_cfg["method"] == "protoclip" and saved_cfg["teacher"] == "toy-teacher"
+    assert yaml.safe_load((layout.run_dir("proto") / "config.yaml").read_text())["episode_size"] == 32
+    steps = read_train_log(layout.train_log("proto"), "step")
+    assert len(steps) == 4  # 36 train pairs (4 held out), m = 32: ceil(36/32) = 2 episodes x 32/16 steps
+    assert all(math.isfinite(s["proto_external"]) for s in steps)
+    import mlflow
+
+    mlflow.set_tracking_uri(cfg.paths.mlflow_uri)
+    runs = mlflow.search_runs(experiment_names=["test"], output_format="list")
+    assert len(runs) == 1 and runs[0].data.tags["protoclip.run"] == "proto"
+    assert runs[0].data.params["train.method"] == "protoclip"
+    assert "mean/proto" in runs[0].data.metrics and "kmeans_image_objective" in runs[0].data.metrics
+
+
+def test_missing_teacher_cache_names_path_and_command(tmp_path):
+    cfg = load_config(_project(tmp_path, teacher=False))
+    with pytest.raises(ConfigError, match=r"toy-teacher\.npz.*protoclip teacher"):
+        run_train(cfg, "proto")
+
+
+def test_resolve_sources_expands_offline(tmp_path):
+    cfg = load_config(_project(tmp_path, teacher=False))
+    tcfg = cfg.run("clip")
+    assert resolve_sources(cfg, tcfg) == ["tuxpaint"]  # default data: ['offline']
+
+
+def test_empty_manifest_given_to_train_is_one_line_exit_2(tmp_path, capsys):
+    from protoclip.cli import main
+
+    path = _project(tmp_path, teacher=False)
+    layout = Layout.from_config(load_config(path))
+    write_manifest(to_frame([]), layout.manifest)  # e.g. every user row was dropped by prepare
+    assert main(["train", "--config", str(path), "--run", "clip"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("protoclip train:")]  # not MLflow's
+    assert len(err) == 1 and str(layout.manifest) in err[0] and "no pairs" in err[0] and "Traceback" not in err[0]
+    assert not layout.model("clip").exists()
