@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=2000)
     args = ap.parse_args()
     os.environ.setdefault("MPLBACKEND", "Agg")
-    from protoclip.report.tables import run_report
+    from protoclip.report.stage import run_report
 
     root = Path(tempfile.mkdtemp(prefix="bench_claims_"))
     try:

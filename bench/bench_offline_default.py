@@ -53,7 +53,7 @@ def _job(args: dict, variant: str, seed: int, out: str, queue) -> None:
     from protoclip.layout import Layout
     from protoclip.models import build_model, get_tokenizer
     from protoclip.train.loop import train
-    from protoclip.train.registry import method_class
+    from protoclip.registry import method_class
     from protoclip.train.config import TrainConfig
 
     cfg = TrainConfig(name="bench", method="clip", model="tiny-rn", image_size=size, teacher=None, head_hidden=512,

@@ -104,8 +104,7 @@ def complete_files(folder: str | Path, marker: str | Path, pattern: str = "*.jso
     """The files of a stage output folder that its marker vouches for, sorted.
 
     No marker: [] when the folder holds no ``pattern`` file besides it, else :class:`IncompleteOutputError`
-    (the stage was killed or failed half-way). A marker written before markers listed their files (no
-    ``complete_files`` key) vouches for every ``pattern`` file of the folder.
+    (the stage was killed or failed half-way).
     """
     folder, marker = Path(folder), Path(marker)
     present = sorted(p for p in folder.glob(pattern) if p != marker and p.is_file())
@@ -116,8 +115,8 @@ def complete_files(folder: str | Path, marker: str | Path, pattern: str = "*.jso
                 f"failed half-way, e.g. {present[0].name}); run that stage again")
         return []
     listed = read_record(marker).get(FILES_KEY)
-    if listed is None:  # a legacy marker
-        return present
+    if not isinstance(listed, dict):
+        raise IncompleteOutputError(f"{marker}: lists no files ({FILES_KEY}); run its stage again")
     out = []
     for name, digest in sorted(listed.items()):
         path = folder / name

@@ -4,7 +4,7 @@
     protoclip schema --check    # exit 1 naming the file that differs from what the code generates
 
 The schema is made from the config dataclasses themselves (:class:`protoclip.config.ProjectConfig` and each
-package's section, with the sections training methods register, :mod:`protoclip.train.registry`): each key's
+package's section, with the sections training methods register, :mod:`protoclip.registry`): each key's
 type and default from its annotation and default, its description from the comments written beside or above
 the field, a section's from its class docstring. The Snakefile validates Snakemake's ``config`` against it
 (``snakemake.utils.validate``, the Snakemake workflow catalog's convention, which also renders the schema as
@@ -162,7 +162,7 @@ def section_schema(cls: type) -> dict:
         props[f.name] = prop
     for key, section in sorted(sections.items()):  # e.g. train.nclip: registered by the nclip method
         sub = section_schema(section)
-        sub["description"] = ("Registered by a training method (protoclip.train.registry). "
+        sub["description"] = ("Registered by a training method (protoclip.registry). "
                               + sub.get("description", "")).strip()
         props[key] = sub
     out: dict = {"description": class_doc(cls)} if class_doc(cls) else {}
@@ -304,3 +304,19 @@ def write_generated(root: Path | str = ".", check: bool = False) -> list[Path]:
 
 __all__ = ["project_schema", "section_schema", "type_schema", "field_comments", "schema_text", "readme_text",
            "generated_files", "write_generated", "SCHEMA_FILE", "README_FILE"]
+
+
+def add_arguments(p, name: str) -> None:
+    """`protoclip schema [--root DIR] [--check]`: needs no config (made from the config classes)."""
+    p.add_argument("--root", default=".", help="repository root (default: the working directory)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if a generated file is stale")
+
+
+def main(args) -> int:
+    import sys
+
+    stale = write_generated(args.root, check=args.check)
+    for path in stale:
+        print(f"protoclip schema: {path} {'is stale: run `protoclip schema`' if args.check else 'written'}",
+              file=sys.stderr if args.check else sys.stdout)
+    return 1 if args.check and stale else 0

@@ -107,6 +107,14 @@ class Placement:
     ranks: int  # processes to start (1: this one)
     held: Held | None = None  # None: no slot taken (CPU job, SLURM placement, already a torchrun rank)
 
+    def __enter__(self) -> "Placement":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # an exec'd command or torchrun's ranks inherited the lock files: they hold the slots on their own
+        if self.held is not None:
+            self.held.release()
+
 
 def place(cfg: GpuSlotsConfig, n_gpus: int, ranks: int = 1, who: str = "", env: dict | None = None) -> Placement:
     """Reserve the job's GPUs and set ``CUDA_VISIBLE_DEVICES`` in ``env`` (default: this process's).
@@ -287,3 +295,20 @@ def exec_command(command: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvp(command[0], command)
+
+
+# --------------------------------------------------------------------------- `protoclip launch`
+def add_arguments(p, name: str) -> None:
+    p.add_argument("--gpus", type=int, required=True, help="GPUs the command needs (0: it sees none)")
+    p.add_argument("command", nargs="...", help="-- command and its arguments")
+
+
+def main(args) -> int:
+    """Run ``args.command`` on ``args.gpus`` free GPU slots: the slots' lock files stay open in it (exec)."""
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("protoclip launch: no command given (protoclip launch --gpus K -- <command>)", file=sys.stderr)
+        return 2
+    with place(args.cfg.gpus, args.gpus, who=" ".join(command)[:200]):
+        exec_command(command)
+    return 0

@@ -2,9 +2,10 @@
 
 * ``results/runs/<run>/eval/<set>/<task>.json``: one evaluation task's record. A task that ran has
   ``metrics`` (plus run, dataset, task, sizes, feature kind, provenance); a task that did not has
-  ``skipped``, a one-line reason: ``skipped: <set> not found at <path>`` (the set's data is missing) or
-  ``not applicable: <why>`` (:data:`NOT_APPLICABLE`, e.g. zero-shot of an image-only run). Read back with
-  :func:`read_metrics`, "not run" has one shape: ``{"skipped": line}``; a file that does not exist reads None.
+  ``skipped``, a one-line reason (``skipped: <set> not found at <path>``: the set's data is missing;
+  ``not applicable: <why>``, e.g. zero-shot of an image-only run), and ``status``, the same as a value
+  (:class:`protoclip.tasks.TaskStatus`: state, reason, detail). Read back with :func:`read_metrics`, "not run"
+  has one shape: ``{"skipped": line, "status": {...}}`` (:func:`status_of`); a file that does not exist reads None.
 * ``results/runs/<run>/eval/<set>/<task>.examples.npz``: the per-example results of a task that scores test
   examples (:func:`write_examples`): zero-shot, linear and kNN ``top1`` / ``top5`` (bool per test image, the
   ``labels`` they were scored against), retrieval ``image_to_text_rank`` / ``text_to_image_rank`` (0-based rank of
@@ -16,10 +17,10 @@
   a skip line, ``not applicable: ...`` or ``not run: ...``), the model's sha256 and the probe subsample. It is
   the folder's completion marker (:mod:`protoclip.completion`): deleted when an evaluation of the set starts,
   written last with the sha256 of every metrics file it vouches for. Metrics files are listed only through it
-  (:func:`metrics_files`, :func:`set_results`): a folder killed half-way, or a file changed since, is a
+  (:func:`metrics_files`, :func:`run_results`): a folder killed half-way, or a file changed since, is a
   one-line error naming it, never a partial result; a 0-byte or cut file is one line naming it too.
-* ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or {"skipped": line}}}`` of the whole run
-  (``protoclip collect``; the DVC metrics file).
+* ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or {"skipped": line, "status": ...}}}`` of the
+  whole run (``protoclip collect``; the DVC metrics file).
 * ``results/tables/claims.json``: the claims ledger as a DVC metrics file, ``{claim id: {"ours", "ci_low",
   "ci_high", "paper": numbers or null, "verdict": text}}`` (protoclip.report.claims; :func:`write_claims`).
 * ``results/runs/<run>/train_log.jsonl``: one JSON object per line, appended as training goes. Kinds:
@@ -48,7 +49,7 @@ import numpy as np
 
 from protoclip import completion
 from protoclip.atomic import atomic_path, write_json, write_text
-from protoclip.tasks import NOT_APPLICABLE, SKIPPED, TASKS
+from protoclip.tasks import SKIPPED, STATUS, TASKS, TaskStatus
 
 
 
@@ -58,21 +59,30 @@ def write_metrics(path: Path, record: dict[str, Any]) -> Path:
     return write_json(path, record)
 
 
-def write_skip(path: Path, run: str, dataset: str, task: str, reason: str) -> Path:
-    """A task that did not run on the set: its one-line reason."""
-    return write_json(path, {"run": run, "dataset": dataset, "task": task, SKIPPED: reason})
+def write_skip(path: Path, run: str, dataset: str, task: str, status: TaskStatus) -> Path:
+    """A task that did not run on the set: its status, and the status's one line."""
+    return write_json(path, {"run": run, "dataset": dataset, "task": task, **skip_result(status)})
 
 
-def _result(data: dict) -> dict:
-    return {SKIPPED: data[SKIPPED]} if SKIPPED in data else data.get("metrics", {})
+def skip_result(status: TaskStatus) -> dict[str, Any]:
+    """The result of a task that did not run, as metrics files and metrics.json hold it."""
+    return {SKIPPED: status.line, STATUS: status.record()}
+
+
+def _result(data: dict, path: Path) -> dict:
+    if SKIPPED not in data:
+        return data.get("metrics", {})
+    if not isinstance(data.get(STATUS), dict):
+        raise completion.RecordError(f"{path}: a skipped task without its status; run its evaluation again")
+    return {SKIPPED: data[SKIPPED], STATUS: data[STATUS]}
 
 
 def read_metrics(path: Path) -> dict | None:
     """The metrics dict of a task file, ``{"skipped": line}`` when it did not run, None when there is no file;
     a file that is not a JSON object (0 bytes, cut, binary) stops with one line naming it. This reads one file:
-    list a run's files with :func:`metrics_files` / :func:`set_results`, which require the completion marker."""
+    list a run's files with :func:`metrics_files` / :func:`run_results`, which require the completion marker."""
     path = Path(path)
-    return _result(completion.read_record(path)) if path.exists() else None
+    return _result(completion.read_record(path), path) if path.exists() else None
 
 
 def skip_line(result: dict | None) -> str | None:
@@ -80,9 +90,11 @@ def skip_line(result: dict | None) -> str | None:
     return result.get(SKIPPED) if isinstance(result, dict) else None
 
 
-def is_not_applicable(line: str) -> bool:
-    """A skip line that says the task does not apply to the run or set (cells read n/a), not missing data."""
-    return line.startswith(NOT_APPLICABLE)
+def status_of(result: dict | None) -> TaskStatus | None:
+    """The status of a result that did not run, as a value (None: it ran, or there is no result)."""
+    if not isinstance(result, dict) or SKIPPED not in result:
+        return None
+    return TaskStatus.from_record(result[STATUS])
 
 
 def _vouched(layout, run: str, dataset: str) -> list[Path]:
@@ -133,11 +145,6 @@ def metrics_files(layout, run: str) -> list[tuple[str, str, Path]]:
     return [(p.stem, p.parent.name, p) for p in found]
 
 
-def set_results(layout, run: str, dataset: str) -> dict[str, dict]:
-    """{task: metrics or {"skipped": line}} of one evaluation folder (vouched files only; {} when none)."""
-    return {p.stem: read_metrics(p) for p in _vouched(layout, run, dataset)}
-
-
 def run_results(layout, run: str) -> dict[str, dict[str, dict]]:
     """{task: {set: metrics or {"skipped": line}}} from every metrics file of ``run``."""
     out: dict[str, dict[str, dict]] = {}
@@ -155,6 +162,26 @@ def read_summary(path: Path) -> dict[str, dict[str, dict]]:
     """A run's metrics.json ({} when there is none; a broken file: one line naming it)."""
     path = Path(path)
     return completion.read_record(path) if path.exists() else {}
+
+
+def collected_results(layout, run: str) -> dict[str, dict[str, dict]]:
+    """What `collect` wrote for ``run`` (its metrics.json), the one source of the report's numbers and skip lines;
+    {} for a run with no evaluation folder. The evaluation folders it summarises are checked first: each complete
+    and intact (its marker), each vouched metrics file listed; else one line naming the folder, the file or
+    metrics.json (run `protoclip collect`)."""
+    path = layout.metrics_summary(run)
+    vouched = metrics_files(layout, run)  # a killed or changed evaluation folder: one line naming it
+    if not path.exists():
+        if vouched:
+            raise completion.IncompleteOutputError(f"{path}: missing beside run {run}'s evaluation folders; run "
+                                                   f"`protoclip collect --run {run}`")
+        return {}
+    summary = read_summary(path)
+    for task, dataset, _ in vouched:
+        if dataset not in (summary.get(task) or {}):
+            raise completion.IncompleteOutputError(f"{path}: older than {layout.eval_dir(run, dataset)} (no {task} "
+                                                   f"result); run `protoclip collect --run {run}`")
+    return summary
 
 
 def write_tasks(path: Path, run: str, dataset: str, status: dict[str, str], model_sha256: str,

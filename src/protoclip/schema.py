@@ -149,7 +149,7 @@ def open_sections(cls: type) -> tuple[str | None, dict[str, type]]:
 
     A dataclass may declare one field ``field(default_factory=dict, metadata={"sections": provider})``: its
     YAML keys are then the provider's keys (``train.nclip`` for ``TrainConfig``: the sections training
-    methods register, protoclip.train.registry), each built strictly like a declared field, and
+    methods register, protoclip.registry), each built strictly like a declared field, and
     :func:`to_dict` writes them beside the declared fields. The field's own name is not a YAML key."""
     for f in dataclasses.fields(cls):
         if SECTIONS in f.metadata:

@@ -1,6 +1,6 @@
-"""The evaluation tasks: their names, the metrics tables show, and the words of a task that does not run.
+"""The evaluation tasks: their names, the metrics tables show, and what a task did (:class:`TaskStatus`).
 
-The one place that names them. ``protoclip.evaluate`` runs a task by its name (``evaluate.stage``: one function
+The one place that names them. ``protoclip.evaluate`` runs a task by its name (``evaluate.adapters``: one adapter
 per task, registered under the name), ``protoclip.records`` lists a run's metrics files by it, and the report's
 targets and tables read the headline metrics from here.
 
@@ -18,6 +18,9 @@ temperature temperature paper Fig. 1 / Fig. 8 / Table 11      equilibrium_scale,
 =========== ================================================ ===================== ===========
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 # task -> the metrics its table cells show, the first the headline (collect's summary line); as in the paper
 HEADLINE: dict[str, list[str]] = {
@@ -41,12 +44,48 @@ TEXT_TASKS: tuple[str, ...] = ("zeroshot", "retrieval", "temperature")
 # without one skips them with the reason
 PROBE_TASKS: tuple[str, ...] = ("linear", "knn")
 
-# the key of a task that did not run, in metrics files and metrics.json; its value is one line:
-# ``skipped: <set> not found at <path>`` (data missing), ``not applicable: <why>`` (the task does not apply to
-# the run or set: the report's cells read n/a) or ``not run: <why>`` (the splits were too small)
+# the key of a task that did not run, in metrics files and metrics.json: its one line (TaskStatus.line)
 SKIPPED = "skipped"
+STATUS = "status"  # beside it: the TaskStatus as a value ({"state", "reason", "detail"}), read back by the report
 NOT_APPLICABLE = "not applicable: "
 NOT_RUN = "not run: "
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """What a task did on a set: it ran, or why not, as a value (the report reads ``state`` and ``reason``)."""
+
+    RAN: ClassVar[str] = "ran"
+    MISSING: ClassVar[str] = "missing"  # the set's data (or the split the task reads) is not there
+    NOT_APPLICABLE: ClassVar[str] = "not_applicable"  # the task does not apply to the run or the set: cells read n/a
+    TOO_SMALL: ClassVar[str] = "too_small"  # the extracted splits are too small for the task
+
+    state: str
+    reason: str = ""  # one clause: "no captions", "image-only method (pcl)"; a missing set's whole skip line
+    detail: str = ""  # what follows the reason in the line ("the text tower is untrained")
+
+    def __post_init__(self) -> None:
+        if self.state not in (self.RAN, self.MISSING, self.NOT_APPLICABLE, self.TOO_SMALL):
+            raise ValueError(f"unknown task state {self.state!r}")
+
+    @property
+    def ran(self) -> bool:
+        return self.state == self.RAN
+
+    @property
+    def line(self) -> str:
+        """The one line that metrics files, tasks.json and the tables show."""
+        if self.state in (self.RAN, self.MISSING):
+            return self.reason or self.state
+        prefix = NOT_APPLICABLE if self.state == self.NOT_APPLICABLE else NOT_RUN
+        return prefix + self.reason + (f", {self.detail}" if self.detail else "")
+
+    def record(self) -> dict[str, str]:
+        return {"state": self.state, "reason": self.reason, "detail": self.detail}
+
+    @classmethod
+    def from_record(cls, record: dict[str, str]) -> "TaskStatus":
+        return cls(record["state"], record.get("reason", ""), record.get("detail", ""))
 
 
 def check_tasks(names, where: str = "") -> None:
@@ -56,4 +95,5 @@ def check_tasks(names, where: str = "") -> None:
         raise ValueError(f"{where}unknown evaluation task '{unknown[0]}' (known: {', '.join(TASKS)})")
 
 
-__all__ = ["HEADLINE", "TASKS", "TEXT_TASKS", "PROBE_TASKS", "SKIPPED", "NOT_APPLICABLE", "NOT_RUN", "check_tasks"]
+__all__ = ["HEADLINE", "TASKS", "TEXT_TASKS", "PROBE_TASKS", "SKIPPED", "STATUS", "NOT_APPLICABLE", "NOT_RUN",
+           "TaskStatus", "check_tasks"]

@@ -27,7 +27,7 @@ DVC = shutil.which("dvc", path=str(Path(sys.executable).parent)) or shutil.which
 def project(tmp_path_factory):
     """The shipped config on synthetic results (relative paths, as in the repository), with step records in
     two runs' train logs; the report run in it."""
-    from protoclip.report.tables import run_report
+    from protoclip.report.stage import run_report
 
     root = tmp_path_factory.mktemp("plots")
     cfg_file = project_copy(root)

@@ -169,8 +169,9 @@ def test_broken_metrics_file_is_one_line_naming_it(completed, capsys, content):
     assert err.count("\n") == 0 and str(broken) in err and "Traceback" not in err, err
     with pytest.raises(UserError):
         from protoclip.report.tables import collect_metrics
+        from protoclip.report.values import Results
 
-        collect_metrics(layout, [RUN])
+        collect_metrics(Results(cfg), [RUN])
 
 
 def test_evaluating_some_tasks_keeps_the_others_complete(completed):

@@ -154,7 +154,7 @@ def test_webdataset_repeated_key_is_dropped_and_counted(tmp_path):
 
 def test_webdataset_cut_shard_keeps_what_it_can_and_counts_the_rest(tmp_path):
     """A shard cut anywhere keeps every sample before the cut (webdataset's streaming reader yields them
-    too) and drops the sample at the cut as unreadable_member (it used to lose the whole shard)."""
+    too) and drops the sample at the cut as unreadable_member, not the whole shard."""
     import webdataset as wds
 
     png = make_png(tmp_path / "x.png", "red", "circle").read_bytes()

@@ -7,7 +7,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from protoclip.evaluate.stage import image_only_method, run_collect, run_evaluate
+from protoclip.evaluate.collect import run_collect
+from protoclip.evaluate.plan import image_only_method
+from protoclip.evaluate.stage import run_evaluate
 from protoclip.models import EvalSpec, build_model, read_eval_spec, save_model
 from testkit.evaluation import RUN, RecordingTracker
 from testkit.training import one_thread
@@ -43,7 +45,8 @@ def test_image_only_run_reports_text_tasks_not_applicable(project, monkeypatch):
         assert rec["skipped"].startswith("not applicable: image-only method (pcl)") and "metrics" not in rec
     assert "top1" in json.loads(layout.metrics(RUN, "knn", "digits").read_text())["metrics"]
     summary = json.loads(layout.metrics_summary(RUN).read_text())
-    assert summary["retrieval"]["heldout_pairs"]["skipped"].startswith("not applicable")
+    assert summary["retrieval"]["heldout_pairs"]["status"] == {
+        "state": "not_applicable", "reason": "image-only method (pcl)", "detail": "the text tower is untrained"}
 
 
 def test_text_methods_are_not_image_only(project):

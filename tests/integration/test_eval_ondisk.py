@@ -459,7 +459,7 @@ def test_wds_retrieval_shards(tmp_path):
     assert ds.captions[3] == ["a caption of 3", "another of 3"]
     assert [s.names[Serials.serial_of(img)] for img, _ in ds.images] == [f"image {i}" for i in range(5)]
     assert [i for _, i in ds.images] == list(range(5))
-    from protoclip.evaluate.stage import static_tasks
+    from protoclip.evaluate.plan import static_tasks
 
     assert static_tasks("mscoco_wds", EvalDatasetConfig(kind="wds", path=str(tmp_path))) == ["retrieval",
                                                                                             "temperature"]

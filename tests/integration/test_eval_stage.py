@@ -16,7 +16,10 @@ from protoclip.errors import ConfigError
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.datasets import LabelledSet, load_eval_set
 from protoclip.evaluate.features import FeatureExtractor, encode_images
-from protoclip.evaluate.stage import not_applicable, run_collect, run_evaluate, static_tasks, summary_table
+from protoclip.evaluate.adapters import SetInput, zeroshot_classifier
+from protoclip.evaluate.collect import run_collect, summary_table
+from protoclip.evaluate.plan import not_applicable, static_tasks
+from protoclip.evaluate.stage import run_evaluate
 from protoclip.hashing import sha256_file
 from protoclip.layout import Layout
 from testkit.evaluation import RUN, RecordingTracker
@@ -69,7 +72,8 @@ def test_run_evaluate_end_to_end(project):
     summary = json.loads(layout.metrics_summary(RUN).read_text())
     assert summary["knn"]["digits"]["top1"] == json.loads(layout.metrics(RUN, "knn", "digits").read_text())[
         "metrics"]["top1"]
-    assert summary["zeroshot"]["cifar10"] == {"skipped": "skipped: cifar10 path not configured"}
+    assert records.skip_line(summary["zeroshot"]["cifar10"]) == "skipped: cifar10 path not configured"
+    assert records.status_of(summary["zeroshot"]["cifar10"]).state == "missing"
     assert layout.features(RUN, "digits").exists() and layout.features(RUN, "heldout_pairs").exists()
 
     import mlflow  # the numbers also landed in the run's MLflow run (found by its protoclip.run tag)
@@ -144,7 +148,8 @@ def test_subset_logs_through_tracker(project, monkeypatch):
     assert summary["knn"]["digits"]["top1"] == json.loads(layout.metrics(RUN, "knn", "digits").read_text())[
         "metrics"]["top1"] and "top1" in summary["knn"]["heldout_pairs"]
     # sets with no evaluation folder are reported skipped, with the reason
-    assert summary["zeroshot"]["cifar10"] == {"skipped": "skipped: cifar10 path not configured"}
+    assert summary["zeroshot"]["cifar10"] == {"skipped": "skipped: cifar10 path not configured", "status": {
+        "state": "missing", "reason": "skipped: cifar10 path not configured", "detail": ""}}
     knn = json.loads(layout.metrics(RUN, "knn", "digits").read_text())["metrics"]
     assert tracker.metrics["eval/knn/digits/top1"] == knn["top1"]
     assert "eval/retrieval/heldout_pairs/image_to_text_R_at_1" in tracker.metrics  # '@' is not allowed in MLflow
@@ -158,16 +163,19 @@ def test_unknown_names(project):
         run_evaluate(cfg, RUN, tasks=["bogus"])
 
 
-def test_feature_cache_reused_and_invalidated(project, monkeypatch):
+def test_feature_cache_reused_and_invalidated(project, monkeypatch, tmp_path):
     cfg, layout = project
     ds = load_eval_set("digits", cfg.evaluate.datasets["digits"], layout)
     cache = layout.features(RUN, "digits")
     ex = FeatureExtractor(layout.model(RUN), device="cpu", batch_size=4)
     first = ex.features(cache, ds)
-    assert set(first) >= {"test_z", "test_h", "test_y", "train_z", "train_y", "zeroshot_classifier"}
+    # no zero-shot classifier: the zero-shot task builds it
+    assert set(first) == {"test_z", "test_h", "test_y", "train_z", "train_h", "train_y"}
     assert first["test_z"].shape == (20, 128) and first["test_h"].shape == (20, 16)
-    assert first["zeroshot_classifier"].shape == (10, 128)
-    np.testing.assert_allclose(np.linalg.norm(first["zeroshot_classifier"], axis=1), 1.0, rtol=1e-5)
+    x = SetInput(first, ds, cfg.evaluate, tmp_path / "f.png", ex.similarity, ex)
+    classes = zeroshot_classifier(x)
+    assert classes.shape == (10, 128) and zeroshot_classifier(x) is classes  # built once per set
+    np.testing.assert_allclose(np.linalg.norm(classes, axis=1), 1.0, rtol=1e-5)
 
     # independent oracle: batch size 1 must give the same z and h as the batched pass
     z1, h1, y1 = encode_images(ex.model, ds.test, ex.transform, ex.device, batch_size=1)
@@ -259,7 +267,7 @@ def test_collect_starts_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from protoclip.evaluate.stage import run_collect; "
+    code = ("import sys; from protoclip.evaluate.collect import run_collect; "
             "print(sorted(m for m in ('torch', 'open_clip', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

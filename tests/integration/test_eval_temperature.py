@@ -1,4 +1,4 @@
-"""The evaluation's `temperature` task on a tiny saved model: model.pt -> FeatureExtractor -> task_temperature,
+"""The evaluation's `temperature` task on a tiny saved model: model.pt -> FeatureExtractor -> its task adapter,
 checked against the temperature-paper quantities computed here from the model's own encodings (float64)."""
 from __future__ import annotations
 
@@ -27,17 +27,21 @@ def _toy_set():
     return LabelledSet("toy", ["cat", "car", "tree"], ["a photo of a {}.", "a {}."], test, captions=caps), imgs
 
 
-def _features(tmp_path, cfg):
+def _features(tmp_path, cfg, ecfg=None):
+    """The model, the toy set, its images and what a task reads of it (protoclip.evaluate.adapters.SetInput)."""
+    from protoclip.evaluate.adapters import SetInput
+    from protoclip.evaluate.config import EvaluateConfig
     from protoclip.evaluate.features import FeatureExtractor
     from protoclip.models import save_model
+    from protoclip.registry import method_class
     from protoclip.schema import to_dict
-    from protoclip.train.registry import method_class
 
     model = _model(cfg).eval()
     save_model(tmp_path / "m.pt", model, to_dict(cfg), eval_spec=method_class(cfg.method).eval_spec(cfg))
     ds, imgs = _toy_set()
-    return model, ds, imgs, FeatureExtractor(tmp_path / "m.pt", device="cpu", batch_size=4).features(
-        tmp_path / "f.npz", ds)
+    ex = FeatureExtractor(tmp_path / "m.pt", device="cpu", batch_size=4)
+    feats = ex.features(tmp_path / "f.npz", ds)
+    return model, ds, imgs, SetInput(feats, ds, ecfg or EvaluateConfig(), tmp_path / "f.png", ex.similarity, ex)
 
 
 def _naive_log_ratio(sim, tau):
@@ -63,15 +67,16 @@ def test_temperature_task_matches_the_model(tmp_path, kind):
     from PIL import Image
 
     from protoclip.evaluate.config import EvaluateConfig, TemperatureDiagnosticsConfig
-    from protoclip.evaluate.stage import task_temperature, task_zeroshot, too_small
+    from protoclip.evaluate.adapters import task_temperature, task_zeroshot
+    from protoclip.evaluate.plan import too_small
     from protoclip.losses.distances import neg_distance
 
     cfg = _cfg("multitoken") if kind == "multitoken" else tiny_config(method="clip", model="tiny-vit")
-    model, ds, imgs, f = _features(tmp_path, cfg)
-    assert too_small("temperature", f) is None
     ecfg = EvaluateConfig(temperature=TemperatureDiagnosticsConfig(
         batch_sizes=[3, 8], shuffle_shares=[0.0], scale_min=0.5, scale_max=50.0, scale_steps=5, histogram_bins=4))
-    result = task_temperature(f, ds, ecfg, tmp_path)
+    model, ds, imgs, x = _features(tmp_path, cfg, ecfg)
+    assert too_small("temperature", x.feats, x.similarity) is None
+    result = task_temperature(x)
     m, sizes = result.metrics, result.sizes
     assert sizes["n_pairs"] == 3 and result.examples == {} and m["skipped_batch_sizes"] == [8]
     # oracle: the 3 pairs (first caption per image) encoded here; the method's similarity in float64
@@ -87,7 +92,7 @@ def test_temperature_task_matches_the_model(tmp_path, kind):
         return
     # Table 11: zero-shot with 1 of the 4 tokens = per-token cosines averaged over the prompts (logits averaged)
     t = m["token_subsets"]
-    assert m["tokens"] == 4 and t["all"] == pytest.approx(task_zeroshot(f, ds, ecfg, tmp_path).metrics["top1"])
+    assert m["tokens"] == 4 and t["all"] == pytest.approx(task_zeroshot(x).metrics["top1"])
     xi, xt = _encode(model, cfg, [Image.fromarray(im) for im in imgs],
                      [tpl.format(c) for c in ds.classnames for tpl in ds.templates])
     ci = torch.nn.functional.normalize(xi.reshape(6, 4, -1), dim=-1)
@@ -101,12 +106,15 @@ def test_temperature_task_matches_the_model(tmp_path, kind):
 
 
 def test_temperature_task_not_run_where_it_does_not_apply(tmp_path):
-    from protoclip.evaluate.stage import not_applicable, too_small
+    from protoclip.evaluate.plan import not_applicable, too_small
+    from protoclip.similarity import Similarity
+    from protoclip.tasks import TaskStatus
 
-    _, ds, _, f = _features(tmp_path, _cfg("nclip"))
-    assert too_small("temperature", f) == "the nclip_ce similarity is not a distance"
+    _, ds, _, x = _features(tmp_path, _cfg("nclip"))
+    assert too_small("temperature", x.feats, x.similarity) == TaskStatus(
+        TaskStatus.TOO_SMALL, "the nclip_ce similarity is not a distance")
     cosine_without_captions = {"test_z": np.ones((2, 3)), "test_y": np.zeros(2, int)}
-    assert too_small("temperature", cosine_without_captions).startswith("no caption pairs")
+    assert too_small("temperature", cosine_without_captions, Similarity()).reason.startswith("no caption pairs")
     from protoclip.evaluate.datasets import LabelledSet
 
     assert not_applicable("temperature", LabelledSet("x", ["a"], [], test=[(None, 0)], train=None)) is not None

@@ -22,7 +22,7 @@ from protoclip.models import build_model, get_tokenizer, load_model, save_model
 from protoclip.models.export_openclip import CONFIG_FILE, WEIGHTS_FILE, ExportError, export_openclip
 from protoclip.schema import to_dict
 from protoclip.train.config import TrainConfig
-from protoclip.train.registry import method_class
+from protoclip.registry import method_class
 from testkit import REPO
 from testkit.training import WORDS, one_thread
 
@@ -134,6 +134,8 @@ def test_clip_benchmark_scores_the_export_as_the_project_does(tmp_path):
     from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
     from protoclip.data.evalsets import build_digits
+    from protoclip.evaluate.adapters import SetInput, zeroshot_classifier
+    from protoclip.evaluate.config import EvaluateConfig
     from protoclip.evaluate.datasets import ArraySplit, CaptionSet, load_offline_npz
     from protoclip.evaluate.features import FeatureExtractor
     from protoclip.evaluate.metrics.retrieval import retrieval_recall
@@ -154,7 +156,8 @@ def test_clip_benchmark_scores_the_export_as_the_project_does(tmp_path):
     path = saved_model(tmp_path, "tiny-vit")
     ex = FeatureExtractor(path, device="cpu", batch_size=64)
     f = ex.extract(ds)
-    ours_zs = zeroshot_classify(f["test_z"], f["zeroshot_classifier"], f["test_y"])
+    classes = zeroshot_classifier(SetInput(f, ds, EvaluateConfig(), tmp_path / "f.png", ex.similarity, ex))
+    ours_zs = zeroshot_classify(f["test_z"], classes, f["test_y"])
     g = ex.extract(caps)
     ours_ret = retrieval_recall(g["caption_image_z"], g["caption_text_z"], g["caption_text_to_image"])
 

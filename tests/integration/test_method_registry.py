@@ -1,8 +1,8 @@
 """A training method is one module plus one registration line: a toy method defined here (and nowhere else),
-with a config section of its own, is validated by the config loader (its section strictly, its own rules),
-trains through `run_train`, records how it is evaluated in model.pt, and is evaluated through `run_evaluate` by
-what the model file says, not by the project config. Also: the registry check of ``TrainConfig.method`` and the
-fallback for model files saved before they carried an evaluation spec."""
+with a config section and an evaluation similarity of its own, is validated by the config loader (its section
+strictly, its own rules), trains through `run_train`, records how it is evaluated in model.pt, and is evaluated
+through `run_evaluate` by what the model file says (its own similarity), not by the project config. Also: the
+registry check of ``TrainConfig.method``."""
 from __future__ import annotations
 
 import json
@@ -17,11 +17,11 @@ import yaml
 from protoclip.config import load_config
 from protoclip.errors import ConfigError
 from protoclip.models import EvalSpec, read_eval_spec, save_model
-from protoclip.models.checkpoint import legacy_eval_spec
 from protoclip.schema import build, to_dict
 from protoclip.train.config import TrainConfig
 from protoclip.train.methods.base import Method, MultiView, register
-from protoclip.train.registry import METHODS, method_class
+from protoclip.registry import METHODS, method_class
+from protoclip.similarity import Similarity
 from testkit import REPO
 from testkit.training import tiny_config
 
@@ -37,12 +37,30 @@ class ToyAlignConfig:
             raise ValueError("uniformity_weight must be >= 0")
 
 
+class ToyHeadCosine(Similarity):
+    """The toy's evaluation score: the cosine of the projection heads' outputs h^I, h^T (not of z); a prompt
+    ensemble is the normalised mean of the prompts' unit h^T."""
+
+    name = "toy_head_cosine"
+    dot_product = True
+
+    def pre(self, z, h):
+        return torch.nn.functional.normalize(h.float(), dim=1)
+
+    def image(self, z, h):
+        return self.pre(z, h)
+
+    def text(self, pre):
+        return torch.nn.functional.normalize(pre, dim=1)
+
+
 @register("toy_align", sections={"toy_align": ToyAlignConfig})
 class ToyAlign(Method):
-    """Image-only: two augmented views of each image pulled together on the sphere of h^I, plus Wang & Isola's
-    uniformity term (log E exp(-2 |h_a - h_b|^2) over the batch) so the features do not collapse."""
+    """Two augmented views of each image pulled together on the sphere of h^I, plus Wang & Isola's uniformity
+    term (log E exp(-2 |h_a - h_b|^2) over the batch) so the features do not collapse, plus an InfoNCE of h^I
+    against its caption's h^T (scale 10); evaluated by the cosine of h (:class:`ToyHeadCosine`)."""
 
-    image_only = True  # the text tower is never trained: zero-shot / retrieval are not applicable
+    similarity = ToyHeadCosine
 
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:
@@ -58,19 +76,23 @@ class ToyAlign(Method):
         return MultiView(aug, aug)
 
     def outputs(self) -> set[str]:
-        return {"h_a", "h_b"}
+        return {"h_a", "h_b", "h_t"}
 
     def forward(self, model, images, tokens):
         return {"h_a": model.image_head(model.encode_image(images[0])),
-                "h_b": model.image_head(model.encode_image(images[1]))}
+                "h_b": model.image_head(model.encode_image(images[1])),
+                "h_t": model.text_head(model.encode_text(tokens))}
 
     def terms(self, model, out, positions, state):
         a = torch.nn.functional.normalize(out["h_a"].float(), dim=1)
         b = torch.nn.functional.normalize(out["h_b"].float(), dim=1)
-        return {"align": (a - b).pow(2).sum(1).mean(), "unif": torch.pdist(a).pow(2).mul(-2).exp().mean().log()}
+        t = torch.nn.functional.normalize(out["h_t"].float(), dim=1)
+        pair = torch.nn.functional.cross_entropy(10.0 * a @ t.T, torch.arange(len(a), device=a.device))
+        return {"align": (a - b).pow(2).sum(1).mean(), "unif": torch.pdist(a).pow(2).mul(-2).exp().mean().log(),
+                "pair": pair}
 
     def total(self, terms):
-        return terms["align"] + self.cfg.toy_align.uniformity_weight * terms["unif"]
+        return terms["align"] + self.cfg.toy_align.uniformity_weight * terms["unif"] + terms["pair"]
 
 
 def test_method_name_is_checked_against_the_registry():
@@ -89,7 +111,7 @@ def test_method_name_is_checked_against_the_registry():
 def test_a_method_brings_its_config_section():
     """``train.toy_align`` exists because the toy method registered it: built strictly, its defaults in every
     run, its values checked when the config loads, written back beside the declared fields."""
-    from protoclip.train.registry import method_sections
+    from protoclip.registry import method_sections
 
     assert method_sections()["toy_align"] is ToyAlignConfig
     assert TrainConfig().toy_align == ToyAlignConfig()  # every run has it, with its defaults
@@ -151,28 +173,6 @@ def test_importing_the_config_layer_imports_no_method():
     assert out.stdout.strip() == "[]"
 
 
-# the rules of the five methods before model files carried their spec, one config each way they differ
-LEGACY_CASES = [dict(method="protoclip"), dict(method="clip"), dict(method="xclip"), dict(method="nclip"),
-                dict(method="pcl"), dict(method="clip", class_tokens=4, loss={"distance": "ps_negtrace"}),
-                dict(method="clip", class_tokens=4, loss={"distance": "ps_geodesic", "subspheres": 2}),
-                dict(method="clip", class_tokens=3), dict(method="nclip", class_tokens=2)]
-
-
-@pytest.mark.parametrize("case", LEGACY_CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
-def test_legacy_model_files_get_the_spec_their_method_gives(tmp_path, case):
-    cfg = tiny_config(**case)
-    want = EvalSpec(**method_class(cfg.method).eval_spec(cfg))
-    assert legacy_eval_spec(json.loads(json.dumps(to_dict(cfg)))) == want
-    # a file without eval_json (as saved before it existed) is read through the fallback
-    from protoclip.models import build_model
-
-    path = save_model(tmp_path / "m.pt", build_model("tiny-rn", head_hidden=8, head_out=4), to_dict(cfg))
-    payload = torch.load(path, weights_only=True)
-    del payload["eval_json"]
-    torch.save(payload, path)
-    assert read_eval_spec(path) == want
-
-
 def test_eval_spec_of_the_shipped_methods():
     spec = {m: method_class(m).eval_spec(tiny_config(method=m)) for m in ("protoclip", "nclip", "xclip", "pcl")}
     assert {m: (s["similarity"], s["image_only"]) for m, s in spec.items()} == {
@@ -181,18 +181,33 @@ def test_eval_spec_of_the_shipped_methods():
     mt = tiny_config(method="clip", class_tokens=4, loss={"distance": "ps_negtrace"})
     assert method_class("clip").eval_spec(mt) == {"method": "clip", "similarity": "product_sphere",
                                                   "subspheres": 4, "image_only": False}
-    assert legacy_eval_spec({}) == EvalSpec() and EvalSpec().similarity == "cosine"
-    with pytest.raises(ValueError, match="similarity must be one of"):
-        EvalSpec(similarity="dot")
+    assert EvalSpec().similarity == "cosine"
+    with pytest.raises(ValueError, match="subspheres >= 1"):
+        EvalSpec(subspheres=0)
+
+
+def test_a_model_file_without_its_evaluation_spec_is_refused(tmp_path):
+    from protoclip.models import build_model
+    from protoclip.models.checkpoint import ModelFileError
+
+    path = save_model(tmp_path / "m.pt", build_model("tiny-rn", head_hidden=8, head_out=4), {"method": "clip"})
+    payload = torch.load(path, weights_only=True)
+    del payload["eval_json"]
+    torch.save(payload, path)
+    with pytest.raises(ModelFileError, match="no evaluation spec"):
+        read_eval_spec(path)
 
 
 def test_toy_method_trains_and_evaluates_through_the_normal_path(tmp_path, monkeypatch):
-    """config -> run_train -> model.pt (its spec) -> run_evaluate, for a method that exists only in this file."""
+    """config -> run_train -> model.pt (its spec) -> run_evaluate scoring zero-shot by the toy's own similarity,
+    for a method that exists only in this file."""
+    from protoclip.data.transforms import eval_transform
     from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
+    from protoclip.evaluate.datasets import load_eval_set
     from protoclip.evaluate.stage import run_evaluate
     from protoclip.layout import Layout
+    from protoclip.models import get_tokenizer, load_model
     from protoclip.records import read_train_log as read_log
-    from protoclip.tasks import NOT_APPLICABLE
     from protoclip.train.stage import run_train
     from testkit.evaluation import RecordingTracker, digits_npz
     from testkit.training import stage_project as _project
@@ -205,11 +220,12 @@ def test_toy_method_trains_and_evaluates_through_the_normal_path(tmp_path, monke
     cfg = load_config(path)
     out = run_train(cfg, "toy")
     layout = Layout.from_config(cfg)
-    assert read_eval_spec(out) == EvalSpec(method="toy_align", similarity="cosine", subspheres=1, image_only=True)
+    assert read_eval_spec(out) == EvalSpec(method="toy_align", similarity="toy_head_cosine", subspheres=1,
+                                           image_only=False)
     steps = read_log(layout.train_log("toy"), "step")
-    assert steps and all(set(s) >= {"align", "unif"} for s in steps)
-    for s in steps:  # the section's value reached the method: loss = align + 0.5 unif
-        assert s["loss"] == pytest.approx(s["align"] + 0.5 * s["unif"], rel=1e-5, abs=1e-6)
+    assert steps and all(set(s) >= {"align", "unif", "pair"} for s in steps)
+    for s in steps:  # the section's value reached the method: loss = align + 0.5 unif + pair
+        assert s["loss"] == pytest.approx(s["align"] + 0.5 * s["unif"] + s["pair"], rel=1e-5, abs=1e-6)
 
     # evaluation reads the method from the model file: a project config that now says `clip` changes nothing
     cfg._runs = {"toy": ({"method": "clip", "teacher": None}, "<edited after training>")}
@@ -224,6 +240,21 @@ def test_toy_method_trains_and_evaluates_through_the_normal_path(tmp_path, monke
     monkeypatch.setattr("protoclip.evaluate.stage.evaluation_run", fake_evaluation_run)
     run_evaluate(cfg, "toy", tasks=["knn", "zeroshot"], datasets=["digits"])
     zs = json.loads(layout.metrics("toy", "zeroshot", "digits").read_text())
-    assert zs["skipped"].startswith(f"{NOT_APPLICABLE}image-only method (toy_align)") and "metrics" not in zs
+    assert zs["features"] == "toy_head_cosine similarity (image vs prompt-ensembled text)"
     knn = json.loads(layout.metrics("toy", "knn", "digits").read_text())
     assert 0.0 <= knn["metrics"]["top1"] <= 100.0
+    # oracle: the heads' cosine computed here, one image and one class at a time, prompts averaged as unit h^T
+    model, _ = load_model(out)
+    ds = load_eval_set("digits", cfg.evaluate.datasets["digits"], layout)
+    tf, tok = eval_transform(model.image_size), get_tokenizer(model.name, context_length=model.context_length)
+    with torch.no_grad():
+        classes = []
+        for c in ds.classnames:
+            ht = model.text_head(model.encode_text(tok([t.format(c) for t in ds.templates]))).double()
+            classes.append(torch.nn.functional.normalize(torch.nn.functional.normalize(ht, dim=1).mean(0), dim=0))
+        hits = []
+        for img, y in ds.test:
+            hi = model.image_head(model.encode_image(tf(img)[None])).double()[0]
+            scores = torch.stack([torch.dot(hi / hi.norm(), c) for c in classes])
+            hits.append(int(scores.argmax()) == int(y))
+    assert zs["metrics"]["top1"] == pytest.approx(100.0 * sum(hits) / len(hits))

@@ -37,11 +37,11 @@ def test_method_outputs_weights_and_similarity():
     assert m.outputs() == {"z_image", "z_text", "logit_scale", "h_image", "h_text"}
     one = torch.tensor(1.0)
     assert float(m.total({"clip": one, "nclip": one, "nclip_ce": one})) == pytest.approx(0.2 + 1.0)  # Eq. 5
-    assert method_class("xclip").similarity_for(cfg) == "cosine"
-    assert method_class("nclip").similarity_for(tiny_config(method="nclip")) == "nclip_ce"
+    assert method_class("xclip").similarity_for(cfg).name == "cosine"
+    assert method_class("nclip").similarity_for(tiny_config(method="nclip")).name == "nclip_ce"
     mt = tiny_config(**{k: v for k, v in NEW["multitoken"].items() if k != "loss"},
                      loss={"distance": "ps_negtrace"})
-    assert method_class("clip").similarity_for(mt) == "product_sphere"
+    assert method_class("clip").similarity_for(mt).name == "product_sphere"
     assert mt.subspheres() == 4 and mt.clip_max_logit_scale() == 3.95
     assert tiny_config(method="clip").clip_max_logit_scale() == 100.0
 
@@ -92,25 +92,28 @@ def test_multitoken_model_file_roundtrip(tmp_path):
 
 
 def test_similarity_embeddings_dot_products():
-    from protoclip.evaluate.features import ensemble_pre, similarity_embeddings, similarity_pre
     from protoclip.losses.distances import neg_distance
     from protoclip.losses.nclip import nclip_similarity
+    from protoclip.similarity import similarity_of
 
     g = torch.Generator().manual_seed(0)
     zi, zt = torch.randn(3, 12, generator=g), torch.randn(4, 12, generator=g)
     hi, ht = torch.randn(3, 5, generator=g), torch.randn(4, 5, generator=g)
-    ps_i = similarity_embeddings("product_sphere", "image", zi, None, 4)
-    ps_t = similarity_embeddings("product_sphere", "text", zt, None, 4)
+    ps = similarity_of("clip", "product_sphere", 4)
+    ps_i, ps_t = ps.image(zi, None), ps.text(ps.pre(zt, None))
     assert torch.allclose(ps_i @ ps_t.T, neg_distance(zi, zt, "ps_negtrace", 4), atol=1e-5)
-    n_i = similarity_embeddings("nclip_ce", "image", None, hi)
-    n_t = similarity_embeddings("nclip_ce", "text", None, ht)
+    nc = similarity_of("nclip", "nclip_ce")
+    n_i, n_t = nc.image(None, hi), nc.text(nc.pre(None, ht))
     want = nclip_similarity(torch.log_softmax(hi, 1), torch.log_softmax(ht, 1))
     assert torch.allclose(n_i @ n_t.T, want, atol=1e-5)
     # prompt ensemble for nCLIP: the mean of the probability vectors, then scored
-    pre = ensemble_pre("nclip_ce", similarity_pre("nclip_ce", None, ht[:2]))
-    row = similarity_embeddings("nclip_ce", "text", None, None, pre=pre)
+    row = nc.text(nc.ensemble(nc.pre(None, ht[:2])))
     mean_p = torch.softmax(ht[:2], 1).mean(0, keepdim=True)
     assert torch.allclose(n_i @ row.T, nclip_similarity(torch.log_softmax(hi, 1), mean_p.log()), atol=1e-5)
+    # a model file naming a similarity its method does not have: refused by name
+    with pytest.raises(ValueError, match="method 'protoclip' has no evaluation similarity 'nclip_ce'"):
+        similarity_of("protoclip", "nclip_ce")
+    assert similarity_of(None, "cosine").name == "cosine" and not similarity_of("xclip", "cosine").dot_product
 
 
 @pytest.mark.parametrize("name", sorted(NEW))
@@ -177,8 +180,8 @@ def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
     from protoclip.data.transforms import eval_transform
     from protoclip.evaluate.config import EvaluateConfig
     from protoclip.evaluate.datasets import ArraySplit, CaptionSet, LabelledSet
+    from protoclip.evaluate.adapters import SetInput, task_retrieval, task_zeroshot, zeroshot_classifier
     from protoclip.evaluate.features import FeatureExtractor
-    from protoclip.evaluate.stage import task_retrieval, task_zeroshot
     from protoclip.losses.distances import neg_distance
     from protoclip.losses.nclip import nclip_similarity
     from protoclip.models import get_tokenizer, save_model
@@ -192,8 +195,10 @@ def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
     test = ArraySplit(imgs, np.array([0, 1, 2, 0, 1, 2]))
     caps = CaptionSet("caps", ArraySplit(imgs[:3], np.arange(3)), [["a red cat"], ["a blue car"], ["a green tree"]])
     ds = LabelledSet("toy", ["cat", "car", "tree"], ["a photo of a {}.", "a {}."], test, captions=caps)
-    f = FeatureExtractor(tmp_path / "m.pt", device="cpu", batch_size=4).features(tmp_path / "f.npz", ds)
-    assert str(f["similarity"]) == ("nclip_ce" if kind == "nclip" else "product_sphere")
+    ex = FeatureExtractor(tmp_path / "m.pt", device="cpu", batch_size=4)
+    f = ex.features(tmp_path / "f.npz", ds)
+    assert ex.similarity.name == ("nclip_ce" if kind == "nclip" else "product_sphere")
+    inputs = SetInput(f, ds, EvaluateConfig(), tmp_path / "f.png", ex.similarity, ex)
     # oracle: encode here, score by the method's similarity, prompt-ensemble per the spec
     tok, tf = get_tokenizer(cfg.model), eval_transform(model.image_size)
     with torch.no_grad():
@@ -206,11 +211,11 @@ def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
             scores = nclip_similarity(torch.log_softmax(model.image_head(zi), 1), q.log())
         else:
             scores = neg_distance(zi, zt, "ps_negtrace", 4).reshape(6, 3, 2).mean(2)  # logits averaged
-    got = torch.from_numpy(f["test_s"] @ f["zeroshot_classifier_s"].T)
-    torch.testing.assert_close(got, scores.float(), atol=1e-4, rtol=1e-4)  # the cached dot product is the score
+    got = torch.from_numpy(f["test_s"] @ zeroshot_classifier(inputs).T)
+    torch.testing.assert_close(got, scores.float(), atol=1e-4, rtol=1e-4)  # the dot product is the score
     want = 100.0 * float((scores.argmax(1) == torch.tensor([0, 1, 2, 0, 1, 2])).float().mean())
-    zs = task_zeroshot(f, ds, EvaluateConfig(), tmp_path)
+    zs = task_zeroshot(inputs)
     assert zs.metrics["top1"] == pytest.approx(want) and ("nclip_ce" in zs.features or "product_sphere" in zs.features)
     assert torch.equal(torch.from_numpy(zs.examples["top1"]), scores.argmax(1) == torch.tensor([0, 1, 2, 0, 1, 2]))
-    r = task_retrieval(f, caps, EvaluateConfig(), tmp_path)
+    r = task_retrieval(SetInput(f, caps, EvaluateConfig(), tmp_path / "f.png", ex.similarity, ex))
     assert "similarity" in r.features and 0.0 <= r.metrics["mean_recall"] <= 100.0

@@ -6,7 +6,10 @@ import yaml
 
 from protoclip.config import load_config
 from protoclip.layout import Layout
-from protoclip.report.tables import collect_metrics, run_report, task_table
+from protoclip.report.stage import run_report
+from protoclip.report.tables import collect_metrics, task_table
+from protoclip.report.values import Results
+from protoclip.tasks import TaskStatus
 from testkit.results import mark_evaluated
 
 
@@ -27,7 +30,8 @@ def make_project(tmp_path):
             path.write_text(json.dumps({"metrics": metrics, "run": run}))
         skip = lay.metrics(run, "zeroshot", "cifar10")
         skip.parent.mkdir(parents=True, exist_ok=True)
-        skip.write_text(json.dumps({"skipped": "skipped: cifar10 not found at /nope"}))
+        skip.write_text(json.dumps({"skipped": "skipped: cifar10 not found at /nope", "status": {
+            "state": "missing", "reason": "skipped: cifar10 not found at /nope"}}))
         log = lay.train_log(run)
         log.write_text("\n".join(json.dumps({"kind": "step", "step": s, "loss": 5.0 - s}) for s in range(3))
                        + "\n" + json.dumps({"kind": "episode", "episode": 0}) + "\n")
@@ -37,7 +41,7 @@ def make_project(tmp_path):
 
 def test_tables_hold_the_metrics_files_values(tmp_path):
     cfg, lay = make_project(tmp_path)
-    long = collect_metrics(lay, ["a", "b"])
+    long = collect_metrics(Results(cfg), ["a", "b"])
     table, skipped = task_table(long, "zeroshot")
     assert table.loc[("digits", "top1"), "a"] == "12.5" and table.loc[("digits", "top5"), "b"] == "40"
     assert skipped == ["skipped: cifar10 not found at /nope"]  # listed once in the index, not as a row
@@ -63,12 +67,12 @@ def test_not_applicable_cells_read_na_and_stay_out_of_the_skipped_list(tmp_path)
     # an image-only run's zero-shot is "not applicable" (a property of the run): its cell says so, and the index's
     # skipped-data-set list holds only sets that are missing, not the run's inapplicable tasks
     from protoclip.report.config import ColumnConfig
-    from protoclip.report.values import Results
 
     cfg, lay = make_project(tmp_path)
     for task in ("zeroshot", "clustering"):
+        status = TaskStatus(TaskStatus.NOT_APPLICABLE, "image-only method (pcl)", "the text tower is untrained")
         lay.metrics("b", task, "digits").write_text(json.dumps(
-            {"run": "b", "task": task, "skipped": "not applicable: image-only method (pcl), the text tower is untrained"}))
+            {"run": "b", "task": task, "skipped": status.line, "status": status.record()}))
     mark_evaluated(lay.results_dir)  # as the evaluation that wrote them does last
     res = Results(cfg)
     zs = ColumnConfig(label="zero-shot", task="zeroshot", datasets=["digits"])

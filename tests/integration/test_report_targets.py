@@ -145,7 +145,7 @@ def test_shared_subsample_is_seeded_and_sorted():
 
 
 def test_report_writes_every_target_with_ours_and_the_papers_numbers(tmp_path):
-    from protoclip.report.tables import run_report
+    from protoclip.report.stage import run_report
 
     cfg = load_config(project_copy(tmp_path))
     synthesize(cfg)

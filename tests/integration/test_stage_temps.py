@@ -56,22 +56,22 @@ def cfg(tmp_path):
 
 
 def test_collect_removes_a_killed_metrics_summary_write(cfg):
-    import protoclip.evaluate.stage as stage
+    from protoclip.evaluate.collect import run_collect
 
     layout = Layout.from_config(cfg)
     left = killed_write(layout.metrics_summary("r"))
-    stage.run_collect(cfg, "r")  # nothing evaluated: an empty summary, written for real
+    run_collect(cfg, "r")  # nothing evaluated: an empty summary, written for real
     assert not left.exists() and layout.metrics_summary("r").is_file()
 
 
 def test_report_removes_killed_writes_in_its_folders(cfg, monkeypatch):
-    import protoclip.report.tables as tables
+    import protoclip.report.stage as stage
 
     layout = Layout.from_config(cfg)
     left = [killed_write(layout.tables / "zeroshot.csv"), killed_write(layout.figures / "fig.png")]
-    monkeypatch.setattr(tables, "collect_metrics", stop)
+    monkeypatch.setattr(stage, "collect_metrics", stop)
     with pytest.raises(Stop):
-        tables.run_report(cfg)
+        stage.run_report(cfg)
     assert not any(p.exists() for p in left)
 
 

@@ -344,7 +344,6 @@ def test_kill_9_anywhere_resumes_what_was_saved(tmp_path, monkeypatch, where, en
     run's features."""
     import subprocess
     import sys
-    from pathlib import Path
 
     import protoclip.teacher.cache as cache
     from testkit.teachers import HashTeacher

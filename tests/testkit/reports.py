@@ -61,8 +61,9 @@ def synthesize(cfg, examples: bool = False) -> None:
             for task in tasks:
                 path = layout.metrics(run, task, dataset)
                 if dataset not in offline:
-                    write(path, {"run": run, "task": task, "dataset": dataset,
-                                 "skipped": f"skipped: {dataset} not found at data/external/{dataset}"})
+                    line = f"skipped: {dataset} not found at data/external/{dataset}"
+                    write(path, {"run": run, "task": task, "dataset": dataset, "skipped": line,
+                                 "status": {"state": "missing", "reason": line}})
                     continue
                 m = {k: metric_value(run, task, dataset, k) for k in metrics[task]}
                 if task == "zeroshot":

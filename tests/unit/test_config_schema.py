@@ -23,7 +23,7 @@ from protoclip.config_schema import (
 from protoclip.dag.snakemake import schema_error
 from protoclip.errors import ConfigError
 from protoclip.schema import deep_merge
-from protoclip.train.registry import method_sections
+from protoclip.registry import method_sections
 from testkit import REPO
 
 SHIPPED = ["config.yaml", "paper.yaml", "ci.yaml", "paper_pcl.yaml"]

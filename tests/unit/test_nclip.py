@@ -177,19 +177,18 @@ def test_ddp_batch_mean_is_global_with_gradient(tmp_path):
 
 
 def test_evaluation_score_exact_for_sharp_head_logits():
-    """The evaluation's dot-product form of -L_CE (evaluate.features, prompt ensemble = mean probability) equals
+    """The evaluation's dot-product form of -L_CE (nCLIP's similarity, prompt ensemble = mean probability) equals
     a float64 computation even when head logits are sharp (sd 20: float32 softmax underflows to 0, and the old
     log(clamp(softmax)) picked another class for ~4% of images)."""
-    from protoclip.evaluate.features import ensemble_pre, similarity_embeddings, similarity_pre
+    from protoclip.train.methods.nclip import NCLIPCrossEntropy
 
     g = torch.Generator().manual_seed(7)
     K, n_img, n_cls, n_prompts = 64, 200, 10, 3
     hi = 20 * torch.randn(n_img, K, generator=g)
     ht = 20 * torch.randn(n_cls, n_prompts, K, generator=g)
-    img = similarity_embeddings("nclip_ce", "image", None, hi)
-    cls = torch.cat([similarity_embeddings("nclip_ce", "text", None, None,
-                                           pre=ensemble_pre("nclip_ce", similarity_pre("nclip_ce", None, ht[c])))
-                     for c in range(n_cls)])
+    sim = NCLIPCrossEntropy()
+    img = sim.image(None, hi)
+    cls = torch.cat([sim.text(sim.ensemble(sim.pre(None, ht[c]))) for c in range(n_cls)])
     got = (img @ cls.T).double()
 
     def logp64(h):  # float64 log-softmax by hand
@@ -205,24 +204,21 @@ def test_evaluation_score_exact_for_sharp_head_logits():
 
 
 def test_zeroshot_logs_the_image_as_target_variant(tmp_path):
-    """task_zeroshot of an nCLIP run adds image_as_target: top-k of p_I . log p_T (image distribution as the
+    """The zero-shot task of an nCLIP run adds image_as_target: top-k of p_I . log p_T (image distribution as the
     target, spec 1.7.4), here against a float64 argmax; the headline stays the symmetric score."""
-    import numpy as np
-
+    from protoclip.evaluate.adapters import SetInput, task_zeroshot
     from protoclip.evaluate.config import EvaluateConfig
-    from protoclip.evaluate.features import ensemble_pre, similarity_embeddings, similarity_pre
-    from protoclip.evaluate.stage import task_zeroshot
+    from protoclip.train.methods.nclip import NCLIPCrossEntropy
 
     g = torch.Generator().manual_seed(8)
     hi, ht = 3 * torch.randn(40, 16, generator=g), 3 * torch.randn(6, 2, 16, generator=g)
     y = torch.randint(0, 6, (40,), generator=g)
-    cls = torch.cat([similarity_embeddings("nclip_ce", "text", None, None,
-                                           pre=ensemble_pre("nclip_ce", similarity_pre("nclip_ce", None, ht[c])))
-                     for c in range(6)])
-    f = {"test_s": similarity_embeddings("nclip_ce", "image", None, hi).numpy(), "test_y": y.numpy(),
-         "zeroshot_classifier_s": cls.numpy(), "similarity": np.array("nclip_ce")}
+    sim = NCLIPCrossEntropy()
+    cls = torch.cat([sim.text(sim.ensemble(sim.pre(None, ht[c]))) for c in range(6)])
+    f = {"test_s": sim.image(None, hi).numpy(), "test_y": y.numpy()}
     ds = type("DS", (), {"classnames": list("abcdef"), "templates": ["{}", "a {}"]})()
-    m = task_zeroshot(f, ds, EvaluateConfig(), tmp_path).metrics
+    # the classifier as the zero-shot task builds it from the text tower: given here from the head logits
+    m = task_zeroshot(SetInput(f, ds, EvaluateConfig(), tmp_path, sim, classifiers={"s": cls.numpy()})).metrics
     p_i = torch.softmax(hi.double(), 1)
     logq = torch.softmax(ht.double(), 2).mean(1).log()
     want_target = 100.0 * float(((p_i @ logq.T).argmax(1) == y).double().mean())

@@ -9,8 +9,9 @@ import numpy as np
 from protoclip import records
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.datasets import ArraySplit, LabelledSet, Skipped, eval_data_path, missing_reason
-from protoclip.evaluate.stage import TaskPlan, plan_tasks
+from protoclip.evaluate.plan import RUNS, TaskPlan, plan_tasks
 from protoclip.layout import Layout
+from protoclip.tasks import TaskStatus
 from testkit import REPO
 
 SRC = REPO / "src" / "protoclip"
@@ -20,18 +21,19 @@ def test_metrics_files_read_back_in_one_shape(tmp_path):
     lay = Layout(tmp_path / "data", tmp_path / "results")
     records.write_metrics(lay.metrics("r", "knn", "digits"),
                           {"run": "r", "dataset": "digits", "task": "knn", "metrics": {"top1": 91.5}, "n_test": 3})
-    records.write_skip(lay.metrics("r", "zeroshot", "cifar10"), "r", "cifar10", "zeroshot",
-                       "skipped: cifar10 not found at /x")
+    missing = TaskStatus(TaskStatus.MISSING, "skipped: cifar10 not found at /x")
+    records.write_skip(lay.metrics("r", "zeroshot", "cifar10"), "r", "cifar10", "zeroshot", missing)
     (lay.eval_dir("r", "digits") / "notes.json").write_text("{}")  # not a task: not a metrics file
     for dataset, task in (("digits", "knn"), ("cifar10", "zeroshot")):  # as evaluate does last: the marker
         records.write_tasks(lay.eval_tasks("r", dataset), "r", dataset, {task: "ran"}, "0" * 64,
                             files=[lay.metrics("r", task, dataset)])
     assert records.read_metrics(lay.metrics("r", "knn", "digits")) == {"top1": 91.5}
     skipped = records.read_metrics(lay.metrics("r", "zeroshot", "cifar10"))
-    assert skipped == {"skipped": "skipped: cifar10 not found at /x"}
-    assert records.skip_line(skipped) == "skipped: cifar10 not found at /x" and not records.is_not_applicable(
-        records.skip_line(skipped))
+    assert skipped == {"skipped": "skipped: cifar10 not found at /x",
+                       "status": {"state": "missing", "reason": "skipped: cifar10 not found at /x", "detail": ""}}
+    assert records.skip_line(skipped) == "skipped: cifar10 not found at /x" and records.status_of(skipped) == missing
     assert records.skip_line({"top1": 1.0}) is None and records.skip_line(None) is None
+    assert records.status_of({"top1": 1.0}) is None and records.status_of(None) is None
     assert records.read_metrics(lay.metrics("r", "linear", "digits")) is None  # no file
     assert [(t, d) for t, d, _ in records.metrics_files(lay, "r")] == [("knn", "digits"), ("zeroshot", "cifar10")]
     assert records.run_results(lay, "r") == {"knn": {"digits": {"top1": 91.5}}, "zeroshot": {"cifar10": skipped}}
@@ -104,27 +106,56 @@ def _labelled(templates: list[str], train: bool) -> LabelledSet:
 
 
 def test_plan_tasks_decides_run_or_skip_per_task():
+    na = TaskStatus.NOT_APPLICABLE
     tasks = ["zeroshot", "linear", "knn", "retrieval", "clustering"]
     plan = plan_tasks("s", _labelled(["a photo of a {}."], train=False), tasks, image_only=None)
-    assert plan["zeroshot"] == TaskPlan(True) and plan["clustering"] == TaskPlan(True)
-    assert plan["linear"] == TaskPlan(False, "not applicable: no train split")
-    assert plan["retrieval"] == TaskPlan(False, "not applicable: no captions")
+    assert plan["zeroshot"] == RUNS and plan["clustering"] == RUNS and plan["zeroshot"].runs
+    assert plan["linear"] == TaskPlan(TaskStatus(na, "no train split"))
+    assert plan["linear"].status.line == "not applicable: no train split"
+    assert plan["retrieval"] == TaskPlan(TaskStatus(na, "no captions"))
     # an image-only run: its text-tower task gets a not-applicable metrics file (cells read n/a)
     plan = plan_tasks("s", _labelled(["a photo of a {}."], train=True), tasks, image_only="pcl")
-    assert plan["zeroshot"].reason.startswith("not applicable: image-only method (pcl)")
-    assert plan["zeroshot"].metrics_file and not plan["zeroshot"].run and plan["linear"].run
+    assert plan["zeroshot"].status == TaskStatus(na, "image-only method (pcl)", "the text tower is untrained")
+    assert plan["zeroshot"].status.line == "not applicable: image-only method (pcl), the text tower is untrained"
+    assert plan["zeroshot"].metrics_file and not plan["zeroshot"].in_marker and not plan["zeroshot"].runs
+    assert plan["linear"].runs
     # a set without templates: zero-shot does not apply to the set, whatever the method
     assert plan_tasks("s", _labelled([], True), ["zeroshot"], "pcl")["zeroshot"] == TaskPlan(
-        False, "not applicable: no prompt templates")
+        TaskStatus(na, "no prompt templates"))
     missing = plan_tasks("s", Skipped("s", "skipped: s not found at /x"), ["knn"], None)["knn"]
-    assert missing == TaskPlan(False, "skipped: s not found at /x", metrics_file=True)
+    assert missing == TaskPlan(TaskStatus(TaskStatus.MISSING, "skipped: s not found at /x"), metrics_file=True)
+    assert missing.status.line == "skipped: s not found at /x"
     # a copy without its training split: the probes are skipped with the reason (in their cells), the rest runs
     test_only = _labelled(["a photo of a {}."], train=False)
     test_only.train_missing = "no train split in /x/gtsrb (RuntimeError: Dataset not found.)"
     plan = plan_tasks("s", test_only, tasks, image_only=None)
-    assert plan["knn"] == plan["linear"] == TaskPlan(
-        False, "skipped: s: no train split in /x/gtsrb (RuntimeError: Dataset not found.)", metrics_file=True)
-    assert plan["zeroshot"].run and plan["clustering"].run
+    assert plan["knn"] == plan["linear"] == TaskPlan(TaskStatus(
+        TaskStatus.MISSING, "skipped: s: no train split in /x/gtsrb (RuntimeError: Dataset not found.)"),
+        metrics_file=True)
+    assert plan["zeroshot"].runs and plan["clustering"].runs
+
+
+def test_task_status_lines_and_records_round_trip():
+    small = TaskStatus(TaskStatus.TOO_SMALL, "t-SNE needs at least 3 test images")
+    assert small.line == "not run: t-SNE needs at least 3 test images" and not small.ran
+    assert TaskStatus(TaskStatus.RAN).line == "ran" and TaskStatus(TaskStatus.RAN).ran
+    for status in (small, TaskStatus(TaskStatus.NOT_APPLICABLE, "a", "b"), TaskStatus(TaskStatus.MISSING, "x")):
+        assert TaskStatus.from_record(json.loads(json.dumps(status.record()))) == status
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown task state"):
+        TaskStatus("maybe")
+
+
+def test_a_skip_record_without_its_status_is_one_line_naming_it(tmp_path):
+    import pytest
+
+    from protoclip.completion import RecordError
+
+    path = tmp_path / "knn.json"
+    path.write_text(json.dumps({"skipped": "not applicable: x"}))
+    with pytest.raises(RecordError, match=f"{path}: a skipped task without its status"):
+        records.read_metrics(path)
 
 
 def test_layout_imports_nothing_of_the_project():

@@ -31,7 +31,7 @@ def md_rows(md: str) -> dict[str, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    from protoclip.report.tables import run_report
+    from protoclip.report.stage import run_report
 
     tmp = tmp_path_factory.mktemp("printing")
     cfg = load_config(project_copy(tmp))

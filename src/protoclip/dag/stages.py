@@ -371,7 +371,7 @@ def exportable_runs(cfg) -> list[str]:
     """The configured runs ``protoclip export`` can write (the DAG's ``export_all`` target exports these), decided
     from each run's config by its method's evaluation spec, as the train stage records it in model.pt."""
     from protoclip.models.export_openclip import export_refusal
-    from protoclip.train.registry import method_class
+    from protoclip.registry import method_class
 
     out = []
     for r in cfg.run_names():

@@ -76,7 +76,7 @@ def deduplicate(pairs: list[Pair]) -> tuple[list[Pair], dict[str, collections.Co
 
 def to_frame(pairs: list[Pair]) -> pd.DataFrame:
     """Pairs -> manifest frame (string columns, in ``COLUMNS`` order)."""
-    # column by column (not dataclasses.asdict per pair, a recursive deep copy: ~5 s per million pairs)
+    # column by column (not dataclasses.asdict per pair, a recursive deep copy per pair)
     return pd.DataFrame({c: [getattr(p, c) for p in pairs] for c in COLUMNS}, columns=COLUMNS).astype(
         {c: "int64" if c in INT_COLUMNS else "string" for c in COLUMNS})
 

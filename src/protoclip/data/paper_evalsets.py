@@ -132,3 +132,25 @@ def prepare_ucf101(src: str | Path, out: str | Path, split: int = 1, train: bool
         counts[name] = len(entries)
     (out / "ucf101.json").write_text(json.dumps({"split": split, **counts}, indent=1) + "\n")
     return counts
+
+
+# --------------------------------------------------------------------------- `protoclip birdsnap` / `ucf101`
+def add_arguments(p, name: str) -> None:
+    if name == "birdsnap":
+        p.add_argument("--src", required=True, help="folder with species.txt, images.txt, test_images.txt")
+        p.add_argument("--images", help="the downloaded images (default: <src>/download/images)")
+        p.add_argument("--out", required=True, help="output folder (the set's `path`)")
+        return
+    p.add_argument("--src", required=True, help="folder with UCF-101/ and ucfTrainTestlist/")
+    p.add_argument("--out", required=True, help="output folder (the set's `path`)")
+    p.add_argument("--split", type=int, default=1, choices=(1, 2, 3), help="official split (CLIP, ProtoCLIP: 1)")
+    p.add_argument("--train", action="store_true", help="also the training videos (only the probes read them)")
+
+
+def main(args) -> int:
+    if args.stage == "birdsnap":
+        counts = prepare_birdsnap(args.src, args.out, args.images)
+    else:
+        counts = prepare_ucf101(args.src, args.out, args.split, args.train)
+    print(f"protoclip {args.stage}: wrote {args.out}: {counts}")
+    return 0

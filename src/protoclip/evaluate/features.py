@@ -2,16 +2,14 @@
 
 For a :class:`~protoclip.evaluate.datasets.LabelledSet`: image features ``z^I`` (encoder output, not
 normalised: linear probing uses them as is, the other metrics normalise), ``h^I = g^I(z^I)`` (projection
-head output: the prototype space, used by NEMD) and labels of the test and train splits, plus the
-prompt-ensembled zero-shot classifier from ``z^T`` when the set has templates. For a caption set (or the
-captions of ``heldout_pairs``): ``z^I`` of its images, ``z^T`` of every caption and ``text_to_image``.
+head output: the prototype space, used by NEMD) and labels of the test and train splits. For a caption set (or
+the captions of ``heldout_pairs``): ``z^I`` of its images, ``z^T`` of every caption and ``text_to_image``. The
+zero-shot classifier is the zero-shot task's (protoclip.evaluate.adapters), from :meth:`FeatureExtractor.text_encoder`
+/ :meth:`FeatureExtractor.text_pre`.
 
-When the run's method scores image-text pairs other than by the cosine of z (nCLIP's -CE, multi-token CLIP's
-summed per-token cosine: the model file's ``EvalSpec``, :func:`protoclip.models.read_eval_spec`), the method's
-similarity is also
-stored as a dot product: ``test_s`` / ``zeroshot_classifier_s`` and ``caption_image_s`` / ``caption_text_s``
-plus ``similarity`` (the kind) and ``subspheres`` (m); the evaluation stage then uses those with
-``normalize=False``.
+When the run's method scores image-text pairs by a similarity of its own (:mod:`protoclip.similarity`, named in
+the model file's ``EvalSpec``), that similarity's dot-product embeddings are stored too: ``test_s`` (a set with
+prompt templates) and ``caption_image_s`` / ``caption_text_s``.
 
 The arrays live in ``results/runs/<run>/features/<set>.npz`` (written atomically) with a ``meta_json``
 entry: beside the evaluation job's output folder, not in it, so that a rerun of the job (Snakemake deletes its
@@ -48,7 +46,7 @@ from protoclip.evaluate.resumable import ExtractionProgress, encode_images_resum
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 3  # 2: + the method's similarity embeddings (*_s); 3: nCLIP *_s from log_softmax, + subspheres
+CACHE_VERSION = 4  # bumped whenever the arrays a cache holds change
 
 
 def _text_hash(items: Iterable[str]) -> str:
@@ -128,59 +126,6 @@ def make_text_encoder(model: Any, tokenizer: Callable, device: torch.device,
     return encode
 
 
-# ---- the training method's similarity (methods-spec 5.6: zero-shot / retrieval score per method)
-# "cosine": cos(z^I, z^T) (CLIP, ProtoCLIP, xCLIP's CLIP head); the metrics normalise z themselves.
-# "product_sphere": sum over the m tokens / chunks of per-token cosines (temperature paper Fig. 6, PS(n, m)
-#   negative trace); prompts are ensembled by averaging the per-prompt scores (paper Sec. 5.2 averages
-#   logits, not embeddings: spec 2.5 / 2.7.7), i.e. the mean of the chunk-normalised text embeddings.
-# "nclip_ce": s = 1/2 (p_I . log p_T + p_T . log p_I), p = softmax of the nCLIP head (paper: -L_CE;
-#   spec 1.7.4), prompts ensembled by averaging the probability vectors (spec 1.7.4). Carried as
-#   log-probabilities (log_softmax; the ensemble mean by logsumexp), never log(softmax): softmax underflows
-#   in float32 once head logits are sharp (spec 1.7.7).
-# The non-cosine kinds are written as a dot product of an image embedding and a text embedding
-# (``*_s`` arrays; metrics called with normalize=False). Which kind a run uses, and m, are in its model file
-# (protoclip.models.checkpoint.EvalSpec, written by the training method).
-def similarity_embeddings(kind: str, side: str, z: torch.Tensor, h: torch.Tensor | None, subspheres: int = 1,
-                          pre: torch.Tensor | None = None) -> torch.Tensor:
-    """Embeddings whose dot product is the method's similarity. ``side``: "image" or "text". For the text side
-    of a prompt ensemble pass ``pre`` = the mean over prompts of :func:`similarity_pre` (else computed here)."""
-    if kind == "product_sphere":
-        return pre if pre is not None else similarity_pre(kind, z, h, subspheres)
-    if kind == "nclip_ce":
-        logp = pre if pre is not None else similarity_pre(kind, z, h, subspheres)
-        p = logp.exp()
-        return 0.5 * torch.cat([p, logp], 1) if side == "image" else torch.cat([logp, p], 1)  # dot = s
-    raise ValueError(f"no dot-product embedding for similarity {kind!r}")
-
-
-def similarity_pre(kind: str, z: torch.Tensor, h: torch.Tensor | None, subspheres: int = 1) -> torch.Tensor:
-    """What a prompt ensemble averages (:func:`ensemble_pre`): chunk-normalised z (product sphere) or the
-    log-probabilities log p of the head softmax (nCLIP)."""
-    from protoclip.losses.distances import product_sphere
-
-    if kind == "product_sphere":
-        return product_sphere(z.float(), subspheres).flatten(1)
-    if kind == "nclip_ce":
-        return torch.log_softmax(h.float(), dim=1)
-    raise ValueError(f"unknown similarity {kind!r}")
-
-
-def nclip_image_as_target(image_s: np.ndarray, text_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """From the nCLIP dot-product embeddings (image 1/2 [p, log p], text [log q, q]) the pair whose dot product is
-    the image-as-target score p_I . log p_T (the paper's L_CE with the image distribution as the target; spec
-    1.7.4 asks to log it beside the symmetric score)."""
-    k = image_s.shape[1] // 2
-    return 2.0 * image_s[:, :k], text_s[:, :k]
-
-
-def ensemble_pre(kind: str, pre: torch.Tensor) -> torch.Tensor:
-    """[n_prompts, D] -> [1, D]: the mean over prompts of the chunk-normalised z, or for nCLIP the log of the
-    mean probability vector, log(1/n sum_k p_k) = logsumexp_k(log p_k) - log n (exact where p underflows)."""
-    if kind == "nclip_ce":
-        return torch.logsumexp(pre, 0, keepdim=True) - float(np.log(pre.shape[0]))
-    return pre.mean(0, keepdim=True)
-
-
 class FeatureExtractor:
     """Loads the run's model lazily (only on a cache miss) and extracts / caches features per set."""
 
@@ -195,9 +140,14 @@ class FeatureExtractor:
         self.num_workers = int(num_workers)
         self.model_sha256 = sha256_file(self.model_path)
         from protoclip.models import read_eval_spec
+        from protoclip.models.checkpoint import ModelFileError
+        from protoclip.similarity import similarity_of
 
         self.spec = read_eval_spec(self.model_path)  # how the training method scores this model
-        self.similarity, self.subspheres = self.spec.similarity, self.spec.subspheres
+        try:
+            self.similarity = similarity_of(self.spec.method, self.spec.similarity, self.spec.subspheres)
+        except ValueError as err:  # a method unknown here, or a similarity it does not have
+            raise ModelFileError(f"{self.model_path}: {err}") from None
         self._model: Any = None
 
     # ---- lazy model
@@ -269,20 +219,15 @@ class FeatureExtractor:
                                        self.num_workers, progress.part(part), self.chunk_batches)
 
     def extract(self, ds: EvalSet, progress: ExtractionProgress | None = None) -> dict[str, np.ndarray]:
-        model, out = self.model, {}
+        out: dict[str, np.ndarray] = {}
         if isinstance(ds, LabelledSet):
             for split_name, split in (("test", ds.test), ("train", ds.train)):
                 if split is None or len(split) == 0:  # e.g. held-out pairs without coarse labels
                     continue
                 z, h, y = self._encode(split, f"{ds.name} {split_name}", progress, split_name)
                 out.update({f"{split_name}_z": z, f"{split_name}_h": h, f"{split_name}_y": y})
-            if ds.templates:
-                from protoclip.evaluate.metrics.zeroshot import build_zeroshot_classifier
-
-                out["zeroshot_classifier"] = build_zeroshot_classifier(
-                    self.text_encoder(), ds.classnames, ds.templates).numpy()
-                if self.similarity != "cosine":
-                    out.update(self._similarity_zeroshot(ds, out["test_z"], out["test_h"]))
+            if ds.templates and self.similarity.dot_product and "test_z" in out:
+                out["test_s"] = self._image_s(out["test_z"], out["test_h"])
             caps = ds.captions
         else:
             caps = ds
@@ -291,37 +236,23 @@ class FeatureExtractor:
             out["caption_image_z"] = z
             out["caption_text_z"] = self.text_encoder()(caps.texts).numpy()
             out["caption_text_to_image"] = caps.text_to_image
-            if self.similarity != "cosine":
-                out.update(self._similarity_captions(z, h, caps.texts))
+            if self.similarity.dot_product:
+                out["caption_image_s"] = self._image_s(z, h)
+                out["caption_text_s"] = self.similarity.text(self.text_pre(caps.texts)).numpy()
         return out
 
-    # ---- the method's own similarity (see similarity_embeddings)
-    def _text_pre(self, texts: list[str]) -> torch.Tensor:
+    # ---- the method's own similarity (protoclip.similarity)
+    def text_pre(self, texts: list[str]) -> torch.Tensor:
+        """The similarity's :meth:`~protoclip.similarity.Similarity.pre` of each text, batched, no grad."""
         model, out = self.model, []
         with torch.no_grad():
             for i in range(0, len(texts), self.batch_size):
                 z = model.encode_text(self.tokenizer(texts[i:i + self.batch_size]).to(self.device))
-                out.append(similarity_pre(self.similarity, z, model.text_head(z), self.subspheres).float().cpu())
+                out.append(self.similarity.pre(z, model.text_head(z)).float().cpu())
         return torch.cat(out)
 
     def _image_s(self, z: np.ndarray, h: np.ndarray) -> np.ndarray:
-        return similarity_embeddings(self.similarity, "image", torch.from_numpy(z), torch.from_numpy(h),
-                                     self.subspheres).numpy()
-
-    def _similarity_zeroshot(self, ds: LabelledSet, test_z: np.ndarray, test_h: np.ndarray) -> dict[str, np.ndarray]:
-        from protoclip.evaluate.metrics.zeroshot import _fill
-
-        rows = []
-        for c in tqdm(ds.classnames, desc=f"{ds.name} {self.similarity} classifier", leave=False):
-            pre = ensemble_pre(self.similarity, self._text_pre([_fill(t, c) for t in ds.templates]))
-            rows.append(similarity_embeddings(self.similarity, "text", None, None, self.subspheres, pre=pre))
-        return {"test_s": self._image_s(test_z, test_h), "zeroshot_classifier_s": torch.cat(rows).numpy(),
-                "similarity": np.array(self.similarity), "subspheres": np.array(self.subspheres)}
-
-    def _similarity_captions(self, z: np.ndarray, h: np.ndarray, texts: list[str]) -> dict[str, np.ndarray]:
-        text_s = similarity_embeddings(self.similarity, "text", None, None, self.subspheres, pre=self._text_pre(texts))
-        return {"caption_image_s": self._image_s(z, h), "caption_text_s": text_s.numpy(),
-                "similarity": np.array(self.similarity), "subspheres": np.array(self.subspheres)}
+        return self.similarity.image(torch.from_numpy(z), torch.from_numpy(h)).numpy()
 
 
 class ModelFeatures(FeatureExtractor):
@@ -336,7 +267,10 @@ class ModelFeatures(FeatureExtractor):
 
         self.model_path, self.model_sha256 = None, None  # type: ignore[assignment]
         self.device, self.batch_size, self.num_workers = device, int(batch_size), 0
-        self.spec, self.similarity, self.subspheres = spec, spec.similarity, spec.subspheres
+        from protoclip.similarity import similarity_of
+
+        self.spec, self.chunk_batches = spec, 16
+        self.similarity = similarity_of(spec.method, spec.similarity, spec.subspheres)
         self._model = model
         self.tokenizer = tokenizer or get_tokenizer(model.name, context_length=model.context_length)
         self.transform = transform or eval_transform(model.image_size)

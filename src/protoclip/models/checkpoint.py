@@ -9,7 +9,7 @@ The file is a plain dict saved with torch.save (loadable with ``weights_only=Tru
 ``head`` and ``class_tokens`` rebuild the architecture of every training method (nCLIP heads, multi-token
 towers). ``eval_json`` is written at save time by the training method (``Method.eval_spec``), so evaluation
 reads the similarity and the image-only flag from the model file, never from a project config that may have
-changed since (:func:`read_eval_spec`; files saved before the key existed fall back to their saved config).
+changed since (:func:`read_eval_spec`).
 
 The config is stored as JSON text so that the file needs no pickled Python objects; Paths become strings
 and tuples become lists on the way back.
@@ -41,8 +41,7 @@ from protoclip.models.model import ProtoCLIPModel
 log = logging.getLogger(__name__)
 
 FORMAT = "protoclip-model/1"
-SIMILARITIES = ("cosine", "product_sphere", "nclip_ce")  # protoclip.evaluate.features.similarity_embeddings
-REQUIRED = ("model_name", "head_hidden", "head_out", "state_dict", "config_json")  # keys load_model reads
+REQUIRED = ("model_name", "head_hidden", "head_out", "head", "class_tokens", "state_dict", "config_json")  # load_model
 
 
 class ModelFileError(UserError):
@@ -56,30 +55,14 @@ class EvalSpec:
     """How evaluation scores a model, as its training method declared it (``Method.eval_spec``)."""
 
     method: str | None = None  # the training method's name (None: unknown, e.g. a model saved by a test)
-    similarity: str = "cosine"  # image-text score: one of SIMILARITIES
+    similarity: str = "cosine"  # image-text score: a name the method's module defines (protoclip.similarity)
     subspheres: int = 1  # m of the product sphere (similarity "product_sphere")
     image_only: bool = False  # the text tower is untrained: zero-shot / retrieval are not applicable
 
     def __post_init__(self):
-        if self.similarity not in SIMILARITIES or int(self.subspheres) < 1:
-            raise ValueError(f"eval spec: similarity must be one of {', '.join(SIMILARITIES)} and subspheres >= 1, "
-                             f"got {self.similarity!r}, {self.subspheres!r}")
-
-
-def legacy_eval_spec(config: dict) -> EvalSpec:
-    """The spec of a file saved before ``eval_json`` existed, from its saved config: the rules the five methods
-    of that time applied (nclip: nCLIP -CE; clip with a ``ps_*`` distance: product sphere; pcl: image-only;
-    else cosine; m = ``loss.subspheres`` or ``class_tokens`` or 1). Frozen: new files carry their spec."""
-    method = config.get("method")
-    if method is None:
-        return EvalSpec()
-    loss = config.get("loss") or {}
-    distance = str(loss.get("distance", "sphere"))
-    similarity = ("nclip_ce" if method == "nclip" else
-                  "product_sphere" if method == "clip" and distance.startswith("ps_") else "cosine")
-    m = loss.get("subspheres")
-    m = int(m) if m is not None else max(int(config.get("class_tokens", 0) or 0), 1)
-    return EvalSpec(method=method, similarity=similarity, subspheres=m, image_only=method == "pcl")
+        if not isinstance(self.similarity, str) or int(self.subspheres) < 1:
+            raise ValueError(f"eval spec: similarity must be a name and subspheres >= 1, got {self.similarity!r}, "
+                             f"{self.subspheres!r}")
 
 
 def save_model(path: str | Path, model: ProtoCLIPModel, config: dict,
@@ -98,8 +81,8 @@ def save_model(path: str | Path, model: ProtoCLIPModel, config: dict,
         "embed_dim": model.embed_dim,
         "image_size": model.image_size,
         "context_length": model.context_length,
-        "head": model.head,  # "swav" | "nclip" (absent in older files: swav)
-        "class_tokens": int(getattr(model, "class_tokens", 0)),  # multi-class-token towers (absent: 0)
+        "head": model.head,  # "swav" | "nclip"
+        "class_tokens": int(getattr(model, "class_tokens", 0)),  # multi-class-token towers (0: one token)
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "config_json": json.dumps(config, sort_keys=True, default=str),
         "eval_json": json.dumps(asdict(_spec(eval_spec)), sort_keys=True),
@@ -116,14 +99,13 @@ def _spec(spec: EvalSpec | dict[str, Any] | None) -> EvalSpec:
 
 
 def read_eval_spec(path: str | Path) -> EvalSpec:
-    """The :class:`EvalSpec` of the model file ``path`` without loading its weights (memory-mapped read);
-    a file saved before ``eval_json`` existed gets :func:`legacy_eval_spec` of its saved config."""
+    """The :class:`EvalSpec` of the model file ``path`` without loading its weights (memory-mapped read)."""
     path = Path(path)
     payload = _read(path, mmap=True)
+    if "eval_json" not in payload:
+        raise ModelFileError(f"{path}: no evaluation spec (eval_json): train the run again")
     try:
-        if "eval_json" in payload:
-            return EvalSpec(**json.loads(payload["eval_json"]))
-        return legacy_eval_spec(json.loads(payload["config_json"]))
+        return EvalSpec(**json.loads(payload["eval_json"]))
     except (ValueError, TypeError) as err:  # cut or foreign JSON text, unknown keys or values
         raise ModelFileError(f"{path}: its evaluation spec cannot be read ({type(err).__name__}: "
                              f"{_first_line(err)})") from None
@@ -154,9 +136,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Pr
     payload = _read(path)
     try:
         config = json.loads(payload["config_json"])
-        class_tokens = int(payload.get("class_tokens", 0))
+        class_tokens = int(payload["class_tokens"])
         model = build_model(payload["model_name"], head_hidden=payload["head_hidden"],
-                            head_out=payload["head_out"], head=payload.get("head", "swav"), class_tokens=class_tokens,
+                            head_out=payload["head_out"], head=payload["head"], class_tokens=class_tokens,
                             # model.embed_dim is m tokens x d_z for multi-token towers: rebuild from d_z
                             embed_dim=payload.get("embed_dim") // max(class_tokens, 1) if payload.get("embed_dim")
                             else None,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -134,6 +135,21 @@ def run_export(cfg, run: str, out: str | Path | None = None) -> Path:
     cfg.run(run)  # an unknown run is a config error naming the defined ones
     model_path = require_path(Layout.from_config(cfg).model(run), f"export run '{run}'")
     return export_openclip(model_path, out if out is not None else export_dir(cfg, run))
+
+
+def add_arguments(p, name: str) -> None:
+    p.add_argument("--run", required=True)
+    p.add_argument("--out", help="output folder (default: <results_dir>/export/<run>)")
+
+
+def main(args) -> int:
+    """``protoclip export``; a method open_clip cannot represent is one line and exit 2, no traceback."""
+    try:
+        print(run_export(args.cfg, args.run, args.out))
+    except ExportError as err:
+        print(f"protoclip export: cannot export: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "ExportError", "export_dir", "export_notes", "export_openclip",

@@ -434,7 +434,7 @@ class ClaimEngine:
         """The one-line reason of an empty cell: the first skip line of its runs' result files, or the note."""
         for r in runs:
             # a set whose data is missing has no evaluation folder: `collect` put its skip line in metrics.json
-            summary = records.read_summary(self.results.layout.metrics_summary(r)).get(col.task, {})
+            summary = self.results.summary(r).get(col.task, {})
             for d in sets:
                 result = self.results.metrics(r, col.task, d) or summary.get(d)
                 if (line := records.skip_line(result)) is not None:

@@ -1,8 +1,9 @@
 """Numbers behind the paper targets: the paper's (transcribed, package data) and ours (metrics files, logs).
 
 * :func:`paper_numbers` reads ``paper_numbers.yaml`` (table / figure -> cite, where, rows, text);
-* :class:`Results` reads ``results/runs/<run>/eval/<set>/<task>.json`` (and the skip lines of ``metrics.json``) and ``train_log.jsonl`` and gives a
-  target cell as mean, std and number of seeds over a run group (``seeds:`` runs), plus the data sets used;
+* :class:`Results` reads each run's ``metrics.json`` (what `collect` wrote, checked against the evaluation folders'
+  completion markers: :func:`protoclip.records.collected_results`) and ``train_log.jsonl`` and gives a target cell
+  as mean, std and number of seeds over a run group (``seeds:`` runs), plus the data sets used;
 * :func:`phase_times` sums a run's measured episode phase times (``time/extract``, ``time/kmeans``,
   ``time/pbt``, ``time/train`` of the ``episode`` records).
 
@@ -22,7 +23,7 @@ import numpy as np
 import yaml
 
 from protoclip import records
-from protoclip.tasks import NOT_APPLICABLE  # a run's inapplicable task: cells read n/a
+from protoclip.tasks import TaskStatus
 from protoclip.layout import Layout
 from protoclip.report.config import ColumnConfig, TargetConfig
 
@@ -103,20 +104,19 @@ class Results:
     def __post_init__(self) -> None:
         self.layout = Layout.from_config(self.cfg)
 
-    # ---- metrics files
-    def metrics(self, run: str, task: str, dataset: str) -> dict | None:
-        """The metrics dict, ``{"skipped": line}``, or None when the file does not exist."""
-        key = (run, task, dataset)
-        if key not in self._cache:
-            self._cache[key] = self._set_results(run, dataset).get(task)
-        return self._cache[key]
+    # ---- results (what `collect` wrote: protoclip.records.collected_results)
+    def summary(self, run: str) -> dict[str, dict[str, dict]]:
+        """``{task: {set: result}}`` of ``run``, the skip status of its sets whose data is missing included."""
+        if ("run", run) not in self._cache:
+            self._cache[("run", run)] = records.collected_results(self.layout, run)
+        return self._cache[("run", run)]
 
-    def _set_results(self, run: str, dataset: str) -> dict[str, dict]:
-        """{task: result} of one evaluation folder: only what its completion marker vouches for."""
-        key = ("set", run, dataset)
-        if key not in self._cache:
-            self._cache[key] = records.set_results(self.layout, run, dataset)
-        return self._cache[key]
+    def metrics(self, run: str, task: str, dataset: str) -> dict | None:
+        """The metrics dict of an evaluated set, its ``{"skipped": line, "status": ...}``, or None (not
+        evaluated: a set with no evaluation folder has no cell value, its skip line is in :meth:`skipped`)."""
+        if not self.layout.eval_dir(run, dataset).is_dir():
+            return None
+        return (self.summary(run).get(task) or {}).get(dataset)
 
     def value(self, run: str, task: str, dataset: str, metric: str) -> float | None:
         m = self.metrics(run, task, dataset)
@@ -153,11 +153,10 @@ class Results:
         if not per_run:
             if (absent := self.skipped_run(runs)) is not None:
                 return Cell(note=absent)
-            reasons = {line for r in runs for d in datasets
-                       if (line := records.skip_line(self.metrics(r, column.task, d))) is not None}
-            if reasons and all(records.is_not_applicable(x) for x in reasons):
-                why = sorted(reasons)[0][len(NOT_APPLICABLE):].split(",")[0]  # "image-only method (pcl)"
-                return Cell(note=f"n/a: {why}")
+            why = {status for r in runs for d in datasets
+                   if (status := records.status_of(self.metrics(r, column.task, d))) is not None}
+            if why and all(status.state == TaskStatus.NOT_APPLICABLE for status in why):
+                return Cell(note=f"n/a: {min(why, key=lambda status: status.line).reason}")
             return Cell(note="no result")
         m, s = mean_std(per_run)
         return Cell(mean=m, std=s, n=len(per_run))
@@ -180,14 +179,11 @@ class Results:
         """{data set: skip line} over every run's metrics files (listed once in the index)."""
         out: dict[str, str] = {}
         for run in self.cfg.run_names():
-            # sets whose data is missing get no evaluation job: `collect` writes their skip line into metrics.json
-            found = [records.read_summary(self.layout.metrics_summary(run)), records.run_results(self.layout, run)]
-            for per_task in found:
-                for per_set in per_task.values():
-                    for dataset, m in (per_set.items() if isinstance(per_set, dict) else ()):
-                        line = records.skip_line(m)
-                        if line is not None and not records.is_not_applicable(line):
-                            out.setdefault(dataset, line)
+            for per_set in self.summary(run).values():
+                for dataset, m in per_set.items():
+                    status = records.status_of(m)
+                    if status is not None and status.state != TaskStatus.NOT_APPLICABLE:
+                        out.setdefault(dataset, status.line)
         return dict(sorted(out.items()))
 
     def chance(self, datasets: list[str], runs: list[str]) -> dict[str, float]:

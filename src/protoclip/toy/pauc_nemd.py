@@ -206,8 +206,8 @@ def run_toy_nemd(cfg, layout=None) -> Path:
     layout = layout or Layout.from_config(cfg)
     tcfg: ToyConfig = cfg.toy
     threads = torch.get_num_threads()
-    # tensors of a few thousand x 64 floats: extra threads only add synchronisation (10x slower on a shared
-    # 2-core machine); faiss's OpenMP likewise. Restored afterwards (the stage may run inside a test process).
+    # tensors of a few thousand x 64 floats: extra threads only add synchronisation; faiss's OpenMP likewise.
+    # Restored afterwards (the stage may run inside a test process).
     torch.set_num_threads(1)
     try:
         return _run(tcfg, layout)

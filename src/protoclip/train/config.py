@@ -3,7 +3,7 @@ where a number is given there; CPU-sized defaults are overridden per run in conf
 
 The sections every method shares are defined here; a section read by one method family is defined in that
 method's module and registered with it (``@register("nclip", sections={"nclip": NCLIPConfig})``,
-:mod:`protoclip.train.registry`): ``TrainConfig.sections`` holds them, read as ``cfg.nclip`` / ``cfg.pcl``,
+:mod:`protoclip.registry`): ``TrainConfig.sections`` holds them, read as ``cfg.nclip`` / ``cfg.pcl``,
 written in YAML as ``train.nclip`` like any section. ``pauc`` stays here: two method families (``pcl``,
 ``protoclip``) read it (``Method.reads_pauc``)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from protoclip.devices import check_device_name
 from protoclip.model_configs import check_model
-from protoclip.train.registry import method_class, method_sections
+from protoclip.registry import method_class, method_sections
 
 
 # default logit-scale clamp per distance (loss.distance): CLIP's 100 (temperature paper Table 5 "Naive CLIP") and
@@ -156,12 +156,12 @@ class TrainConfig:
     seed: int = 0  # seeds weights, episode draws (seed, episode) and k-means inits (seed, episode)
     log_every: int = 1  # write a `step` line to train_log.jsonl every n optimizer steps (episode means use all)
     # write checkpoints/last.pt at an episode end only when this many seconds passed since the last one (and always
-    # after the final episode): a crash loses at most this much training. 0 = every episode. A tiny-rn checkpoint
-    # (weights + AdamW moments, 150 MB) costs 0.5-1 s to check and write on 2 CPU cores, against 8-15 s episodes;
-    # a paper-size episode takes minutes, so every episode is still checkpointed there.
+    # after the final episode): a crash loses at most this much training. 0 = every episode. A tiny run's episodes
+    # are seconds, a fair share of which a checkpoint write would take; a paper-size episode takes minutes, so
+    # every episode is still checkpointed there.
     checkpoint_interval_s: float = 60.0
     validation: ValidationConfig = field(default_factory=ValidationConfig)  # curves while training
-    # the sections the training methods register (protoclip.train.registry: nclip, pcl, ...), by key; read as
+    # the sections the training methods register (protoclip.registry: nclip, pcl, ...), by key; read as
     # attributes (cfg.pcl.tau), written in YAML beside the fields above (train.pcl.tau); every run has them all
     sections: dict[str, Any] = field(default_factory=dict, metadata={"sections": method_sections})
 
@@ -175,7 +175,7 @@ class TrainConfig:
         raise AttributeError(f"{type(self).__name__!r} has no attribute or registered section {name!r}")
 
     def method_class(self):
-        """The class of ``method`` (protoclip.train.registry)."""
+        """The class of ``method`` (protoclip.registry)."""
         return method_class(self.method)
 
     def reads_teacher(self) -> bool:

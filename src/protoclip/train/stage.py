@@ -97,7 +97,7 @@ def subsample_pairs(df, fraction: float, seed: int):
 def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_size: int, tokenizer):
     """The run's training pairs (manifest train split of its sources, the run's augmentation) and their ids."""
     from protoclip.data.pairs import ImageTextDataset, load_manifest, release_unused_memory
-    from protoclip.train.registry import method_class
+    from protoclip.registry import method_class
 
     if not layout.manifest.exists():
         raise ConfigError(f"run '{tcfg.name}': manifest not found at {layout.manifest}; build it with "
@@ -118,7 +118,7 @@ def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict |
     and inside the MLflow context (the tracker is given). ``config``: ``to_dict(tcfg)``."""
     from protoclip.hashing import sha256_file
     from protoclip.models import get_tokenizer, save_model
-    from protoclip.train.registry import method_class
+    from protoclip.registry import method_class
 
     run = tcfg.name
     layout = Layout.from_config(cfg)
@@ -255,3 +255,24 @@ def run_train(cfg: ProjectConfig, run: str, resume: bool = False, targets: list[
             if tracker.run_id:
                 write_json(id_file, {"run_id": tracker.run_id})
             return train_run(cfg, tcfg, config, state, tracker)
+
+
+# --------------------------------------------------------------------------- `protoclip train`
+def add_arguments(p, name: str) -> None:
+    p.add_argument("--run", required=True, help="run name from the experiment files")
+    p.add_argument("--resume", action="store_true", help="continue from the last complete episode")
+
+
+def main(args) -> int:
+    """Hold the run, then its GPUs (a job waiting for another process's training holds no GPU meanwhile); a run
+    on k > 1 GPUs restarts this same command as k torchrun ranks."""
+    from protoclip import launch
+
+    cfg = args.cfg
+    k = launch.train_gpus(cfg.run(args.run))
+    with run_lock.hold_run(Layout.from_config(cfg).train_lock(args.run), f"train {args.run}"), \
+            launch.place(cfg.gpus, k, ranks=max(k, 1), who=f"train {args.run}") as placement:
+        if placement.ranks > 1:
+            return launch.run_ranks(placement, args.argv)
+        run_train(cfg, args.run, resume=args.resume)
+    return 0

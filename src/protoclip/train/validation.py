@@ -6,7 +6,7 @@ while they train.
     model = train(..., validator=validator)     # -> val/<task>/<metric> in the episode records and MLflow
 
 The numbers are those ``protoclip evaluate`` computes (the same task functions on the same features,
-:mod:`protoclip.evaluate.stage`), on a fixed seeded subsample of at most ``validation.max_images`` images per split,
+:mod:`protoclip.evaluate.adapters`), on a fixed seeded subsample of at most ``validation.max_images`` images per split,
 decoded and transformed once when training starts (held in memory: 500 images are 6 MB at 32 px, 300 MB at
 224 px): one validation is one forward pass over those images and the prompts (and, for retrieval, the captions). Monitoring only: no early stop or selection reads them. Run on the main process, in
 eval mode under ``torch.inference_mode``, inside ``torch.random.fork_rng``: the training's random streams, its
@@ -29,7 +29,8 @@ from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import (CaptionSet, LabelledSet, Skipped, load_eval_set, subsample_indices,
                                          subsample_set)
 from protoclip.evaluate.datasets.sets import Indexed
-from protoclip.evaluate.stage import TASK_FUNCS, mlflow_key
+from protoclip.evaluate.adapters import ADAPTERS, SetInput
+from protoclip.evaluate.stage import mlflow_key
 from protoclip.layout import Layout
 from protoclip.train.config import TrainConfig, ValidationConfig
 
@@ -109,15 +110,17 @@ class Validator:
             model.eval()
             devices = [device.index or 0] if device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices), torch.inference_mode():
-                feats = ModelFeatures(model, self.spec, device, self.cfg.batch_size, tokenizer=self.tokenizer,
-                                      transform=identity).extract(self.ds)  # the images are transformed already
+                side = ModelFeatures(model, self.spec, device, self.cfg.batch_size, tokenizer=self.tokenizer,
+                                     transform=identity)  # the images are transformed already
+                feats = side.extract(self.ds)
+                x = SetInput(feats, self.ds, self.ecfg, None, side.similarity, side)
+                results = {task: ADAPTERS[task](x) for task in self.tasks}  # zero-shot encodes its prompts here
         finally:
             for m, training in modes:
                 m.training = training
         out: dict[str, float] = {}
-        for task in self.tasks:
-            metrics = TASK_FUNCS[task](feats, self.ds, self.ecfg, None).metrics
-            out.update(_numbers(metrics, f"val/{task}/"))
+        for task, result in results.items():
+            out.update(_numbers(result.metrics, f"val/{task}/"))
         out["time/validation"] = time.perf_counter() - t0
         return out
 

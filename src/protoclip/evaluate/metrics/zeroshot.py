@@ -102,7 +102,7 @@ def zeroshot_classify(
 
     Both image features and classifier rows are L2-normalised here (cosine similarity); ``normalize=False``
     scores by the plain dot product (a method's own similarity embedded as a dot product, e.g. nCLIP's -CE,
-    see ``protoclip.evaluate.features.similarity_embeddings``). A top-k entry is reported only when the
+    see :mod:`protoclip.similarity`). A top-k entry is reported only when the
     number of classes C is at least k (so a 2-class set has no top5). ``per_example``: return
     ``(metrics, {"top1": bool[n], ...})``, each image's hit under the same keys.
     """

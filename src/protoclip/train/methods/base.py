@@ -1,7 +1,7 @@
 """A training method: what the model is, what a batch holds, which losses it trains, how it is evaluated.
 
 A method is one module of this package holding one :class:`Method` subclass, and one registration line: the
-``@register("name")`` decorator on the class (:mod:`protoclip.train.registry` imports every module of the
+``@register("name")`` decorator on the class (:mod:`protoclip.registry` imports every module of the
 package the first time it is asked, so nothing else is edited). The class owns everything about the method that
 the rest of the project asks for:
 
@@ -13,7 +13,9 @@ the rest of the project asks for:
   :meth:`Method.build_model`, :meth:`Method.train_transform`;
 * training: the per-step and per-episode hooks below;
 * evaluation: :meth:`Method.eval_spec` (similarity, sub-spheres, image-only), written into ``model.pt`` at save
-  time so that evaluation reads it from the model file (:func:`protoclip.models.checkpoint.read_eval_spec`).
+  time so that evaluation reads it from the model file (:func:`protoclip.models.checkpoint.read_eval_spec`), and
+  :meth:`Method.similarity_class`: how evaluation scores an image against a text (a
+  :class:`protoclip.similarity.Similarity` subclass defined in the method's module).
 
 The loop (:mod:`protoclip.train.loop`) is the same for every method: sample an episode -> ``begin_episode`` ->
 for each batch ``forward`` -> ``terms`` -> ``total`` -> backward/step -> ``after_step`` -> checkpoint::
@@ -32,16 +34,16 @@ Imports: the config loader imports every method module (to check each run agains
 rules), so a method module imports at its top only what is light (this module, the registry, its config
 dataclasses) and imports torch, open_clip and the project modules built on them (losses, models, data
 transforms, ``train.distributed``) inside the training hooks that use them: at the top they would cost every
-config load (Snakemake's parse, each ``collect`` / ``report`` job) 6 s (torch) to 15 s (open_clip) on the
-2-core machine.
+config load (Snakemake's parse, each ``collect`` / ``report`` job) seconds of imports.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
+from protoclip.registry import METHODS, method_class, register
+from protoclip.similarity import Similarity
 from protoclip.train.config import TrainConfig
-from protoclip.train.registry import METHODS, method_class, register
 
 if TYPE_CHECKING:  # annotations only (see "Imports" above)
     import numpy as np
@@ -74,9 +76,7 @@ class Method:
     """Base class: defaults for a single-view image-text method whose model is a ProtoCLIPModel."""
 
     head = "swav"  # the model's second head: "swav" (ProtoCLIP g) or "nclip" (protoclip.models.model.HEADS)
-    # how evaluation scores an image against a text (protoclip.evaluate.features.similarity_embeddings):
-    # "cosine" of z (CLIP), "product_sphere" (sum of per-token cosines), "nclip_ce" (-L_CE of the head softmax)
-    similarity = "cosine"
+    similarity = Similarity  # how evaluation scores an image against a text (protoclip.similarity)
     image_only = False  # trains the image tower only: evaluation reports zero-shot / retrieval as not applicable
     reads_pauc = False  # reads the ``pauc`` section (PAUC's regularisers need the method's prototypes)
 
@@ -105,14 +105,23 @@ class Method:
 
     # ---- evaluation (written into model.pt at save time; protoclip.models.checkpoint.read_eval_spec) ----
     @classmethod
-    def similarity_for(cls, cfg: TrainConfig) -> str:
+    def similarity_for(cls, cfg: TrainConfig) -> type[Similarity]:
         """The evaluation similarity of a model trained with ``cfg`` (see ``similarity`` above)."""
         return cls.similarity
 
     @classmethod
+    def similarity_class(cls, name: str) -> type[Similarity]:
+        """The similarity a model file of this method names (``EvalSpec.similarity``)."""
+        if name == Similarity.name:
+            return Similarity
+        if cls.similarity.name == name:
+            return cls.similarity
+        raise ValueError(f"method {cls.name!r} has no evaluation similarity {name!r}")
+
+    @classmethod
     def eval_spec(cls, cfg: TrainConfig) -> dict[str, Any]:
         """How evaluation uses a model trained with ``cfg``: the keys of ``protoclip.models.checkpoint.EvalSpec``."""
-        return {"method": cls.name, "similarity": cls.similarity_for(cfg), "subspheres": cfg.subspheres(),
+        return {"method": cls.name, "similarity": cls.similarity_for(cfg).name, "subspheres": cfg.subspheres(),
                 "image_only": bool(cls.image_only)}
 
     # ---- model and data (called by the train stage before training) ----

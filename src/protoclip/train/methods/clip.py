@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from protoclip.registry import register
+from protoclip.similarity import Similarity
 from protoclip.train.config import TrainConfig
 from protoclip.train.methods.base import Method
-from protoclip.train.registry import register
 
 if TYPE_CHECKING:
     import torch
@@ -22,12 +23,40 @@ if TYPE_CHECKING:
     from protoclip.train.distributed import DistInfo
 
 
+class ProductSphere(Similarity):
+    """The sum over the m tokens (chunks) of per-token cosines: the negative trace distance of the temperature
+    paper (Fig. 6, PS(n, m)). Prompts are ensembled by averaging the per-prompt scores (its Sec. 5.2 averages
+    logits, not embeddings: spec 2.5 / 2.7.7), i.e. the mean of the chunk-normalised text embeddings."""
+
+    name = "product_sphere"
+    dot_product = True
+
+    @property
+    def tokens(self) -> int:
+        return self.subspheres
+
+    def pre(self, z: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+        from protoclip.losses.distances import product_sphere
+
+        return product_sphere(z.float(), self.subspheres).flatten(1)
+
+    def image(self, z: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+        return self.pre(z, h)
+
+    def text(self, pre: torch.Tensor) -> torch.Tensor:
+        return pre
+
+
 @register("clip")
 class CLIPMethod(Method):
     @classmethod
-    def similarity_for(cls, cfg: TrainConfig) -> str:
+    def similarity_for(cls, cfg: TrainConfig) -> type[Similarity]:
         """A product-sphere distance (``ps_*``) is scored as the sum of per-token cosines, else by cosine."""
-        return "product_sphere" if cfg.loss.distance.startswith("ps_") else "cosine"
+        return ProductSphere if cfg.loss.distance.startswith("ps_") else Similarity
+
+    @classmethod
+    def similarity_class(cls, name: str) -> type[Similarity]:
+        return ProductSphere if name == ProductSphere.name else super().similarity_class(name)
 
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         super().__init__(cfg, info)

@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from protoclip.registry import register
+from protoclip.similarity import Similarity
 from protoclip.train.config import TrainConfig
 from protoclip.train.methods.clip import CLIPMethod
-from protoclip.train.registry import register
 
 if TYPE_CHECKING:
     import torch
@@ -52,10 +53,50 @@ def in_batch_accuracy(sim: torch.Tensor) -> float:
         return 50.0 * float((sim.argmax(1) == target).float().mean() + (sim.argmax(0) == target).float().mean())
 
 
+class NCLIPCrossEntropy(Similarity):
+    """nCLIP's score s = 1/2 (p_I . log p_T + p_T . log p_I), p the softmax of the nCLIP head (the paper's -L_CE;
+    spec 1.7.4); prompts ensembled by averaging the probability vectors (spec 1.7.4). Carried as
+    log-probabilities, never log(softmax): softmax underflows in float32 once head logits are sharp (spec 1.7.7).
+    No distance: the temperature study does not apply."""
+
+    name = "nclip_ce"
+    dot_product = True
+    distance = False
+
+    def pre(self, z: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+        import torch
+
+        return torch.log_softmax(h.float(), dim=1)
+
+    def ensemble(self, pre: torch.Tensor) -> torch.Tensor:
+        """The log of the mean probability vector, logsumexp_k(log p_k) - log n (exact where p underflows)."""
+        import numpy as np
+        import torch
+
+        return torch.logsumexp(pre, 0, keepdim=True) - float(np.log(pre.shape[0]))
+
+    def image(self, z: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+        import torch
+
+        logp = self.pre(z, h)
+        return 0.5 * torch.cat([logp.exp(), logp], 1)
+
+    def text(self, pre: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        return torch.cat([pre, pre.exp()], 1)
+
+    def zeroshot_extra(self, image_s, classes_s, labels, classify) -> dict[str, Any]:
+        """The image-as-target score p_I . log p_T (the paper's L_CE with the image distribution as the target;
+        spec 1.7.4 asks to log it beside the symmetric score): the first halves of the two embeddings."""
+        k = image_s.shape[1] // 2
+        return {"image_as_target": classify(2.0 * image_s[:, :k], classes_s[:, :k], labels, normalize=False)}
+
+
 @register("nclip", sections={"nclip": NCLIPConfig})
 class NCLIPMethod(CLIPMethod):
     head = "nclip"
-    similarity = "nclip_ce"
+    similarity = NCLIPCrossEntropy
 
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         from protoclip.losses.nclip import NCLIPLoss
@@ -65,8 +106,12 @@ class NCLIPMethod(CLIPMethod):
         self._acc: dict[str, float] = {}
 
     @classmethod
-    def similarity_for(cls, cfg: TrainConfig) -> str:
+    def similarity_for(cls, cfg: TrainConfig) -> type[Similarity]:
         return cls.similarity
+
+    @classmethod
+    def similarity_class(cls, name: str) -> type[Similarity]:
+        return NCLIPCrossEntropy if name == NCLIPCrossEntropy.name else super().similarity_class(name)
 
     def outputs(self) -> set[str]:
         return {"h_image", "h_text"}
@@ -99,7 +144,7 @@ class NCLIPMethod(CLIPMethod):
 
 @register("xclip", sections={"nclip": NCLIPConfig})
 class XCLIPMethod(NCLIPMethod):
-    similarity = "cosine"  # zero-shot by cosine in the CLIP-head space (paper Sec. 4.1)
+    similarity = Similarity  # zero-shot by cosine in the CLIP-head space (paper Sec. 4.1)
 
     def outputs(self) -> set[str]:
         return {"z_image", "z_text", "logit_scale", "h_image", "h_text"}

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from protoclip.train.config import TrainConfig
 from protoclip.train.methods.base import EpisodeData, Method, MultiView
-from protoclip.train.registry import register
+from protoclip.registry import register
 
 if TYPE_CHECKING:
     import torch

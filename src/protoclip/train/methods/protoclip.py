@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from protoclip.train.config import TrainConfig
 from protoclip.train.methods.base import EpisodeData
-from protoclip.train.registry import register
+from protoclip.registry import register
 from protoclip.train.methods.clip import CLIPMethod
 
 if TYPE_CHECKING:

@@ -1,0 +1,20 @@
+"""`protoclip runs` (the configured run names) and `protoclip dvc-yaml` (dvc.yaml from the stage graph)."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    if name == "dvc-yaml":
+        p.add_argument("--output", default="dvc.yaml")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.stage == "runs":
+        print("\n".join(args.cfg.run_names()))
+        return 0
+    from protoclip.atomic import write_text
+    from protoclip.dag.stages import dvc_yaml_text
+
+    write_text(args.output, dvc_yaml_text(args.cfg, args.config))
+    return 0

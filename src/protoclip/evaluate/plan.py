@@ -1,0 +1,125 @@
+"""Which evaluation tasks run on a set, and why the others do not: decided here, as :class:`TaskStatus` values.
+
+Two decisions, both here: before any feature is extracted (:func:`plan_tasks`: the set's data, the task's
+inputs, the run's method) and after (:func:`too_small`: the extracted splits). A task that does not run has a
+status whose ``line`` goes into tasks.json and, where a table cell must say why, into its metrics file; the report
+reads the status itself back (``state``, ``reason``), never the words of the line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from protoclip.evaluate.config import EvalDatasetConfig
+from protoclip.evaluate.datasets import HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped
+from protoclip.evaluate.datasets.wds import dataset_type as wds_dataset_type
+from protoclip.similarity import Similarity
+from protoclip.tasks import PROBE_TASKS, TASKS, TEXT_TASKS, TaskStatus
+
+
+def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
+    """The configured tasks that can apply to a set of this kind (used for sets that are skipped)."""
+    retrieval_only = {"retrieval", "temperature"}
+    if cfg.kind in ("coco", "flickr30k") or (cfg.kind == "wds" and cfg.path and wds_dataset_type(
+            Path(cfg.path).expanduser()) == "retrieval"):
+        possible = retrieval_only
+    elif cfg.kind == "offline" and name == HELDOUT:
+        possible = set(TASKS)  # coarse labels in words have prompt templates (datasets.HELDOUT_TEMPLATES)
+    else:
+        possible = set(TASKS) - {"retrieval"}
+    return [t for t in cfg.tasks if t in possible]
+
+
+def image_only_method(spec) -> str | None:
+    """The training method of a model if it trained the image tower only (e.g. ``pcl``): its text tower is
+    untrained, so zero-shot and retrieval numbers would be chance; None otherwise. ``spec``: the model file's
+    ``protoclip.models.EvalSpec`` (written by the method at save time, not read from the project config)."""
+    return (spec.method or "unknown method") if spec.image_only else None
+
+
+def not_applicable(task: str, ds: EvalSet) -> str | None:
+    """Why ``task`` does not apply to the loaded set ``ds`` (None: it applies)."""
+    labelled = isinstance(ds, LabelledSet)
+    if task == "retrieval":
+        return None if isinstance(ds, CaptionSet) or (labelled and ds.captions is not None) else "no captions"
+    if task == "temperature":  # caption pairs (Fig. 1, 8) and / or a zero-shot set (Table 11's token subsets)
+        pairs = isinstance(ds, CaptionSet) or (labelled and ds.captions is not None)
+        return None if pairs or (labelled and ds.templates and len(ds.test)) else "no captions or prompt templates"
+    if not labelled:
+        return "no class labels"
+    if task == "zeroshot" and not ds.templates:
+        return "no prompt templates"
+    if task in ("linear", "knn") and ds.train is None:
+        return "no train split"
+    if len(ds.test) == 0:
+        return "empty test split"
+    return None
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """What one configured task does on one set, decided before any feature is extracted."""
+    status: TaskStatus  # RAN: extract features and run it (:func:`too_small` may still stop it)
+    metrics_file: bool = False  # the status goes into the task's metrics file (tables show it in its cells)
+    in_marker: bool = True  # the status goes into tasks.json
+
+    @property
+    def runs(self) -> bool:
+        return self.status.ran
+
+
+RUNS = TaskPlan(TaskStatus(TaskStatus.RAN))
+
+
+def plan_tasks(name: str, ds: EvalSet | Skipped | None, wanted: list[str], image_only: str | None
+               ) -> dict[str, TaskPlan]:
+    """Run or skip, per task of ``wanted`` on the loaded set ``ds``.
+
+    A set whose data is missing (:class:`Skipped`): every task's metrics file and status carry its skip line; a
+    probe of a set whose train split is missing (``LabelledSet.train_missing``): the same, with that reason.
+    A text-tower task of an image-only run's (``image_only``: its method) that would apply to the set: a
+    not-applicable metrics file, so the report's cells read n/a (tasks.json does not list it). A task that
+    does not apply to the set (:func:`not_applicable`): a not-applicable status only.
+    """
+    out: dict[str, TaskPlan] = {}
+    for task in wanted:
+        if isinstance(ds, Skipped):
+            out[task] = TaskPlan(TaskStatus(TaskStatus.MISSING, ds.reason), metrics_file=True)
+        elif task in PROBE_TASKS and isinstance(ds, LabelledSet) and ds.train is None and ds.train_missing:
+            out[task] = TaskPlan(TaskStatus(TaskStatus.MISSING, f"skipped: {name}: {ds.train_missing}"),
+                                 metrics_file=True)
+        elif (reason := not_applicable(task, ds)) is not None:
+            out[task] = TaskPlan(TaskStatus(TaskStatus.NOT_APPLICABLE, reason))
+        elif image_only and task in TEXT_TASKS:
+            out[task] = TaskPlan(TaskStatus(TaskStatus.NOT_APPLICABLE, f"image-only method ({image_only})",
+                                            "the text tower is untrained"), metrics_file=True, in_marker=False)
+        else:
+            out[task] = RUNS
+    return out
+
+
+def too_small(task: str, feats: dict[str, np.ndarray], similarity: Similarity) -> TaskStatus | None:
+    """Why the extracted splits are too small for ``task``, or its inputs unfit (None: it runs)."""
+    if "test_y" not in feats:
+        return None
+    counts = np.bincount(feats["test_y"])
+    reason = None
+    if task == "nemd" and (counts >= 2).sum() < 2:
+        reason = "NEMD needs at least 2 classes with >= 2 test images"
+    elif task == "clustering" and (counts > 0).sum() < 2:
+        reason = "clustering needs at least 2 classes in the test split"
+    elif task == "tsne" and len(feats["test_y"]) < 3:
+        reason = "t-SNE needs at least 3 test images"
+    elif task in ("linear", "knn") and len(np.unique(feats["train_y"])) < 2:
+        reason = "the train split has fewer than 2 classes"
+    elif task == "temperature":
+        if not similarity.distance:  # e.g. nCLIP's -CE: Eq. 1 / Fig. 8 do not apply
+            reason = f"the {similarity.name} similarity is not a distance"
+        elif "caption_image_z" not in feats and not (similarity.tokens > 1 and "test_s" in feats):
+            reason = "no caption pairs, and a single-token run has no token subsets"
+    return TaskStatus(TaskStatus.TOO_SMALL, reason) if reason else None
+
+
+__all__ = ["RUNS", "TaskPlan", "image_only_method", "not_applicable", "plan_tasks", "static_tasks", "too_small"]
