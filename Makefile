@@ -38,13 +38,17 @@ checkout: $(STAMP)
 # server's packages (pip extras `test`, `slurm`, `tracking-server`) and, as root, the Debian packages of the test
 # SLURM cluster and of PostgreSQL (.ci/install-slurm, .ci/install-postgresql; each step does nothing when done).
 # Every tier, fastest first (README "Tests"): `make test-unit`, `make test-integration`, `make test-e2e` run one.
+# The unit and integration tests run on TEST_WORKERS processes (pytest-xdist; one thread each); the end-to-end
+# tests one at a time, each already running jobs on both cores.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test-extras
 	.ci/install-slurm
 	.ci/install-postgresql
-	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q tests/unit tests/integration tests/e2e
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit tests/integration
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q tests/e2e
 
 test-unit test-integration: $(VENV)/.installed-test-extras
-	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q tests/$(@:test-%=%)
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/$(@:test-%=%)
 
 test-e2e: $(VENV)/.installed-test-extras
 	.ci/install-slurm
