@@ -9,7 +9,7 @@ import shlex
 import pytest
 import yaml
 
-from protoclip.cli import _parser
+from protoclip.cli import COMMANDS as SUBCOMMANDS, command_parser, main
 from protoclip.config import load_config
 from testkit import REPO
 README = (REPO / "README.md").read_text()
@@ -44,20 +44,25 @@ def test_the_readme_shows_the_commands_this_test_reads():
 
 
 @pytest.mark.parametrize("command", [c for c, _ in COMMANDS if c.startswith("protoclip ")])
-def test_protoclip_command(command):
+def test_protoclip_command(command, capsys):
     argv = shlex.split(command)[1:]
     full = dict(COMMANDS)[command]
-    sub = {a.dest: a for a in _parser()._subparsers._group_actions}["stage"].choices
-    assert argv[0] in sub, f"{command}: no subcommand {argv[0]}"
+    if argv == ["--version"]:
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0 and capsys.readouterr().out.startswith("protoclip ")
+        return
+    assert argv[0] in SUBCOMMANDS, f"{command}: no subcommand {argv[0]}"
     if not full:  # a command named in the prose: its subcommand, and the config it names loads
         if "--config" in argv:
             load_config(REPO / argv[argv.index("--config") + 1])
         return
+    parser, _ = command_parser(argv[0])
     try:
-        args = _parser().parse_args(argv)
+        args = parser.parse_args(argv[1:])
     except SystemExit as err:
         raise AssertionError(f"{command}: does not parse") from err
-    if getattr(args, "config", None) and argv[0] not in ("birdsnap", "ucf101"):
+    if getattr(args, "config", None) and SUBCOMMANDS[argv[0]].config:
         cfg = load_config(REPO / args.config)
         if getattr(args, "run", None):
             assert args.run in cfg.run_names(), f"{command}: {args.config} has no run {args.run}"
