@@ -14,7 +14,7 @@ from protoclip.config import load_config
 from protoclip.dag.stages import target_outputs
 from protoclip.layout import Layout
 from protoclip.report.summary_figures import comparable_points, curve_panels, difference_points, summary_names
-from protoclip.report.tables import run_report, train_losses
+from protoclip.report.stage import run_report, train_losses
 from protoclip.report.values import Results, paper_numbers
 from testkit.results import mark_evaluated
 
@@ -61,8 +61,9 @@ def project(tmp_path):
         for dataset in ("cifar10", "stl10"):
             path = lay.metrics(run, "zeroshot", dataset)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"run": run, "task": "zeroshot", "dataset": dataset,
-                                        "skipped": f"skipped: {dataset} not found at {tmp_path / 'nope'}"}))
+            line = f"skipped: {dataset} not found at {tmp_path / 'nope'}"
+            path.write_text(json.dumps({"run": run, "task": "zeroshot", "dataset": dataset, "skipped": line,
+                                        "status": {"state": "missing", "reason": line}}))
     for run, n in STEPS.items():
         log = lay.train_log(run)
         log.parent.mkdir(parents=True, exist_ok=True)

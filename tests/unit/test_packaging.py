@@ -46,7 +46,7 @@ def test_pytest_is_a_test_extra_not_a_runtime_dependency():
     """A user's environment (pip or conda) does not get pytest; `make test` (so CI) installs the `test` extra."""
     deps = _pyproject()["project"]["dependencies"]
     assert not [d for d in deps if d.split("==")[0].lower() == "pytest"]
-    assert _pyproject()["project"]["optional-dependencies"]["test"] == ["pytest==9.2.0"]
+    assert _pyproject()["project"]["optional-dependencies"]["test"] == ["pytest==9.2.0", "pytest-xdist==3.8.0"]
     make = (REPO / "Makefile").read_text()
     assert "pip install -qq -e '.[slurm,tracking-server,test]'" in make
     importing = [str(p) for p in (REPO / "src").rglob("*.py")
