@@ -123,7 +123,7 @@ def _make(kind: str, tmp_path: Path) -> tuple[str, EvalDatasetConfig, str]:
 
 def _extract(ds) -> int:
     """Every image of every split through the feature extraction loader; the number of images read."""
-    from protoclip.evaluate.features import image_batches
+    from protoclip.evaluate.batches import image_batches
 
     def transform(img):
         import torchvision.transforms.functional as F

@@ -7,7 +7,8 @@ import torch
 from torchvision.transforms.functional import pil_to_tensor
 
 from protoclip.evaluate.datasets import ArraySplit
-from protoclip.evaluate.features import image_batches, resolve_device, sha256_file
+from protoclip.evaluate.batches import image_batches
+from protoclip.evaluate.features import resolve_device, sha256_file
 
 
 class IterOnly:

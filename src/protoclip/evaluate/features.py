@@ -27,13 +27,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from protoclip.atomic import atomic_path
@@ -42,6 +41,7 @@ from protoclip.hashing import sha256_file
 from protoclip.data.transforms import eval_transform
 from protoclip.devices import resolve_device
 from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
+from protoclip.evaluate.batches import image_batches
 from protoclip.evaluate.resumable import ExtractionProgress, encode_images_resumable
 
 log = logging.getLogger(__name__)
@@ -51,40 +51,6 @@ CACHE_VERSION = 4  # bumped whenever the arrays a cache holds change
 
 def _text_hash(items: Iterable[str]) -> str:
     return hashlib.sha256("\x1f".join(items).encode()).hexdigest()[:16]
-
-
-class _Transformed(Dataset):
-    """A map-style split with the model's transform applied: ``[i] -> (tensor, label)``."""
-
-    def __init__(self, split: ImageSplit, transform: Callable):
-        self.split, self.transform = split, transform
-
-    def __len__(self) -> int:
-        return len(self.split)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        img, y = self.split[i]  # type: ignore[index]
-        return self.transform(img), int(y)
-
-
-def image_batches(split: ImageSplit, transform: Callable, batch_size: int,
-                  num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``(images [B,3,H,W], labels [B])`` in split order. Map-style splits (with ``__getitem__``) go through a
-    DataLoader so decoding can use ``num_workers`` processes; iterable ones (webdataset) are read in-process."""
-    if hasattr(split, "__getitem__"):
-        yield from DataLoader(_Transformed(split, transform), batch_size=batch_size, shuffle=False,
-                              num_workers=num_workers)
-        return
-    xs: list[torch.Tensor] = []
-    ys: list[int] = []
-    for img, y in split:
-        xs.append(transform(img))
-        ys.append(int(y))
-        if len(xs) == batch_size:
-            yield torch.stack(xs), torch.tensor(ys)
-            xs, ys = [], []
-    if xs:
-        yield torch.stack(xs), torch.tensor(ys)
 
 
 @torch.inference_mode()  # no autograd bookkeeping at all (no_grad still tracks versions): same values

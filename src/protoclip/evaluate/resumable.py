@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from protoclip.atomic import atomic_path, clean_stale_temps, write_json
+from protoclip.evaluate.batches import image_batches
 from protoclip.evaluate.datasets import ImageSplit
 
 log = logging.getLogger(__name__)
@@ -117,9 +118,8 @@ def _write_chunk(path: Path, parts: list[tuple[np.ndarray, np.ndarray, np.ndarra
 def encode_images_resumable(model: Any, split: ImageSplit, transform: Callable, device: torch.device,
                             batch_size: int, desc: str, num_workers: int, folder: Path,
                             chunk_batches: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(z [N, d], h [N, d_h], labels [N])`` of every image of ``split``, as ``features.encode_images`` returns
-    them, extracted chunk by chunk into ``folder`` (whole chunks found there are kept, not encoded again)."""
-    from protoclip.evaluate.features import image_batches
+    """``(z [N, d], h [N, d_h], labels [N])`` of every image of ``split``, as
+    :func:`protoclip.evaluate.features.encode_images` returns them, extracted chunk by chunk into ``folder`` (whole chunks found there are kept, not encoded again)."""
 
     n, per_chunk = len(split), batch_size * chunk_batches
     n_chunks = -(-n // per_chunk)
