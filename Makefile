@@ -39,13 +39,15 @@ checkout: $(STAMP)
 # SLURM cluster and of PostgreSQL (.ci/install-slurm, .ci/install-postgresql; each step does nothing when done).
 # Every tier, fastest first (README "Tests"): `make test-unit`, `make test-integration`, `make test-e2e` run one.
 # The unit and integration tests run on TEST_WORKERS processes (pytest-xdist; one thread each); the end-to-end
-# tests one at a time, each already running jobs on both cores.
+# tests one at a time, each already running jobs on both cores; both run, and either failing fails the target.
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test-extras
 	.ci/install-slurm
 	.ci/install-postgresql
-	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit tests/integration
-	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q tests/e2e
+	status=0; \
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit tests/integration || status=$$?; \
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q tests/e2e || status=$$?; \
+	exit $$status
 
 test-unit test-integration: $(VENV)/.installed-test-extras
 	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/$(@:test-%=%)

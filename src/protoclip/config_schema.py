@@ -160,7 +160,9 @@ def section_schema(cls: type) -> dict:
         elif not dataclasses.is_dataclass(hints[f.name]):
             required.append(f.name)
         props[f.name] = prop
-    for key, section in sorted(sections.items()):  # e.g. train.nclip: registered by the nclip method
+    # e.g. train.nclip: registered by the nclip method. The schema ships with the package: the sections of the
+    # package's own methods (a method defined elsewhere, such as a test's, is not part of it)
+    for key, section in sorted((k, v) for k, v in sections.items() if v.__module__.startswith("protoclip.")):
         sub = section_schema(section)
         sub["description"] = ("Registered by a training method (protoclip.registry). "
                               + sub.get("description", "")).strip()

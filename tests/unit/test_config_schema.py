@@ -62,7 +62,10 @@ def test_every_field_and_registered_section_is_a_key():
     sections = method_sections()
     assert {"nclip", "pcl"} <= set(sections)  # the methods' own sections, found through the registry
     for key, section in sections.items():
-        assert set(train[key]["properties"]) == keys(section), key
+        if section.__module__.startswith("protoclip."):
+            assert set(train[key]["properties"]) == keys(section), key
+        else:  # a method registered outside the package (another test's toy method): not in the shipped schema
+            assert key not in train, key
     assert "source" not in schema["properties"]  # set by the loader, not a YAML key
 
 
