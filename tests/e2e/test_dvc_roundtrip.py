@@ -77,11 +77,13 @@ def make_project(root: Path, tiny_pairs: list[dict], remote: Path) -> None:
 
 
 def outputs(root: Path) -> dict[str, bytes]:
-    """Every file under data/prepared and results/ that a stage outputs (not the MLflow store, not logs)."""
+    """Every file under data/prepared and results/ that a stage outputs (not the MLflow store, not logs, not caches)."""
     out = {}
     for top in ("data/prepared", "results/runs", "results/tables"):
         for p in sorted((root / top).rglob("*")):
-            if p.is_file() and "checkpoints" not in p.parts:  # work in progress of --resume, not an output
+            # not outputs: checkpoints/ (work in progress of --resume), features/ (the evaluation's feature cache,
+            # kept out of DVC unless evaluate.track_features)
+            if p.is_file() and not {"checkpoints", "features"} & set(p.parts):
                 out[str(p.relative_to(root))] = p.read_bytes()
     return out
 
