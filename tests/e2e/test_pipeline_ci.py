@@ -89,9 +89,10 @@ def test_ci_dag_produces_every_target_then_has_nothing_to_do(tmp_path):
 def check_project(root: Path, cfg_file: Path, args: tuple) -> None:
     from protoclip.config import load_config
 
-    # the merged config every command read; every experiment file's run and target is in it
-    resolved = root / ".snakemake" / "protoclip" / "config.yaml"
-    assert resolved.is_file()
+    # the config every command read: with one --configfile and no --config, that file itself (nothing is merged
+    # onto it, protoclip.dag.snakemake); every experiment file's run and target is in it
+    resolved = cfg_file
+    assert not (root / ".snakemake" / "protoclip" / "config.yaml").exists()
     cwd = os.getcwd()
     os.chdir(root)
     try:
@@ -108,7 +109,7 @@ def check_project(root: Path, cfg_file: Path, args: tuple) -> None:
     index = (results / "tables" / "index.md").read_text()
     top = index.split("## Skipped data sets")[1].split("\n## ")[0]  # listed once, before the first target
     assert "- skipped: cifar10 not found at data/external/cifar10" in top
-    assert "- skipped: imagenet not found at data/external/imagenet" in top  # config.yaml's, merged
+    assert "- skipped: imagenet not found at data/external/imagenet" in top  # ci.yaml's paper sets
     for t in cfg.paper_targets():
         assert (results / "report" / f"{t.id}.rst").is_file(), t.id
         assert t.id in index
