@@ -46,12 +46,17 @@ def mlflow_key(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", key.replace("@", "_at_"))
 
 
-def _numbers(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
-    """Numeric leaves of ``metrics`` as ``{prefix + key: value}`` (nested dicts joined with '/')."""
+def metric_numbers(metrics: dict[str, Any], prefix: str, nested: bool = True,
+                   skip: tuple[str, ...] = ()) -> dict[str, float]:
+    """Numeric entries of ``metrics`` as MLflow metrics ``{prefix + key: value}``: with ``nested``, nested dicts'
+    leaves too (keys joined with '/'); top-level keys in ``skip`` left out."""
     out: dict[str, float] = {}
     for k, v in metrics.items():
+        if k in skip:
+            continue
         if isinstance(v, dict):
-            out.update(_numbers(v, f"{prefix}{k}/"))
+            if nested:
+                out.update(metric_numbers(v, f"{prefix}{k}/"))
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             out[mlflow_key(f"{prefix}{k}")] = float(v)
     return out
@@ -157,7 +162,7 @@ class SetEvaluation:
         if result.examples:
             examples = records.write_examples(self.layout.examples(self.run, task, name), result.examples)
         metrics_file = records.write_metrics(self.layout.metrics(self.run, task, name), record)
-        self.tracker.log_metrics(_numbers(result.metrics, f"eval/{task}/{name}/"))
+        self.tracker.log_metrics(metric_numbers(result.metrics, f"eval/{task}/{name}/"))
         if task == "tsne":
             self.tracker.log_artifact(x.figure, f"figures/{name}")
         return metrics_file, examples

@@ -30,7 +30,7 @@ from protoclip.evaluate.datasets import (CaptionSet, LabelledSet, Skipped, load_
                                          subsample_set)
 from protoclip.evaluate.datasets.sets import Indexed
 from protoclip.evaluate.adapters import ADAPTERS, SetInput
-from protoclip.evaluate.stage import mlflow_key
+from protoclip.evaluate.stage import metric_numbers
 from protoclip.layout import Layout
 from protoclip.train.config import TrainConfig, ValidationConfig
 
@@ -120,18 +120,12 @@ class Validator:
                 m.training = training
         out: dict[str, float] = {}
         for task, result in results.items():
-            out.update(_numbers(result.metrics, f"val/{task}/"))
+            out.update(metric_numbers(result.metrics, f"val/{task}/", nested=False, skip=SETTINGS))
         out["time/validation"] = time.perf_counter() - t0
         return out
 
 
 SETTINGS = ("k", "T", "n_classes", "n_templates")  # entries of the task metrics that are settings, not scores
-
-
-def _numbers(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
-    """Top-level scores of a task's metrics under ``prefix`` (MLflow-safe names)."""
-    return {mlflow_key(prefix + k): float(v) for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in SETTINGS}
 
 
 def identity(x: Any) -> Any:
