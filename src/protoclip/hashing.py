@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
+from typing import Any
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -12,3 +14,8 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
         for block in iter(lambda: f.read(chunk), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def json_sha256(obj: Any) -> str:
+    """Hex sha256 of ``obj`` as canonical JSON (sorted keys; values JSON cannot hold as their ``str``)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

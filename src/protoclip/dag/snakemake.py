@@ -119,11 +119,9 @@ def repeated_configfile_flag(argv: list[str]) -> str | None:
 def settings_digest(section) -> str:
     """sha256 (16 hex digits) of a job's resolved settings as canonical JSON: the rule param that reruns the job
     when, and only when, they change (not the name of the file that holds them)."""
-    import hashlib
-    import json
+    from protoclip.hashing import json_sha256
 
-    text = json.dumps(section, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return json_sha256(section)[:16]
 
 
 def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_config: dict,

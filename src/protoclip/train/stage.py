@@ -150,12 +150,10 @@ def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict |
 def provenance_tags(config: dict, data_digest: str, model_sha256: str) -> dict[str, str]:
     """What made a model, as MLflow tags of its run and registered version: the code's commit, the sha256 of the
     resolved run config (canonical JSON of ``config.yaml``'s dict), the training rows' digest and the model's."""
-    import hashlib
-    import json
-
+    from protoclip.hashing import json_sha256
     from protoclip.provenance import git_commit
 
-    config_digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    config_digest = json_sha256(config)
     return {"protoclip.code_commit": git_commit(), "protoclip.config_sha256": config_digest,
             "protoclip.data_digest": data_digest, "protoclip.model_sha256": model_sha256}
 
