@@ -1,9 +1,8 @@
 # Models for the field's own tools (protoclip.models.export_openclip): `snakemake export_all --cores 2` writes an
 # open_clip `local-dir:` folder for every trained run open_clip can represent. Not part of `all` (the report does
 # not read them) and no DVC stage: a folder per run is a hand-off, made on demand from the cached model.pt.
-from protoclip.models import export_openclip
-
-EXPORTABLE = dag_stages.exportable_runs(PROJECT)
+# Which runs open_clip can represent is decided when export_all is asked for (an input function): deciding it
+# here would import torch and open_clip into every Snakemake start, each SLURM job's own included.
 
 
 rule export:
@@ -11,7 +10,7 @@ rule export:
     input:
         model=lambda wc: str(LAYOUT.model(wc.run)),
     output:
-        directory(str(export_openclip.export_dir(PROJECT, "{run}"))),
+        directory(str(LAYOUT.export_dir("{run}"))),
     conda:
         "../../environment.yml"
     log:
@@ -20,7 +19,7 @@ rule export:
     resources:
         **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     wildcard_constraints:
-        run="|".join(EXPORTABLE) or "NO_RUNS",
+        run="|".join(PROJECT.run_names()) or "NO_RUNS",  # `protoclip export` refuses the others, saying why
     params:
         config=CONFIG_ARG,
     shell:
@@ -30,4 +29,4 @@ rule export:
 rule export_all:
     """Every run open_clip can represent (nCLIP and multi-class-token runs cannot: export_openclip.export_refusal)."""
     input:
-        expand(rules.export.output, run=EXPORTABLE),
+        lambda wc: expand(rules.export.output, run=dag_stages.exportable_runs(PROJECT)),
