@@ -3,6 +3,7 @@ in every command or stop the run naming the key; the workflow lints clean."""
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -154,6 +155,19 @@ def test_dvc_outputs_do_not_overlap():
 def test_snakemake_lint_is_clean():
     lint = snakemake("--lint")
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_the_workflow_starts_without_torch():
+    """Every Snakemake start parses the Snakefile: the login node's call and, on SLURM, each job's own inside its
+    allocation. Parsing imports no torch, open_clip or scikit-learn (seconds each; the jobs' commands import them)."""
+    probe = ("import sys\nfrom snakemake.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+             "    assert not e.code, e.code\n"
+             "print([m for m in ('torch', 'torchvision', 'open_clip', 'sklearn') if m in sys.modules])")
+    for config in ([], ["--configfile", "config/paper.yaml"]):
+        out = subprocess.run([sys.executable, "-c", probe, *config, "-n", "--cores", "1", "--quiet", "rules"],
+                             cwd=REPO, env=dict(os.environ), capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.strip().splitlines()[-1] == "[]", (config, out.stdout[-500:])
 
 
 def test_gpu_runs_request_a_gpu(tmp_path):
