@@ -281,6 +281,10 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     small, rev = by["count_small"], by["count_reversed"]
     assert (small.lo, small.hi, small.direction) == (0, 3, NOT_RESOLVED)
     assert (rev.lo, rev.hi, rev.direction) == (0, 0, CONTRADICTED)
+    # what the count would take: 2 of the 3 sets, each at Holm's level for the 2nd of 3 rejections (2.5 % / 2)
+    plan = re.match(r"(\d+) seeds a side \(2 of 3 sets each significant at one-sided 1.2 %", small.needs)
+    assert plan and 4 <= int(plan.group(1)) <= 1000, small.needs
+    assert rev.needs == ""  # contradicted: nothing to plan
     ari = by["ari"]  # ARI resampled over the test images with their fixed assignments
     assert ari.direction == REPRODUCED and ari.unit == "score (ARI, AMI, NEMD)" and ari.lo > 0.3
     assert by["ami"].verdict == NOT_RUN and "AMI's expected mutual information" in by["ami"].reason

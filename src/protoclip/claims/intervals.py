@@ -116,12 +116,12 @@ class Estimate:
         dist = stats.norm if math.isinf(nu) else stats.t(nu)
         return float(dist.sf(x / u))
 
-    def seeds_needed(self, effect: float, seed_var_fallback: float | None = None, max_seeds: int = 1000
-                     ) -> tuple[int | None, float]:
-        """(seeds a side, test-example factor k) at which the one-sided 2.5 % direction test reaches
-        ``effect``'s side with :data:`POWER` power at this estimate's per-seed and test-set variance: the
-        smallest n whose noncentral-t power, P(T(nu, |effect| / sqrt((sa2 + sb2) / n + V_test / k)) >
-        t_0.975(nu)) with nu = 2n - 2 (n - 1 for one family), reaches it. k = 1 unless the test set alone
+    def seeds_needed(self, effect: float, seed_var_fallback: float | None = None, max_seeds: int = 1000,
+                     alpha: float = 0.025) -> tuple[int | None, float]:
+        """(seeds a side, test-example factor k) at which the one-sided ``alpha`` (2.5 %: the direction test)
+        test reaches ``effect``'s side with :data:`POWER` power at this estimate's per-seed and test-set
+        variance: the smallest n whose noncentral-t power, P(T(nu, |effect| / sqrt((sa2 + sb2) / n + V_test / k))
+        > t_(1-alpha)(nu)) with nu = 2n - 2 (n - 1 for one family), reaches it. k = 1 unless the test set alone
         leaves less than the whole budget, then the smallest k that leaves half of it to the seeds. n None:
         not reached by ``max_seeds``, or no seed variance to plan with (one seed a side, no fallback)."""
         sa2, sb2 = self.seed_var
@@ -130,12 +130,12 @@ class Estimate:
                 return None, 1.0
             sa2, sb2 = seed_var_fallback, (seed_var_fallback if self.seeds[1] else 0.0)
         seed2, test = sa2 + sb2, self.example_var
-        budget = (abs(effect) / (stats.norm.ppf(0.975) + stats.norm.ppf(POWER))) ** 2
+        budget = (abs(effect) / (stats.norm.ppf(1.0 - alpha) + stats.norm.ppf(POWER))) ** 2
         k = float(math.ceil(2.0 * test / budget)) if test >= budget else 1.0
         for n in range(2, max_seeds + 1):
             nu = 2 * n - 2 if self.seeds[1] else n - 1
             var = seed2 / n + test / k
-            if var == 0.0 or stats.nct.sf(stats.t.ppf(0.975, nu), nu, abs(effect) / math.sqrt(var)) >= POWER:
+            if var == 0.0 or stats.nct.sf(stats.t.ppf(1.0 - alpha, nu), nu, abs(effect) / math.sqrt(var)) >= POWER:
                 return n, k
         return None, k
 

@@ -125,6 +125,7 @@ class LedgerRow:
     unit_name: str = "test examples"
     seconds: float = 0.0  # wall time to compute the row
     estimate: Estimate | None = dataclasses.field(default=None, repr=False)
+    set_estimates: list = dataclasses.field(default_factory=list, repr=False)  # a count: (Estimate, a - b) per set
 
     @property
     def unit(self) -> str:
@@ -363,8 +364,9 @@ class ClaimEngine:
         columns, diffs, _ = self._columns(claim, target, base_a, base_b, runs_a, runs_b)
         sign = _sign(claim)
         p_same, p_other, units = [], [], 0
-        for col, sets in columns:
+        for (col, sets), diff in zip(columns, diffs):
             est, n = self.column_estimate(runs_a, runs_b, col, sets)
+            row.set_estimates.append((est, diff))
             p_same.append(est.p_one_sided(sign))
             p_other.append(est.p_one_sided(-sign))
             units += n
@@ -469,12 +471,13 @@ def finish(rows: list[LedgerRow]) -> list[LedgerRow]:
     return rows
 
 
-def _seed_fallback(row: LedgerRow, rows: list[LedgerRow]) -> tuple[float | None, str]:
+def _seed_fallback(row: LedgerRow, rows: list[LedgerRow], kind: str | None = None) -> tuple[float | None, str]:
     """A per-seed variance for a row whose seed spread is not measured: the median over the ledger's rows of the
-    same kind and task that measured theirs (else of the same kind), and which rows those were."""
+    same kind (``kind``, default the row's) and task that measured theirs (else of the same kind), and which rows
+    those were."""
     task = row.measured.split(" ")[0]
     measured = [r for r in rows if r.estimate is not None and r.estimate.seed_measured and r.claim.kind ==
-                row.claim.kind]
+                (kind or row.claim.kind)]
     same = [r for r in measured if r.measured.split(" ")[0] == task] or measured
     if not same:
         return None, ""
@@ -487,9 +490,10 @@ def needs_text(row: LedgerRow, rows: list[LedgerRow]) -> str:
     which the one-sided 2.5 % test reaches the paper's side with 80 % power, at our measured seed and example
     variance; the effect is our estimate when it is on the paper's side, else the paper's own value."""
     est, c = row.estimate, row.claim
+    if c.kind == "count":
+        return _count_needs(row, rows)
     if est is None:
-        return ("not computed for a count: it takes more than half the sets significant on their own after "
-                "Holm over the sets") if c.kind == "count" else ""
+        return ""
     sign = _sign(c)
     if sign * row.ours > 0:
         effect, at = row.ours, f"our estimate {ledger.signed(row.ours)}"
@@ -508,6 +512,41 @@ def needs_text(row: LedgerRow, rows: list[LedgerRow]) -> str:
     more = f" and {k:g}x the {row.unit_name} ({row.units} -> {int(k * row.units)})" if k > 1 else ""
     count = f"{n} seeds a side{more}" if n is not None else f"more than 1000 seeds a side{more}"
     return f"{count} ({at} {row.unit}, {spread}, 80 % power)" if spread else f"{count} ({at}, 80 % power)"
+
+
+def _count_needs(row: LedgerRow, rows: list[LedgerRow]) -> str:
+    """What would resolve a count ("more than half of N sets"): it takes need = floor(N/2) + 1 sets significant
+    on the paper's side after Holm over the sets, i.e. each of them at Holm's level for the need-th rejection,
+    2.5 % / (N - need + 1), one-sided. Each set whose estimate is on the paper's side is planned as a difference
+    (:meth:`Estimate.seeds_needed` at that level, 80 % power, its own effect and variance; one seed: the seed
+    spread of the ledger's measured differences of the same task); the count's number is the need-th smallest.
+    A plan, not a power calculation for the count itself (80 % for each of those sets, not for all at once)."""
+    n_sets = len(row.set_estimates)
+    if not n_sets:
+        return ""
+    need, sign = n_sets // 2 + 1, _sign(row.claim)
+    alpha = 0.025 / (n_sets - need + 1)
+    fallback, source = _seed_fallback(row, rows, kind="difference")
+    plans, borrowed = [], False
+    for est, diff in row.set_estimates:
+        if sign * diff <= 0:
+            continue  # not on the paper's side here: more seeds are not planned to turn it
+        n, k = est.seeds_needed(diff, None if est.seed_measured else fallback, alpha=alpha)
+        borrowed |= not est.seed_measured
+        if n is not None:
+            plans.append((n, k))
+    on_side = sum(sign * d > 0 for _, d in row.set_estimates)
+    if len(plans) < need:
+        why = (f"only {on_side} of the {n_sets} sets are on the paper's side here" if on_side < need else
+               "the seed spread is not measured here; run 2 or more seeds a side to plan" if fallback is None
+               and any(not e.seed_measured for e, _ in row.set_estimates) else
+               f"fewer than {need} sets reach it within 1000 seeds a side")
+        return f"not planned: {need} of {n_sets} sets must each be significant, and {why}"
+    n, k = sorted(plans)[need - 1]
+    more = f" and {k:g}x the test examples" if k > 1 else ""
+    spread = f"; seed spread taken from {source}" if borrowed and source else ""
+    return (f"{n} seeds a side{more} ({need} of {n_sets} sets each significant at one-sided {100 * alpha:.2g} %, "
+            f"Holm's level for the {need}th of {n_sets}, at our estimate per set, 80 % power each{spread})")
 
 
 def ledger_frame(rows: list[LedgerRow]) -> pd.DataFrame:
