@@ -38,15 +38,18 @@ checkout: $(STAMP)
 # server's packages (pip extras `test`, `slurm`, `tracking-server`) and, as root, the Debian packages of the test
 # SLURM cluster and of PostgreSQL (.ci/install-slurm, .ci/install-postgresql; each step does nothing when done).
 # Every tier, fastest first (README "Tests"): `make test-unit`, `make test-integration`, `make test-e2e` run one.
-# The unit and integration tests run on TEST_WORKERS processes (pytest-xdist; one thread each); the end-to-end
-# tests one at a time, each already running jobs on both cores; both run, and either failing fails the target.
+# Each tier runs on TEST_WORKERS processes (pytest-xdist; one thread each). The end-to-end tests spend much of
+# their time waiting (process start-ups, SLURM's scheduling and status checks, servers), so two of them share the
+# cores; those of one SLURM cluster or tracking server run in one group (--dist loadgroup, tests/conftest.py), and
+# the slowest are listed at the end (--durations). Both commands run, and either failing fails the target.
 TEST_WORKERS ?= 2
+E2E_ARGS = -n $(TEST_WORKERS) --dist loadgroup --durations=15
 test: $(VENV)/.installed-test-extras
 	.ci/install-slurm
 	.ci/install-postgresql
 	status=0; \
 	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit tests/integration || status=$$?; \
-	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q tests/e2e || status=$$?; \
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q $(E2E_ARGS) tests/e2e || status=$$?; \
 	exit $$status
 
 test-unit test-integration: $(VENV)/.installed-test-extras
@@ -55,7 +58,7 @@ test-unit test-integration: $(VENV)/.installed-test-extras
 test-e2e: $(VENV)/.installed-test-extras
 	.ci/install-slurm
 	.ci/install-postgresql
-	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q tests/e2e
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q $(E2E_ARGS) tests/e2e
 
 $(VENV)/.installed-test-extras: $(STAMP)
 	$(BIN)/python -m pip install -qq -e '.[slurm,tracking-server,test]'

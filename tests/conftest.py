@@ -11,6 +11,9 @@ The tiers are folders, and each test gets its folder's marker: ``unit`` (functio
 * ``slurm_cluster``: a real single-node SLURM cluster with 4 fake GPUs, one per test session (testkit.slurm);
 * ``mlflow_server``: PostgreSQL and ``mlflow server --app-name basic-auth`` on it, one per test session
   (testkit.tracking_server).
+
+Under pytest-xdist the tests that use one of these two run in one group (``xdist_group``), so ``--dist loadgroup``
+starts each service once.
 """
 from __future__ import annotations
 
@@ -26,11 +29,18 @@ pytest_plugins = ["testkit.evaluation"]  # its `project` fixture
 TIERS = ("unit", "integration", "e2e")
 
 
+# tests on 2 xdist workers (`make test`: -n 2 --dist loadgroup) share a session fixture's service within a group
+GROUPS = {"slurm_cluster": "slurm", "mlflow_server": "tracking-server"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = Path(str(item.fspath)).parent.name
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+        for fixture, group in GROUPS.items():
+            if fixture in getattr(item, "fixturenames", ()) and not item.get_closest_marker("xdist_group"):
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture

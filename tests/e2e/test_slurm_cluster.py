@@ -1,6 +1,6 @@
 """The SLURM test cluster itself (tests/testkit/slurm.py): fake GPUs as generic resources, placed by SLURM.
 
-The profile's end-to-end test (tests/test_pipeline_slurm.py) relies on these: a ``--gpus=k`` job gets k
+The profile's end-to-end test (tests/e2e/test_paper_miniature.py) relies on these: a ``--gpus=k`` job gets k
 GPU ids in ``CUDA_VISIBLE_DEVICES`` from SLURM, concurrent jobs get disjoint ids, and the cluster records
 every finished job.
 """

@@ -21,16 +21,23 @@ stay visible to ``squeue`` for ``MinJobAge`` seconds (300), which is what the sl
 children of the test process, so none outlives it unreaped).
 The packages come from ``.ci/install-slurm`` (run by ``make test``); without them the fixture skips with the
 reason, except in CI (``CI`` set), where it fails.
+
+What a workflow's jobs did on the cluster: :class:`SlurmWatch` (a poller of ``squeue`` / ``scontrol``: each
+job's rule and GPU request, the GPU indices of jobs running at once) and :func:`job_logs` (the SLURM plugin's
+log of each job, by rule and wildcards).
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import Self
 
 from testkit.services import Service
 
@@ -154,12 +161,12 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
                                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _run(self, *cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-        out = subprocess.run(cmd, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(cmd, env=self.env(), capture_output=True, text=True, timeout=timeout, check=False)
         if check and out.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr.strip()}\n{self.logs()}")
         return out
 
-    def start(self) -> "SlurmCluster":
+    def start(self) -> SlurmCluster:
         self._write_config()
         r = self.root
         self._daemon("munged", "--foreground", "--force", f"--key-file={r}/munge/munge.key",
@@ -235,3 +242,62 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
                 proc.wait()
 
 
+
+
+# ---------------------------------------------------------------------- what the workflow's jobs did on it
+class SlurmWatch(threading.Thread):
+    """Polls the cluster every 0.3 s while a workflow runs: ``jobs`` {job id: {"comment" (the plugin's: rule and
+    wildcards), "gres" (its GPU request, e.g. gres:gpu:2), "idx" (the GPU indices it holds)}}, and ``snapshots``
+    of the GPU indices of the jobs running at the same moment (when more than one)."""
+
+    def __init__(self, cluster: SlurmCluster):
+        super().__init__(daemon=True)
+        self.cluster, self.jobs, self.snapshots = cluster, {}, []
+        self.halt = threading.Event()
+
+    def run(self):
+        e = self.cluster.env()
+        while not self.halt.is_set():
+            out = subprocess.run(["squeue", "-h", "-O", "JobID:|,Comment:300|,tres-per-job:|,State:|"], env=e,
+                                 capture_output=True, text=True, check=False)
+            running = {}
+            for line in out.stdout.splitlines():
+                jid, comment, gres, state = (f.strip() for f in line.split("|")[:4])
+                job = self.jobs.setdefault(jid, {"comment": comment, "gres": gres, "idx": None})
+                if state == "RUNNING" and gres != "N/A":
+                    if job["idx"] is None:
+                        detail = subprocess.run(["scontrol", "-d", "show", "job", jid], env=e, capture_output=True,
+                                                text=True, check=False).stdout
+                        m = re.search(r"GRES=gpu:\d+\(IDX:([\d,-]+)\)", detail)
+                        job["idx"] = expand_idx(m.group(1)) if m else None
+                    if job["idx"] is not None:
+                        running[jid] = job["idx"]
+            if len(running) > 1:
+                self.snapshots.append(running)
+            self.halt.wait(0.3)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.halt.set()
+        self.join()
+
+
+def expand_idx(text: str) -> list[int]:
+    """SLURM's index list '0-1,3' -> [0, 1, 3]."""
+    out = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out += list(range(int(a), int(b or a) + 1))
+    return out
+
+
+def job_logs(project: Path) -> dict[str, list[Path]]:
+    """{'<rule>/<wildcards>': the SLURM plugin's job logs (named <job id>.log), oldest first} of a project."""
+    out: dict[str, list[Path]] = {}
+    base = project / ".snakemake" / "slurm_logs"
+    for log in base.rglob("*.log"):
+        out.setdefault("/".join(log.relative_to(base).parts[:-1]), []).append(log)
+    return {k: sorted(v, key=lambda p: int(p.stem)) for k, v in out.items()}
