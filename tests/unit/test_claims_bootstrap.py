@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from protoclip.claims.bootstrap import Component, RandIndex, Units, percentile_interval, point, resample, stream
+from protoclip.claims.bootstrap import (
+    Component,
+    MutualInfo,
+    RandIndex,
+    Units,
+    percentile_interval,
+    point,
+    resample,
+    stream,
+)
 
 
 def planted_pair(n: int, p_a: float, p_b: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -164,6 +173,27 @@ def test_rand_index_of_a_resample_is_sklearns_ari_of_the_repeated_images():
     assert (B == 1.0).all()
 
 
+def test_mutual_info_of_a_resample_is_sklearns_ami_of_the_repeated_images():
+    """AMI under draw counts w equals sklearn's adjusted_mutual_info_score on the arrays holding each image w times
+    (its expected mutual information recomputed for each resample's marginals), the special cases included."""
+    from sklearn.metrics import adjusted_mutual_info_score
+
+    rng = np.random.default_rng(9)
+    labels = rng.integers(0, 7, 300)
+    cluster = np.where(rng.random(300) < 0.6, (labels + 2) % 7, rng.integers(0, 9, 300))  # relabelled + noise
+    mi = MutualInfo(cluster, labels)
+    assert mi.value()[0] == pytest.approx(adjusted_mutual_info_score(labels, cluster), rel=1e-12)
+    idx = rng.integers(0, 300, (6, 300))
+    idx[0] = np.where(labels[idx[0]] == 3, idx[0][0], idx[0])  # a resample without some classes
+    counts = np.stack([np.bincount(i, minlength=300) for i in idx]).astype(float)
+    want = [adjusted_mutual_info_score(labels[i], cluster[i]) for i in idx]
+    np.testing.assert_allclose(mi.value(counts), want, rtol=1e-10)
+    one = np.zeros(300)
+    one[[0, 1]] = 1.0  # two images drawn: sklearn's own special cases (one class or one cluster, or both)
+    assert mi.value(one[None])[0] == adjusted_mutual_info_score(labels[[0, 1]], cluster[[0, 1]])
+    assert MutualInfo(labels.copy(), labels).value()[0] == pytest.approx(1.0)
+
+
 def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="same units"):
         Component([Units.mean(np.ones(3))], [Units.mean(np.ones(4))])
@@ -175,5 +205,7 @@ def test_bad_inputs_are_refused():
         percentile_interval(np.arange(3.0), 1.5)
     with pytest.raises(ValueError, match="RandIndex"):
         RandIndex(np.zeros(3, int), np.zeros(4, int))
+    with pytest.raises(ValueError, match="MutualInfo"):
+        MutualInfo(np.zeros(3, int), np.zeros(4, int))
     with pytest.raises(ValueError, match="n_resamples"):
         resample([Component([Units.mean(np.ones(3))])], n_resamples=0)

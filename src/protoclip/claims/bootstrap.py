@@ -42,7 +42,7 @@ bootstrap that no longer matches scipy's draw bit for bit).
     a, b = resample([comp], n_resamples=2000, seed=0)                 # [components, B] each
     lo, hi = percentile_interval((a - b).mean(0), 0.95)
 
-Pure numpy: no project config, no files.
+Numpy (and scikit-learn's expected mutual information for AMI): no project config, no files.
 """
 from __future__ import annotations
 
@@ -119,6 +119,62 @@ class RandIndex:
         top, bottom = cells - expected, (rows + cols) / 2 - expected
         # sklearn's special cases: a single cluster and class, or every image its own: ARI 1
         return np.where(bottom == 0, 1.0, top / np.where(bottom == 0, 1.0, bottom))
+
+
+class MutualInfo:
+    """The adjusted mutual information of fixed cluster assignments against the labels (sklearn's
+    ``adjusted_mutual_info_score``, arithmetic-mean normaliser), as a resampling unit: under a resample that draws
+    test image u ``w[u]`` times it is the AMI of the sample holding each image w[u] times, from the weighted
+    contingency table. Its expected mutual information is that of the resample's own marginals, exactly (sklearn's
+    ``expected_mutual_information``), so one resample costs about one AMI of the whole set: milliseconds at the
+    offline default's 10 classes, seconds at ImageNet's 1,000 (the ledger says when that is too long). As for
+    :class:`RandIndex`, the assignments stay those of the full test set."""
+
+    def __init__(self, cluster, labels):
+        cluster, labels = np.asarray(cluster), np.asarray(labels)
+        if cluster.shape != labels.shape or cluster.ndim != 1 or len(cluster) < 2:
+            raise ValueError(f"MutualInfo: cluster {cluster.shape} and labels {labels.shape} must be [N >= 2]")
+        self.n = len(cluster)
+        rows, cols = np.unique(labels, return_inverse=True)[1], np.unique(cluster, return_inverse=True)[1]
+        self._shape = (int(rows.max()) + 1, int(cols.max()) + 1)
+        self._cell = rows * self._shape[1] + cols
+
+    def value(self, counts: np.ndarray | None = None) -> np.ndarray:
+        if counts is None:
+            counts = np.ones((1, self.n))
+        out = np.empty(counts.shape[0])
+        for b in range(counts.shape[0]):
+            table = np.bincount(self._cell, weights=counts[b], minlength=self._shape[0] * self._shape[1])
+            table = np.rint(table).astype(np.int64).reshape(self._shape)
+            out[b] = adjusted_mutual_info(table[table.sum(axis=1) > 0][:, table.sum(axis=0) > 0])
+        return out
+
+
+def adjusted_mutual_info(table: np.ndarray) -> float:
+    """sklearn's ``adjusted_mutual_info_score`` (average_method "arithmetic") from a contingency table of counts
+    (classes x clusters, no empty row or column), its special cases and float guards included."""
+    from sklearn.metrics import mutual_info_score
+    from sklearn.metrics.cluster._expected_mutual_info_fast import expected_mutual_information
+
+    rows, cols = table.shape
+    if rows == cols == 1:
+        return 1.0  # one class and one cluster: a perfect match
+    if rows == 1 or cols == 1:
+        return 0.0
+    n = int(table.sum())
+    mi = mutual_info_score(None, None, contingency=table)
+    emi = expected_mutual_information(table, n)
+
+    def entropy(counts: np.ndarray) -> float:
+        p = counts[counts > 0] / n
+        return float(-(p * np.log(p)).sum())
+
+    tiny = np.finfo(np.float64).eps
+    denominator = (entropy(table.sum(axis=1)) + entropy(table.sum(axis=0))) / 2.0 - emi
+    denominator = min(denominator, -tiny) if denominator < 0 else max(denominator, tiny)
+    numerator = mi - emi
+    numerator = min(numerator, -tiny) if numerator < 0 else max(numerator, tiny)
+    return float(numerator / denominator)
 
 
 @dataclass(frozen=True)
@@ -257,4 +313,5 @@ def percentile_interval(theta: np.ndarray, confidence: float = 0.95) -> tuple[fl
     return float(lo), float(hi)
 
 
-__all__ = ["Units", "RandIndex", "Component", "CountsCache", "resample", "resample_runs", "point", "percentile_interval", "stream", "MAX_DRAW"]
+__all__ = ["MAX_DRAW", "Component", "CountsCache", "MutualInfo", "RandIndex", "Units", "adjusted_mutual_info",
+           "percentile_interval", "point", "resample", "resample_runs", "stream"]
