@@ -23,14 +23,18 @@ from pathlib import Path
 
 import pytest
 
+from testkit import WHOLE_DAGS
 from testkit.data import COLORS, SHAPES, make_png
 
 pytest_plugins = ["testkit.evaluation"]  # its `project` fixture
 TIERS = ("unit", "integration", "e2e")
 
 
-# tests on 2 xdist workers (`make test`: -n 2 --dist loadgroup) share a session fixture's service within a group
-GROUPS = {"slurm_cluster": "slurm", "mlflow_server": "tracking-server"}
+# tests on 2 xdist workers (`make test`: -n 2 --dist loadgroup) share a session fixture's service within a group.
+# WHOLE_DAGS: the SLURM cluster's tests and the tests that run a whole DAG (the paper miniature, locally and on the
+# cluster; the offline default's) run on one worker, one after another: their projects are the largest on disk
+# (3-5 GB each), and side by side they would pass the suite's 6 GB of temporary disk
+GROUPS = {"slurm_cluster": WHOLE_DAGS, "mlflow_server": "tracking-server"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,7 +9,8 @@ config"):
 * ``prepare`` / ``train_force`` / ``teacher``: 32 px, a tiny ResNet (``tiny-rn``), episodes of 48 pairs in
   batches of 16, one epoch, warm-up of one batch, small heads and PCA; CPU (``gpu: false``) on the local executor,
   the paper's one GPU per run on SLURM (the test cluster's fake GPUs: the jobs compute on the CPU);
-* ``paths``: the project folder.
+* ``paths``: the project folder, and no model copies in MLflow (``mlflow_log_models: false``: ~100 MB a tiny
+  run).
 
 Every other key is the paper's. The external teacher is RoBERTa-large by name; offline, a folder named
 ``roberta-large`` in the project (the packaged MiniLM encoder) stands in for it (the teacher loader takes a local
@@ -46,14 +47,14 @@ from protoclip.models import load_model
 from protoclip.records import read_train_log
 from protoclip.schema import read_yaml
 from protoclip.teacher.encoders import packaged_path
-from testkit import REPO
+from testkit import REPO, WHOLE_DAGS
 from testkit.data import COLORS, SHAPES, add_member, make_png
 from testkit.processes import project_env, run
 from testkit.slurm import SlurmWatch, job_logs
 from testkit.workflow import workflow_copy
 
-# both tests share the local run (a module fixture), so they run on one xdist worker (the SLURM tests' group)
-pytestmark = pytest.mark.xdist_group("slurm")
+# both tests share the local run (a module fixture): one xdist worker, the SLURM tests' (tests/conftest.py)
+pytestmark = pytest.mark.xdist_group(WHOLE_DAGS)
 
 PAPER = ["--configfile", "config/paper.yaml", "smoke.yaml"]
 VICTIM = "t3_clip"  # the SLURM run's train job that is cancelled after its first episode (4 episodes in all)
@@ -83,7 +84,8 @@ def overlay(root: Path) -> dict:
     data = {"cc2.5m": shards(root / "shards" / "cc2.5m"), "cc1m": f"{root}/absent/cc1m/{{00000..00099}}.tar",
             "yfcc14m": f"{root}/absent/yfcc14m/{{00000..01399}}.tar"}
     return {
-        "paths": {"data_dir": "data", "results_dir": "results", "mlflow_uri": "sqlite:///results/mlflow.db"},
+        "paths": {"data_dir": "data", "results_dir": "results", "mlflow_uri": "sqlite:///results/mlflow.db",
+                  "mlflow_log_models": False},  # no ~100 MB model copy per run in MLflow (disk)
         "prepare": {"image_size": 32, "num_workers": 1,
                     "user_data": [dict(u, path=data[u["name"]]) for u in paper["prepare"]["user_data"]]},
         "teacher": {"pca_dim": 16},
@@ -106,11 +108,17 @@ def trained(root: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory):
-    """The miniature on the local executor: (project, the call's output)."""
+def local(tmp_path_factory, request):
+    """The miniature on the local executor: (project, the call's output). Removed after the module when its tests
+    passed (as pytest does with a passed test's tmp_path), kept for reading when one failed."""
     root = miniature(tmp_path_factory.mktemp("paper") / "local")
     done = run([sys.executable, "-m", "snakemake", *PAPER, "--cores", "2"], root, env=project_env())
-    return root, done
+    for ckpt in (root / "results" / "runs").glob("*/checkpoints/last.pt"):
+        ckpt.unlink()  # ~150 MB a run that neither test reads: gone before the SLURM run writes its own (disk)
+    failed = request.session.testsfailed
+    yield root, done
+    if request.session.testsfailed == failed:
+        shutil.rmtree(root.parent)
 
 
 def test_the_paper_dag_in_miniature(local):

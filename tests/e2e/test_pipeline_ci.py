@@ -3,7 +3,8 @@ target, every run) on a fixture corpus, then `snakemake -n` (nothing to do) and 
 
 The tiny project, in a temp folder: the repository's Snakefile, workflow/, config/ and src/protoclip; its
 the run is ``snakemake --configfile config/ci_fixture.yaml`` (what ``snakemake --configfile config/ci.yaml``
-does, README), a config derived from config/ci.yaml that changes only the data and the sizes:
+does, README), a config derived from config/ci.yaml that changes only the data and the sizes (and logs no model copies to
+MLflow, ``paths.mlflow_log_models: false``, for disk):
 
 * no Debian downloads: ``prepare.offline_sources: []``, ``eval_sets: [digits]`` (scikit-learn's digits); the
   training corpus is a user_data CSV of drawn PNG shapes with captions ("a small red circle") and coarse
@@ -30,12 +31,16 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
-from testkit import REPO
+from testkit import REPO, WHOLE_DAGS
 from testkit.corpus import SOURCE, fixture_corpus, fixture_labelled_set
 from testkit.processes import snakemake
 from testkit.workflow import workflow_copy
+
+# on the worker of the SLURM and paper-miniature tests, after or before them: a whole DAG's project each (disk)
+pytestmark = pytest.mark.xdist_group(WHOLE_DAGS)
 
 # The experiment files whose runs the test trains: every method and model (tiny RN, tiny ViT, multi-token; CLIP,
 # ProtoCLIP, nCLIP, xCLIP, PCL, PAUC), the main runs with their 3 seeds (Tables IV-VIII, XII, Figs. 7-9), a
@@ -56,6 +61,9 @@ def fixture_config(root: Path) -> dict:
         {"name": SOURCE, "format": "csv", "path": "userdata/pairs.csv", "label_key": "label"}])
     # after every run's own overrides: the fixture corpus (96 training pairs), episodes of 48 in batches of 16
     cfg["train_force"] = {**cfg["train_force"], "data": [SOURCE], "episode_size": 48, "batch_size": 16}
+    # no model copies in MLflow (a tiny run's model.pt and open_clip export are ~100 MB: temporary disk); what they
+    # are is tested by tests/e2e/test_mlflow_ui_model.py and tests/integration/test_train_mlflow_model.py
+    cfg.setdefault("paths", {})["mlflow_log_models"] = False
     # the paper's sets stay where ci.yaml looks for them (data/external/: absent, skipped)
     cfg["evaluate"]["datasets"]["fashion_mnist"] = {"kind": "offline", "path": "fixtures/fashion_mnist.npz"}
     return cfg

@@ -13,3 +13,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"  # the papers, docs and reference files beside the checkout
+
+# the pytest-xdist group (tests/conftest.py) of the SLURM cluster's tests and the tests that run a whole DAG
+WHOLE_DAGS = "slurm-and-whole-dags"
