@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -178,7 +179,7 @@ def _mlflow(cfg):
     # Parallel Snakemake jobs open a fresh SQLite store at the same moment; MLflow's schema creation is not safe
     # against that ("index ... already exists"), so the first connection and the experiment are made under a lock
     with _file_lock(lock_path):
-        client = mlflow.tracking.MlflowClient()
+        client = _client(mlflow, sqlite=lock_path is not None)
         exp = client.get_experiment_by_name(cfg.paths.mlflow_experiment)
         if exp is None:
             exp_id = _create_experiment(mlflow, client, cfg.paths.mlflow_experiment, artifacts)
@@ -189,6 +190,25 @@ def _mlflow(cfg):
                     client.set_experiment_tag(exp_id, k, v)
     mlflow.set_experiment(experiment_id=exp_id)
     return mlflow
+
+
+def _client(mlflow, sqlite: bool, wait_s: float = 300.0):
+    """The MLflow client, its store opened. On SQLite, opening reads the schema on a connection of SQLite's default
+    5 s busy timeout (MLflow's own sessions wait 20 s), so on a busy machine a job whose write holds the store
+    longer stops this one with "database is locked": it is retried, with a warning, for up to ``wait_s``."""
+    import sqlalchemy.exc
+
+    delay, end = 0.5, time.monotonic() + wait_s
+    while True:
+        try:
+            return mlflow.tracking.MlflowClient()
+        except sqlalchemy.exc.OperationalError as err:
+            if not sqlite or "database is locked" not in str(err) or time.monotonic() > end:
+                raise
+            log.warning("the MLflow store %s is locked by another job: retrying in %.1f s", mlflow.get_tracking_uri(),
+                        delay)
+            time.sleep(delay)
+            delay = min(2 * delay, 10.0)
 
 
 def _create_experiment(mlflow, client, name: str, artifact_location: str | None = None) -> str:

@@ -102,3 +102,25 @@ def test_parallel_jobs_open_a_fresh_sqlite_store_together(tmp_path):
     with mp.get_context("spawn").Pool(3) as pool:
         ids = pool.map(_open_store, [uri] * 3)
     assert len(set(ids)) == 1
+
+
+def test_a_job_waits_for_a_store_another_job_holds_locked(tmp_path):
+    """On a busy machine one job's write can hold the SQLite store locked for longer than SQLite's 5 s default:
+    a job opening the store then waits for it (make run failed there with "database is locked")."""
+    import multiprocessing as mp
+    import sqlite3
+    import threading
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with mp.get_context("spawn").Pool(1) as pool:
+        (first,) = pool.map(_open_store, [uri])  # the store and its tables, made by another job
+    held = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None, check_same_thread=False)
+    held.execute("BEGIN EXCLUSIVE")  # a writer that keeps the lock for 20 s
+    release = threading.Timer(20.0, held.execute, ["COMMIT"])
+    release.start()
+    try:
+        with mp.get_context("spawn").Pool(1) as pool:  # a fresh process: its store is opened, not cached
+            assert pool.map(_open_store, [uri]) == [first]
+    finally:
+        release.join()
+        held.close()
