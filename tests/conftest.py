@@ -12,8 +12,8 @@ The tiers are folders, and each test gets its folder's marker: ``unit`` (functio
 * ``mlflow_server``: PostgreSQL and ``mlflow server --app-name basic-auth`` on it, one per test session
   (testkit.tracking_server).
 
-Under pytest-xdist the tests that use one of these two run in one group (``xdist_group``), so ``--dist loadgroup``
-starts each service once.
+Under pytest-xdist (``--dist loadgroup``) the tests that use one of these two run on one worker (``GROUPS`` below),
+so each service starts once.
 """
 from __future__ import annotations
 
@@ -23,18 +23,40 @@ from pathlib import Path
 
 import pytest
 
-from testkit import WHOLE_DAGS
 from testkit.data import COLORS, SHAPES, make_png
 
 pytest_plugins = ["testkit.evaluation"]  # its `project` fixture
 TIERS = ("unit", "integration", "e2e")
 
 
-# tests on 2 xdist workers (`make test`: -n 2 --dist loadgroup) share a session fixture's service within a group.
-# WHOLE_DAGS: the SLURM cluster's tests and the tests that run a whole DAG (the paper miniature, locally and on the
-# cluster; the offline default's) run on one worker, one after another: their projects are the largest on disk
-# (3-5 GB each), and side by side they would pass the suite's 6 GB of temporary disk
-GROUPS = {"slurm_cluster": WHOLE_DAGS, "mlflow_server": "tracking-server"}
+# Tests on 2 xdist workers (`make test`: -n 2 --dist loadgroup) that share a session fixture's service share a
+# worker, by file: the SLURM cluster's (the paper miniature's second test runs on it) and the tracking server's.
+# Scheduled by file here because pytest-xdist 3.8.0's own loadgroup marks a test through a node id field pytest
+# 9.2 no longer reads (xdist_group markers then group nothing); a test file that uses one of these fixtures must
+# be listed.
+GROUPS = {
+    "slurm": ("tests/e2e/test_slurm_cluster.py", "tests/e2e/test_paper_miniature.py"),
+    "tracking-server": ("tests/e2e/test_tracking_server.py",),
+}
+GROUP_OF_FIXTURE = {"slurm_cluster": "slurm", "mlflow_server": "tracking-server"}
+
+
+def group_of(nodeid: str) -> str | None:
+    path = nodeid.split("::")[0]
+    return next((g for g, files in GROUPS.items() if path in files), None)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With ``--dist loadgroup``: each group's files one scope (one worker, in order), every other test its own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid) or nodeid
+
+    return ByGroup(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -42,9 +64,10 @@ def pytest_collection_modifyitems(config, items):
         tier = Path(str(item.fspath)).parent.name
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        for fixture, group in GROUPS.items():
-            if fixture in getattr(item, "fixturenames", ()) and not item.get_closest_marker("xdist_group"):
-                item.add_marker(pytest.mark.xdist_group(group))
+        for fixture, group in GROUP_OF_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()) and group_of(item.nodeid) != group:
+                raise pytest.UsageError(f"{item.nodeid} uses {fixture}: list its file in tests/conftest.py's "
+                                        f"GROUPS[{group!r}]")
 
 
 @pytest.fixture

@@ -47,14 +47,12 @@ from protoclip.models import load_model
 from protoclip.records import read_train_log
 from protoclip.schema import read_yaml
 from protoclip.teacher.encoders import packaged_path
-from testkit import REPO, WHOLE_DAGS
+from testkit import REPO
 from testkit.data import COLORS, SHAPES, add_member, make_png
 from testkit.processes import project_env, run
 from testkit.slurm import SlurmWatch, job_logs
+from testkit.tmpdirs import module_folder
 from testkit.workflow import workflow_copy
-
-# both tests share the local run (a module fixture): one xdist worker, the SLURM tests' (tests/conftest.py)
-pytestmark = pytest.mark.xdist_group(WHOLE_DAGS)
 
 PAPER = ["--configfile", "config/paper.yaml", "smoke.yaml"]
 VICTIM = "t3_clip"  # the SLURM run's train job that is cancelled after its first episode (4 episodes in all)
@@ -111,14 +109,12 @@ def trained(root: Path) -> list[str]:
 def local(tmp_path_factory, request):
     """The miniature on the local executor: (project, the call's output). Removed after the module when its tests
     passed (as pytest does with a passed test's tmp_path), kept for reading when one failed."""
-    root = miniature(tmp_path_factory.mktemp("paper") / "local")
-    done = run([sys.executable, "-m", "snakemake", *PAPER, "--cores", "2"], root, env=project_env())
-    for ckpt in (root / "results" / "runs").glob("*/checkpoints/last.pt"):
-        ckpt.unlink()  # ~150 MB a run that neither test reads: gone before the SLURM run writes its own (disk)
-    failed = request.session.testsfailed
-    yield root, done
-    if request.session.testsfailed == failed:
-        shutil.rmtree(root.parent)
+    with module_folder(tmp_path_factory, request, "paper") as folder:
+        root = miniature(folder / "local")
+        done = run([sys.executable, "-m", "snakemake", *PAPER, "--cores", "2"], root, env=project_env())
+        for ckpt in (root / "results" / "runs").glob("*/checkpoints/last.pt"):
+            ckpt.unlink()  # ~150 MB a run that neither test reads: gone before the SLURM run writes its own (disk)
+        yield root, done
 
 
 def test_the_paper_dag_in_miniature(local):

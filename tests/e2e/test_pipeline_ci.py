@@ -31,16 +31,12 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import pytest
 import yaml
 
-from testkit import REPO, WHOLE_DAGS
+from testkit import REPO
 from testkit.corpus import SOURCE, fixture_corpus, fixture_labelled_set
 from testkit.processes import snakemake
 from testkit.workflow import workflow_copy
-
-# on the worker of the SLURM and paper-miniature tests, after or before them: a whole DAG's project each (disk)
-pytestmark = pytest.mark.xdist_group(WHOLE_DAGS)
 
 # The experiment files whose runs the test trains: every method and model (tiny RN, tiny ViT, multi-token; CLIP,
 # ProtoCLIP, nCLIP, xCLIP, PCL, PAUC), the main runs with their 3 seeds (Tables IV-VIII, XII, Figs. 7-9), a

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from protoclip.layout import Layout
 from protoclip.records import read_train_log
 from testkit import REPO
 from testkit.processes import alive, project_env, wait_for
+from testkit.tmpdirs import module_folder
 from testkit.training import tiny_project, training_records
 
 RUN = {"method": "clip", "teacher": None, "data": ["offline"], "model": "tiny-rn", "image_size": 32,
@@ -43,15 +45,17 @@ N_EPISODES, N_STEPS = 9, 18
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    """The project, and the uninterrupted run ``ref`` trained by the train rule's command."""
-    root = tmp_path_factory.mktemp("kill")
-    tiny_project(root, {"paths": {"mlflow_experiment": "kill"}, "prepare": {"eval_sets": []}, "train": RUN,
-                        "runs": {name: {} for name in RUNS}},
-                 relative=True, config_name="config/config.yaml", n=36, size=32, captions="numbered")
-    done = subprocess.run(train_cmd("ref"), cwd=root, env=project_env(), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return root
+def root(tmp_path_factory, request) -> Iterator[Path]:
+    """The project, and the uninterrupted run ``ref`` trained by the train rule's command (removed after the module
+    when its tests passed: ~1.4 GB of runs)."""
+    with module_folder(tmp_path_factory, request, "kill") as root:
+        tiny_project(root, {"paths": {"mlflow_experiment": "kill"}, "prepare": {"eval_sets": []}, "train": RUN,
+                            "runs": {name: {} for name in RUNS}},
+                     relative=True, config_name="config/config.yaml", n=36, size=32, captions="numbered")
+        done = subprocess.run(train_cmd("ref"), cwd=root, env=project_env(), capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        yield root
 
 
 def train_cmd(run: str) -> list[str]:

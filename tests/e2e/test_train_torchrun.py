@@ -19,6 +19,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ import torch
 
 from protoclip.gpu_slots import GpuSlotsConfig, try_acquire
 from testkit.processes import alive, project_env
+from testkit.tmpdirs import module_folder
 from testkit.training import tiny_project
 
 RUN = {"model": "tiny-vit", "image_size": 32, "head_hidden": 0, "head_out": 16, "augmentation": "none",
@@ -54,9 +56,11 @@ def train_cmd(config: Path, run: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory) -> Path:
-    """One project for the module: the resume test reuses the uninterrupted 2-rank ProtoCLIP run."""
-    return project(tmp_path_factory.mktemp("torchrun"))
+def config(tmp_path_factory, request) -> Iterator[Path]:
+    """One project for the module: the resume test reuses the uninterrupted 2-rank ProtoCLIP run (removed after
+    the module when its tests passed)."""
+    with module_folder(tmp_path_factory, request, "torchrun") as root:
+        yield project(root)
 
 
 def trained(config: Path, run: str) -> subprocess.CompletedProcess | None:

@@ -7,12 +7,10 @@
 * :mod:`testkit.reports`: synthetic results for every run of a shipped config;
 * :mod:`testkit.corpus`: the drawn-shapes corpus of the end-to-end pipeline tests;
 * :mod:`testkit.processes`: subprocess environments, Snakemake runs, waiting on processes;
+* :mod:`testkit.tmpdirs`: a module fixture's folder, removed after the module when its tests passed;
 * :mod:`testkit.slurm`, :mod:`testkit.tracking_server`: the real SLURM cluster and MLflow server the tests start.
 """
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"  # the papers, docs and reference files beside the checkout
-
-# the pytest-xdist group (tests/conftest.py) of the SLURM cluster's tests and the tests that run a whole DAG
-WHOLE_DAGS = "slurm-and-whole-dags"
