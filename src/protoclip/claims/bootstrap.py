@@ -88,6 +88,14 @@ class Units:
         return ((counts @ self.num.T) / (counts @ self.den.T)) @ self.coef
 
 
+def _assignments(who: str, cluster, labels) -> tuple[np.ndarray, np.ndarray]:
+    """A clustering unit's fixed assignments and labels, one per test image (at least 2)."""
+    cluster, labels = np.asarray(cluster), np.asarray(labels)
+    if cluster.shape != labels.shape or cluster.ndim != 1 or len(cluster) < 2:
+        raise ValueError(f"{who}: cluster {cluster.shape} and labels {labels.shape} must be [N >= 2]")
+    return cluster, labels
+
+
 class RandIndex:
     """The adjusted Rand index of fixed cluster assignments against the labels, as a resampling unit: under a
     resample that draws test image u ``w[u]`` times it is the ARI of the sample holding each image w[u] times
@@ -96,9 +104,7 @@ class RandIndex:
     not k-means' own initialisation spread (the metrics file reports that as ``ari_std``)."""
 
     def __init__(self, cluster, labels):
-        cluster, labels = np.asarray(cluster), np.asarray(labels)
-        if cluster.shape != labels.shape or cluster.ndim != 1 or len(cluster) < 2:
-            raise ValueError(f"RandIndex: cluster {cluster.shape} and labels {labels.shape} must be [N >= 2]")
+        cluster, labels = _assignments("RandIndex", cluster, labels)
         self.n = len(cluster)
         # one-hot maps of each image to its contingency cell, its cluster and its class (occupied ones only)
         self._maps = [np.unique(key, return_inverse=True)[1]
@@ -131,9 +137,7 @@ class MutualInfo:
     :class:`RandIndex`, the assignments stay those of the full test set."""
 
     def __init__(self, cluster, labels):
-        cluster, labels = np.asarray(cluster), np.asarray(labels)
-        if cluster.shape != labels.shape or cluster.ndim != 1 or len(cluster) < 2:
-            raise ValueError(f"MutualInfo: cluster {cluster.shape} and labels {labels.shape} must be [N >= 2]")
+        cluster, labels = _assignments("MutualInfo", cluster, labels)
         self.n = len(cluster)
         rows, cols = np.unique(labels, return_inverse=True)[1], np.unique(cluster, return_inverse=True)[1]
         self._shape = (int(rows.max()) + 1, int(cols.max()) + 1)
