@@ -39,6 +39,9 @@ GROUPS = {
     "tracking-server": ("tests/e2e/test_tracking_server.py",),
 }
 GROUP_OF_FIXTURE = {"slurm_cluster": "slurm", "mlflow_server": "tracking-server"}
+# Started first, on different workers (longest first: the suite ends when its longest worker does): the SLURM
+# group (~13 min with the paper miniature) and the offline default's DAG (~14 min).
+LONGEST = ("slurm", "tests/e2e/test_pipeline_ci.py")
 
 
 def group_of(nodeid: str) -> str | None:
@@ -47,10 +50,13 @@ def group_of(nodeid: str) -> str | None:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """With ``--dist loadgroup``: each group's files one scope (one worker, in order), every other test its own."""
+    """With ``--dist loadgroup``: each group's files one scope (one worker, in order), every other test its own,
+    handed out in collection order (``LONGEST`` first, see below) rather than xdist's largest-scope-first."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -60,6 +66,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        key = group_of(item.nodeid) or item.nodeid.split("::")[0]
+        return LONGEST.index(key) if key in LONGEST else len(LONGEST)
+
+    items.sort(key=rank)  # stable: the order within a file stays
     for item in items:
         tier = Path(str(item.fspath)).parent.name
         if tier in TIERS:
