@@ -20,40 +20,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from protoclip.claims.config import ClaimConfig, ClaimsConfig
 from protoclip.data.config import PrepareConfig
 from protoclip.errors import ConfigError
 from protoclip.evaluate.config import EvaluateConfig
 from protoclip.gpu_slots import GpuSlotsConfig
+from protoclip.layout import PathsConfig
 from protoclip.report.config import TargetConfig
 from protoclip.schema import INTERNAL, build, deep_merge, read_yaml, to_dict
 from protoclip.teacher.config import TeacherConfig
 from protoclip.toy.config import ToyConfig
 from protoclip.train.config import HELDOUT_SET as HELDOUT, TrainConfig
-
-
-@dataclass
-class PathsConfig:
-    data_dir: Path = Path("data")  # raw Debian packages, prepared data, teacher cache
-    results_dir: Path = Path("results")  # runs, metrics, tables, figures
-    # MLflow tracking store; a local SQLite file by default (open with `mlflow ui --backend-store-uri <this>`);
-    # on a cluster a tracking server, http://host:port (README "MLflow on a cluster")
-    mlflow_uri: str = "sqlite:///results/mlflow.db"
-    mlflow_experiment: str = "protoclip-repro"
-    # each training run's weights (model.pt and, where open_clip can represent the model, its open_clip export) as
-    # artifacts of its MLflow run, registered as a version of the model named after the run; false for a store
-    # that cannot hold them (about twice the model file per run)
-    mlflow_log_models: bool = True
-    # MLflow's system metrics (CPU, memory, disk, network; GPU with nvidia-ml-py, the gpu extra) in training runs
-    mlflow_system_metrics: bool = True
-
-    def validate(self) -> None:
-        # the config is a tracked file: credentials go to MLflow's own environment variables instead
-        if urlsplit(self.mlflow_uri).password is not None:
-            raise ValueError("mlflow_uri holds a password; give the URI alone and pass the credentials in the "
-                             "jobs' environment: MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
 
 
 @dataclass

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protoclip.gpu_slots import GpuSlotsConfig, Held, SlotError, acquire, effective_policy, visible_ids
+from protoclip.project import PlacedProject, RunSettings
 
 CVD = "CUDA_VISIBLE_DEVICES"
 LAUNCHER_PID = "PROTOCLIP_LAUNCHER_PID"  # set for the ranks run_ranks starts: the process holding their slots
@@ -50,12 +51,12 @@ JOB_PID = "PROTOCLIP_JOB_PID"  # set by a workflow rule: the process running the
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def train_gpus(tcfg) -> int:
+def train_gpus(tcfg: RunSettings) -> int:
     """GPUs a run's train job takes (``gpu:`` of the run): the Snakemake ``resources: gpu`` and the ranks."""
     return tcfg.n_gpus()
 
 
-def evaluate_gpus(cfg, run: str) -> int:
+def evaluate_gpus(cfg: PlacedProject, run: str) -> int:
     """GPUs an evaluation job of ``run`` takes: 1 when ``evaluate.device`` is cuda, or auto and the run is a GPU
     run (one GPU however many the run trained on: evaluation is one process), else 0."""
     device = cfg.evaluate.device
@@ -64,7 +65,7 @@ def evaluate_gpus(cfg, run: str) -> int:
     return 1 if device == "auto" and cfg.run(run).n_gpus() > 0 else 0
 
 
-def teacher_gpus(cfg) -> int:
+def teacher_gpus(cfg: PlacedProject) -> int:
     """GPUs the teacher job takes: 1 when ``teacher.device`` is cuda, or auto in a project that trains on GPUs
     (the caption encoder then runs on a GPU like the rest of the DAG), else 0 (the offline default: CPU)."""
     device = cfg.teacher.device

@@ -43,6 +43,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
 
 def safe_name(name: str) -> str:
@@ -64,13 +66,44 @@ class TrainFiles:
     checkpoint: Path  # checkpoints/last.pt
 
 
+# The config's `paths:` section: where the stages read and write, and the MLflow store
+@dataclass
+class PathsConfig:
+    data_dir: Path = Path("data")  # raw Debian packages, prepared data, teacher cache
+    results_dir: Path = Path("results")  # runs, metrics, tables, figures
+    # MLflow tracking store; a local SQLite file by default (open with `mlflow ui --backend-store-uri <this>`);
+    # on a cluster a tracking server, http://host:port (README "MLflow on a cluster")
+    mlflow_uri: str = "sqlite:///results/mlflow.db"
+    mlflow_experiment: str = "protoclip-repro"
+    # each training run's weights (model.pt and, where open_clip can represent the model, its open_clip export) as
+    # artifacts of its MLflow run, registered as a version of the model named after the run; false for a store
+    # that cannot hold them (about twice the model file per run)
+    mlflow_log_models: bool = True
+    # MLflow's system metrics (CPU, memory, disk, network; GPU with nvidia-ml-py, the gpu extra) in training runs
+    mlflow_system_metrics: bool = True
+
+    def validate(self) -> None:
+        # the config is a tracked file: credentials go to MLflow's own environment variables instead
+        if urlsplit(self.mlflow_uri).password is not None:
+            raise ValueError("mlflow_uri holds a password; give the URI alone and pass the credentials in the "
+                             "jobs' environment: MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+
+
+@runtime_checkable
+class HasPaths(Protocol):
+    """Any config with a ``paths`` section (protoclip.config.ProjectConfig)."""
+
+    @property
+    def paths(self) -> PathsConfig: ...
+
+
 class Layout:
     def __init__(self, data_dir: str | Path = "data", results_dir: str | Path = "results"):
         self.data_dir = Path(data_dir)
         self.results_dir = Path(results_dir)
 
     @classmethod
-    def from_config(cls, cfg) -> "Layout":
+    def from_config(cls, cfg: HasPaths) -> "Layout":
         return cls(cfg.paths.data_dir, cfg.paths.results_dir)
 
     # ---- data

@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from protoclip.project import Project
+
 log = logging.getLogger(__name__)
 
 MODEL_ARTIFACTS = "model"  # artifact folder of a training run's weights, the source of its registered versions
@@ -73,7 +75,7 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def run_targets(cfg, run: str) -> list[str]:
+def run_targets(cfg: Project, run: str) -> list[str]:
     """The ids of the configured paper targets (tables, figures) that show run ``run``: its experiment files'
     ``target:`` rows (a seeds group stands for each of its runs) or reference run. Derived here from the
     config, so neither the CLI nor a Snakemake rule / DVC stage has to pass them."""
@@ -159,7 +161,7 @@ def _file_lock(path: Path | None) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _mlflow(cfg):
+def _mlflow(cfg: Project):
     """The configured mlflow module (tracking URI set, experiment created with its kind tag), or None."""
     try:
         import mlflow
@@ -249,7 +251,7 @@ def read_run_id(path: Path) -> str | None:
         return None
 
 
-def system_metrics(cfg) -> bool:
+def system_metrics(cfg: Project) -> bool:
     """Whether a training run records MLflow's system metrics (``paths.mlflow_system_metrics``; they need psutil,
     GPU ones pynvml, which MLflow reports missing itself)."""
     if not cfg.paths.mlflow_system_metrics:
@@ -263,7 +265,7 @@ def system_metrics(cfg) -> bool:
 
 
 @contextmanager
-def training_run(cfg, run_name: str, resume_id_file: Path | None, targets: list[str] | None = None
+def training_run(cfg: Project, run_name: str, resume_id_file: Path | None, targets: list[str] | None = None
                  ) -> Iterator[Tracker]:
     """A new MLflow run for a training from scratch (``resume_id_file`` None), or the MLflow run whose id
     ``resume_id_file`` holds (a resumed training; a new run if that id is unknown to this store). ``targets``:
@@ -286,7 +288,8 @@ def training_run(cfg, run_name: str, resume_id_file: Path | None, targets: list[
 
 
 @contextmanager
-def evaluation_run(cfg, run_name: str, model_sha256: str, targets: list[str] | None = None) -> Iterator[Tracker]:
+def evaluation_run(cfg: Project, run_name: str, model_sha256: str,
+                   targets: list[str] | None = None) -> Iterator[Tracker]:
     """The MLflow run that produced the model with this sha256 (tag ``protoclip.model_sha256``), else a new
     run carrying that tag. ``targets``: as for :func:`training_run`."""
     mlflow = _mlflow(cfg)
@@ -306,7 +309,7 @@ def evaluation_run(cfg, run_name: str, model_sha256: str, targets: list[str] | N
 
 
 @contextmanager
-def report_run(cfg, name: str = "report", kind: str = "report") -> Iterator[Tracker]:
+def report_run(cfg: Project, name: str = "report", kind: str = "report") -> Iterator[Tracker]:
     """A new MLflow run holding one report's tables and figures as artifacts (``kind``: its protoclip.kind tag)."""
     mlflow = _mlflow(cfg)
     if mlflow is None:
@@ -317,14 +320,14 @@ def report_run(cfg, name: str = "report", kind: str = "report") -> Iterator[Trac
 
 
 @contextmanager
-def claims_run(cfg) -> Iterator[Tracker]:
+def claims_run(cfg: Project) -> Iterator[Tracker]:
     """A new ``claims`` MLflow run (tag ``protoclip.kind = claims``): the claims ledger's summary, a tag per claim
     (protoclip.report.claims.log_ledger). In the UI: search ``tags.protoclip.kind = 'claims'``."""
     with report_run(cfg, name="claims", kind="claims") as tracker:
         yield tracker
 
 
-def log_report(cfg) -> str | None:
+def log_report(cfg: Project) -> str | None:
     """Log ``results/tables`` and ``results/figures`` as artifacts of a new ``report`` run; returns its id."""
     from protoclip.layout import Layout
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from protoclip.config import ProjectConfig
 from protoclip.dag.filetimes import restamp
-from protoclip.dag.stages import Stage, norm_path, dvc_yaml_text, stages
+from protoclip.dag.stages import Stage, dvc_yaml_text, norm_path, stages
 
 
-def dvc_commit(cfg, config_file: str, default_config: str, made: set[str] | None = None,
+def dvc_commit(cfg: ProjectConfig, config_file: str, default_config: str, made: set[str] | None = None,
                dvc_yaml: str = "dvc.yaml", lock: str = "dvc.lock") -> list[str]:
     """``dvc commit --force`` the stages whose Snakemake jobs this run executed (``made``: the output paths of
     those jobs; None: every stage whose outputs exist), plus any stage that dvc.lock does not record yet (and the

@@ -10,6 +10,7 @@ import copy
 import os
 from pathlib import Path
 
+from protoclip.config import ProjectConfig
 from protoclip.dag.stages import Out
 from protoclip.layout import Layout
 from protoclip.schema import read_yaml
@@ -20,7 +21,7 @@ def outputs(targets: dict[str, Out], directory) -> dict:
     return {name: directory(o.path) if o.directory else o.path for name, o in targets.items()}
 
 
-def report_outputs(cfg, report) -> dict:
+def report_outputs(cfg: ProjectConfig, report) -> dict:
     """Named outputs of the report rule (the files of :func:`protoclip.dag.stages.report_stage`): per target its
     table (.html) or figure (.png) wrapped in Snakemake's ``report(path, caption=, category=, labels=)``, its
     other files, and its caption file (written by the rule; absolute, as Snakemake joins caption paths to the

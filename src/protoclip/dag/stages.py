@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from protoclip.config import ProjectConfig
 from protoclip.evaluate.config import EvaluateConfig
 from protoclip.evaluate.datasets import HELDOUT, eval_data_path, missing_reason
 from protoclip.layout import Layout
@@ -117,18 +118,18 @@ def _params(config_file: str, *keys: str) -> list:
 
 
 # --------------------------------------------------------------------------- which run reads what
-def teacher_read_by(cfg, run: str) -> str | None:
+def teacher_read_by(cfg: ProjectConfig, run: str) -> str | None:
     """The teacher cache run ``run`` reads (TrainConfig.reads_teacher), or None."""
     rc = cfg.run(run)
     return rc.teacher if rc.reads_teacher() else None
 
 
-def teachers(cfg, skipped: dict[str, str] | None = None) -> list[str]:
+def teachers(cfg: ProjectConfig, skipped: dict[str, str] | None = None) -> list[str]:
     """Every teacher cache some configured run reads (one teacher stage each); not for runs in ``skipped``."""
     return sorted({t for r in cfg.run_names() if r not in (skipped or {}) and (t := teacher_read_by(cfg, r))})
 
 
-def built_by_prepare(cfg, dataset: str) -> bool | None:
+def built_by_prepare(cfg: ProjectConfig, dataset: str) -> bool | None:
     """True: `prepare` writes the set's data (the held-out pairs, the offline sets of ``prepare.eval_sets``);
     False: an offline set without a path that `prepare` does not build; None: the set is read from its path."""
     dcfg = cfg.evaluate.datasets[dataset]
@@ -137,7 +138,7 @@ def built_by_prepare(cfg, dataset: str) -> bool | None:
     return dataset == HELDOUT or dataset in cfg.prepare.eval_sets
 
 
-def eval_inputs(cfg, lay: Layout, dataset: str) -> list[str]:
+def eval_inputs(cfg: ProjectConfig, lay: Layout, dataset: str) -> list[str]:
     """The data files an evaluation on ``dataset`` reads: what `prepare` builds for it, or its configured path
     when the data is there (datasets.missing_reason; a set added later changes the stage). Empty: no job."""
     dcfg = cfg.evaluate.datasets[dataset]
@@ -147,7 +148,7 @@ def eval_inputs(cfg, lay: Layout, dataset: str) -> list[str]:
     return [norm_path(eval_data_path(dataset, dcfg, lay))] if built else []
 
 
-def evaluated_sets(cfg, lay: Layout) -> list[str]:
+def evaluated_sets(cfg: ProjectConfig, lay: Layout) -> list[str]:
     """The configured sets that get an evaluation job: the sets `prepare` builds and each set whose data is
     there (the others are reported skipped by `collect`; one added later gets its own job, and only `collect`
     and the report rerun besides it)."""
@@ -175,7 +176,7 @@ def collect_outs(lay: Layout, run: str) -> dict[str, Out]:
     return {"summary": Out(norm_path(lay.metrics_summary(run)), metric=True)}
 
 
-def prepare_outs(lay: Layout, cfg) -> dict[str, Out]:
+def prepare_outs(lay: Layout, cfg: ProjectConfig) -> dict[str, Out]:
     return {key: Out(norm_path(path)) for key, path in lay.prepared_files(cfg.prepare.eval_sets).items()}
 
 
@@ -188,13 +189,13 @@ def teacher_outs(lay: Layout, teacher_file: str) -> dict[str, Out]:
 # --------------------------------------------------------------------------- stages
 # Each builds one stage instance from the config, the file the commands pass (``config_file``) and the config's
 # paths (``lay``: :func:`stages` makes it once).
-def prepare_stage(cfg, lay: Layout, config_file: str) -> Stage:
+def prepare_stage(cfg: ProjectConfig, lay: Layout, config_file: str) -> Stage:
     targets = prepare_outs(lay, cfg)
     return Stage("prepare", "prepare", config_file, "", {"user_data": user_data_inputs(cfg)},
                  _params(config_file, "prepare"), [Out(norm_path(lay.prepared), directory=True)], targets)
 
 
-def user_data_inputs(cfg) -> list[str]:
+def user_data_inputs(cfg: ProjectConfig) -> list[str]:
     """The user data files `prepare` reads that exist: each CSV/TSV, each shard of a webdataset brace range
     (``/data/cc/{00000..00249}.tar``, expanded as webdataset does), so a shard added or replaced later reruns
     `prepare`. A file whose own name holds braces is left out: Snakemake reads ``{name}`` in an input as a
@@ -205,14 +206,14 @@ def user_data_inputs(cfg) -> list[str]:
     return [norm_path(p) for p in files if "{" not in str(p) and "}" not in str(p) and p.is_file()]
 
 
-def teacher_stage(cfg, lay: Layout, config_file: str, teacher: str) -> Stage:
+def teacher_stage(cfg: ProjectConfig, lay: Layout, config_file: str, teacher: str) -> Stage:
     outs = teacher_outs(lay, lay.teacher_features(teacher).stem)
     return Stage(f"teacher_{lay.teacher_features(teacher).stem}", "teacher", config_file, f"--name {teacher}",
                  {"manifest": [norm_path(lay.manifest)]},
                  _params(config_file, "teacher"), list(outs.values()), outs)
 
 
-def _run_params(cfg, run: str, config_file: str) -> list:
+def _run_params(cfg: ProjectConfig, run: str, config_file: str) -> list:
     """DVC params of a run: the train defaults plus the run's own override block."""
     overrides_file = cfg._runs[run][1]
     key = f"runs.{cfg.run_base(run)}"  # a `seeds:` run is declared once, under its base name
@@ -221,7 +222,7 @@ def _run_params(cfg, run: str, config_file: str) -> list:
     return _params(config_file, "train") + _params(overrides_file, key)
 
 
-def train_stage(cfg, lay: Layout, config_file: str, run: str) -> Stage:
+def train_stage(cfg: ProjectConfig, lay: Layout, config_file: str, run: str) -> Stage:
     deps = {"manifest": [norm_path(lay.manifest)]}
     if (t := teacher_read_by(cfg, run)):
         deps["teacher"] = [norm_path(lay.teacher_features(t))]
@@ -231,7 +232,7 @@ def train_stage(cfg, lay: Layout, config_file: str, run: str) -> Stage:
                  _run_params(cfg, run, config_file), list(outs.values()), outs)
 
 
-def evaluate_stage(cfg, lay: Layout, config_file: str, run: str, dataset: str,
+def evaluate_stage(cfg: ProjectConfig, lay: Layout, config_file: str, run: str, dataset: str,
                    tasks: list[str] | None = None) -> Stage:
     """One (run, set) evaluation job; ``tasks``: only these (what the run's paper targets show), None = all."""
     outs = eval_outs(lay, run, dataset)
@@ -244,7 +245,7 @@ def evaluate_stage(cfg, lay: Layout, config_file: str, run: str, dataset: str,
                  outs)
 
 
-def target_outputs(cfg, lay: Layout) -> list[Path]:
+def target_outputs(cfg: ProjectConfig, lay: Layout) -> list[Path]:
     """Every file ``protoclip report`` writes for the configured targets and the claims ledger (stable: from the
     declarations)."""
     from protoclip.report.summary_figures import summary_names
@@ -257,7 +258,7 @@ def target_outputs(cfg, lay: Layout) -> list[Path]:
     return out + lay.claims_files()  # the claims ledger (protoclip.report.claims), written even with no claim
 
 
-def evaluation_requests(cfg) -> dict[str, dict[str, list[str]]]:
+def evaluation_requests(cfg: ProjectConfig) -> dict[str, dict[str, list[str]]]:
     """{run (expanded name): {dataset: sorted tasks}}: what the targets show, so the DAG evaluates only that.
 
     Only data sets configured under ``evaluate.datasets`` are requested.
@@ -273,7 +274,7 @@ def evaluation_requests(cfg) -> dict[str, dict[str, list[str]]]:
     return {r: {d: sorted(ts) for d, ts in sorted(v.items())} for r, v in out.items()}
 
 
-def evaluations(cfg, lay: Layout | None = None) -> dict[str, dict[str, list[str] | None]]:
+def evaluations(cfg: ProjectConfig, lay: Layout | None = None) -> dict[str, dict[str, list[str] | None]]:
     """{run: {set: tasks or None (all)}}: the evaluation jobs of the DAG. A run that paper targets show is
     evaluated only on the sets and tasks those targets read (:func:`evaluation_requests`);
     a run no target shows gets every task on every evaluated set. A run a target shows but whose targets read
@@ -290,7 +291,7 @@ def evaluations(cfg, lay: Layout | None = None) -> dict[str, dict[str, list[str]
     return out
 
 
-def collect_stage(cfg, lay: Layout, config_file: str, run: str, datasets: list[str]) -> Stage:
+def collect_stage(cfg: ProjectConfig, lay: Layout, config_file: str, run: str, datasets: list[str]) -> Stage:
     """``metrics.json`` of ``run``. Besides its evaluation folders it depends on the prepared data: `collect`
     reports a configured set as "not found" when its data is missing, so it must run after `prepare` made it
     (a run that no target evaluates would otherwise be collected before `prepare`
@@ -302,7 +303,7 @@ def collect_stage(cfg, lay: Layout, config_file: str, run: str, datasets: list[s
                  list(outs.values()), outs)
 
 
-def report_stage(cfg, lay: Layout, config_file: str, skipped: dict[str, str] | None = None) -> Stage:
+def report_stage(cfg: ProjectConfig, lay: Layout, config_file: str, skipped: dict[str, str] | None = None) -> Stage:
     """Every declared paper target (:func:`target_outputs`: tables, figures, captions), from the runs not in
     ``skipped`` (those the report lists as skipped, with the reason)."""
     runs = [r for r in cfg.run_names() if r not in (skipped or {})]
@@ -316,14 +317,14 @@ def report_stage(cfg, lay: Layout, config_file: str, skipped: dict[str, str] | N
                   Out(norm_path(lay.report_dir), directory=True)], outs)
 
 
-def toy_stage(cfg, lay: Layout, config_file: str) -> Stage:
+def toy_stage(cfg: ProjectConfig, lay: Layout, config_file: str) -> Stage:
     """PAUC's NEMD toy experiment (protoclip.toy.pauc_nemd): needs no data, only the `toy` config section."""
     outs = {k: Out(norm_path(p)) for k, p in lay.toy_files().items()}
     return Stage("toy_nemd", "toy-nemd", config_file, "", {},
                  _params(config_file, "toy"), list(outs.values()), outs)
 
 
-def stages(cfg, config_file: str) -> list[Stage]:
+def stages(cfg: ProjectConfig, config_file: str) -> list[Stage]:
     """Every stage instance of the config, in DAG order. A run none of whose training data exists
     (``ProjectConfig.runs_without_data``: a user with part of the paper's corpora) gets no stage."""
     lay = Layout.from_config(cfg)
@@ -341,12 +342,12 @@ def stages(cfg, config_file: str) -> list[Stage]:
     return out
 
 
-def dvc_stages(cfg, config_file: str) -> dict:
+def dvc_stages(cfg: ProjectConfig, config_file: str) -> dict:
     """The `stages:` mapping of dvc.yaml for this config."""
     return {s.name: s.dvc() for s in stages(cfg, config_file)}
 
 
-def dvc_yaml_text(cfg, config_file: str) -> str:
+def dvc_yaml_text(cfg: ProjectConfig, config_file: str) -> str:
     import yaml
 
     from protoclip.report.dvc_plots import dvc_plots
@@ -367,7 +368,7 @@ def dvc_yaml_text(cfg, config_file: str) -> str:
     return header.format(cfg=config_file) + body
 
 
-def exportable_runs(cfg) -> list[str]:
+def exportable_runs(cfg: ProjectConfig) -> list[str]:
     """The configured runs ``protoclip export`` can write (the DAG's ``export_all`` target exports these), decided
     from each run's config by its method's evaluation spec, as the train stage records it in model.pt."""
     from protoclip.models.export_openclip import export_refusal

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
+
+from protoclip.project import Project
 
 
 @dataclass
@@ -59,3 +61,11 @@ class PrepareConfig:
             raise ValueError(f"image_size must be >= 8, got {self.image_size}")
         if self.openclipart_max_title_uses < 1 or self.openclipart_max_keywords < 0:
             raise ValueError("openclipart_max_title_uses must be >= 1 and openclipart_max_keywords >= 0")
+
+
+@runtime_checkable
+class PrepareProject(Project, Protocol):
+    """The project config as the prepare stage reads it (protoclip.config.ProjectConfig; see protoclip.project)."""
+
+    @property
+    def prepare(self) -> PrepareConfig: ...

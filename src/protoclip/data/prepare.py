@@ -41,15 +41,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protoclip.atomic import clean_stale_temps, write_json
-from protoclip.schema import to_dict
 from protoclip.data import debs, emoji, evalsets, openclipart, tuxpaint, userdata
 from protoclip.data.captions import english_lexicon
-from protoclip.data.config import PrepareConfig
+from protoclip.data.config import PrepareConfig, PrepareProject
 from protoclip.data.csvfile import Malformed
 from protoclip.data.dedup import REASONS, PairDedup, Removed
 from protoclip.data.images import Candidate, render_all
 from protoclip.data.manifest import ManifestWriter, Pair, manifest_schema
 from protoclip.layout import Layout
+from protoclip.schema import to_dict
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def write_deduplicated(path: Path, batches, removed: Removed, drops: dict[str, c
     return kept, splits
 
 
-def run_prepare(cfg) -> dict:
+def run_prepare(cfg: PrepareProject) -> dict:
     """Build (or confirm up to date) every prepared output; return the report dict."""
     layout = Layout.from_config(cfg)
     p: PrepareConfig = cfg.prepare

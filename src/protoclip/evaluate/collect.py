@@ -15,6 +15,7 @@ from typing import Any
 
 from protoclip import records
 from protoclip.atomic import clean_stale_temps_of
+from protoclip.evaluate.config import EvaluateProject
 from protoclip.evaluate.datasets import missing_reason
 from protoclip.evaluate.plan import static_tasks
 from protoclip.layout import Layout
@@ -38,7 +39,7 @@ def summary_table(summary: dict[str, dict[str, Any]]) -> str:
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows)
 
 
-def run_collect(cfg, run: str) -> Path:
+def run_collect(cfg: EvaluateProject, run: str) -> Path:
     """Write ``run``'s ``metrics.json`` and print the summary. A set whose data exists but that no paper target
     of this run shows (so no job evaluated it) is simply absent."""
     layout = Layout.from_config(cfg)

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 from protoclip.devices import check_device_name
+from protoclip.project import Project
 from protoclip.tasks import TASKS, check_tasks
 
 
@@ -106,3 +107,11 @@ class EvaluateConfig:
         if self.nemd_max_pairs < 1 or self.tsne_max_points < 1 or self.linear_sgd_above < 0 or self.seed < 0:
             raise ValueError("nemd_max_pairs and tsne_max_points must be >= 1, linear_sgd_above and seed >= 0")
         check_device_name(self.device)
+
+
+@runtime_checkable
+class EvaluateProject(Project, Protocol):
+    """The project config as evaluation and collect read it (protoclip.config.ProjectConfig; protoclip.project)."""
+
+    @property
+    def evaluate(self) -> EvaluateConfig: ...

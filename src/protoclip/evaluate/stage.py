@@ -29,7 +29,7 @@ from typing import Any
 from protoclip import completion, launch, records
 from protoclip.errors import ConfigError
 from protoclip.evaluate.adapters import ADAPTERS, SetInput
-from protoclip.evaluate.config import EvaluateConfig
+from protoclip.evaluate.config import EvaluateConfig, EvaluateProject
 from protoclip.evaluate.datasets import EvalSet, Skipped, load_eval_set
 from protoclip.evaluate.plan import TaskPlan, image_only_method, plan_tasks, static_tasks, too_small
 from protoclip.layout import Layout
@@ -73,7 +73,8 @@ def _still_valid(old_marker: dict | None, folder: Path, model_sha256: str) -> li
                    and name.removesuffix(".examples.npz") in kept_tasks]
 
 
-def _requested(cfg, tasks: list[str] | None, datasets: list[str] | None) -> tuple[list[str], list[str]]:
+def _requested(cfg: EvaluateProject, tasks: list[str] | None,
+               datasets: list[str] | None) -> tuple[list[str], list[str]]:
     """(tasks, data sets) of an evaluation request, checked against the task names and the configured sets."""
     tasks = list(tasks or TASKS)
     try:
@@ -168,7 +169,7 @@ class SetEvaluation:
         return metrics_file, examples
 
 
-def run_evaluate(cfg, run: str, tasks: list[str] | None = None, datasets: list[str] | None = None,
+def run_evaluate(cfg: EvaluateProject, run: str, tasks: list[str] | None = None, datasets: list[str] | None = None,
                  targets: list[str] | None = None) -> list[Path]:
     """Evaluate ``run`` on the configured sets; returns the metrics files written.
 

@@ -33,6 +33,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from protoclip.project import Project
+
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "open_clip_model.safetensors"  # first in open_clip's preferred order (factory._find_checkpoint_in_dir)
@@ -43,7 +45,7 @@ class ExportError(ValueError):
     """A run open_clip cannot represent; the message says why in one line."""
 
 
-def export_dir(cfg, run: str) -> Path:
+def export_dir(cfg: Project, run: str) -> Path:
     """Default output folder of ``protoclip export --run <run>`` (Layout.export_dir: ``results/export/<run>``)."""
     from protoclip.layout import Layout
 
@@ -127,10 +129,10 @@ def export_openclip(model_path: str | Path, out_dir: str | Path) -> Path:
     return out_dir
 
 
-def run_export(cfg, run: str, out: str | Path | None = None) -> Path:
+def run_export(cfg: Project, run: str, out: str | Path | None = None) -> Path:
     """``protoclip export``: the run's ``model.pt`` -> ``out`` (default :func:`export_dir`)."""
-    from protoclip.schema import require_path
     from protoclip.layout import Layout
+    from protoclip.schema import require_path
 
     cfg.run(run)  # an unknown run is a config error naming the defined ones
     model_path = require_path(Layout.from_config(cfg).model(run), f"export run '{run}'")

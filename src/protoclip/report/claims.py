@@ -48,7 +48,7 @@ from protoclip.claims.bootstrap import (
 from protoclip.claims.config import ClaimConfig
 from protoclip.claims.intervals import Estimate, combine, holm
 from protoclip.layout import Layout
-from protoclip.report.config import ColumnConfig, TargetConfig, first_configured
+from protoclip.report.config import ColumnConfig, ReportProject, TargetConfig, first_configured
 from protoclip.report.values import Results, episode_times
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ AMI_BUDGET_S = 600
 class ClaimEngine:
     """Intervals and verdicts from a project's result files (one per report: per-example arrays are cached)."""
 
-    def __init__(self, cfg, results: Results):
+    def __init__(self, cfg: ReportProject, results: Results):
         self.cfg, self.results = cfg, results
         self.settings = cfg.claims
         self._units: dict[tuple, tuple[Units, np.ndarray]] = {}
@@ -598,7 +598,7 @@ def _display(rows: list[LedgerRow], confidence: float) -> pd.DataFrame:
         "runs; metric": "; ".join(x for x in (r.runs, r.measured) if x)} for r in rows])
 
 
-def rule_text(cfg) -> str:
+def rule_text(cfg: ReportProject) -> str:
     s = cfg.claims
     scale = ("runs at the papers' scale (claims.paper_scale: true)" if s.paper_scale else
              "runs at a scale the papers did not use (claims.paper_scale: false): directions can be reproduced "
@@ -630,7 +630,7 @@ def summary_text(rows: list[LedgerRow]) -> str:
     return "; ".join(parts)
 
 
-def write_ledger(cfg, rows: list[LedgerRow]) -> dict[str, Path]:
+def write_ledger(cfg: ReportProject, rows: list[LedgerRow]) -> dict[str, Path]:
     """``claims.{md,csv,tex,html,json}``, the forest plot and its caption; returns the paths by suffix."""
     lay = Layout.from_config(cfg)
     md, csv, tex, htm, js, png, rst = lay.claims_files()
@@ -726,7 +726,7 @@ def forest_plot(rows: list[LedgerRow], out: Path) -> Path:
     return out
 
 
-def run_ledger(cfg, results: Results, engine: ClaimEngine | None = None) -> tuple[list[LedgerRow], dict]:
+def run_ledger(cfg: ReportProject, results: Results, engine: ClaimEngine | None = None) -> tuple[list[LedgerRow], dict]:
     """Every configured claim evaluated and written; returns the rows and the files."""
     engine = engine or ClaimEngine(cfg, results)
     rows = finish([engine.evaluate(c) for c in cfg.paper_claims()])
@@ -736,7 +736,7 @@ def run_ledger(cfg, results: Results, engine: ClaimEngine | None = None) -> tupl
     return rows, write_ledger(cfg, rows)
 
 
-def log_ledger(cfg, tracker) -> None:
+def log_ledger(cfg: ReportProject, tracker) -> None:
     """Each claim's result into a ``claims`` MLflow run (protoclip.tracking.claims_run): tags per claim (its
     verdict in words, and each question's: filter the runs table with
     ``tags.`protoclip.claim.cc_linear_32ep.direction` = 'reproduced'``), our estimate, intervals, the paper's

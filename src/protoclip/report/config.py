@@ -35,8 +35,10 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
+from protoclip.evaluate.config import EvaluateConfig
+from protoclip.project import Project
 from protoclip.tasks import TASKS as EVAL_TASKS
 
 SPECIAL_TASKS = ("epochs",)  # computed from train logs, not metrics files
@@ -63,7 +65,7 @@ class ColumnConfig:
         return self.paper or self.label
 
 
-def first_configured(cfg, names: str | list[str] | None) -> str | None:
+def first_configured(cfg: Project, names: str | list[str] | None) -> str | None:
     """The first of ``names`` that ``cfg`` configures (a run or a seeds group); else the first name, or None.
 
     A row names its run in the paper configuration and, after it, the offline default's (``[t4_clip_32ep,
@@ -126,7 +128,7 @@ class TargetConfig:
     def paper_key(self) -> str | None:
         return None if self.paper == "-" else (self.paper or self.id)
 
-    def resolved(self, cfg) -> "TargetConfig":
+    def resolved(self, cfg: Project) -> "TargetConfig":
         """A copy whose rows and reference name the one run each uses in ``cfg`` (see first_configured)."""
         out = copy.deepcopy(self)
         for row in out.rows:
@@ -141,7 +143,7 @@ class TargetConfig:
             names.append(self.reference_run)
         return list(dict.fromkeys(names))
 
-    def runs_configured(self, cfg) -> bool:
+    def runs_configured(self, cfg: Project) -> bool:
         """Whether at least one row of this resolved target has a configured run."""
         return any(cfg.run_group(r.run) for r in self.rows if r.run)
 
@@ -158,4 +160,14 @@ class TargetConfig:
         return out
 
 
-__all__ = ["ColumnConfig", "RowConfig", "TargetConfig", "SPECIAL_TASKS", "first_configured"]
+@runtime_checkable
+class ReportProject(Project, Protocol):
+    """The project config as the report reads it (protoclip.config.ProjectConfig; see protoclip.project)."""
+
+    @property
+    def evaluate(self) -> EvaluateConfig: ...
+
+    def paper_targets(self) -> list[TargetConfig]: ...
+    def runs_without_data(self) -> dict[str, str]: ...
+
+__all__ = ["ReportProject", "ColumnConfig", "RowConfig", "TargetConfig", "SPECIAL_TASKS", "first_configured"]

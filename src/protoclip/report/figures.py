@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from protoclip.atomic import atomic_path
-from protoclip.report.config import TargetConfig
+from protoclip.report.config import ReportProject, TargetConfig
 from protoclip.report.values import PHASES, Results, paper_numbers
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def _empty(ax, text: str) -> None:
     ax.set_axis_off()
 
 
-def caption(cfg, results: Results, target: TargetConfig) -> str:
+def caption(cfg: ReportProject, results: Results, target: TargetConfig) -> str:
     entry = paper_numbers(target.paper_key)
     parts = [f"{target.id.replace('_', ' ')} (paper: {target.caption})"]
     if entry:
@@ -63,7 +63,7 @@ def caption(cfg, results: Results, target: TargetConfig) -> str:
     return " ".join(parts)
 
 
-def plot_bars(cfg, results: Results, target: TargetConfig, out: Path) -> None:
+def plot_bars(cfg: ReportProject, results: Results, target: TargetConfig, out: Path) -> None:
     plt = _plt()
     col = target.columns[0]
     sets, _ = results.column_sets(target, col)
@@ -84,7 +84,7 @@ def plot_bars(cfg, results: Results, target: TargetConfig, out: Path) -> None:
     _save(fig, out)
 
 
-def plot_scaling(cfg, results: Results, target: TargetConfig, out: Path) -> None:
+def plot_scaling(cfg: ReportProject, results: Results, target: TargetConfig, out: Path) -> None:
     plt = _plt()
     rows = sorted([r for r in target.rows if r.run], key=lambda r: r.x)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -113,7 +113,7 @@ def shared_subsample(n: int, max_points: int, seed: int = 0) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size=max_points, replace=False))
 
 
-def plot_tsne(cfg, results: Results, target: TargetConfig, out: Path) -> None:
+def plot_tsne(cfg: ReportProject, results: Results, target: TargetConfig, out: Path) -> None:
     from sklearn.manifold import TSNE
 
     plt = _plt()
@@ -169,7 +169,8 @@ TIME_SPLIT_NOTE = ("Shares are of CLIP's epoch time, ours and the paper's alike:
                    "= 1.34).")
 
 
-def time_split_per_epoch(cfg, results: Results, target: TargetConfig) -> dict[str, tuple[str, dict[str, float]]]:
+def time_split_per_epoch(cfg: ReportProject, results: Results,
+                         target: TargetConfig) -> dict[str, tuple[str, dict[str, float]]]:
     """{row label: (method, {phase: measured seconds per epoch, mean over the row's seeds})}; {} phases when the
     row's runs have no train log."""
     out = {}
@@ -195,7 +196,7 @@ def time_split_shares(per_row: dict[str, tuple[str, dict[str, float]]]) -> tuple
     return ("clip" if clip else "own"), shares
 
 
-def plot_time_split(cfg, results: Results, target: TargetConfig, out: Path) -> None:
+def plot_time_split(cfg: ReportProject, results: Results, target: TargetConfig, out: Path) -> None:
     plt = _plt()
     rows = [r for r in target.rows if r.run]
     colors = {"extract": "#dd8452", "kmeans": "#55a868", "pbt": "#c44e52", "train": "#4c72b0"}
@@ -233,7 +234,7 @@ def plot_time_split(cfg, results: Results, target: TargetConfig, out: Path) -> N
     _save(fig, out)
 
 
-def plot_temperature_rows(cfg, results: Results, target: TargetConfig, out: Path) -> None:
+def plot_temperature_rows(cfg: ReportProject, results: Results, target: TargetConfig, out: Path) -> None:
     """The temperature study (protoclip.report.temperature): one curve per row's run (first seed), and the
     runs' temperature diagnostics (its ``task: temperature`` columns)."""
     from protoclip.report.temperature import plot_temperature, temperature_diagnostics
@@ -251,7 +252,7 @@ PLOTS = {"bars": plot_bars, "scaling": plot_scaling, "tsne": plot_tsne, "time_sp
          "temperature": plot_temperature_rows}
 
 
-def write_figure(cfg, results: Results, target: TargetConfig) -> tuple[Path, str]:
+def write_figure(cfg: ReportProject, results: Results, target: TargetConfig) -> tuple[Path, str]:
     out = results.layout.target_files(target.id, target.kind)[0]
     PLOTS[target.plot](cfg, results, target, out)
     return out, caption(cfg, results, target)

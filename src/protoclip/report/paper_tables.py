@@ -21,7 +21,7 @@ import pandas as pd
 from protoclip.atomic import atomic_path, write_text
 from protoclip.claims.ledger import signed, with_interval
 from protoclip.layout import Layout
-from protoclip.report.config import TargetConfig
+from protoclip.report.config import ReportProject, TargetConfig
 from protoclip.report.values import Cell, Results, paper_numbers, paper_value
 
 OURS, PAPER = "ours", "paper"
@@ -34,7 +34,7 @@ def _fmt_paper(v) -> str:
     return getattr(v, "text", None) or str(v)
 
 
-def run_label(cfg, base: str | None) -> str:
+def run_label(cfg: ReportProject, base: str | None) -> str:
     """``clip_tiny: tiny-rn, offline, 4 ep, 3 seeds`` (what our row was trained as)."""
     if base is None:
         return "(paper only)"
@@ -47,7 +47,8 @@ def run_label(cfg, base: str | None) -> str:
     return f"{base}: {rc.method}, {rc.model}, {'+'.join(rc.data)}, {rc.epochs:g} ep{teacher}, {seeds}"
 
 
-def build_table(cfg, results: Results, target: TargetConfig, engine=None) -> tuple[pd.DataFrame, str, list[dict]]:
+def build_table(cfg: ReportProject, results: Results, target: TargetConfig,
+                engine=None) -> tuple[pd.DataFrame, str, list[dict]]:
     """(display table, caption, long records) of a table target. ``engine``: a
     :class:`protoclip.report.claims.ClaimEngine` giving the difference rows their intervals (None: points only)."""
     entry = paper_numbers(target.paper_key)
@@ -118,7 +119,7 @@ def build_table(cfg, results: Results, target: TargetConfig, engine=None) -> tup
 
 
 def difference_row(target: TargetConfig, columns: list, cells: dict[str, dict[str, Cell]], label: str,
-                   diff: dict, runs: dict[str, str | None] | None = None, cfg=None, engine=None
+                   diff: dict, runs: dict[str, str | None] | None = None, cfg: ReportProject | None = None, engine=None
                    ) -> tuple[dict, list[dict]]:
     """(table line, long records) of a difference row: ours = minuend mean - subtrahend mean (same columns, same
     data sets), signed as the paper prints, with its interval when ``engine`` can resample it (``runs``: paper
@@ -164,7 +165,7 @@ def _markdown(table: pd.DataFrame) -> str:
     return flat.reset_index().to_markdown(index=False, disable_numparse=True)
 
 
-def write_table(cfg, results: Results, target: TargetConfig, engine=None) -> tuple[str, str, list[dict]]:
+def write_table(cfg: ReportProject, results: Results, target: TargetConfig, engine=None) -> tuple[str, str, list[dict]]:
     """Write ``<id>.{csv,md,tex,html}``; returns (markdown, caption, long records)."""
     table, caption, long = build_table(cfg, results, target, engine)
     csv, md, tex, htm = Layout.from_config(cfg).target_files(target.id, target.kind)

@@ -25,13 +25,14 @@ import pandas as pd
 
 from protoclip.atomic import atomic_path, clean_stale_temps, write_text
 from protoclip.layout import Layout
+from protoclip.report.config import ReportProject
 from protoclip.report.tables import TABLE_METRICS, collect_metrics, rst_escape, task_table, train_losses
 from protoclip.report.values import Results
 
 log = logging.getLogger(__name__)
 
 
-def run_report(cfg) -> Path:
+def run_report(cfg: ReportProject) -> Path:
     from protoclip.report.claims import ClaimEngine, run_ledger
     from protoclip.report.dvc_plots import write_plot_data
     from protoclip.report.figures import write_figure
@@ -104,7 +105,7 @@ def run_report(cfg) -> Path:
     return index
 
 
-def log_to_mlflow(cfg) -> None:
+def log_to_mlflow(cfg: ReportProject) -> None:
     """The report's tables and figures as artifacts of a ``report`` MLflow run; each claim into a ``claims`` run."""
     from protoclip.report.claims import log_ledger
     from protoclip.tracking import claims_run, log_report

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from protoclip.report.config import TargetConfig
+from protoclip.report.config import ReportProject, TargetConfig
 from protoclip.report.figures import _empty, _plt, _save
 from protoclip.report.values import Results, paper_numbers
 
@@ -36,7 +36,7 @@ def difference_figure(target_id: str) -> str:
     return f"{target_id}_differences"
 
 
-def summary_names(cfg) -> list[str]:
+def summary_names(cfg: ReportProject) -> list[str]:
     """The summary figures ``cfg`` gets (names: ``results/figures/<name>.png``, ``results/report/<name>.rst``)."""
     declared = {t.id for t in cfg.paper_targets() if t.kind == "table"}
     return ([OURS_VS_PAPER] + [difference_figure(t) for t in DIFFERENCE_TARGETS if t in declared]
@@ -123,7 +123,7 @@ class DifferencePoint:
     sets: list[str] = field(default_factory=list)  # the data sets ours used (stand-ins where the paper's lack)
 
 
-def difference_points(cfg, results: Results, target: TargetConfig) -> list[DifferencePoint]:
+def difference_points(cfg: ReportProject, results: Results, target: TargetConfig) -> list[DifferencePoint]:
     """The per-set differences of ``target``'s difference rows (paper_numbers.yaml ``differences``), ours and
     the paper's. The error is sqrt(s_a^2 / n_a + s_b^2 / n_b) with s the sample std over a row's seeds: the
     standard error of a difference of two independent means (the seeds of two methods are not paired)."""
@@ -201,7 +201,7 @@ class CurvePanel:
     lines: list[tuple[str, list[str]]]  # (legend label, the runs drawn as that line: a row's seeds)
 
 
-def curve_panels(cfg, losses: pd.DataFrame) -> list[CurvePanel]:
+def curve_panels(cfg: ReportProject, losses: pd.DataFrame) -> list[CurvePanel]:
     """One panel per paper target with the runs its rows compare (rows without a logged run left out), then
     one for logged runs that no target shows; a target whose runs logged nothing has no panel."""
     logged = set(losses["run"])
@@ -267,7 +267,8 @@ def plot_curve_panels(panels: list[CurvePanel], losses: pd.DataFrame, out: Path,
 
 
 # --------------------------------------------------------------------------- writing them, with captions
-def write_summary_figures(cfg, results: Results, records: list[dict], losses: pd.DataFrame) -> dict[str, tuple[Path, str]]:
+def write_summary_figures(cfg: ReportProject, results: Results, records: list[dict],
+                          losses: pd.DataFrame) -> dict[str, tuple[Path, str]]:
     """Write every summary figure of :func:`summary_names`; returns {name: (png, caption)}."""
     layout = results.layout
     out: dict[str, tuple[Path, str]] = {}

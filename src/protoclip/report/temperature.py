@@ -23,6 +23,7 @@ from pathlib import Path
 
 from protoclip.atomic import atomic_path
 from protoclip.records import read_train_log
+from protoclip.report.config import ReportProject
 
 PANELS = (("clip_scale", "logit scale s = 1/tau", "log"), ("equilibrium", "mean(s_ii - E_p s_ij)", "linear"),
           ("grad_norm", "gradient norm", "log"))
@@ -46,7 +47,7 @@ def temperature_curves(train_logs: dict[str, str | Path]) -> dict[str, dict[str,
     return out
 
 
-def temperature_diagnostics(cfg, results, target) -> dict[str, dict]:
+def temperature_diagnostics(cfg: ReportProject, results, target) -> dict[str, dict]:
     """label -> the merged ``temperature`` metrics of the row's first run over the target's temperature columns
     (each column's set: the paper's where present, else the stand-in; Results.column_sets). Labels match
     the figure's curve labels ``"<row label> (<run>)"``; rows without results are left out."""

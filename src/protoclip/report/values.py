@@ -23,9 +23,9 @@ import numpy as np
 import yaml
 
 from protoclip import records
-from protoclip.tasks import TaskStatus
 from protoclip.layout import Layout
-from protoclip.report.config import ColumnConfig, TargetConfig
+from protoclip.report.config import ColumnConfig, ReportProject, TargetConfig
+from protoclip.tasks import TaskStatus
 
 PHASES = ("extract", "kmeans", "pbt", "train")  # the episode phases the trainer times (train/loop.py)
 
@@ -97,7 +97,7 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 @dataclass
 class Results:
     """Our result files of a configured project, read lazily."""
-    cfg: object
+    cfg: ReportProject
     layout: Layout = field(init=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False)
 

@@ -56,6 +56,7 @@ from protoclip.datafiles import TEACHER, reading
 from protoclip.data.dedup import KeySpill
 from protoclip.data.manifest import manifest_batches
 from protoclip.layout import Layout
+from protoclip.teacher.config import TeacherProject
 from protoclip.teacher.encoders import (
     PACKAGED, TextTeacher, cached_weights, find_weights, packaged_path, load_text_teacher, sha256_file,
 )
@@ -317,7 +318,7 @@ def write_cache(out: Path, captions: TrainCaptions, raw: RawFeatures, proj: Proj
 
 
 # --------------------------------------------------------------------------- stage
-def run_teacher(cfg, teacher: TextTeacher | None = None) -> Path:
+def run_teacher(cfg: TeacherProject, teacher: TextTeacher | None = None) -> Path:
     """Write ``layout.teacher_features(cfg.teacher.name)`` (+ .json); skip when it is up to date.
 
     ``teacher`` overrides loading ``cfg.teacher.name`` (tests, or a model already in memory).

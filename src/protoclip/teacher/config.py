@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from protoclip.project import Project
 
 
 @dataclass
@@ -33,3 +36,11 @@ class TeacherConfig:
         from protoclip.devices import check_device_name
 
         check_device_name(self.device)
+
+
+@runtime_checkable
+class TeacherProject(Project, Protocol):
+    """The project config as the teacher stage reads it (protoclip.config.ProjectConfig; see protoclip.project)."""
+
+    @property
+    def teacher(self) -> TeacherConfig: ...

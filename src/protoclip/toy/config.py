@@ -8,6 +8,9 @@ methods-spec 3.4 "Toy protocol" [rec] or, where marked "CPU budget", scaled down
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from protoclip.project import Project
 
 
 @dataclass
@@ -55,3 +58,11 @@ class ToyConfig:
             raise ValueError("pauc weights must be >= 0 and nemd_n_max >= 2")
         if self.seed < 0 or self.kmeans_redo < 1 or self.plot_points_per_class < 0:
             raise ValueError("seed and plot_points_per_class must be >= 0, kmeans_redo >= 1")
+
+
+@runtime_checkable
+class ToyProject(Project, Protocol):
+    """The project config as the toy NEMD stage reads it (protoclip.config.ProjectConfig; see protoclip.project)."""
+
+    @property
+    def toy(self) -> ToyConfig: ...

@@ -44,7 +44,7 @@ from protoclip.evaluate.metrics import nemd as nemd_metric
 from protoclip.losses.pauc import pauc_loss
 from protoclip.losses.pcl import PCL_NEGATIVES, build_clusterings, capped_negatives, infonce, protonce
 from protoclip.models.momentum import FeatureQueue, MomentumEncoder
-from protoclip.toy.config import ToyConfig
+from protoclip.toy.config import ToyConfig, ToyProject
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ def markdown_table(table: pd.DataFrame) -> str:
             + "\n".join(lines) + "\n")
 
 
-def run_toy_nemd(cfg, layout=None) -> Path:
+def run_toy_nemd(cfg: ToyProject, layout=None) -> Path:
     """The ``toy-nemd`` stage: every class count x {PCL, PAUC}; writes the figure and the tables."""
     from protoclip.layout import Layout
 
