@@ -170,8 +170,8 @@ def test_feature_cache_reused_and_invalidated(project, monkeypatch, tmp_path):
     ex = FeatureExtractor(layout.model(RUN), device="cpu", batch_size=4)
     first = ex.features(cache, ds)
     # no zero-shot classifier: the zero-shot task builds it
-    assert set(first) == {"test_z", "test_h", "test_y", "train_z", "train_h", "train_y"}
-    assert first["test_z"].shape == (20, 128) and first["test_h"].shape == (20, 16)
+    assert set(first.arrays()) == {"test_z", "test_h", "test_y", "train_z", "train_h", "train_y"}
+    assert first.test_z.shape == (20, 128) and first.test_h.shape == (20, 16)
     x = SetInput(first, ds, cfg.evaluate, tmp_path / "f.png", ex.similarity, ex)
     classes = zeroshot_classifier(x)
     assert classes.shape == (10, 128) and zeroshot_classifier(x) is classes  # built once per set
@@ -179,14 +179,14 @@ def test_feature_cache_reused_and_invalidated(project, monkeypatch, tmp_path):
 
     # independent oracle: batch size 1 must give the same z and h as the batched pass
     z1, h1, y1 = encode_images(ex.model, ds.test, ex.transform, ex.device, batch_size=1)
-    np.testing.assert_allclose(first["test_z"], z1, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(first["test_h"], h1, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(first.test_z, z1, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(first.test_h, h1, rtol=1e-4, atol=1e-5)
     assert list(y1) == [y for _, y in ds.test]
 
     # a cache hit never loads the model
     ex2 = FeatureExtractor(layout.model(RUN), device="cpu")
     monkeypatch.setattr(ex2, "extract", lambda _ds: pytest.fail("cache miss on unchanged model"))
-    np.testing.assert_array_equal(ex2.features(cache, ds)["test_z"], first["test_z"])
+    np.testing.assert_array_equal(ex2.features(cache, ds).test_z, first.test_z)
 
     # a retrained model.pt (different bytes) invalidates the cache
     torch.manual_seed(1)
@@ -194,7 +194,7 @@ def test_feature_cache_reused_and_invalidated(project, monkeypatch, tmp_path):
     ex3 = FeatureExtractor(layout.model(RUN), device="cpu")
     assert ex3.model_sha256 != ex.model_sha256
     third = ex3.features(cache, ds)
-    assert not np.allclose(third["test_z"], first["test_z"])
+    assert not np.allclose(third.test_z, first.test_z)
 
 
 def test_applicability_rules():

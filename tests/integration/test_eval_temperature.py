@@ -113,7 +113,9 @@ def test_temperature_task_not_run_where_it_does_not_apply(tmp_path):
     _, ds, _, x = _features(tmp_path, _cfg("nclip"))
     assert too_small("temperature", x.feats, x.similarity) == TaskStatus(
         TaskStatus.TOO_SMALL, "the nclip_ce similarity is not a distance")
-    cosine_without_captions = {"test_z": np.ones((2, 3)), "test_y": np.zeros(2, int)}
+    from protoclip.evaluate.set_features import SetFeatures
+
+    cosine_without_captions = SetFeatures(test_z=np.ones((2, 3)), test_y=np.zeros(2, int))
     assert too_small("temperature", cosine_without_captions, Similarity()).reason.startswith("no caption pairs")
     from protoclip.evaluate.datasets import LabelledSet
 

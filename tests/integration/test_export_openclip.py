@@ -157,9 +157,9 @@ def test_clip_benchmark_scores_the_export_as_the_project_does(tmp_path):
     ex = FeatureExtractor(path, device="cpu", batch_size=64)
     f = ex.extract(ds)
     classes = zeroshot_classifier(SetInput(f, ds, EvaluateConfig(), tmp_path / "f.png", ex.similarity, ex))
-    ours_zs = zeroshot_classify(f["test_z"], classes, f["test_y"])
+    ours_zs = zeroshot_classify(f.test_z, classes, f.test_y)
     g = ex.extract(caps)
-    ours_ret = retrieval_recall(g["caption_image_z"], g["caption_text_z"], g["caption_text_to_image"])
+    ours_ret = retrieval_recall(g.caption_image_z, g.caption_text_z, g.caption_text_to_image)
 
     out = export_openclip(path, tmp_path / "export")
     model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{out}")

@@ -211,7 +211,7 @@ def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
             scores = nclip_similarity(torch.log_softmax(model.image_head(zi), 1), q.log())
         else:
             scores = neg_distance(zi, zt, "ps_negtrace", 4).reshape(6, 3, 2).mean(2)  # logits averaged
-    got = torch.from_numpy(f["test_s"] @ zeroshot_classifier(inputs).T)
+    got = torch.from_numpy(f.test_s @ zeroshot_classifier(inputs).T)
     torch.testing.assert_close(got, scores.float(), atol=1e-4, rtol=1e-4)  # the dot product is the score
     want = 100.0 * float((scores.argmax(1) == torch.tensor([0, 1, 2, 0, 1, 2])).float().mean())
     zs = task_zeroshot(inputs)

@@ -208,6 +208,7 @@ def test_zeroshot_logs_the_image_as_target_variant(tmp_path):
     target, spec 1.7.4), here against a float64 argmax; the headline stays the symmetric score."""
     from protoclip.evaluate.adapters import SetInput, task_zeroshot
     from protoclip.evaluate.config import EvaluateConfig
+    from protoclip.evaluate.set_features import SetFeatures
     from protoclip.train.methods.nclip import NCLIPCrossEntropy
 
     g = torch.Generator().manual_seed(8)
@@ -215,7 +216,7 @@ def test_zeroshot_logs_the_image_as_target_variant(tmp_path):
     y = torch.randint(0, 6, (40,), generator=g)
     sim = NCLIPCrossEntropy()
     cls = torch.cat([sim.text(sim.ensemble(sim.pre(None, ht[c]))) for c in range(6)])
-    f = {"test_s": sim.image(None, hi).numpy(), "test_y": y.numpy()}
+    f = SetFeatures(test_s=sim.image(None, hi).numpy(), test_y=y.numpy())
     ds = type("DS", (), {"classnames": list("abcdef"), "templates": ["{}", "a {}"]})()
     # the classifier as the zero-shot task builds it from the text tower: given here from the head logits
     m = task_zeroshot(SetInput(f, ds, EvaluateConfig(), tmp_path, sim, classifiers={"s": cls.numpy()})).metrics

@@ -29,6 +29,7 @@ import numpy as np
 
 from protoclip.evaluate.config import EvaluateConfig
 from protoclip.evaluate.datasets import EvalSet
+from protoclip.evaluate.set_features import SetFeatures
 from protoclip.similarity import Similarity
 from protoclip.tasks import TASKS
 
@@ -44,7 +45,7 @@ class TextSide(Protocol):
 @dataclass
 class SetInput:
     """What a task reads on one set: its features, the set, the settings, the run's similarity and text side."""
-    feats: dict[str, np.ndarray]
+    feats: SetFeatures
     ds: EvalSet
     cfg: EvaluateConfig
     figure: Path  # where a task that draws writes its figure (t-SNE)
@@ -79,16 +80,16 @@ def adapter(name: str) -> Callable[[Callable[[SetInput], TaskResult]], Callable[
     return deco
 
 
-def _sizes(f: dict[str, np.ndarray], train: bool = False) -> dict[str, int]:
-    out = {"n_test": int(len(f["test_y"]))}
+def _sizes(f: SetFeatures, train: bool = False) -> dict[str, int]:
+    out = {"n_test": int(len(f.test_y))}
     if train:
-        out["n_train"] = int(len(f["train_y"]))
+        out["n_train"] = int(len(f.train_y))
     return out
 
 
-def _with_labels(hits: dict[str, np.ndarray], f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _with_labels(hits: dict[str, np.ndarray], f: SetFeatures) -> dict[str, np.ndarray]:
     """Per-image hits plus the test labels they were scored against (runs are paired on the same images)."""
-    return {**hits, "labels": np.asarray(f["test_y"])}
+    return {**hits, "labels": np.asarray(f.test_y)}
 
 
 def zeroshot_classifier(x: SetInput) -> np.ndarray:
@@ -118,11 +119,11 @@ def task_zeroshot(x: SetInput) -> TaskResult:
     f, sim = x.feats, x.similarity
     if sim.dot_product:
         classes = zeroshot_classifier(x)
-        m, hits = zeroshot_classify(f["test_s"], classes, f["test_y"], normalize=False, per_example=True)
+        m, hits = zeroshot_classify(f.test_s, classes, f.test_y, normalize=False, per_example=True)
         what = f"{sim.name} similarity (image vs prompt-ensembled text)"
-        m.update(sim.zeroshot_extra(f["test_s"], classes, f["test_y"], zeroshot_classify))
+        m.update(sim.zeroshot_extra(f.test_s, classes, f.test_y, zeroshot_classify))
     else:
-        m, hits = zeroshot_classify(f["test_z"], zeroshot_classifier(x), f["test_y"], per_example=True)
+        m, hits = zeroshot_classify(f.test_z, zeroshot_classifier(x), f.test_y, per_example=True)
         what = "z_image (L2-normalised) vs prompt-ensembled z_text"
     m["n_classes"], m["n_templates"] = len(x.ds.classnames), len(x.ds.templates)
     return TaskResult(m, what, _sizes(f), _with_labels(hits, f))
@@ -133,8 +134,8 @@ def task_linear(x: SetInput) -> TaskResult:
     from protoclip.evaluate.metrics.linear import linear_probe, sgd_linear_probe
 
     f, cfg = x.feats, x.cfg
-    args = (f["train_z"], f["train_y"], f["test_z"], f["test_y"])
-    if len(f["train_y"]) > cfg.linear_sgd_above:  # paper: SGD for ImageNet, L-BFGS for the small sets
+    args = (f.train_z, f.train_y, f.test_z, f.test_y)
+    if len(f.train_y) > cfg.linear_sgd_above:  # paper: SGD for ImageNet, L-BFGS for the small sets
         m, hits = sgd_linear_probe(*args, seed=cfg.seed, num_classes=len(x.ds.classnames), per_example=True)
         m["solver"] = "sgd"
     else:
@@ -149,7 +150,7 @@ def task_knn(x: SetInput) -> TaskResult:
     from protoclip.evaluate.metrics.knn import knn_classifier
 
     f, cfg = x.feats, x.cfg
-    m, hits = knn_classifier(f["train_z"], f["train_y"], f["test_z"], f["test_y"], k=cfg.knn_k,
+    m, hits = knn_classifier(f.train_z, f.train_y, f.test_z, f.test_y, k=cfg.knn_k,
                              T=cfg.knn_temperature, num_classes=len(x.ds.classnames), per_example=True)
     m["k"], m["T"] = cfg.knn_k, cfg.knn_temperature
     return TaskResult(m, "z_image (L2-normalised, cosine)", _sizes(f, train=True), _with_labels(hits, f))
@@ -161,22 +162,22 @@ def task_retrieval(x: SetInput) -> TaskResult:
 
     f = x.feats
     if x.similarity.dot_product:
-        m, ranks = retrieval_recall(f["caption_image_s"], f["caption_text_s"], f["caption_text_to_image"],
+        m, ranks = retrieval_recall(f.caption_image_s, f.caption_text_s, f.caption_text_to_image,
                                     normalize=False, per_example=True)
         what = f"{x.similarity.name} similarity"
     else:
-        m, ranks = retrieval_recall(f["caption_image_z"], f["caption_text_z"], f["caption_text_to_image"],
+        m, ranks = retrieval_recall(f.caption_image_z, f.caption_text_z, f.caption_text_to_image,
                                     per_example=True)
         what = "z_image vs z_text (L2-normalised, dot product)"
-    sizes = {"n_images": int(len(f["caption_image_z"])), "n_texts": int(len(f["caption_text_z"]))}
-    return TaskResult(m, what, sizes, {**ranks, "text_to_image": np.asarray(f["caption_text_to_image"])})
+    sizes = {"n_images": int(len(f.caption_image_z)), "n_texts": int(len(f.caption_text_z))}
+    return TaskResult(m, what, sizes, {**ranks, "text_to_image": np.asarray(f.caption_text_to_image)})
 
 
 @adapter("clustering")
 def task_clustering(x: SetInput) -> TaskResult:
     from protoclip.evaluate.metrics.clustering import cluster_scores
 
-    m, assign = cluster_scores(x.feats["test_z"], x.feats["test_y"], seed=x.cfg.seed, per_example=True)
+    m, assign = cluster_scores(x.feats.test_z, x.feats.test_y, seed=x.cfg.seed, per_example=True)
     return TaskResult(m, "z_image (L2-normalised)", _sizes(x.feats), _with_labels(assign, x.feats))
 
 
@@ -186,8 +187,8 @@ def task_nemd(x: SetInput) -> TaskResult:
 
     f, cfg = x.feats, x.cfg
     # methods-spec 3.4: NEMD on h^I (the prototype space) and on z^I separately; h^I is the headline
-    m = nemd_report(f["test_h"], f["test_y"], seed=cfg.seed, max_pairs=cfg.nemd_max_pairs)
-    m["z_image"] = nemd_report(f["test_z"], f["test_y"], seed=cfg.seed, max_pairs=cfg.nemd_max_pairs)
+    m = nemd_report(f.test_h, f.test_y, seed=cfg.seed, max_pairs=cfg.nemd_max_pairs)
+    m["z_image"] = nemd_report(f.test_z, f.test_y, seed=cfg.seed, max_pairs=cfg.nemd_max_pairs)
     return TaskResult(m, "h_image (projection head g^I); z_image under 'z_image'", _sizes(f))
 
 
@@ -195,7 +196,7 @@ def task_nemd(x: SetInput) -> TaskResult:
 def task_tsne(x: SetInput) -> TaskResult:
     from protoclip.evaluate.metrics.embedding_plots import tsne_plot
 
-    m = tsne_plot(x.feats["test_z"], x.feats["test_y"], x.ds.classnames, x.figure, seed=x.cfg.seed,
+    m = tsne_plot(x.feats.test_z, x.feats.test_y, x.ds.classnames, x.figure, seed=x.cfg.seed,
                   max_points=x.cfg.tsne_max_points, title=f"{x.ds.name}: t-SNE of z_image")
     m["figure"] = str(x.figure)
     return TaskResult(m, "z_image (L2-normalised)", _sizes(x.feats))
@@ -212,26 +213,26 @@ def task_temperature(x: SetInput) -> TaskResult:
     m: dict[str, Any] = {}
     sizes: dict[str, int] = {}
     what = []
-    if "caption_image_z" in f:
+    if f.caption_image_z is not None:
         # one positive pair per image: its first caption; the run's similarity as a dot product
-        t2i = np.asarray(f["caption_text_to_image"])
+        t2i = np.asarray(f.caption_text_to_image)
         images, first_text = np.unique(t2i, return_index=True)
         if not sim.dot_product:
-            img = f["caption_image_z"] / np.linalg.norm(f["caption_image_z"], axis=1, keepdims=True)
-            txt = f["caption_text_z"] / np.linalg.norm(f["caption_text_z"], axis=1, keepdims=True)
+            img = f.caption_image_z / np.linalg.norm(f.caption_image_z, axis=1, keepdims=True)
+            txt = f.caption_text_z / np.linalg.norm(f.caption_text_z, axis=1, keepdims=True)
         else:
-            img, txt = f["caption_image_s"], f["caption_text_s"]
+            img, txt = f.caption_image_s, f.caption_text_s
         img, txt = img[images], txt[first_text]
         m.update(tm.equilibrium_sweep(img, txt, t.scales(), t.batch_sizes, t.shuffle_shares, seed=cfg.seed,
                                       device=resolve_device(cfg.device)))
         m["histograms"] = tm.distance_histograms(img, txt, t.histogram_bins, t.histogram_max_points, seed=cfg.seed)
         sizes["n_pairs"] = int(len(images))
         what.append(f"caption pairs (first caption per image), {sim.name} similarity")
-    if sim.tokens > 1 and "test_s" in f:
+    if sim.tokens > 1 and f.test_s is not None:
         m["tokens"] = sim.tokens
-        m["token_subsets"] = tm.token_subset_zeroshot(f["test_s"], zeroshot_classifier(x), f["test_y"], sim.tokens,
+        m["token_subsets"] = tm.token_subset_zeroshot(f.test_s, zeroshot_classifier(x), f.test_y, sim.tokens,
                                                       t.token_subsets, t.token_draws, seed=cfg.seed)
-        sizes["n_test"] = int(len(f["test_y"]))
+        sizes["n_test"] = int(len(f.test_y))
         what.append(f"token subsets of the {sim.tokens} tokens (zero-shot, prompt-averaged)")
     return TaskResult(m, "; ".join(what), sizes)
 

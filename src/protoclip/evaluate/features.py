@@ -1,15 +1,8 @@
 """Frozen features of a trained run on an evaluation set, cached once per (run, set).
 
-For a :class:`~protoclip.evaluate.datasets.LabelledSet`: image features ``z^I`` (encoder output, not
-normalised: linear probing uses them as is, the other metrics normalise), ``h^I = g^I(z^I)`` (projection
-head output: the prototype space, used by NEMD) and labels of the test and train splits. For a caption set (or
-the captions of ``heldout_pairs``): ``z^I`` of its images, ``z^T`` of every caption and ``text_to_image``. The
-zero-shot classifier is the zero-shot task's (protoclip.evaluate.adapters), from :meth:`FeatureExtractor.text_encoder`
-/ :meth:`FeatureExtractor.text_pre`.
-
-When the run's method scores image-text pairs by a similarity of its own (:mod:`protoclip.similarity`, named in
-the model file's ``EvalSpec``), that similarity's dot-product embeddings are stored too: ``test_s`` (a set with
-prompt templates) and ``caption_image_s`` / ``caption_text_s``.
+What is extracted of a set (image and text features, labels, a method's own similarity embeddings) is a
+:class:`~protoclip.evaluate.set_features.SetFeatures`. The zero-shot classifier is the zero-shot task's
+(protoclip.evaluate.adapters), from :meth:`FeatureExtractor.text_encoder` / :meth:`FeatureExtractor.text_pre`.
 
 The arrays live in ``results/runs/<run>/features/<set>.npz`` (written atomically) with a ``meta_json``
 entry: beside the evaluation job's output folder, not in it, so that a rerun of the job (Snakemake deletes its
@@ -25,7 +18,6 @@ subsample invalidates it. With a ``work`` folder the image features are extracte
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -35,7 +27,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from protoclip.atomic import atomic_path
 from protoclip.datafiles import READ_ERRORS, first_line
 from protoclip.hashing import sha256_file
 from protoclip.data.transforms import eval_transform
@@ -43,6 +34,7 @@ from protoclip.devices import resolve_device
 from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
 from protoclip.evaluate.batches import image_batches
 from protoclip.evaluate.resumable import ExtractionProgress, encode_images_resumable
+from protoclip.evaluate.set_features import SetFeatures
 
 log = logging.getLogger(__name__)
 
@@ -150,31 +142,27 @@ class FeatureExtractor:
             key.update(n_caption_images=len(caps.images), captions=_text_hash(caps.texts))
         return key
 
-    def features(self, cache: str | Path, ds: EvalSet, work: str | Path | None = None) -> dict[str, np.ndarray]:
-        """Cached arrays of ``ds`` (see the module docstring for the keys); extracted on a miss, in resumable
-        chunks under ``work`` when given (removed once the cache file is written)."""
+    def features(self, cache: str | Path, ds: EvalSet, work: str | Path | None = None) -> SetFeatures:
+        """The cached features of ``ds``; extracted on a miss, in resumable chunks under ``work`` when given
+        (removed once the cache file is written)."""
         cache = Path(cache)
         key = self.cache_key(ds)
         if cache.exists():
             try:
-                with np.load(cache, allow_pickle=False) as z:
-                    stored = json.loads(str(z["meta_json"])) if "meta_json" in z.files else None
-                    if stored == key:
-                        log.info("%s: cached features %s", ds.name, cache)
-                        return {k: z[k] for k in z.files if k != "meta_json"}
+                if (cached := SetFeatures.load(cache, key)) is not None:
+                    log.info("%s: cached features %s", ds.name, cache)
+                    return cached
                 log.info("%s: feature cache %s is stale (model or data changed); re-extracting", ds.name, cache)
             except READ_ERRORS as err:  # our own cache, cut or damaged: extract again rather than stop
                 log.warning("%s: feature cache %s is unreadable (%s); re-extracting", ds.name, cache, first_line(err))
         progress = None
         if work is not None:
             progress = ExtractionProgress(work, {**key, "chunk_images": self.batch_size * self.chunk_batches}).open()
-        arrays = self.extract(ds, progress)
-        with atomic_path(cache) as tmp:
-            with open(tmp, "wb") as f:  # np.savez on a file object: no ".npz" appended to the temp name
-                np.savez(f, meta_json=np.array(json.dumps(key, sort_keys=True)), **arrays)
+        feats = self.extract(ds, progress)
+        feats.save(cache, key)
         if progress is not None:
             progress.remove()
-        return arrays
+        return feats
 
     def _encode(self, split: ImageSplit, desc: str, progress: ExtractionProgress | None,
                 part: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -184,7 +172,7 @@ class FeatureExtractor:
         return encode_images_resumable(self.model, split, self.transform, self.device, self.batch_size, desc,
                                        self.num_workers, progress.part(part), self.chunk_batches)
 
-    def extract(self, ds: EvalSet, progress: ExtractionProgress | None = None) -> dict[str, np.ndarray]:
+    def extract(self, ds: EvalSet, progress: ExtractionProgress | None = None) -> SetFeatures:
         out: dict[str, np.ndarray] = {}
         if isinstance(ds, LabelledSet):
             for split_name, split in (("test", ds.test), ("train", ds.train)):
@@ -205,7 +193,7 @@ class FeatureExtractor:
             if self.similarity.dot_product:
                 out["caption_image_s"] = self._image_s(z, h)
                 out["caption_text_s"] = self.similarity.text(self.text_pre(caps.texts)).numpy()
-        return out
+        return SetFeatures(**out)
 
     # ---- the method's own similarity (protoclip.similarity)
     def text_pre(self, texts: list[str]) -> torch.Tensor:

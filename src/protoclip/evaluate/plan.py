@@ -15,6 +15,7 @@ import numpy as np
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.datasets import HELDOUT, CaptionSet, EvalSet, LabelledSet, Skipped
 from protoclip.evaluate.datasets.wds import dataset_type as wds_dataset_type
+from protoclip.evaluate.set_features import SetFeatures
 from protoclip.similarity import Similarity
 from protoclip.tasks import PROBE_TASKS, TASKS, TEXT_TASKS, TaskStatus
 
@@ -100,24 +101,24 @@ def plan_tasks(name: str, ds: EvalSet | Skipped | None, wanted: list[str], image
     return out
 
 
-def too_small(task: str, feats: dict[str, np.ndarray], similarity: Similarity) -> TaskStatus | None:
+def too_small(task: str, feats: SetFeatures, similarity: Similarity) -> TaskStatus | None:
     """Why the extracted splits are too small for ``task``, or its inputs unfit (None: it runs)."""
-    if "test_y" not in feats:
+    if feats.test_y is None:
         return None
-    counts = np.bincount(feats["test_y"])
+    counts = np.bincount(feats.test_y)
     reason = None
     if task == "nemd" and (counts >= 2).sum() < 2:
         reason = "NEMD needs at least 2 classes with >= 2 test images"
     elif task == "clustering" and (counts > 0).sum() < 2:
         reason = "clustering needs at least 2 classes in the test split"
-    elif task == "tsne" and len(feats["test_y"]) < 3:
+    elif task == "tsne" and len(feats.test_y) < 3:
         reason = "t-SNE needs at least 3 test images"
-    elif task in ("linear", "knn") and len(np.unique(feats["train_y"])) < 2:
+    elif task in ("linear", "knn") and len(np.unique(feats.train_y)) < 2:
         reason = "the train split has fewer than 2 classes"
     elif task == "temperature":
         if not similarity.distance:  # e.g. nCLIP's -CE: Eq. 1 / Fig. 8 do not apply
             reason = f"the {similarity.name} similarity is not a distance"
-        elif "caption_image_z" not in feats and not (similarity.tokens > 1 and "test_s" in feats):
+        elif not feats.captions and not (similarity.tokens > 1 and feats.test_s is not None):
             reason = "no caption pairs, and a single-token run has no token subsets"
     return TaskStatus(TaskStatus.TOO_SMALL, reason) if reason else None
 

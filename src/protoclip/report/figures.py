@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from protoclip.atomic import atomic_path
+from protoclip.evaluate.set_features import SetFeatures
 from protoclip.report.config import ReportProject, TargetConfig
 from protoclip.report.values import PHASES, Results, paper_numbers
 
@@ -123,7 +124,7 @@ def plot_tsne(cfg: ReportProject, results: Results, target: TargetConfig, out: P
     for d in target.tsne_dataset:  # the paper's set first, then the stand-ins
         paths = [results.layout.features(r, d) for r in runs if r]
         if len(paths) == 2 and all(p.exists() for p in paths):
-            dataset, feats = d, [np.load(p, allow_pickle=False) for p in paths]
+            dataset, feats = d, [SetFeatures.load(p) for p in paths]
             break
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
     if feats is None:
@@ -131,14 +132,14 @@ def plot_tsne(cfg: ReportProject, results: Results, target: TargetConfig, out: P
             _empty(ax, f"no cached features of {' / '.join(target.tsne_dataset)} for {runs}")
         _save(fig, out)
         return
-    y0, y1 = feats[0]["test_y"], feats[1]["test_y"]
+    y0, y1 = feats[0].test_y, feats[1].test_y
     if not np.array_equal(y0, y1):
         raise ValueError(f"{target.id}: the two runs' {dataset} features hold different test points")
     idx = shared_subsample(len(y0), target.tsne_max_points, seed=cfg.evaluate.seed)
     classes = np.unique(y0[idx])
     cmap = plt.get_cmap("tab10" if len(classes) <= 10 else "tab20")
     for ax, row, run, f in zip(axes, rows, runs, feats):
-        z = f["test_z"][idx].astype(np.float64)
+        z = f.test_z[idx].astype(np.float64)
         z /= np.linalg.norm(z, axis=1, keepdims=True) + 1e-12
         # exact t-SNE on small samples: Barnes-Hut's OpenMP threads are slower there on a busy 2-core machine
         emb = TSNE(n_components=2, init="pca", random_state=cfg.evaluate.seed,
