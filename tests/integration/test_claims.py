@@ -279,6 +279,8 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     same = by["identical"]
     assert same.direction == NOT_RESOLVED and (same.ours, same.lo, same.hi) == (0.0, 0.0, 0.0)
     assert "not on the paper's side" in same.needs
+    # no paper number to plan for: planned at the 1-point floor, still naming the seeds
+    assert re.match(r"\d+ seeds a side .*the paper prints no number; at \+1\.00 points", same.needs), same.needs
     assert by["reversed"].direction == CONTRADICTED  # B - A claimed positive
     one = by["one_seed"]
     assert one.seed_note == "examples only, seed spread not measured" and one.direction == REPRODUCED
