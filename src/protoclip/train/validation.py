@@ -15,6 +15,7 @@ BatchNorm statistics and therefore its weights are those of a run without valida
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -105,6 +106,9 @@ class Validator:
 
         modes = [(m, m.training) for m in model.modules()]
         device = next(model.parameters()).device
+        # python's and numpy's RNGs too (torch's is forked below): a module first imported here may draw from them
+        # (rich's import calls random.getrandbits), and training draws from python's afterwards
+        py_rng, np_rng = random.getstate(), np.random.get_state()
         t0 = time.perf_counter()
         try:
             model.eval()
@@ -118,6 +122,8 @@ class Validator:
         finally:
             for m, training in modes:
                 m.training = training
+            random.setstate(py_rng)
+            np.random.set_state(np_rng)
         out: dict[str, float] = {}
         for task, result in results.items():
             out.update(metric_numbers(result.metrics, f"val/{task}/", nested=False, skip=SETTINGS))
