@@ -81,6 +81,9 @@ class PathsConfig:
     mlflow_log_models: bool = True
     # MLflow's system metrics (CPU, memory, disk, network; GPU with nvidia-ml-py, the gpu extra) in training runs
     mlflow_system_metrics: bool = True
+    # a finished run's checkpoints/last.pt (weights, optimizer moments, RNG: ~3x model.pt), its resume point; false
+    # removes it once model.pt is written, for a project short of disk (model.pt and the logs stay)
+    keep_finished_checkpoints: bool = True
 
     def validate(self) -> None:
         # the config is a tracked file: credentials go to MLflow's own environment variables instead

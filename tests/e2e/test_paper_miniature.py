@@ -9,7 +9,8 @@ config"):
 * ``prepare`` / ``train_force`` / ``teacher``: 32 px, a tiny ResNet (``tiny-rn``), episodes of 48 pairs in
   batches of 16, one epoch, warm-up of one batch, small heads and PCA; CPU (``gpu: false``) on the local executor,
   the paper's one GPU per run on SLURM (the test cluster's fake GPUs: the jobs compute on the CPU);
-* ``paths``: the project folder, and no model copies in MLflow (``mlflow_log_models: false``: ~100 MB a tiny
+* ``paths``: the project folder, no finished run's checkpoint (``keep_finished_checkpoints: false``: ~150 MB a
+  tiny run) and no model copies in MLflow (``mlflow_log_models: false``: ~100 MB a tiny
   run).
 
 Every other key is the paper's. The external teacher is RoBERTa-large by name; offline, a folder named
@@ -83,7 +84,8 @@ def overlay(root: Path) -> dict:
             "yfcc14m": f"{root}/absent/yfcc14m/{{00000..01399}}.tar"}
     return {
         "paths": {"data_dir": "data", "results_dir": "results", "mlflow_uri": "sqlite:///results/mlflow.db",
-                  "mlflow_log_models": False},  # no ~100 MB model copy per run in MLflow (disk)
+                  "mlflow_log_models": False,  # no ~100 MB model copy per run in MLflow (disk)
+                  "keep_finished_checkpoints": False},  # nor a ~150 MB checkpoint per finished run
         "prepare": {"image_size": 32, "num_workers": 1,
                     "user_data": [dict(u, path=data[u["name"]]) for u in paper["prepare"]["user_data"]]},
         "teacher": {"pca_dim": 16},
@@ -112,8 +114,6 @@ def local(tmp_path_factory, request):
     with module_folder(tmp_path_factory, request, "paper") as folder:
         root = miniature(folder / "local")
         done = run([sys.executable, "-m", "snakemake", *PAPER, "--cores", "2"], root, env=project_env())
-        for ckpt in (root / "results" / "runs").glob("*/checkpoints/last.pt"):
-            ckpt.unlink()  # ~150 MB a run that neither test reads: gone before the SLURM run writes its own (disk)
         yield root, done
 
 

@@ -4,7 +4,8 @@ target, every run) on a fixture corpus, then `snakemake -n` (nothing to do) and 
 The tiny project, in a temp folder: the repository's Snakefile, workflow/, config/ and src/protoclip; its
 the run is ``snakemake --configfile config/ci_fixture.yaml`` (what ``snakemake --configfile config/ci.yaml``
 does, README), a config derived from config/ci.yaml that changes only the data and the sizes (and logs no model copies to
-MLflow, ``paths.mlflow_log_models: false``, for disk):
+MLflow, ``paths.mlflow_log_models: false``, and no finished run's checkpoint, ``paths.keep_finished_checkpoints:
+false``, for disk):
 
 * no Debian downloads: ``prepare.offline_sources: []``, ``eval_sets: [digits]`` (scikit-learn's digits); the
   training corpus is a user_data CSV of drawn PNG shapes with captions ("a small red circle") and coarse
@@ -59,7 +60,7 @@ def fixture_config(root: Path) -> dict:
     cfg["train_force"] = {**cfg["train_force"], "data": [SOURCE], "episode_size": 48, "batch_size": 16}
     # no model copies in MLflow (a tiny run's model.pt and open_clip export are ~100 MB: temporary disk); what they
     # are is tested by tests/e2e/test_mlflow_ui_model.py and tests/integration/test_train_mlflow_model.py
-    cfg.setdefault("paths", {})["mlflow_log_models"] = False
+    cfg.setdefault("paths", {}).update(mlflow_log_models=False, keep_finished_checkpoints=False)
     # the paper's sets stay where ci.yaml looks for them (data/external/: absent, skipped)
     cfg["evaluate"]["datasets"]["fashion_mnist"] = {"kind": "offline", "path": "fixtures/fashion_mnist.npz"}
     return cfg

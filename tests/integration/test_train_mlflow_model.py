@@ -131,14 +131,18 @@ def test_training_run_holds_curves_system_metrics_and_a_registered_model_open_cl
         assert torch.equal(oc_model.logit_scale, ours.clip.logit_scale)
 
 
-def test_validation_leaves_the_weights_and_the_switches_turn_artifacts_and_system_metrics_off(tmp_path):
+def test_validation_leaves_the_weights_and_the_switches_turn_artifacts_system_metrics_and_checkpoints_off(tmp_path):
     from protoclip.train.stage import run_train
 
     on = load_config(project(tmp_path))
     run_train(on, "clip")
-    off = load_config(project(tmp_path, "off.yaml", {"mlflow_log_models": False, "mlflow_system_metrics": False}))
+    off = load_config(project(tmp_path, "off.yaml", {"mlflow_log_models": False, "mlflow_system_metrics": False,
+                                                     "keep_finished_checkpoints": False}))
     run_train(off, "quiet")
     layout = Layout.from_config(on)
+    # a finished run keeps its checkpoint (its resume point) unless the switch removes it; the model stays
+    assert layout.checkpoint("clip").is_file() and not layout.checkpoint("quiet").exists()
+    assert layout.model("quiet").is_file() and layout.train_log("quiet").is_file()
 
     # validation runs in eval mode inside a forked RNG: the same weights as the run without it, bit for bit
     a, b = (torch.load(layout.model(r), map_location="cpu", weights_only=False)["state_dict"] for r in ("clip", "quiet"))

@@ -144,6 +144,9 @@ def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict |
         if cfg.paths.mlflow_log_models and tracker.run_id:
             log_model(tracker, out, run, tags)
         log.info("run %s: model written to %s", run, out)
+        if not cfg.paths.keep_finished_checkpoints and layout.checkpoint(run).exists():
+            layout.checkpoint(run).unlink()
+            log.info("run %s: checkpoint removed (paths.keep_finished_checkpoints: false)", run)
     return out
 
 
