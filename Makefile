@@ -38,12 +38,14 @@ checkout: $(STAMP)
 # server's packages (pip extras `test`, `slurm`, `tracking-server`) and, as root, the Debian packages of the test
 # SLURM cluster and of PostgreSQL (.ci/install-slurm, .ci/install-postgresql; each step does nothing when done).
 # Every tier, fastest first (README "Tests"): `make test-unit`, `make test-integration`, `make test-e2e` run one.
-# Each tier runs on TEST_WORKERS processes (pytest-xdist; one thread each). The end-to-end tests spend much of
-# their time waiting (process start-ups, SLURM's scheduling and status checks, servers), so two of them share the
-# cores; those of one SLURM cluster or tracking server run in one group (--dist loadgroup, tests/conftest.py), and
-# the slowest are listed at the end (--durations). Both commands run, and either failing fails the target.
+# The unit and integration tiers run on TEST_WORKERS processes (pytest-xdist; one thread each). The end-to-end
+# tests spend about a third of their time waiting (process start-ups, SLURM's scheduling and status checks,
+# servers), so E2E_WORKERS of them share the 2 cores; those of one SLURM cluster or tracking server run in one
+# group (--dist loadgroup, tests/conftest.py), and the slowest are listed at the end (--durations). Both commands
+# run, and either failing fails the target.
 TEST_WORKERS ?= 2
-E2E_ARGS = -n $(TEST_WORKERS) --dist loadgroup --durations=15
+E2E_WORKERS ?= 3
+E2E_ARGS = -n $(E2E_WORKERS) --dist loadgroup --durations=15
 test: $(VENV)/.installed-test-extras
 	.ci/install-slurm
 	.ci/install-postgresql

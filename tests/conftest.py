@@ -29,7 +29,7 @@ pytest_plugins = ["testkit.evaluation"]  # its `project` fixture
 TIERS = ("unit", "integration", "e2e")
 
 
-# Tests on 2 xdist workers (`make test`: -n 2 --dist loadgroup) that share a session fixture's service share a
+# Tests on xdist workers (`make test`: --dist loadgroup) that share a session fixture's service share a
 # worker, by file: the SLURM cluster's (the paper miniature's second test runs on it) and the tracking server's.
 # Scheduled by file here because pytest-xdist 3.8.0's own loadgroup marks a test through a node id field pytest
 # 9.2 no longer reads (xdist_group markers then group nothing); a test file that uses one of these fixtures must
