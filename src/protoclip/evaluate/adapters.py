@@ -213,7 +213,7 @@ def task_temperature(x: SetInput) -> TaskResult:
     m: dict[str, Any] = {}
     sizes: dict[str, int] = {}
     what = []
-    if f.caption_image_z is not None:
+    if f.captions:
         # one positive pair per image: its first caption; the run's similarity as a dot product
         t2i = np.asarray(f.caption_text_to_image)
         images, first_text = np.unique(t2i, return_index=True)

@@ -103,7 +103,7 @@ def plan_tasks(name: str, ds: EvalSet | Skipped | None, wanted: list[str], image
 
 def too_small(task: str, feats: SetFeatures, similarity: Similarity) -> TaskStatus | None:
     """Why the extracted splits are too small for ``task``, or its inputs unfit (None: it runs)."""
-    if feats.test_y is None:
+    if not feats.labelled:
         return None
     counts = np.bincount(feats.test_y)
     reason = None

@@ -9,13 +9,13 @@ The numbers are those ``protoclip evaluate`` computes (the same task functions o
 :mod:`protoclip.evaluate.adapters`), on a fixed seeded subsample of at most ``validation.max_images`` images per split,
 decoded and transformed once when training starts (held in memory: 500 images are 6 MB at 32 px, 300 MB at
 224 px): one validation is one forward pass over those images and the prompts (and, for retrieval, the captions). Monitoring only: no early stop or selection reads them. Run on the main process, in
-eval mode under ``torch.inference_mode``, inside ``torch.random.fork_rng``: the training's random streams, its
+eval mode under ``torch.inference_mode``, every RNG saved and restored around it (python, numpy, torch:
+protoclip.train.checkpoint.rng_state): the training's random streams, its
 BatchNorm statistics and therefore its weights are those of a run without validation.
 """
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -33,6 +33,7 @@ from protoclip.evaluate.datasets.sets import Indexed
 from protoclip.evaluate.adapters import ADAPTERS, SetInput
 from protoclip.evaluate.stage import metric_numbers
 from protoclip.layout import Layout
+from protoclip.train.checkpoint import restore_rng, rng_state
 from protoclip.train.config import TrainConfig, ValidationConfig
 
 if TYPE_CHECKING:  # the stage hands the project config in; the assembler stands above train/
@@ -106,14 +107,13 @@ class Validator:
 
         modes = [(m, m.training) for m in model.modules()]
         device = next(model.parameters()).device
-        # python's and numpy's RNGs too (torch's is forked below): a module first imported here may draw from them
-        # (rich's import calls random.getrandbits), and training draws from python's afterwards
-        py_rng, np_rng = random.getstate(), np.random.get_state()
+        # every RNG training draws from, python's and numpy's too: a module first imported here may draw from them
+        # (rich's import calls random.getrandbits)
+        rng = rng_state()
         t0 = time.perf_counter()
         try:
             model.eval()
-            devices = [device.index or 0] if device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices), torch.inference_mode():
+            with torch.inference_mode():
                 side = ModelFeatures(model, self.spec, device, self.cfg.batch_size, tokenizer=self.tokenizer,
                                      transform=identity)  # the images are transformed already
                 feats = side.extract(self.ds)
@@ -122,8 +122,7 @@ class Validator:
         finally:
             for m, training in modes:
                 m.training = training
-            random.setstate(py_rng)
-            np.random.set_state(np_rng)
+            restore_rng(rng)
         out: dict[str, float] = {}
         for task, result in results.items():
             out.update(metric_numbers(result.metrics, f"val/{task}/", nested=False, skip=SETTINGS))
