@@ -1,6 +1,7 @@
-"""Every `snakemake` and `protoclip` command the README shows parses as its tool reads it, and names what exists:
-config files that load, runs, data sets and rules the config defines, profiles, config keys. (The paper's
-`snakemake --configfile config/paper.yaml ...` commands are also dry-run in tests/e2e/test_config_model.py.)"""
+"""Every `snakemake` and `protoclip` command README.md and the docs/ pages show parses as its tool reads it, and names
+what exists: config files that load, runs, data sets and rules the config defines, profiles, config keys. (The
+paper's `snakemake --configfile config/paper.yaml ...` commands are also dry-run in tests/e2e/test_config_model.py.)
+README.md stays a front door: short, without dates or commit hashes, its docs/ links to pages that exist."""
 from __future__ import annotations
 
 import re
@@ -10,37 +11,44 @@ import pytest
 import yaml
 
 from protoclip.cli import COMMANDS as SUBCOMMANDS, command_parser, main
-from protoclip.config import load_config
+from protoclip.config.project import load_config
 from testkit import REPO
 README = (REPO / "README.md").read_text()
-# a user's own files the README names as such (an overlay of their paths, their tracking server, the smoke run's)
+# the pages whose commands are checked: the README and every page under docs/ it points to
+PAGES = {p.relative_to(REPO).as_posix(): p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
+# a user's own files the pages name as such (an overlay of their paths, their tracking server, the smoke run's)
 USER_FILES = {"my-tracking.yaml", "my-data.yaml", "my-site.yaml", "other.yaml", "smoke.yaml"}
 
 
-def shown_commands() -> list[tuple[str, bool]]:
-    """(command, complete) of every snakemake / protoclip command: complete in ```bash blocks (continuation
-    lines joined, comments cut), as far as written in inline `code` (placeholders such as <run> left out)."""
+def shown_commands(text: str) -> list[tuple[str, bool]]:
+    """(command, complete) of every snakemake / protoclip command of one page: complete in ```bash blocks
+    (continuation lines joined, comments cut), as far as written in inline `code` (placeholders such as <run> left
+    out)."""
     out = []
-    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", README, flags=re.S):
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+#.*$", "", line.strip())
             for part in re.split(r"\s*(?:&&|;)\s*", line):
                 if part.startswith(("snakemake ", "protoclip ")):
                     out.append((part, True))
-    prose = re.sub(r"```.*?```", "", README, flags=re.S)
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
     for span in re.findall(r"`((?:snakemake|protoclip) [^`]*)`", prose):
         if "<" not in span and "\n" not in span:  # not a placeholder, not a quoted log line
             out.append((span.replace("...", "").strip(), False))
     return out
 
 
-COMMANDS = shown_commands()
+SHOWN = [(page, command, full) for page, text in PAGES.items() for command, full in shown_commands(text)]
+# each command once, complete if any page shows it whole
+COMMANDS = list({c: any(f for _, c2, f in SHOWN if c2 == c) for _, c, _ in SHOWN}.items())
 
 
 def test_the_readme_shows_the_commands_this_test_reads():
-    complete = [c for c, full in COMMANDS if full]
+    """Over README.md and docs/*.md together: the export command and the paper's commands are there to check."""
+    complete = [c for _, c, full in SHOWN if full]
     assert any(c.startswith("protoclip export") for c in complete)
     assert sum(c.startswith("snakemake --configfile config/paper.yaml") for c in complete) >= 6
+    assert any(c.startswith("protoclip ") for c, _ in shown_commands(README)), "README.md shows no stage command"
 
 
 @pytest.mark.parametrize("command", [c for c, _ in COMMANDS if c.startswith("protoclip ")])
@@ -91,12 +99,13 @@ def test_snakemake_command(command):
 
 
 def test_the_overlays_the_readme_writes_load_on_top_of_the_paper_config(tmp_path):
-    """Each `cat > my-*.yaml <<'EOF'` block, merged onto config/paper.yaml as Snakemake merges two --configfile
+    """Each `cat > my-*.yaml <<'EOF'` block of README.md or a docs/ page, merged onto config/paper.yaml as Snakemake merges two --configfile
     files, validates (every run's data source still declared) and changes only what it sets."""
-    from protoclip.schema import deep_merge, read_yaml
+    from protoclip.config.strict import deep_merge, read_yaml
 
-    overlays = re.findall(r"cat > (my-[\w-]+\.yaml) <<'EOF'\n(.*?)\nEOF", README, flags=re.S)
-    assert overlays, "the README writes no overlay file"
+    overlays = [o for text in PAGES.values()
+                for o in re.findall(r"cat > (my-[\w-]+\.yaml) <<'EOF'\n(.*?)\nEOF", text, flags=re.S)]
+    assert overlays, "no page writes an overlay file"
     paper = read_yaml(REPO / "config" / "paper.yaml")
     for name, text in overlays:
         merged = deep_merge(paper, yaml.safe_load(text))
@@ -105,3 +114,55 @@ def test_the_overlays_the_readme_writes_load_on_top_of_the_paper_config(tmp_path
         (tmp_path / name).write_text(yaml.safe_dump(merged))
         cfg = load_config(tmp_path / name)
         assert cfg.run_names() == load_config(REPO / "config" / "paper.yaml").run_names(), name
+
+
+# ------------------------------------------------------------------------------------------------ a front door
+TWO_COMMANDS = """```bash
+make run    # creates .venv, installs the package, runs the whole DAG on the offline default
+make test   # creates .venv, installs the package, runs the tests (what CI runs: .ci/run)
+```"""
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    return {github_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", prose, flags=re.M)}
+
+
+def local_links(text: str) -> list[str]:
+    """The relative targets of the page's markdown links (web addresses left out)."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [t for t in re.findall(r"\]\(([^)\s]+)\)", prose) if not re.match(r"[a-z]+:", t)]
+
+
+def test_the_readme_is_a_front_door():
+    """Under 250 lines and 20 KB, the two commands as they are, no dates or commit hashes (measured timings and
+    their dates live in docs/speed.md and bench/), and it links to pages under docs/."""
+    lines, size = README.count("\n"), len(README.encode())
+    assert lines < 250, f"README.md has {lines} lines (a front door: under 250; move the detail to docs/)"
+    assert size < 20_000, f"README.md is {size} bytes (a front door: under 20 KB; move the detail to docs/)"
+    assert TWO_COMMANDS in README
+    dates = re.findall(r"\b\d{4}-\d{2}-\d{2}\b", README)
+    assert not dates, f"README.md names dates {dates}: dated numbers belong in docs/speed.md or bench/"
+    hashes = re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", README)
+    assert not hashes, f"README.md names commits {hashes}"
+    assert sum(t.startswith("docs/") for t in local_links(README)) >= 10, "README.md links to few docs/ pages"
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+def test_every_page_link_points_to_a_page_that_exists(page):
+    """Every relative link of README.md and docs/*.md to a markdown page or a folder names one that exists (and,
+    with #anchor, a heading of it); images under results/ are `make run`'s outputs, not in a clone."""
+    here = (REPO / page).parent
+    for target in local_links(PAGES[page]):
+        path, _, anchor = target.partition("#")
+        if path.startswith("results/") or path.startswith("../results/"):
+            continue
+        file = (here / path).resolve() if path else REPO / page
+        assert file.exists(), f"{page}: the link {target} points to no file"
+        if anchor and file.suffix == ".md":
+            assert anchor in anchors(file.read_text()), f"{page}: the link {target}: no heading #{anchor} there"
