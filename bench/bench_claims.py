@@ -38,11 +38,11 @@ EPISODES_PER_EPOCH = 4  # 4,168 training pairs in episodes of 1024
 
 def build(root: Path, resamples: int):
     """The shipped config in ``root`` with synthetic results of every evaluation the DAG would run."""
-    from protoclip import records
-    from protoclip.completion import finish
-    from protoclip.config import load_config
+    from protoclip.files import records
+    from protoclip.files.completion import finish
+    from protoclip.project import load_config
     from protoclip.dag.stages import evaluation_requests
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
 
     shutil.copytree(ROOT / "config", root / "config")
     cfg_file = root / "config" / "config.yaml"

@@ -86,7 +86,7 @@ def vm_hwm_mib() -> float:
 # --------------------------------------------------------------------------- prepare (child process)
 def prepare_child(pattern: str, out: str, workers: int) -> None:
     """Run the real prepare stage on the shards alone; print one JSON line of timings and peak RSS."""
-    from protoclip.config import PathsConfig, ProjectConfig
+    from protoclip.project import PathsConfig, ProjectConfig
     from protoclip.data.config import PrepareConfig, UserDataConfig
     from protoclip.data.prepare import run_prepare
 
@@ -162,7 +162,7 @@ class StandInTeacher:
 
 def teacher_child(data_dir: str, dim: int, points_per_dim: int) -> None:
     """The real teacher stage on a prepared manifest with the stand-in encoder; one JSON line."""
-    from protoclip.config import PathsConfig, ProjectConfig
+    from protoclip.project import PathsConfig, ProjectConfig
     from protoclip.teacher.cache import run_teacher
     from protoclip.teacher.config import TeacherConfig
 
@@ -213,9 +213,9 @@ def caption_manifest(data_dir: Path, n: int, seed: int = 0) -> Path:
 def train_data_child(data_dir: str, teacher: str) -> None:
     """The train stage's data structures alone (no episode: its arrays do not grow with the corpus): the run's
     dataset, the training-data digest, the teacher rows. One JSON line."""
-    from protoclip.config import PathsConfig, ProjectConfig
+    from protoclip.project import PathsConfig, ProjectConfig
     from protoclip.data.config import PrepareConfig, UserDataConfig
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
     from protoclip.models import get_tokenizer
     from protoclip.tracking import Tracker
     from protoclip.train.config import TrainConfig
@@ -250,9 +250,9 @@ def train_child(data_dir: str, teacher: str, image_size: int, m: int, workers: i
     """What ``protoclip train`` holds for its data before and in one episode; one JSON line."""
     import torch
 
-    from protoclip.config import PathsConfig, ProjectConfig
+    from protoclip.project import PathsConfig, ProjectConfig
     from protoclip.data.config import PrepareConfig, UserDataConfig
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
     from protoclip.prototypes.episode import EpisodePrototypes
     from protoclip.models import build_model, get_tokenizer
     from protoclip.tracking import Tracker

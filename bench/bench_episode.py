@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.models import build_model, get_tokenizer
 from protoclip.train.config import KMeansConfig, LossConfig, TrainConfig
 from protoclip.train.loop import train

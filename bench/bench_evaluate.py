@@ -82,7 +82,7 @@ def main() -> None:
     if not (ROOT / "results" / "runs" / args.run / "model.pt").is_file():
         raise SystemExit(f"results/runs/{args.run}/model.pt not found: run `make run` first")
     from protoclip.dag import stages as dag_stages
-    from protoclip.config import load_config
+    from protoclip.project import load_config
 
     jobs = dag_stages.evaluations(load_config(ROOT / "config" / "config.yaml"))[args.run]
     jobs = {d: t for d, t in jobs.items() if d in OFFLINE}

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from protoclip.atomic import atomic_path
+from protoclip.files.atomic import atomic_path
 
 SIZES = [(1 << 10, 200), (8 << 10, 200), (1 << 20, 40), (64 << 20, 3)]  # (bytes, writes a round)
 

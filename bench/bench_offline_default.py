@@ -50,7 +50,7 @@ def _job(args: dict, variant: str, seed: int, out: str, queue) -> None:
 
         torch.optim.AdamW = DefaultAdamW
     from protoclip.data.pairs import ImageTextDataset, load_manifest
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
     from protoclip.models import build_model, get_tokenizer
     from protoclip.train.loop import train
     from protoclip.registry import method_class

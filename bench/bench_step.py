@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.models import build_model, get_tokenizer
 from protoclip.train.config import LossConfig, TrainConfig
 from protoclip.train.loop import train
@@ -179,7 +179,7 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from protoclip.devices import resolve_device
+    from protoclip.jobs.devices import resolve_device
     from protoclip.data.pairs import ImageTextDataset
     from protoclip.data.transforms import train_transform
 

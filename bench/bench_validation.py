@@ -37,10 +37,10 @@ def main() -> None:
     torch.set_num_threads(1)
     import yaml
 
-    from protoclip.config import load_config
+    from protoclip.project import load_config
     from protoclip.data.pairs import load_manifest
-    from protoclip.layout import Layout
-    from protoclip.records import read_train_log
+    from protoclip.files.layout import Layout
+    from protoclip.files.records import read_train_log
     from protoclip.tracking import training_run
     from protoclip.train.episode import episode_size_for
     from protoclip.train.schedule import n_episodes

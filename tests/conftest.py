@@ -100,7 +100,7 @@ def tiny_pairs(tmp_path: Path) -> list[dict]:
 def tiny_manifest(tmp_path: Path, tiny_pairs: list[dict]):
     from protoclip.data.manifest import Pair, to_frame, write_manifest
     from protoclip.data.split import split_of
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
 
     layout = Layout(tmp_path / "data", tmp_path / "results")
     pairs = []

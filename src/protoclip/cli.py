@@ -15,11 +15,11 @@
     protoclip ucf101   --src /data/ucf101 --out data/external/ucf101       # UCF101 test videos -> middle frames
     protoclip schema   [--check]   # the config's JSON Schema (workflow/schemas/) and config/README.md, generated
 
-`train`, `evaluate` and `teacher` place themselves on free GPUs first (protoclip.launch): a run with ``gpu: k``
-takes k GPU slots and restarts as k torchrun ranks. `train` first holds its run (protoclip.run_lock: one trainer
+`train`, `evaluate` and `teacher` place themselves on free GPUs first (protoclip.jobs.launch): a run with ``gpu: k``
+takes k GPU slots and restarts as k torchrun ranks. `train` first holds its run (protoclip.jobs.run_lock: one trainer
 per run; a second waits with one line naming the holder). A command whose environment names its job's process
 (``PROTOCLIP_JOB_PID``, set by the train rule) ends when that process or the job's shell ends
-(protoclip.launch.follow_job).
+(protoclip.jobs.launch.follow_job).
 
 Stages are pure functions of (config, inputs) -> outputs; this module only parses the command line,
 loads and validates the config, and turns a user error raised anywhere in a stage (a bad config value, an
@@ -35,10 +35,10 @@ import os
 import sys
 from dataclasses import dataclass
 
-from protoclip import launch
-from protoclip.config import load_config
+from protoclip.jobs import launch
+from protoclip.project import load_config
 from protoclip.errors import UserError
-from protoclip.gpu_slots import SlotError
+from protoclip.jobs.gpu_slots import SlotError
 
 
 @dataclass(frozen=True)
@@ -66,14 +66,14 @@ COMMANDS: dict[str, Command] = {
                       "write a trained run as an open_clip model folder (open_clip local-dir:, CLIP_benchmark)"),
     "runs": Command("protoclip.dag.commands", "print the configured run names, one per line"),
     "dvc-yaml": Command("protoclip.dag.commands", "write dvc.yaml: the same stage commands as the Snakemake rules"),
-    "launch": Command("protoclip.launch", "run a command on free GPU slots (CUDA_VISIBLE_DEVICES set for its process "
+    "launch": Command("protoclip.jobs.launch", "run a command on free GPU slots (CUDA_VISIBLE_DEVICES set for its process "
                       "tree)"),
     # the paper's sets whose download no reader takes; no config needed
     "birdsnap": Command("protoclip.data.paper_evalsets", "Birdsnap's download -> train/ test/ class folders (kind: "
                         "folder)", config=False),
     "ucf101": Command("protoclip.data.paper_evalsets", "UCF101 videos -> the middle frame of each, in class folders "
                       "(kind: folder)", config=False),
-    "schema": Command("protoclip.config_schema", "write the config's JSON Schema and config/README.md from the "
+    "schema": Command("protoclip.dag.schema", "write the config's JSON Schema and config/README.md from the "
                       "config classes", config=False),
 }
 
@@ -86,7 +86,7 @@ class _Version(argparse.Action):
                          help="print the version, the code's commit and the main libraries', then exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from protoclip.provenance import version_line
+        from protoclip.files.provenance import version_line
 
         print(version_line())
         parser.exit()

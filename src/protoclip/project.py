@@ -1,83 +1,240 @@
-"""The project config as the packages below its assembler read it: typing protocols for their ``cfg`` parameter.
+"""The project config: the YAML file every stage reads, composed from the sections of the packages that use them.
 
-``protoclip.config.ProjectConfig`` composes every package's config section, so it imports those packages and they
-cannot import it back (that would close a circle). Their functions that take the whole config type it with
-:class:`Project` (or a package's extension of it: ``EvaluateProject`` in protoclip.evaluate.config, ...), which
-lists what that code reads; ``ProjectConfig`` is the one implementation (tests/unit/test_project.py checks it
-has every member). Code above the assembler (protoclip.dag, the CLI, train's stage) uses ``ProjectConfig`` itself.
+``load_config`` reads one file (default ``config/config.yaml``) and the experiment files it lists into a
+:class:`ProjectConfig`, strictly (:mod:`protoclip.config.strict`: unknown keys, wrong types, repeated YAML keys and
+bad values stop with one line naming key and file), and checks every run and target up front, not when
+a job starts. Each section is a dataclass owned by its package (``protoclip.data.config``,
+``protoclip.teacher.config``, ``protoclip.train.config``, ``protoclip.evaluate.config``,
+``protoclip.report.config``, ...); this module only composes them, so it stands above them all and is
+imported by the CLI, ``protoclip.dag`` and the stage entry points only.
+
+Runs (``runs:`` in the experiment files listed under ``experiments:``) are overrides merged
+onto the ``train:`` defaults, so every run's resolved config is a complete ``TrainConfig``.
+
+    from protoclip.project import load_config
+    cfg = load_config("config/config.yaml")
+    cfg.run("protoclip_tiny_s0")   # -> TrainConfig with the run's overrides applied
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from protoclip.claims.config import ClaimConfig, ClaimsConfig
-from protoclip.layout import PathsConfig
+from protoclip.data.config import PrepareConfig
+from protoclip.errors import ConfigError
+from protoclip.evaluate.config import EvaluateConfig
+from protoclip.jobs.gpu_slots import GpuSlotsConfig
+from protoclip.files.layout import PathsConfig
+from protoclip.report.config import TargetConfig
+from protoclip.config.strict import INTERNAL, build, deep_merge, read_yaml, to_dict
+from protoclip.teacher.config import TeacherConfig
+from protoclip.toy.config import ToyConfig
+from protoclip.train.config import HELDOUT_SET as HELDOUT, TrainConfig
 
 
-@runtime_checkable
-class RunSettings(Protocol):
-    """What is read of one run's resolved settings (protoclip.train.config.TrainConfig)."""
+@dataclass
+class ProjectConfig:
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)  # defaults every run starts from
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    toy: ToyConfig = field(default_factory=ToyConfig)  # PAUC's NEMD toy experiment (protoclip toy-nemd)
+    gpus: GpuSlotsConfig = field(default_factory=GpuSlotsConfig)  # which GPU ids jobs run on (protoclip.jobs.gpu_slots)
+    claims: ClaimsConfig = field(default_factory=ClaimsConfig)  # the claims ledger (protoclip.report.claims)
+    experiments: list[str] = field(default_factory=list)  # experiment files (relative to this config)
+    # files whose `target:` block only is read (their runs are not): a config with its own runs of the same
+    # names (config/paper.yaml) reuses the offline default's target declarations this way
+    targets: list[str] = field(default_factory=list)
+    runs: dict[str, dict] = field(default_factory=dict)  # extra runs defined inline: name -> overrides
+    # applied on top of EVERY run's overrides (config/ci.yaml: the same runs, tiny epochs); {} = none
+    train_force: dict = field(default_factory=dict)
+    source: str = field(default="<config>", metadata={INTERNAL: True})  # set by load_config: the file read
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def method(self) -> str: ...
-    @property
-    def model(self) -> str: ...
-    @property
-    def data(self) -> list[str]: ...
-    @property
-    def epochs(self) -> float: ...
-    @property
-    def teacher(self) -> str | None: ...
+    # resolved {run name -> (overrides, file it came from)}, filled by load_config
+    _runs: dict = field(default_factory=dict, repr=False)
+    # {base name -> [run names]} of runs declared with `seeds:` (expanded to <base>_s<seed>)
+    _groups: dict = field(default_factory=dict, repr=False)
+    # {target id -> (protoclip.report.config.TargetConfig, file it came from)}
+    _targets: dict = field(default_factory=dict, repr=False)
+    # the claims of `claims.files`, in order: [(protoclip.claims.config.ClaimConfig, file it came from)]
+    _claims: list = field(default_factory=list, repr=False)
 
-    def n_gpus(self) -> int: ...
+    def paper_targets(self) -> list[TargetConfig]:
+        """The declared paper targets (tables, figures) in declaration order, resolved: each row names the run
+        it uses in this config (``TargetConfig.resolved``)."""
+        return [t.resolved(self) for t, _ in self._targets.values()]
 
+    def paper_claims(self) -> list[ClaimConfig]:
+        """The claims of the ledger (``claims.files``) in declaration order."""
+        return [c for c, _ in self._claims]
 
-@runtime_checkable
-class Target(Protocol):
-    """A resolved paper target (protoclip.report.config.TargetConfig)."""
+    def run_names(self) -> list[str]:
+        return list(self._runs)
 
-    @property
-    def id(self) -> str: ...
+    def run_base(self, name: str) -> str:
+        """The name run ``name`` is declared under in its file (``clip_s1`` -> ``clip``: its overrides key)."""
+        return next((base for base, names in self._groups.items() if name in names), name)
 
-    def runs(self) -> list[str]: ...
+    def run_group(self, name: str) -> list[str]:
+        """The runs a target's row ``name`` stands for: its seeds' runs, or [name]; [] when not configured."""
+        if name in self._groups:
+            return list(self._groups[name])
+        return [name] if name in self._runs else []
 
+    def runs_without_data(self) -> dict[str, str]:
+        """{run: reason} of the runs none of whose training data exists (every ``prepare.user_data`` set it
+        trains on has no file: a user with CC3M but not YFCC). They get no job; the report shows them as
+        skipped with the reason, and the runs whose data is there run as usual."""
+        from protoclip.data.userdata import absent_reason
 
-@runtime_checkable
-class Project(Protocol):
-    """The sections and run lookups every package may read (protoclip.config.ProjectConfig)."""
+        absent = {u.name: why for u in self.prepare.user_data if (why := absent_reason(u))}
+        out = {}
+        for name in self._runs:
+            data = self.run(name).data
+            if data and all(d in absent for d in data):
+                out[name] = "training data absent (" + "; ".join(absent[d] for d in data) + ")"
+        return out
 
-    @property
-    def source(self) -> str: ...  # the config file it was read from
-    @property
-    def paths(self) -> PathsConfig: ...
-    @property
-    def claims(self) -> ClaimsConfig: ...
-
-    def run(self, name: str) -> RunSettings: ...
-    def run_names(self) -> list[str]: ...
-    def run_group(self, name: str) -> list[str]: ...
-    def paper_targets(self) -> Sequence[Target]: ...
-    def paper_claims(self) -> list[ClaimConfig]: ...
-
-
-@runtime_checkable
-class Device(Protocol):
-    """A section with a ``device`` (the teacher's, the evaluation's)."""
-
-    @property
-    def device(self) -> str: ...
-
-
-@runtime_checkable
-class PlacedProject(Project, Protocol):
-    """What GPU placement reads (protoclip.launch): the devices of the teacher and of the evaluation."""
-
-    @property
-    def teacher(self) -> Device: ...
-    @property
-    def evaluate(self) -> Device: ...
+    def run(self, name: str) -> TrainConfig:
+        """The complete training config of run ``name`` (train defaults + its overrides)."""
+        if name not in self._runs:
+            raise ConfigError(f"{self.source}: unknown run '{name}' (defined: {', '.join(self._runs) or 'none'})")
+        overrides, where = self._runs[name]
+        merged = deep_merge(deep_merge(to_dict(self.train), overrides), self.train_force)
+        merged["name"] = name
+        return build(TrainConfig, merged, f"{where} (run '{name}')", prefix="")
 
 
-__all__ = ["Device", "PlacedProject", "Project", "RunSettings", "Target"]
+SEEDS_KEY = "seeds"  # a run's `seeds: [0, 1, 2]` -> runs <name>_s0, <name>_s1, <name>_s2 (train.seed set)
+
+
+def expand_seeds(name: str, overrides: dict, where: str) -> dict[str, dict]:
+    """{run name: overrides} of one declared run; ``seeds`` expands it into one run per seed."""
+    if SEEDS_KEY not in overrides:
+        return {name: overrides}
+    seeds = overrides[SEEDS_KEY]
+    if (not isinstance(seeds, list) or not seeds or any(isinstance(x, bool) or not isinstance(x, int) for x in seeds)
+            or len(set(seeds)) != len(seeds)):
+        raise ConfigError(f"{where}: run '{name}': 'seeds' must be a non-empty list of distinct ints, got {seeds!r}")
+    if "seed" in overrides:
+        raise ConfigError(f"{where}: run '{name}': give either 'seed' or 'seeds', not both")
+    base = {k: v for k, v in overrides.items() if k != SEEDS_KEY}
+    return {f"{name}_s{x}": {**base, "seed": x} for x in seeds}
+
+
+def _read_experiment(exp_path: Path, with_runs: bool) -> tuple[dict, Any]:
+    """(runs {name: overrides}, target dict or None) of one experiment file, keys checked."""
+    exp_data = read_yaml(exp_path)
+    known = ("description", "runs", "target")
+    unknown = sorted(set(exp_data) - set(known))
+    if unknown:
+        raise ConfigError(f"{exp_path}: unknown key '{unknown[0]}' (known keys: {', '.join(known)})")
+    runs = exp_data.get("runs") or {}
+    if not isinstance(runs, dict):
+        raise ConfigError(f"{exp_path}: 'runs' must be a mapping of run name -> overrides")
+    return (runs if with_runs else {}), exp_data.get("target")
+
+
+def _read_claims(path: Path, cfg: ProjectConfig) -> list[tuple[ClaimConfig, str]]:
+    """The claims of ``cfg.claims.files`` (each a YAML file with a top-level ``claims:`` list), validated; a
+    claim naming a declared target must name its rows and columns (a typo stops here, not in the report)."""
+    out: list[tuple[ClaimConfig, str]] = []
+    seen: dict[str, str] = {}
+    for name in cfg.claims.files:
+        file = (path.parent / name) if not Path(name).is_absolute() else Path(name)
+        data = read_yaml(file)
+        unknown = sorted(set(data) - {"claims"})
+        if unknown or not isinstance(data.get("claims"), list):
+            raise ConfigError(f"{file}: a claims file holds one key, `claims:`, a list"
+                              + (f" (unknown key '{unknown[0]}')" if unknown else ""))
+        for i, entry in enumerate(data["claims"]):
+            claim = build(ClaimConfig, entry, str(file), prefix=f"claims[{i}].")
+            if claim.id in seen:
+                raise ConfigError(f"{file}: claim '{claim.id}' is already declared in {seen[claim.id]}")
+            seen[claim.id] = str(file)
+            if claim.target in cfg._targets:
+                target = cfg._targets[claim.target][0]
+                rows, cols = {r.label for r in target.rows}, {c.label for c in target.columns}
+                bad = [r for r in (claim.a, claim.b) if r is not None and r not in rows]
+                bad += [c for c in claim.columns if c not in cols]
+                if bad:
+                    raise ConfigError(f"{file}: claim '{claim.id}': target '{claim.target}' has no row or column "
+                                      f"'{bad[0]}' (rows: {', '.join(sorted(rows))}; columns: "
+                                      f"{', '.join(c.label for c in target.columns)})")
+            out.append((claim, str(file)))
+    return out
+
+
+def load_config(path: str | Path = "config/config.yaml", overrides: dict | None = None) -> ProjectConfig:
+    """Read, merge experiment files and validate everything (every run and target too) up front.
+
+    A run declared in several experiment files (shared by several targets) is trained once: its
+    definitions must be identical, else it is an error naming both files.
+    """
+    path = Path(path)
+    data = deep_merge(read_yaml(path), overrides or {})
+    cfg = build(ProjectConfig, data, str(path))
+    cfg.source = str(path)
+    runs: dict[str, tuple[dict, str]] = {}
+    groups: dict[str, list[str]] = {}
+    declared: dict[str, tuple[dict, str]] = {}  # as written (before seed expansion), for the identity check
+    targets: dict[str, tuple[Any, str]] = {}
+    target_files = [(f, True) for f in cfg.experiments] + [(f, False) for f in cfg.targets if f not in cfg.experiments]
+    for exp, with_runs in target_files:
+        exp_path = (path.parent / exp) if not Path(exp).is_absolute() else Path(exp)
+        exp_runs, target = _read_experiment(exp_path, with_runs)
+        for name, ov in exp_runs.items():
+            if not isinstance(ov, dict):
+                raise ConfigError(f"{exp_path}: run '{name}' must be a mapping of overrides")
+            if name in declared:
+                if declared[name][0] != ov:
+                    raise ConfigError(f"{exp_path}: run '{name}' is already defined differently in "
+                                      f"{declared[name][1]} (a shared run must have one definition)")
+                continue  # shared by several targets: trained and evaluated once
+            declared[name] = (ov, str(exp_path))
+            expanded = expand_seeds(name, ov, str(exp_path))
+            if SEEDS_KEY in ov:
+                groups[name] = list(expanded)
+            for run_name, run_ov in expanded.items():
+                if run_name in runs:
+                    raise ConfigError(f"{exp_path}: run '{run_name}' is already defined in {runs[run_name][1]}")
+                runs[run_name] = (run_ov, str(exp_path))
+        if target is not None:
+            t = build(TargetConfig, target, str(exp_path), prefix="target.")
+            if t.id in targets:
+                raise ConfigError(f"{exp_path}: target '{t.id}' is already declared in {targets[t.id][1]}")
+            targets[t.id] = (t, str(exp_path), with_runs)
+    for name, ov in cfg.runs.items():
+        if name in runs or name in groups:
+            raise ConfigError(f"{path}: run '{name}' is already defined in {runs.get(name, declared.get(name))[1]}")
+        expanded = expand_seeds(name, ov, str(path)) if isinstance(ov, dict) else {name: ov}
+        if isinstance(ov, dict) and SEEDS_KEY in ov:
+            groups[name] = list(expanded)
+        for run_name, run_ov in expanded.items():
+            runs[run_name] = (run_ov, str(path))
+    cfg._runs, cfg._groups = runs, groups
+    for tid, (t, where, with_runs) in targets.items():  # a target of a listed experiment must have runs here
+        wanted = [r.run for r in t.rows if r.run]
+        if with_runs and wanted and not t.resolved(cfg).runs_configured(cfg):
+            raise ConfigError(f"{where}: target '{tid}': none of its rows' runs ({wanted}) is defined")
+    cfg._targets = {tid: (t, where) for tid, (t, where, _) in targets.items()}
+    cfg._claims = _read_claims(path, cfg)
+    sources = {"offline"} | {u.name for u in cfg.prepare.user_data}
+    for name in runs:  # validate every run now, not when it starts training
+        tcfg = cfg.run(name)
+        unknown = [d for d in tcfg.data if d not in sources]
+        if unknown:
+            raise ConfigError(f"{runs[name][1]}: run '{name}' trains on '{unknown[0]}', which is neither 'offline' "
+                              f"nor a prepare.user_data name of {path} ({', '.join(sorted(sources))})")
+        val = tcfg.validation
+        if val.every_episodes and val.dataset != HELDOUT and val.dataset not in cfg.evaluate.datasets:
+            raise ConfigError(f"{runs[name][1]}: run '{name}': validation.dataset '{val.dataset}' is not a set of "
+                              f"evaluate.datasets in {path} (configured: "
+                              f"{', '.join(sorted(cfg.evaluate.datasets)) or 'none'}; {HELDOUT} needs no entry)")
+    return cfg
+
+
+__all__ = ["ProjectConfig", "PathsConfig", "load_config", "expand_seeds"]

@@ -17,7 +17,7 @@ reads a config section of its own registers the section's dataclass with it::
     class MyMethod(Method): ...
 
 and every run's config then has ``train.my`` (``cfg.my.weight``), built and checked strictly by
-:mod:`protoclip.schema` like the sections ``TrainConfig`` declares itself. Several methods may register the
+:mod:`protoclip.config.strict` like the sections ``TrainConfig`` declares itself. Several methods may register the
 same section class under one key (nCLIP and xCLIP read ``nclip``).
 
 This module imports nothing of the project: ``protoclip.train.config`` (which the config loader imports) reads

@@ -1,7 +1,7 @@
 """The evaluation tasks: their names, the metrics tables show, and what a task did (:class:`TaskStatus`).
 
 The one place that names them. ``protoclip.evaluate`` runs a task by its name (``evaluate.adapters``: one adapter
-per task, registered under the name), ``protoclip.records`` lists a run's metrics files by it, and the report's
+per task, registered under the name), ``protoclip.files.records`` lists a run's metrics files by it, and the report's
 targets and tables read the headline metrics from here.
 
 =========== ================================================ ===================== ===========

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from protoclip.project import Project
+from protoclip.config.protocols import Project
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +329,7 @@ def claims_run(cfg: Project) -> Iterator[Tracker]:
 
 def log_report(cfg: Project) -> str | None:
     """Log ``results/tables`` and ``results/figures`` as artifacts of a new ``report`` run; returns its id."""
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
 
     layout = Layout.from_config(cfg)
     with report_run(cfg) as tracker:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.models.build import model_config
-from protoclip.schema import read_yaml
+from protoclip.config.strict import read_yaml
 from testkit import REPO
 from testkit.processes import snakemake as run_snakemake
 from testkit.workflow import workflow_copy

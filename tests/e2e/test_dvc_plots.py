@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from protoclip.config import load_config
-from protoclip.layout import Layout
+from protoclip.project import load_config
+from protoclip.files.layout import Layout
 from protoclip.report.dvc_plots import TRAIN_LOSS_PLOT, dvc_plots
 from testkit.reports import metric_value, project_copy, synthesize
 

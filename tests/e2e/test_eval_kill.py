@@ -23,11 +23,11 @@ import pytest
 import torch
 import yaml
 
-from protoclip import records
+from protoclip.files import records
 from protoclip.cli import main
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.errors import UserError
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 
 RUN = "r"
 TASKS = ["knn", "clustering"]  # the cheapest two: the kill lands in the second
@@ -93,7 +93,7 @@ def evaluate_killed_at(cfg, kill_task: str, inside_write: bool) -> None:
     """Run evaluate in a forked child that SIGKILLs itself when it comes to write ``kill_task``'s metrics file:
     after the file's temp was written, before the rename (``inside_write``: the temp file is left behind), or
     before the write starts. ``atomic_path`` is what every writer of the stage goes through."""
-    import protoclip.atomic as atomic
+    import protoclip.files.atomic as atomic
     import protoclip.evaluate.stage as stage
 
     pid = os.fork()

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.evaluate.resumable import CHUNK
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from testkit.processes import project_env, wait_for
 
 RUN, SET = "r", "digits"

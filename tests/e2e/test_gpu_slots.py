@@ -1,4 +1,4 @@
-"""GPU slot allocator and launcher (protoclip.gpu_slots, protoclip.launch) on fake GPU ids: no GPU needed.
+"""GPU slot allocator and launcher (protoclip.jobs.gpu_slots, protoclip.jobs.launch) on fake GPU ids: no GPU needed.
 
 Slots are flock()ed lock files; these tests take them in this process and in child processes, kill holders
 with SIGKILL and check who holds what by probing the locks (try_acquire), as a waiting job would.
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.errors import ConfigError
-from protoclip.gpu_slots import GpuSlotsConfig, SlotError, acquire, configured_ids, try_acquire, visible_ids
-from protoclip.launch import evaluate_gpus, place, rank_threads, teacher_gpus, torchrun_args
+from protoclip.jobs.gpu_slots import GpuSlotsConfig, SlotError, acquire, configured_ids, try_acquire, visible_ids
+from protoclip.jobs.launch import evaluate_gpus, place, rank_threads, teacher_gpus, torchrun_args
 from testkit import REPO
 from testkit.processes import wait_for
 

@@ -1,5 +1,5 @@
-"""A job's processes end with the job (protoclip.launch.follow_job) and one process trains a run at a time
-(protoclip.run_lock): checked on real processes, in seconds. The end-to-end kills under Snakemake are in
+"""A job's processes end with the job (protoclip.jobs.launch.follow_job) and one process trains a run at a time
+(protoclip.jobs.run_lock): checked on real processes, in seconds. The end-to-end kills under Snakemake are in
 tests/test_train_kill.py.
 
 The follow_job cases build the process tree a Snakemake job has: a "job runner" (a Python process standing for
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from protoclip import run_lock
-from protoclip.launch import JOB_PID, LAUNCHER_PID, ancestors
+from protoclip.jobs import run_lock
+from protoclip.jobs.launch import JOB_PID, LAUNCHER_PID, ancestors
 from testkit import REPO
 from testkit.processes import alive, wait_for
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pa
 
 COMMAND = """
 import json, sys, time
-from protoclip.launch import follow_job
+from protoclip.jobs.launch import follow_job
 watched = follow_job()
 open(sys.argv[1], "w").write(json.dumps({"watched": watched}))
 time.sleep(120)
@@ -96,7 +96,7 @@ def test_without_the_variable_a_command_outlives_its_shell_as_nohup_expects(tmp_
 
 
 def test_a_job_pid_that_is_not_an_ancestor_is_not_followed(capsys):
-    from protoclip.launch import follow_job
+    from protoclip.jobs.launch import follow_job
 
     assert follow_job({JOB_PID: str(os.getpid())}) == []  # itself, not an ancestor
     assert "is not a process this one runs under: not followed" in capsys.readouterr().err
@@ -107,7 +107,7 @@ def test_a_job_pid_that_is_not_an_ancestor_is_not_followed(capsys):
 # --------------------------------------------------------------------------- the run lock
 HOLDER = """
 import sys, time
-from protoclip.run_lock import hold_run
+from protoclip.jobs.run_lock import hold_run
 with hold_run(sys.argv[1], "train r"):
     print("held", flush=True)
     time.sleep(120)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from testkit.mlflow_ui import CHROMIUM, NO_CHROMIUM, MlflowUI
 from testkit.training import tiny_project
 

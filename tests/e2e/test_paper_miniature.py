@@ -43,10 +43,10 @@ import pytest
 import torch
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.models import load_model
-from protoclip.records import read_train_log
-from protoclip.schema import read_yaml
+from protoclip.files.records import read_train_log
+from protoclip.config.strict import read_yaml
 from protoclip.teacher.encoders import packaged_path
 from testkit import REPO
 from testkit.data import COLORS, SHAPES, add_member, make_png

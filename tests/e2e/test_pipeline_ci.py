@@ -92,7 +92,7 @@ def test_ci_dag_produces_every_target_then_has_nothing_to_do(tmp_path):
 
 
 def check_project(root: Path, cfg_file: Path, args: tuple) -> None:
-    from protoclip.config import load_config
+    from protoclip.project import load_config
 
     # the config every command read: with one --configfile and no --config, that file itself (nothing is merged
     # onto it, protoclip.dag.snakemake); every experiment file's run and target is in it

@@ -40,8 +40,8 @@ def build_report(tmp_path: Path) -> Path:
     """Synthetic results -> `snakemake` (report rule only) -> `snakemake --report`; returns report.html."""
     import json
 
-    from protoclip.config import load_config
-    from protoclip.layout import Layout
+    from protoclip.project import load_config
+    from protoclip.files.layout import Layout
     from protoclip.report.values import Results
 
     cfg_file = project_copy(tmp_path)

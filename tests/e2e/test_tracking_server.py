@@ -39,7 +39,7 @@ TABLE_FILTER = "tags.`protoclip.target.table_V` = '1'"  # the README's filter
 JOB = """
 import sys
 from pathlib import Path
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.tracking import training_run
 
 cfg, i = load_config(sys.argv[1]), int(sys.argv[2])
@@ -187,9 +187,9 @@ def test_a_model_registered_through_the_server_loads_in_open_clip(server, tmp_pa
     import open_clip
     import torch
 
-    from protoclip.config import load_config
+    from protoclip.project import load_config
     from protoclip.models import save_model
-    from protoclip.schema import to_dict
+    from protoclip.config.strict import to_dict
     from protoclip.tracking import training_run
     from protoclip.train.config import TrainConfig
     from protoclip.train.stage import log_model

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from testkit import REPO
 from testkit.mlflow_ui import CHROMIUM, NO_CHROMIUM, MlflowUI
 from testkit.training import tiny_project

@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from protoclip.layout import Layout
-from protoclip.records import read_train_log
+from protoclip.files.layout import Layout
+from protoclip.files.records import read_train_log
 from testkit import REPO
 from testkit.processes import alive, project_env, wait_for
 from testkit.tmpdirs import module_folder

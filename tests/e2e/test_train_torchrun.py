@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from protoclip.gpu_slots import GpuSlotsConfig, try_acquire
+from protoclip.jobs.gpu_slots import GpuSlotsConfig, try_acquire
 from testkit.processes import alive, project_env
 from testkit.tmpdirs import module_folder
 from testkit.training import tiny_project
@@ -93,7 +93,7 @@ def assert_same_weights(a: dict, b: dict, atol: float = ATOL, rtol: float = RTOL
 
 
 def start_record(tmp_path: Path, run: str) -> dict:
-    from protoclip.records import read_train_log
+    from protoclip.files.records import read_train_log
 
     return read_train_log(tmp_path / "results" / "runs" / run / "train_log.jsonl", "start")[-1]
 

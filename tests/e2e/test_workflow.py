@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.dag.stages import dvc_yaml_text
 from testkit import REPO
 from testkit.processes import snakemake as run_snakemake

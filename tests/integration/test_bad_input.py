@@ -18,9 +18,9 @@ import torch
 import yaml
 
 from protoclip.cli import main
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.errors import ConfigError
-from protoclip.schema import read_yaml
+from protoclip.config.strict import read_yaml
 
 # (key path under a run, bad value, the word the message must contain): each loaded without a word before
 BAD_VALUES = [
@@ -136,7 +136,7 @@ MODEL_CASES = [  # (build_model keyword arguments, checked at load as these run 
 @pytest.mark.parametrize("kw", MODEL_CASES, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
 def test_model_checks_at_load_agree_with_building_the_model(kw):
     """Known answer from the real thing: the load-time check refuses exactly what build_model cannot build."""
-    from protoclip.model_configs import check_model
+    from protoclip.config.architectures import check_model
     from protoclip.models import build_model
 
     kw = dict(kw)
@@ -158,13 +158,13 @@ def test_known_models_are_open_clips():
     import open_clip
 
     import protoclip.models  # noqa: F401  registers the shipped configs with open_clip
-    from protoclip.model_configs import known_models
+    from protoclip.config.architectures import known_models
 
     assert set(known_models()) == set(open_clip.list_models())
 
 
 def test_cuda_without_a_gpu_is_one_line(monkeypatch):
-    from protoclip.devices import resolve_device
+    from protoclip.jobs.devices import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for device in ("cuda", "cuda:0", "cuda:3"):
@@ -286,7 +286,7 @@ def test_evaluate_with_a_truncated_model_exits_2_with_one_line(model_file, tmp_p
            "runs": {"r": {"method": "clip"}},
            "evaluate": {"device": "cpu", "datasets": {"digits": {"kind": "offline", "tasks": ["knn"]}}}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
 
     layout = Layout.from_config(load_config(tmp_path / "config.yaml"))
     npz = layout.eval_set("digits")

@@ -12,12 +12,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from protoclip import records
+from protoclip.files import records
 from protoclip.claims import ledger
 from protoclip.claims.ledger import CONTRADICTED, NOT_RESOLVED, NOT_RUN, NOT_TESTED, REPRODUCED
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.errors import ConfigError
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.report.claims import ClaimEngine, log_ledger, metric_units, rule_text, run_ledger
 from protoclip.report.paper_tables import build_table
 from protoclip.report.values import Results

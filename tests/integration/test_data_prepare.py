@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from protoclip.config import PathsConfig, ProjectConfig
+from protoclip.project import PathsConfig, ProjectConfig
 from protoclip.data import debs, evalsets, openclipart, prepare, tuxpaint
 from protoclip.data.config import PrepareConfig, UserDataConfig
 from protoclip.data.split import split_of
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from testkit.data import make_png, svg
 
 
@@ -168,7 +168,7 @@ def test_unusable_user_file_stops_before_anything_prepared_is_touched(world):
 
 
 def test_stale_temp_files_of_killed_writes_are_cleaned_at_start(world):
-    from protoclip.atomic import atomic_path, clean_stale_temps
+    from protoclip.files.atomic import atomic_path, clean_stale_temps
     cfg, layout = world
     prepare.run_prepare(cfg)
     # what a write killed inside atomic_path leaves: make one for real, then "kill" it before the rename
@@ -186,7 +186,7 @@ def test_stale_temp_files_of_killed_writes_are_cleaned_at_start(world):
     for path in leftovers + keep:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
-    from protoclip.atomic import TEMP_NAME
+    from protoclip.files.atomic import TEMP_NAME
     assert TEMP_NAME.fullmatch(real_tmp.name)  # the pattern matches the names atomic_path really makes
     prepare.run_prepare(cfg)  # up to date, but the leftovers go
     assert not any(p.exists() for p in leftovers) and all(p.exists() for p in keep)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from protoclip.evaluate.config import EvalDatasetConfig
-from protoclip.layout import Layout
-from protoclip.records import read_train_log
+from protoclip.files.layout import Layout
+from protoclip.files.records import read_train_log
 from protoclip.train.loop import train
 from testkit.evaluation import RUN, digits_npz, eval_manifest, eval_project
 from testkit.training import RandomPairs, one_thread, tiny_config, tiny_model

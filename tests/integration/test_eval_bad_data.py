@@ -20,7 +20,7 @@ from PIL import Image
 from protoclip.errors import UserError
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.datasets import load_eval_set
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from testkit import REPO
 
 

@@ -23,7 +23,7 @@ from protoclip.evaluate.datasets import (
     load_eval_set,
 )
 from protoclip.evaluate.prompts import load_prompts
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 
 RNG = np.random.default_rng(0)
 

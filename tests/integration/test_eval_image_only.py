@@ -19,7 +19,7 @@ _threads = pytest.fixture(autouse=True)(one_thread)
 
 def _save_as(layout, method: str) -> EvalSpec:
     """Re-save the fixture's model as trained by ``method`` (the spec its class writes at save time)."""
-    from protoclip.schema import build
+    from protoclip.config.strict import build
     from protoclip.train.config import TrainConfig
 
     tcfg = build(TrainConfig, {"method": method, "lock_image_epoch": None})

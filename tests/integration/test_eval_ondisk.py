@@ -23,7 +23,7 @@ from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.datasets import CaptionSet, LabelledSet, Skipped, load_eval_set
 from protoclip.evaluate.datasets.sets import norm
 from protoclip.evaluate.prompts import load_prompts
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 
 
 class Serials:
@@ -552,7 +552,7 @@ def test_flickr30k_karpathy_test(fmt, tmp_path):
 def test_retrieval_split_is_a_required_config_setting():
     from protoclip.errors import ConfigError
     from protoclip.evaluate.config import EvaluateConfig
-    from protoclip.schema import build
+    from protoclip.config.strict import build
 
     with pytest.raises(ConfigError, match=r"evaluate\.datasets\.mscoco\.split must be one of karpathy_test, val2017"):
         build(EvaluateConfig, {"datasets": {"mscoco": {"kind": "coco", "path": "/x"}}}, "cfg.yaml", "evaluate.")

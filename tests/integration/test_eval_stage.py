@@ -11,7 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from protoclip import models, records
+from protoclip import models
+
+from protoclip.files import records
 from protoclip.errors import ConfigError
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.datasets import LabelledSet, load_eval_set
@@ -20,8 +22,8 @@ from protoclip.evaluate.adapters import SetInput, zeroshot_classifier
 from protoclip.evaluate.collect import run_collect, summary_table
 from protoclip.evaluate.plan import not_applicable, static_tasks
 from protoclip.evaluate.stage import run_evaluate
-from protoclip.hashing import sha256_file
-from protoclip.layout import Layout
+from protoclip.files.hashing import sha256_file
+from protoclip.files.layout import Layout
 from testkit.evaluation import RUN, RecordingTracker
 from testkit.training import one_thread
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from protoclip.config import PathsConfig, ProjectConfig
+from protoclip.project import PathsConfig, ProjectConfig
 from protoclip.errors import ConfigError
 from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import (
@@ -27,8 +27,8 @@ from protoclip.evaluate.datasets import (
     subsample_indices,
     subsample_set,
 )
-from protoclip.layout import Layout
-from protoclip.schema import build
+from protoclip.files.layout import Layout
+from protoclip.config.strict import build
 from testkit import REPO
 
 
@@ -243,7 +243,7 @@ def test_evaluation_records_subsample_same_images_for_every_run(two_runs, monkey
 
 
 def test_config_yaml_sets_the_offline_fashion_mnist_subsample():
-    from protoclip.config import load_config
+    from protoclip.project import load_config
 
     root = REPO
     for name in ("config.yaml", "ci.yaml"):

@@ -34,7 +34,7 @@ def _features(tmp_path, cfg, ecfg=None):
     from protoclip.evaluate.features import FeatureExtractor
     from protoclip.models import save_model
     from protoclip.registry import method_class
-    from protoclip.schema import to_dict
+    from protoclip.config.strict import to_dict
 
     model = _model(cfg).eval()
     save_model(tmp_path / "m.pt", model, to_dict(cfg), eval_spec=method_class(cfg.method).eval_spec(cfg))

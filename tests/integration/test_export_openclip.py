@@ -20,7 +20,7 @@ from PIL import Image
 from protoclip.data.transforms import eval_transform
 from protoclip.models import build_model, get_tokenizer, load_model, save_model
 from protoclip.models.export_openclip import CONFIG_FILE, WEIGHTS_FILE, ExportError, export_openclip
-from protoclip.schema import to_dict
+from protoclip.config.strict import to_dict
 from protoclip.train.config import TrainConfig
 from protoclip.registry import method_class
 from testkit import REPO
@@ -187,7 +187,7 @@ def test_clip_benchmark_scores_the_export_as_the_project_does(tmp_path):
 
 
 def test_exportable_runs_are_read_from_the_config(tmp_path):
-    from protoclip.config import load_config
+    from protoclip.project import load_config
     from protoclip.dag.stages import exportable_runs
 
     cfg = {"paths": {"data_dir": str(tmp_path / "data"), "results_dir": str(tmp_path / "results")},
@@ -203,7 +203,7 @@ def test_snakemake_export_all_exports_every_exportable_run():
     """`snakemake export_all` (not part of `all`) plans one `protoclip export` job per run open_clip can represent."""
     import re
 
-    from protoclip.config import load_config
+    from protoclip.project import load_config
     from protoclip.dag.stages import exportable_runs
 
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

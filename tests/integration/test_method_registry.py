@@ -14,10 +14,10 @@ import pytest
 import torch
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.errors import ConfigError
 from protoclip.models import EvalSpec, read_eval_spec, save_model
-from protoclip.schema import build, to_dict
+from protoclip.config.strict import build, to_dict
 from protoclip.train.config import TrainConfig
 from protoclip.train.methods.base import Method, MultiView, register
 from protoclip.registry import METHODS, method_class
@@ -151,7 +151,7 @@ def test_config_registry_check_does_not_import_torch(tmp_path):
     """The config loader consults the methods (names, rules, teacher needs) without importing torch."""
     import subprocess
 
-    code = ("import sys; from protoclip.schema import build; from protoclip.train.config import TrainConfig; "
+    code = ("import sys; from protoclip.config.strict import build; from protoclip.train.config import TrainConfig; "
             "c = build(TrainConfig, {'method': 'protoclip', 'teacher': 't'}); assert c.reads_teacher(); "
             "import protoclip.train.methods; print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'numpy', 'open_clip')))")
@@ -165,7 +165,7 @@ def test_importing_the_config_layer_imports_no_method():
     """The config assembler reaches the methods only through the registry, when a config is built."""
     import subprocess
 
-    code = ("import sys, protoclip.config; "
+    code = ("import sys, protoclip.project; "
             "print(sorted(m for m in sys.modules if m.startswith('protoclip.train.methods')))")
     src = str(REPO / "src")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -205,9 +205,9 @@ def test_toy_method_trains_and_evaluates_through_the_normal_path(tmp_path, monke
     from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
     from protoclip.evaluate.datasets import load_eval_set
     from protoclip.evaluate.stage import run_evaluate
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
     from protoclip.models import get_tokenizer, load_model
-    from protoclip.records import read_train_log as read_log
+    from protoclip.files.records import read_train_log as read_log
     from protoclip.train.stage import run_train
     from testkit.evaluation import RecordingTracker, digits_npz
     from testkit.training import stage_project as _project

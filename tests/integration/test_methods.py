@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from protoclip.layout import Layout
-from protoclip.records import read_train_log
+from protoclip.files.layout import Layout
+from protoclip.files.records import read_train_log
 from protoclip.train.loop import train
 from protoclip.train.methods.base import METHODS, build_method, method_class
 from testkit.training import NEW_METHODS as NEW
@@ -19,7 +19,7 @@ _threads = pytest.fixture(autouse=True)(one_thread)
 
 def test_registry_holds_the_shipped_methods_and_the_config_checks_names_against_it():
     from protoclip.errors import ConfigError
-    from protoclip.schema import build
+    from protoclip.config.strict import build
     from protoclip.train.config import TrainConfig
 
     assert set(METHODS) >= {"clip", "protoclip", "nclip", "xclip", "pcl"}
@@ -153,7 +153,7 @@ def test_run_train_nclip_from_config_and_model_file(tmp_path):
     """`protoclip train --run` path: config -> stage -> trainer -> model.pt that rebuilds the nCLIP heads."""
     import yaml
 
-    from protoclip.config import load_config
+    from protoclip.project import load_config
     from protoclip.models import load_model, read_eval_spec
     from protoclip.train.stage import run_train
     from testkit.training import stage_project as _project
@@ -185,7 +185,7 @@ def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
     from protoclip.losses.distances import neg_distance
     from protoclip.losses.nclip import nclip_similarity
     from protoclip.models import get_tokenizer, save_model
-    from protoclip.schema import to_dict
+    from protoclip.config.strict import to_dict
 
     cfg = _cfg("nclip" if kind == "nclip" else "multitoken")
     model = _model(cfg).eval()

@@ -4,8 +4,8 @@ import json
 import pandas as pd
 import yaml
 
-from protoclip.config import load_config
-from protoclip.layout import Layout
+from protoclip.project import load_config
+from protoclip.files.layout import Layout
 from protoclip.report.stage import run_report
 from protoclip.report.tables import collect_metrics, task_table
 from protoclip.report.values import Results

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from protoclip.cli import main
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.dag.stages import stages
 from testkit import REPO
 EXP = REPO / "config" / "experiments"

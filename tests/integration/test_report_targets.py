@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.dag.stages import evaluation_requests, target_outputs
 from protoclip.errors import ConfigError
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.report.figures import shared_subsample
 from protoclip.report.values import paper_numbers, phase_times
 from testkit.reports import ALL_TARGETS, PAPER_TXT, ROOT, metric_value, project_copy, synthesize, write

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from protoclip.atomic import TEMP_NAME, atomic_path
-from protoclip.config import load_config
-from protoclip.layout import Layout
+from protoclip.files.atomic import TEMP_NAME, atomic_path
+from protoclip.project import load_config
+from protoclip.files.layout import Layout
 
 
 class Stop(Exception):

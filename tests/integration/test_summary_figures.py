@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.dag.stages import target_outputs
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.report.summary_figures import comparable_points, curve_panels, difference_points, summary_names
 from protoclip.report.stage import run_report, train_losses
 from protoclip.report.values import Results, paper_numbers

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from protoclip.config import ProjectConfig
-from protoclip.layout import Layout
+from protoclip.project import ProjectConfig
+from protoclip.files.layout import Layout
 from protoclip.teacher.cache import fit_pca, load_teacher_features, lookup, run_teacher
 from protoclip.teacher.encoders import TextTeacher, load_text_teacher, mean_pool, packaged_path
 from testkit import REPO
@@ -313,7 +313,7 @@ import os, signal, sys
 sys.path.insert(0, sys.argv[1])  # the child is a bare interpreter: tests/ for testkit
 from testkit.teachers import HashTeacher
 import protoclip.teacher.cache as cache
-from protoclip.config import ProjectConfig
+from protoclip.project import ProjectConfig
 
 where, root = sys.argv[2], sys.argv[3]
 cfg = ProjectConfig()

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.evaluate.metrics import nemd as nemd_metric
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.toy import pauc_nemd
 from protoclip.toy.config import ToyConfig
 

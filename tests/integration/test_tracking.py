@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from protoclip.config import load_config
-from protoclip.hashing import sha256_file
-from protoclip.layout import Layout
+from protoclip.project import load_config
+from protoclip.files.hashing import sha256_file
+from protoclip.files.layout import Layout
 from testkit.training import one_thread, tiny_project
 
 _threads = pytest.fixture(autouse=True)(one_thread)

@@ -6,7 +6,7 @@ import math
 import torch
 import torch.multiprocessing as mp
 
-from protoclip.records import read_train_log
+from protoclip.files.records import read_train_log
 from testkit.training import ddp_worker, free_port, tiny_config
 
 
@@ -40,7 +40,7 @@ def test_two_ranks_gloo_end_identical(tmp_path):
 
 def test_rank_seeding_leaves_a_one_process_run_unchanged(tmp_path, monkeypatch):
     """One process: the same weights with the per-rank seeding and without it (the code before it)."""
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
     from protoclip.train import loop
     from testkit.training import RandomPairs, tiny_model
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from protoclip.layout import Layout
-from protoclip.records import read_train_log
+from protoclip.files.layout import Layout
+from protoclip.files.records import read_train_log
 from protoclip.train.checkpoint import load_checkpoint
 from protoclip.train.loop import NonFiniteLossError, build_optimizer, train
 from protoclip.train.methods.clip import CLIPMethod
@@ -194,7 +194,7 @@ def test_log_every_thins_step_lines_but_not_episode_means(tmp_path, pairs):
                                  {"kmeans": {"images_per_prototype": 0}}, {"loss": {"clip_weight": -1.0}}])
 def test_config_validation_rejects(bad):
     from protoclip.errors import ConfigError
-    from protoclip.schema import build, to_dict
+    from protoclip.config.strict import build, to_dict
     from protoclip.train.config import TrainConfig
 
     data = to_dict(tiny_config())

@@ -14,9 +14,9 @@ import pytest
 import torch
 import yaml
 
-from protoclip.config import load_config
-from protoclip.layout import Layout
-from protoclip.records import read_train_log
+from protoclip.project import load_config
+from protoclip.files.layout import Layout
+from protoclip.files.records import read_train_log
 from testkit.training import one_thread, tiny_project
 
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -70,7 +70,7 @@ def test_training_run_holds_curves_system_metrics_and_a_registered_model_open_cl
 
     from protoclip.evaluate.stage import run_evaluate
     from protoclip.models import get_tokenizer, load_model
-    from protoclip.provenance import git_commit
+    from protoclip.files.provenance import git_commit
     from protoclip.train.stage import run_train
 
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")  # MLflow's own knob (default 10 s)
@@ -165,7 +165,7 @@ def test_a_model_open_clip_cannot_represent_is_registered_as_model_pt_alone(tmp_
     """nCLIP scores pairs by its heads' cross-entropy, which no open_clip model computes: its version holds
     model.pt only and says why in its ``protoclip.open_clip`` tag."""
     from protoclip.models import save_model
-    from protoclip.schema import to_dict
+    from protoclip.config.strict import to_dict
     from protoclip.tracking import training_run
     from protoclip.train.config import TrainConfig
     from protoclip.train.stage import log_model

@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from protoclip.layout import Layout
-from protoclip.records import read_train_log
+from protoclip.files.layout import Layout
+from protoclip.files.records import read_train_log
 from protoclip.train.checkpoint import load_checkpoint
 from protoclip.train.config import PAUCConfig
 from protoclip.train.loop import train
@@ -54,7 +54,7 @@ def test_cluster_counts_scale_with_data():
 
 def test_config_rejects_locked_image_and_two_view_on_protoclip():
     from protoclip.errors import ConfigError
-    from protoclip.schema import build
+    from protoclip.config.strict import build
     from protoclip.train.config import TrainConfig
 
     with pytest.raises(ConfigError, match="lock_image_epoch"):
@@ -204,7 +204,7 @@ def test_pcl_trains_from_the_cli(tmp_path, run):
 
 
 def test_experiment_rows_share_the_offline_budget():
-    from protoclip.config import load_config
+    from protoclip.project import load_config
 
     repo = REPO
     cfg = load_config(repo / "config" / "config.yaml", overrides={

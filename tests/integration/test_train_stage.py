@@ -6,11 +6,11 @@ import math
 import pytest
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.data.manifest import to_frame, write_manifest
 from protoclip.errors import ConfigError
-from protoclip.layout import Layout
-from protoclip.records import read_train_log
+from protoclip.files.layout import Layout
+from protoclip.files.records import read_train_log
 from protoclip.train.stage import resolve_sources, run_train
 from testkit.training import one_thread
 from testkit.training import stage_project as _project

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.errors import ConfigError
-from protoclip.layout import Layout
-from protoclip.records import read_train_log
-from protoclip.schema import to_dict
+from protoclip.files.layout import Layout
+from protoclip.files.records import read_train_log
+from protoclip.config.strict import to_dict
 from protoclip.train.checkpoint import CheckpointError, resume_key, resume_point, save_checkpoint
 from protoclip.train.distributed import DistInfo
 from protoclip.train.episode import rank_positions
@@ -190,7 +190,7 @@ def test_a_resumable_checkpoint_is_kept_when_the_run_fails_before_training(tmp_p
 
 def _killed_write(target: Path) -> Path:
     """Start an atomic write of ``target`` in a child process and kill it mid-write; returns the temp file."""
-    code = ("import os, sys; from protoclip.atomic import atomic_path\n"
+    code = ("import os, sys; from protoclip.files.atomic import atomic_path\n"
             "with atomic_path(sys.argv[1]) as tmp:\n    tmp.write_text('half'); os._exit(9)\n")
     src = REPO / "src"
     subprocess.run([sys.executable, "-c", code, str(target)], env={"PYTHONPATH": str(src)}, check=False)

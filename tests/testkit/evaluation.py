@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from protoclip import models
-from protoclip.config import PathsConfig, ProjectConfig
+from protoclip.project import PathsConfig, ProjectConfig
 from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from testkit.training import write_pairs
 
 RUN = "tiny"

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from protoclip import records
+from protoclip.files import records
 from protoclip.dag.stages import evaluation_requests
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from testkit import REPO as ROOT
 from testkit import SHARED
 from testkit.results import mark_evaluated

@@ -7,9 +7,9 @@ from pathlib import Path
 def mark_evaluated(results_dir: Path) -> None:
     """Vouch for every metrics file (and per-example file) of every evaluation folder under ``results_dir``, as
     `evaluate` does last, then write each run's metrics.json from them, as `collect` does."""
-    from protoclip import records
-    from protoclip.completion import finish
-    from protoclip.layout import Layout
+    from protoclip.files import records
+    from protoclip.files.completion import finish
+    from protoclip.files.layout import Layout
 
     for folder in sorted(Path(results_dir).glob("runs/*/eval/*/")):
         files = [p for p in folder.glob("*.json") if p.name != "tasks.json"] + list(folder.glob("*.examples.npz"))

@@ -14,8 +14,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from protoclip.data.manifest import Pair, to_frame, write_manifest
-from protoclip.layout import Layout
-from protoclip.schema import deep_merge
+from protoclip.files.layout import Layout
+from protoclip.config.strict import deep_merge
 from protoclip.train.config import KMeansConfig, LossConfig, TrainConfig
 from protoclip.train.methods.base import method_class
 
@@ -96,7 +96,7 @@ def set_rank_env(rank: int, world: int, port: int) -> None:
 def ddp_worker(rank: int, world: int, port: int, out_dir: str, cfg: TrainConfig) -> None:
     """One torchrun-like rank: env vars, tiny ProtoCLIP training, then dump weights + prototypes."""
 
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
     from protoclip.train.loop import train
 
     set_rank_env(rank, world, port)
@@ -171,7 +171,7 @@ def global_nclip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def last_state(layout, run: str, cfg: TrainConfig):
     """The train stage's resume decision, for tests that call the loop: the run's checkpoint state when it
     continues ``cfg``, else None (protoclip.train.stage.prepare_run_dir)."""
-    from protoclip.schema import to_dict
+    from protoclip.config.strict import to_dict
     from protoclip.train.checkpoint import resume_key, resume_point
 
     return resume_point(layout.checkpoint(run), resume_key(to_dict(cfg)))

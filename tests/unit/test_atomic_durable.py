@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from protoclip.atomic import atomic_path, durable_replace, save_torch, write_json
+from protoclip.files.atomic import atomic_path, durable_replace, save_torch, write_json
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.errors import ConfigError
 from protoclip.train.config import TrainConfig
 from testkit import REPO

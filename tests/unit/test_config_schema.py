@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 import yaml
 
-from protoclip.config import ProjectConfig, load_config
-from protoclip.config_schema import (
+from protoclip.project import ProjectConfig, load_config
+from protoclip.dag.schema import (
     README_FILE,
     SCHEMA_FILE,
     field_comments,
@@ -22,7 +22,7 @@ from protoclip.config_schema import (
 )
 from protoclip.dag.snakemake import schema_error
 from protoclip.errors import ConfigError
-from protoclip.schema import deep_merge
+from protoclip.config.strict import deep_merge
 from protoclip.registry import method_sections
 from testkit import REPO
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from protoclip.data import debs
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 
 
 def fake_download(payload: bytes, calls: list):

@@ -121,7 +121,7 @@ def test_image_text_dataset_reads_tar_members_with_open_clip_tokenizer(tmp_path)
 def test_empty_or_broken_manifest_is_a_config_error_naming_the_file(tmp_path):
     from protoclip.data.manifest import to_frame, write_manifest
     from protoclip.errors import ConfigError
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
 
     layout = Layout(tmp_path / "data", tmp_path / "results")
     write_manifest(to_frame([]), layout.manifest)

@@ -9,7 +9,7 @@ import pytest
 
 from protoclip.data.evalsets import load_eval_set, save_eval_set
 from protoclip.data.manifest import Pair, manifest_batches, manifest_sources, read_manifest, to_frame, write_manifest
-from protoclip.datafiles import DataFileError
+from protoclip.files.datafiles import DataFileError
 from protoclip.errors import UserError
 from protoclip.teacher.cache import aligned_features, load_teacher_features
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from protoclip.atomic import save_torch
-from protoclip.layout import Layout
+from protoclip.files.atomic import save_torch
+from protoclip.files.layout import Layout
 from testkit.training import RandomPairs, one_thread, tiny_config, tiny_model
 
 _threads = pytest.fixture(autouse=True)(one_thread)

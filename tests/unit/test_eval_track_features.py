@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.dag.stages import stages
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 
 
 def _stages(tmp_path: Path, **evaluate) -> tuple[list, Layout]:

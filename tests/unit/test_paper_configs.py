@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.models.build import model_config
 from protoclip.train.schedule import Schedule
 from testkit import REPO

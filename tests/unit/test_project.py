@@ -1,15 +1,15 @@
-"""The protocols that type ``cfg`` below the config assembler (protoclip.project and each package's extension)
+"""The protocols that type ``cfg`` below the config assembler (protoclip.config.protocols and each package's extension)
 are satisfied by the assembler's ``ProjectConfig``: every member they name exists on a loaded config, its runs
 and its targets, so a renamed member fails here rather than at a stage's first use."""
 from __future__ import annotations
 
 import pytest
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.data.config import PrepareProject
 from protoclip.evaluate.config import EvaluateProject
-from protoclip.layout import HasPaths
-from protoclip.project import PlacedProject, Project, RunSettings, Target
+from protoclip.files.layout import HasPaths
+from protoclip.config.protocols import PlacedProject, Project, RunSettings, Target
 from protoclip.report.config import ReportProject
 from protoclip.teacher.config import TeacherProject
 from protoclip.toy.config import ToyProject

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from protoclip.cli import COMMANDS as SUBCOMMANDS, command_parser, main
-from protoclip.config.project import load_config
+from protoclip.project import load_config
 from testkit import REPO
 README = (REPO / "README.md").read_text()
 # the pages whose commands are checked: the README and every page under docs/ it points to

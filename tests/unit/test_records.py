@@ -1,4 +1,4 @@
-"""The result-file formats (protoclip.records), the one presence check of an eval set and the task planner."""
+"""The result-file formats (protoclip.files.records), the one presence check of an eval set and the task planner."""
 from __future__ import annotations
 
 import ast
@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 
-from protoclip import records
+from protoclip.files import records
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.datasets import ArraySplit, LabelledSet, Skipped, eval_data_path, missing_reason
 from protoclip.evaluate.plan import RUNS, TaskPlan, plan_tasks
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.tasks import TaskStatus
 from testkit import REPO
 
@@ -43,7 +43,7 @@ def test_metrics_files_read_back_in_one_shape(tmp_path):
 def test_per_example_results_round_trip_vouched_and_byte_deterministic(tmp_path):
     import pytest
 
-    from protoclip.completion import IncompleteOutputError
+    from protoclip.files.completion import IncompleteOutputError
 
     lay = Layout(tmp_path / "data", tmp_path / "results")
     hits = {"top1": np.array([True, False, True]), "top5": np.ones(3, bool), "labels": np.array([2, 0, 1])}
@@ -150,7 +150,7 @@ def test_task_status_lines_and_records_round_trip():
 def test_a_skip_record_without_its_status_is_one_line_naming_it(tmp_path):
     import pytest
 
-    from protoclip.completion import RecordError
+    from protoclip.files.completion import RecordError
 
     path = tmp_path / "knn.json"
     path.write_text(json.dumps({"skipped": "not applicable: x"}))
@@ -159,7 +159,7 @@ def test_a_skip_record_without_its_status_is_one_line_naming_it(tmp_path):
 
 
 def test_layout_imports_nothing_of_the_project():
-    tree = ast.parse((SRC / "layout.py").read_text())
+    tree = ast.parse((SRC / "files" / "layout.py").read_text())
     imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + \
         [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in imported if m and m.startswith("protoclip")], imported

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from testkit import REPO
 from testkit.reports import PAPER_TXT, metric_value, project_copy, synthesize
 

@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.errors import ConfigError
 from protoclip.train.stage import subsample_pairs
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from protoclip.config import load_config
+from protoclip.project import load_config
 from protoclip.errors import ConfigError
 from protoclip.evaluate.datasets import HELDOUT
 from protoclip.train.config import HELDOUT_SET, ValidationConfig
@@ -56,7 +56,7 @@ def test_an_unknown_validation_set_or_task_stops_the_config(tmp_path):
 
 
 def test_validation_settings_do_not_block_a_resume():
-    from protoclip.schema import to_dict
+    from protoclip.config.strict import to_dict
     from protoclip.train.checkpoint import resume_key
     from protoclip.train.config import TrainConfig
 

@@ -1,4 +1,4 @@
-# Shared by every rule: the validated project config (protoclip.config: unknown keys and wrong types stop
+# Shared by every rule: the validated project config (protoclip.project: unknown keys and wrong types stop
 # here, before any job runs) and the stages (protoclip.dag.stages: each rule's inputs, outputs and command, the
 # same ones dvc.yaml holds).
 import os
@@ -9,10 +9,10 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from protoclip.errors import ConfigError
-from protoclip.schema import deep_merge, read_yaml, to_dict
-from protoclip.config import load_config
-from protoclip.layout import Layout
-from protoclip import launch
+from protoclip.config.strict import deep_merge, read_yaml, to_dict
+from protoclip.project import load_config
+from protoclip.files.layout import Layout
+from protoclip.jobs import launch
 from protoclip.dag import dvc_sync, resources as job_sizes, snakemake as dag_snakemake, stages as dag_stages
 from protoclip.dag.snakemake import schema_error
 

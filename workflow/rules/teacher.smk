@@ -12,7 +12,7 @@ rule teacher:
         "benchmarks/teacher_{teacher}.tsv"
     wildcard_constraints:
         teacher="|".join(TEACHER_BY_FILE) or "NO_TEACHERS",
-    # a GPU job in a project that trains on GPUs (protoclip.launch.teacher_gpus): placed like train / evaluate
+    # a GPU job in a project that trains on GPUs (protoclip.jobs.launch.teacher_gpus): placed like train / evaluate
     threads: job_threads(lambda wc: launch.teacher_gpus(PROJECT))
     resources:
         **job_resources(lambda wc: launch.teacher_gpus(PROJECT)),

@@ -13,7 +13,7 @@ rule train:
         "benchmarks/train_{run}.tsv"
     wildcard_constraints:
         run="|".join(RUNS) or "NO_RUNS",
-    # a run's `gpu: k`: k GPU slots (protoclip.launch places the job on k free ids; k > 1 runs torchrun, each rank
+    # a run's `gpu: k`: k GPU slots (protoclip.jobs.launch places the job on k free ids; k > 1 runs torchrun, each rank
     # with threads / k); threads and, on SLURM, CPUs and memory sized per GPU (common.smk: job sizes)
     threads: job_threads(lambda wc: launch.train_gpus(PROJECT.run(wc.run)))
     resources:
@@ -24,5 +24,5 @@ rule train:
         args=stage_args(lambda wc: f"train_{wc.run}"),
     shell:
         # PROTOCLIP_JOB_PID: the process running this job (Snakemake, or its job step on a cluster); the trainer
-        # ends when it or this shell ends, instead of training on beside a rerun (protoclip.launch.follow_job)
+        # ends when it or this shell ends, instead of training on beside a rerun (protoclip.jobs.launch.follow_job)
         "PROTOCLIP_JOB_PID=$PPID protoclip train --config {params.config}{params.args} 2>&1 | tee {log}"

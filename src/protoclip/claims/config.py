@@ -12,7 +12,7 @@ The project config names the claim files and the bootstrap's settings::
 A claim names the paper's number and where it is printed, and the two run families and the metric through a
 paper target's rows and column (``target``, ``a``, ``b``, ``columns``: the labels of config/experiments/*.yaml),
 so the ledger compares exactly what the tables show; ``a_runs`` / ``b_runs`` pin other runs where the table's
-own rows are not the claim's configuration. The loader (protoclip.config) checks that a target's rows and columns
+own rows are not the claim's configuration. The loader (protoclip.project) checks that a target's rows and columns
 exist; a claim whose target this config does not declare reads "not run". The fields are documented below and
 in config/claims.yaml.
 """

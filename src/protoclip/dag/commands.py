@@ -13,7 +13,7 @@ def main(args: argparse.Namespace) -> int:
     if args.stage == "runs":
         print("\n".join(args.cfg.run_names()))
         return 0
-    from protoclip.atomic import write_text
+    from protoclip.files.atomic import write_text
     from protoclip.dag.stages import dvc_yaml_text
 
     write_text(args.output, dvc_yaml_text(args.cfg, args.config))

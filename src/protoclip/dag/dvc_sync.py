@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from protoclip.config import ProjectConfig
+from protoclip.project import ProjectConfig
 from protoclip.dag.filetimes import restamp
 from protoclip.dag.stages import Stage, dvc_yaml_text, norm_path, stages
 

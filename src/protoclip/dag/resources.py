@@ -1,6 +1,6 @@
 """What a job asks of the machine or the cluster, sized per GPU: its threads and, on SLURM, its sbatch resources.
 
-A job's GPU count k comes from the project config (protoclip.launch: a run's ``gpu: k`` for its train job, 1
+A job's GPU count k comes from the project config (protoclip.jobs.launch: a run's ``gpu: k`` for its train job, 1
 for a GPU run's evaluation or a GPU project's teacher, 0 otherwise). Everything else follows from k:
 
 * one machine (Snakemake's local executor: the default, local and gpu profiles): a GPU job gets
@@ -14,7 +14,7 @@ for a GPU run's evaluation or a GPU project's teacher, 0 otherwise). Everything 
   single-node; ``--gpus=k`` alone lets SLURM spread the GPUs over nodes), a job without GPU for the site's
   CPU-job size and no GPU. Its threads are its CPUs.
 
-Either way a k-GPU training runs k ranks, each with threads / k (protoclip.launch.rank_threads).
+Either way a k-GPU training runs k ranks, each with threads / k (protoclip.jobs.launch.rank_threads).
 
     site = load_site("workflow/profiles/slurm/site.yaml")
     slurm_resources(site, 2)   # {'nodes': 1, 'cpus_per_task': 16, 'mem_mb_per_cpu': 8000, 'runtime': 2880, ...}
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protoclip.errors import ConfigError
-from protoclip.schema import build, read_yaml
+from protoclip.config.strict import build, read_yaml
 
 SITE_FILE = "workflow/profiles/slurm/site.yaml"
 

@@ -10,10 +10,10 @@ import copy
 import os
 from pathlib import Path
 
-from protoclip.config import ProjectConfig
+from protoclip.project import ProjectConfig
 from protoclip.dag.stages import Out
-from protoclip.layout import Layout
-from protoclip.schema import read_yaml
+from protoclip.files.layout import Layout
+from protoclip.config.strict import read_yaml
 
 
 def outputs(targets: dict[str, Out], directory) -> dict:
@@ -58,7 +58,7 @@ def report_outputs(cfg: ProjectConfig, report) -> dict:
 RESOLVED_CONFIG = ".snakemake/protoclip/config.yaml"
 
 
-# config keys (dotted: nested) that list files relative to the config file that lists them (protoclip.config)
+# config keys (dotted: nested) that list files relative to the config file that lists them (protoclip.project)
 PATH_LIST_KEYS = ("experiments", "targets", "claims.files")
 
 
@@ -120,7 +120,7 @@ def repeated_configfile_flag(argv: list[str]) -> str | None:
 def settings_digest(section) -> str:
     """sha256 (16 hex digits) of a job's resolved settings as canonical JSON: the rule param that reruns the job
     when, and only when, they change (not the name of the file that holds them)."""
-    from protoclip.hashing import json_sha256
+    from protoclip.files.hashing import json_sha256
 
     return json_sha256(section)[:16]
 
@@ -166,7 +166,7 @@ def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_co
             + yaml.safe_dump(data, sort_keys=False))
     path = Path(resolved_path)
     if not path.exists() or path.read_text() != text:
-        from protoclip.atomic import write_text
+        from protoclip.files.atomic import write_text
 
         write_text(path, text)
     return resolved_path

@@ -25,11 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from protoclip.config import ProjectConfig
+from protoclip.project import ProjectConfig
 from protoclip.evaluate.config import EvaluateConfig
 from protoclip.evaluate.datasets import HELDOUT, eval_data_path, missing_reason
-from protoclip.layout import Layout
-from protoclip.schema import read_yaml
+from protoclip.files.layout import Layout
+from protoclip.config.strict import read_yaml
 
 CODE = "src/protoclip"  # every stage runs this package: a DVC dep of each stage
 # evaluate keys that change no result (not DVC params of the evaluation stages): the sets have their own entries,

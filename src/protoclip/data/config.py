@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from protoclip.project import Project
+from protoclip.config.protocols import Project
 
 
 @dataclass
@@ -65,7 +65,7 @@ class PrepareConfig:
 
 @runtime_checkable
 class PrepareProject(Project, Protocol):
-    """The project config as the prepare stage reads it (protoclip.config.ProjectConfig; see protoclip.project)."""
+    """The project config as the prepare stage reads it (protoclip.project.ProjectConfig; see protoclip.config.protocols)."""
 
     @property
     def prepare(self) -> PrepareConfig: ...

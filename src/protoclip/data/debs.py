@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from protoclip.atomic import write_json, write_text
+from protoclip.files.atomic import write_json, write_text
 from protoclip.errors import UserError
-from protoclip.hashing import sha256_file
-from protoclip.layout import Layout
+from protoclip.files.hashing import sha256_file
+from protoclip.files.layout import Layout
 
 log = logging.getLogger(__name__)
 

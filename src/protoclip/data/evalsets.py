@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from protoclip.atomic import atomic_path
-from protoclip.datafiles import PREPARE, reading
+from protoclip.files.atomic import atomic_path
+from protoclip.files.datafiles import PREPARE, reading
 
 FASHION_DIR = Path("usr/share/datasets/fashion-mnist")
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",

@@ -22,7 +22,7 @@ from typing import Iterable, Literal
 from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
-from protoclip.atomic import atomic_path
+from protoclip.files.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from protoclip.atomic import atomic_path
-from protoclip.datafiles import PREPARE, reading
+from protoclip.files.atomic import atomic_path
+from protoclip.files.datafiles import PREPARE, reading
 from protoclip.data.reading import SEP
 from protoclip.errors import ConfigError
 
@@ -185,7 +185,7 @@ def _check_columns(p: Path, have: list[str], wanted: Iterable[str]) -> None:
 def manifest_batches(path: str | Path, columns: list[str], batch_size: int = 65536):
     """The manifest's ``columns`` as Arrow record batches, in file order, without reading the whole file. A
     missing file: FileNotFoundError; an empty, cut or foreign one (also when the damage is found mid-file) or one
-    without ``columns``: one line naming it and ``protoclip prepare`` (:mod:`protoclip.datafiles`)."""
+    without ``columns``: one line naming it and ``protoclip prepare`` (:mod:`protoclip.files.datafiles`)."""
     p = Path(path)
     f = _open(p)
     _check_columns(p, f.schema_arrow.names, columns)

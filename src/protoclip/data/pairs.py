@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 from protoclip.errors import ConfigError
 from protoclip.data.reading import SEP, TarCache, read_image  # noqa: F401  (re-exported)
 from protoclip.data.manifest import absolute_paths, manifest_sources, read_manifest
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 
 
 def load_manifest(layout: Layout, sources: Iterable[str] | None = None, split: str | None = None,

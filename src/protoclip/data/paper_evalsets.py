@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from protoclip.atomic import durable_replace
+from protoclip.files.atomic import durable_replace
 from protoclip.errors import UserError
 
 

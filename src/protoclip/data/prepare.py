@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from protoclip.atomic import clean_stale_temps, write_json
+from protoclip.files.atomic import clean_stale_temps, write_json
 from protoclip.data import debs, emoji, evalsets, openclipart, tuxpaint, userdata
 from protoclip.data.captions import english_lexicon
 from protoclip.data.config import PrepareConfig, PrepareProject
@@ -48,8 +48,8 @@ from protoclip.data.csvfile import Malformed
 from protoclip.data.dedup import REASONS, PairDedup, Removed
 from protoclip.data.images import Candidate, render_all
 from protoclip.data.manifest import ManifestWriter, Pair, manifest_schema
-from protoclip.layout import Layout
-from protoclip.schema import to_dict
+from protoclip.files.layout import Layout
+from protoclip.config.strict import to_dict
 
 log = logging.getLogger(__name__)
 

@@ -468,7 +468,7 @@ def input_files(cfg: UserDataConfig) -> list[Path]:
 
 def absent_reason(cfg: UserDataConfig) -> str | None:
     """None when some file of the data set exists, else one line saying that none does (a user who has not got
-    this corpus: its runs are skipped, protoclip.config.ProjectConfig.runs_without_data)."""
+    this corpus: its runs are skipped, protoclip.project.ProjectConfig.runs_without_data)."""
     if any(p.is_file() for p in input_files(cfg)):
         return None
     return f"{cfg.name}: no file of {cfg.path} exists"

@@ -58,7 +58,7 @@ class SetInput:
 class TaskResult:
     """What a task returns: the metrics file's ``metrics``, what the task scored (``features``), the split sizes
     (top-level keys of the metrics file), and its per-example arrays (``<task>.examples.npz``,
-    protoclip.records.write_examples; empty for a task whose number is no mean over test examples)."""
+    protoclip.files.records.write_examples; empty for a task whose number is no mean over test examples)."""
     metrics: dict[str, Any]
     features: str
     sizes: dict[str, int]
@@ -205,7 +205,7 @@ def task_tsne(x: SetInput) -> TaskResult:
 @adapter("temperature")
 def task_temperature(x: SetInput) -> TaskResult:
     """Only for a similarity that is a distance (protoclip.evaluate.plan.too_small)."""
-    from protoclip.devices import resolve_device
+    from protoclip.jobs.devices import resolve_device
     from protoclip.evaluate.metrics import temperature as tm
 
     f, cfg, sim = x.feats, x.cfg, x.similarity

@@ -3,7 +3,7 @@
     protoclip collect --config config/config.yaml --run protoclip_tiny
 
 ``{task: {set: metrics or {"skipped": line, "status": ...}}}`` from every evaluation folder of the run that its
-completion marker vouches for (:func:`protoclip.records.run_results`; a folder killed half-way stops collect with
+completion marker vouches for (:func:`protoclip.files.records.run_results`; a folder killed half-way stops collect with
 one line naming it), plus the skip status of each configured set whose data is missing (the workflow gives such a
 set no evaluation job). Also the DVC metrics file of the run.
 """
@@ -13,12 +13,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from protoclip import records
-from protoclip.atomic import clean_stale_temps_of
+from protoclip.files import records
+from protoclip.files.atomic import clean_stale_temps_of
 from protoclip.evaluate.config import EvaluateProject
 from protoclip.evaluate.datasets import missing_reason
 from protoclip.evaluate.plan import static_tasks
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.tasks import HEADLINE, TaskStatus
 
 

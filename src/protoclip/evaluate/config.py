@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from protoclip.devices import check_device_name
-from protoclip.project import Project
+from protoclip.jobs.devices import check_device_name
+from protoclip.config.protocols import Project
 from protoclip.tasks import TASKS, check_tasks
 
 
@@ -111,7 +111,7 @@ class EvaluateConfig:
 
 @runtime_checkable
 class EvaluateProject(Project, Protocol):
-    """The project config as evaluation and collect read it (protoclip.config.ProjectConfig; protoclip.project)."""
+    """The project config as evaluation and collect read it (protoclip.project.ProjectConfig; protoclip.config.protocols)."""
 
     @property
     def evaluate(self) -> EvaluateConfig: ...

@@ -27,10 +27,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from protoclip.datafiles import READ_ERRORS, first_line
-from protoclip.hashing import sha256_file
+from protoclip.files.datafiles import READ_ERRORS, first_line
+from protoclip.files.hashing import sha256_file
 from protoclip.data.transforms import eval_transform
-from protoclip.devices import resolve_device
+from protoclip.jobs.devices import resolve_device
 from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
 from protoclip.evaluate.batches import image_batches
 from protoclip.evaluate.resumable import ExtractionProgress, encode_images_resumable

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from protoclip.atomic import atomic_path, clean_stale_temps, write_json
+from protoclip.files.atomic import atomic_path, clean_stale_temps, write_json
 from protoclip.evaluate.batches import image_batches
 from protoclip.evaluate.datasets import ImageSplit
 

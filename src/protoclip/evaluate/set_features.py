@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from protoclip.atomic import atomic_path
+from protoclip.files.atomic import atomic_path
 
 META = "meta_json"
 

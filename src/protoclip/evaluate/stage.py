@@ -10,9 +10,9 @@ It writes ``results/runs/<run>/eval/<set>/<task>.json`` (metrics, run, dataset, 
 provenance, and the probe subsample when ``max_train`` / ``max_test`` cut the set's splits) and, for the tasks
 that score test examples (zero-shot, linear, kNN, retrieval), ``<task>.examples.npz``: each test image's hit or
 each query's rank of its first match, from which those numbers are computed (the claims ledger's bootstrap reads
-them, protoclip.records). It logs the numbers into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws
+them, protoclip.files.records). It logs the numbers into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws
 t-SNE plots to ``eval/<set>/tsne.png`` and records what each task did in ``eval/<set>/tasks.json``: the folder's
-completion marker (protoclip.completion), deleted when an evaluation of the set starts and written last with the
+completion marker (protoclip.files.completion), deleted when an evaluation of the set starts and written last with the
 sha256 of every file it vouches for, so that a folder killed half-way is never read as complete. A task that does
 not run has a status (protoclip.tasks.TaskStatus): not applicable, too small, or the set's data missing, which
 its metrics file carries where a table cell must say why. An evaluation of every set also writes the run's
@@ -26,15 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protoclip import completion, launch, records
+from protoclip.files import completion, records
+
+from protoclip.jobs import launch
 from protoclip.errors import ConfigError
 from protoclip.evaluate.adapters import ADAPTERS, SetInput
 from protoclip.evaluate.config import EvaluateConfig, EvaluateProject
 from protoclip.evaluate.datasets import EvalSet, Skipped, load_eval_set
 from protoclip.evaluate.plan import TaskPlan, image_only_method, plan_tasks, static_tasks, too_small
-from protoclip.layout import Layout
-from protoclip.provenance import provenance
-from protoclip.schema import require_path
+from protoclip.files.layout import Layout
+from protoclip.files.provenance import provenance
+from protoclip.config.strict import require_path
 from protoclip.tasks import TASKS, TaskStatus, check_tasks
 from protoclip.tracking import evaluation_run
 

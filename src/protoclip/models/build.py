@@ -27,7 +27,7 @@ from typing import Callable
 import open_clip
 import torch
 
-from protoclip.model_configs import image_step
+from protoclip.config.architectures import image_step
 from protoclip.models.model import ProtoCLIPModel
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from protoclip.atomic import save_torch
+from protoclip.files.atomic import save_torch
 from protoclip.errors import UserError
 from protoclip.models.build import build_model
 from protoclip.models.model import ProtoCLIPModel

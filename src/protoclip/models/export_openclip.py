@@ -33,7 +33,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from protoclip.project import Project
+from protoclip.config.protocols import Project
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class ExportError(ValueError):
 
 def export_dir(cfg: Project, run: str) -> Path:
     """Default output folder of ``protoclip export --run <run>`` (Layout.export_dir: ``results/export/<run>``)."""
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
 
     return Layout.from_config(cfg).export_dir(run)
 
@@ -102,8 +102,8 @@ def export_openclip(model_path: str | Path, out_dir: str | Path) -> Path:
     """Write the open_clip folder of the model file ``model_path`` to ``out_dir``; returns ``out_dir``."""
     from safetensors.torch import save as safetensors_bytes
 
-    from protoclip.atomic import atomic_path, clean_stale_temps, write_json
-    from protoclip.hashing import sha256_file
+    from protoclip.files.atomic import atomic_path, clean_stale_temps, write_json
+    from protoclip.files.hashing import sha256_file
     from protoclip.models.checkpoint import load_model, read_eval_spec
 
     model_path, out_dir = Path(model_path), Path(out_dir)
@@ -131,8 +131,8 @@ def export_openclip(model_path: str | Path, out_dir: str | Path) -> Path:
 
 def run_export(cfg: Project, run: str, out: str | Path | None = None) -> Path:
     """``protoclip export``: the run's ``model.pt`` -> ``out`` (default :func:`export_dir`)."""
-    from protoclip.layout import Layout
-    from protoclip.schema import require_path
+    from protoclip.files.layout import Layout
+    from protoclip.config.strict import require_path
 
     cfg.run(run)  # an unknown run is a config error naming the defined ones
     model_path = require_path(Layout.from_config(cfg).model(run), f"export run '{run}'")

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from protoclip import records
-from protoclip.atomic import atomic_path, write_text
+from protoclip.files import records
+from protoclip.files.atomic import atomic_path, write_text
 from protoclip.claims import ledger
 from protoclip.claims.bootstrap import (
     Component,
@@ -47,7 +47,7 @@ from protoclip.claims.bootstrap import (
 )
 from protoclip.claims.config import ClaimConfig
 from protoclip.claims.intervals import Estimate, combine, holm
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.report.config import ColumnConfig, ReportProject, TargetConfig, first_configured
 from protoclip.report.values import Results, episode_times
 

@@ -25,7 +25,7 @@ carry the same names (see config/experiments/README.md), so the paper's sets fil
 Special column tasks: ``epochs`` (the run's epochs and, in brackets, the relative epochs: its measured
 training time in units of one epoch of ``reference_run``, paper Table IV "Epoch (Rel.)").
 
-This module is the schema (the ``target:`` block, validated by :mod:`protoclip.schema` when the config loads).
+This module is the schema (the ``target:`` block, validated by :mod:`protoclip.config.strict` when the config loads).
 A loaded config lists its targets resolved (each row naming the run it uses there) with
 ``cfg.paper_targets()``; what the DAG plans from them (the files ``protoclip report`` writes, the evaluations
 each run needs) is in :mod:`protoclip.dag.stages` (``target_outputs``, ``evaluation_requests``).
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from protoclip.evaluate.config import EvaluateConfig
-from protoclip.project import Project
+from protoclip.config.protocols import Project
 from protoclip.tasks import TASKS as EVAL_TASKS
 
 SPECIAL_TASKS = ("epochs",)  # computed from train logs, not metrics files
@@ -162,7 +162,7 @@ class TargetConfig:
 
 @runtime_checkable
 class ReportProject(Project, Protocol):
-    """The project config as the report reads it (protoclip.config.ProjectConfig; see protoclip.project)."""
+    """The project config as the report reads it (protoclip.project.ProjectConfig; see protoclip.config.protocols)."""
 
     @property
     def evaluate(self) -> EvaluateConfig: ...

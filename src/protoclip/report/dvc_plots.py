@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from protoclip.atomic import atomic_path
+from protoclip.files.atomic import atomic_path
 from protoclip.report.config import ReportProject
 
 TRAIN_LOSS_PLOT = "training loss"  # plot id of the training curves in dvc.yaml
@@ -55,7 +55,7 @@ def write_plot_data(layout, runs: list[str], losses: pd.DataFrame, records: list
 
 def dvc_plots(cfg: ReportProject) -> list[dict | str]:
     """The top-level ``plots:`` entries of dvc.yaml for ``cfg``'s runs and paper targets (paths as in dvc.yaml)."""
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
 
     layout = Layout.from_config(cfg)
     runs = cfg.run_names()

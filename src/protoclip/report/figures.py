@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from protoclip.atomic import atomic_path
+from protoclip.files.atomic import atomic_path
 from protoclip.evaluate.set_features import SetFeatures
 from protoclip.report.config import ReportProject, TargetConfig
 from protoclip.report.values import PHASES, Results, paper_numbers

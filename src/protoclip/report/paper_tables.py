@@ -18,9 +18,9 @@ import html
 
 import pandas as pd
 
-from protoclip.atomic import atomic_path, write_text
+from protoclip.files.atomic import atomic_path, write_text
 from protoclip.claims.ledger import signed, with_interval
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.report.config import ReportProject, TargetConfig
 from protoclip.report.values import Cell, Results, paper_numbers, paper_value
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from protoclip.atomic import atomic_path, clean_stale_temps, write_text
-from protoclip.layout import Layout
+from protoclip.files.atomic import atomic_path, clean_stale_temps, write_text
+from protoclip.files.layout import Layout
 from protoclip.report.config import ReportProject
 from protoclip.report.tables import TABLE_METRICS, collect_metrics, rst_escape, task_table, train_losses
 from protoclip.report.values import Results

@@ -12,8 +12,8 @@ import re
 
 import pandas as pd
 
-from protoclip import records
-from protoclip.layout import Layout
+from protoclip.files import records
+from protoclip.files.layout import Layout
 from protoclip.report.values import Results
 from protoclip.tasks import HEADLINE
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from protoclip.atomic import atomic_path
-from protoclip.records import read_train_log
+from protoclip.files.atomic import atomic_path
+from protoclip.files.records import read_train_log
 from protoclip.report.config import ReportProject
 
 PANELS = (("clip_scale", "logit scale s = 1/tau", "log"), ("equilibrium", "mean(s_ii - E_p s_ij)", "linear"),

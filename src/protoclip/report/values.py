@@ -2,12 +2,12 @@
 
 * :func:`paper_numbers` reads ``paper_numbers.yaml`` (table / figure -> cite, where, rows, text);
 * :class:`Results` reads each run's ``metrics.json`` (what `collect` wrote, checked against the evaluation folders'
-  completion markers: :func:`protoclip.records.collected_results`) and ``train_log.jsonl`` and gives a target cell
+  completion markers: :func:`protoclip.files.records.collected_results`) and ``train_log.jsonl`` and gives a target cell
   as mean, std and number of seeds over a run group (``seeds:`` runs), plus the data sets used;
 * :func:`phase_times` sums a run's measured episode phase times (``time/extract``, ``time/kmeans``,
   ``time/pbt``, ``time/train`` of the ``episode`` records).
 
-The result files are read through :mod:`protoclip.records` (their formats live there).
+The result files are read through :mod:`protoclip.files.records` (their formats live there).
 
 Never mixes the two: paper values come only from :func:`paper_numbers`, ours only from result files.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from protoclip import records
-from protoclip.layout import Layout
+from protoclip.files import records
+from protoclip.files.layout import Layout
 from protoclip.report.config import ColumnConfig, ReportProject, TargetConfig
 from protoclip.tasks import TaskStatus
 
@@ -104,7 +104,7 @@ class Results:
     def __post_init__(self) -> None:
         self.layout = Layout.from_config(self.cfg)
 
-    # ---- results (what `collect` wrote: protoclip.records.collected_results)
+    # ---- results (what `collect` wrote: protoclip.files.records.collected_results)
     def summary(self, run: str) -> dict[str, dict[str, dict]]:
         """``{task: {set: result}}`` of ``run``, the skip status of its sets whose data is missing included."""
         if ("run", run) not in self._cache:

@@ -51,11 +51,11 @@ import numpy as np
 import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
-from protoclip.atomic import atomic_path, clean_stale_temps, clean_stale_temps_of, write_json
-from protoclip.datafiles import TEACHER, reading
+from protoclip.files.atomic import atomic_path, clean_stale_temps, clean_stale_temps_of, write_json
+from protoclip.files.datafiles import TEACHER, reading
 from protoclip.data.dedup import KeySpill
 from protoclip.data.manifest import manifest_batches
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.teacher.config import TeacherProject
 from protoclip.teacher.encoders import (
     PACKAGED, TextTeacher, cached_weights, find_weights, packaged_path, load_text_teacher, sha256_file,

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from protoclip.project import Project
+from protoclip.config.protocols import Project
 
 
 @dataclass
@@ -33,14 +33,14 @@ class TeacherConfig:
                              f"{self.pca_max_points_per_dim}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
-        from protoclip.devices import check_device_name
+        from protoclip.jobs.devices import check_device_name
 
         check_device_name(self.device)
 
 
 @runtime_checkable
 class TeacherProject(Project, Protocol):
-    """The project config as the teacher stage reads it (protoclip.config.ProjectConfig; see protoclip.project)."""
+    """The project config as the teacher stage reads it (protoclip.project.ProjectConfig; see protoclip.config.protocols)."""
 
     @property
     def teacher(self) -> TeacherConfig: ...

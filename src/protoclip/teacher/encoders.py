@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from protoclip.devices import resolve_device
+from protoclip.jobs.devices import resolve_device
 from protoclip.errors import UserError
-from protoclip.hashing import sha256_file
+from protoclip.files.hashing import sha256_file
 
 log = logging.getLogger(__name__)
 

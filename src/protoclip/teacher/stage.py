@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from protoclip import launch
+from protoclip.jobs import launch
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:

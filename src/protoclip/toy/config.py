@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from protoclip.project import Project
+from protoclip.config.protocols import Project
 
 
 @dataclass
@@ -62,7 +62,7 @@ class ToyConfig:
 
 @runtime_checkable
 class ToyProject(Project, Protocol):
-    """The project config as the toy NEMD stage reads it (protoclip.config.ProjectConfig; see protoclip.project)."""
+    """The project config as the toy NEMD stage reads it (protoclip.project.ProjectConfig; see protoclip.config.protocols)."""
 
     @property
     def toy(self) -> ToyConfig: ...

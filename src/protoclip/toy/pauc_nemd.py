@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from protoclip.atomic import atomic_path, write_text
+from protoclip.files.atomic import atomic_path, write_text
 from protoclip.evaluate.metrics import knn as knn_metric
 from protoclip.evaluate.metrics import nemd as nemd_metric
 from protoclip.losses.pauc import pauc_loss
@@ -201,7 +201,7 @@ def markdown_table(table: pd.DataFrame) -> str:
 
 def run_toy_nemd(cfg: ToyProject, layout=None) -> Path:
     """The ``toy-nemd`` stage: every class count x {PCL, PAUC}; writes the figure and the tables."""
-    from protoclip.layout import Layout
+    from protoclip.files.layout import Layout
 
     layout = layout or Layout.from_config(cfg)
     tcfg: ToyConfig = cfg.toy
@@ -216,7 +216,7 @@ def run_toy_nemd(cfg: ToyProject, layout=None) -> Path:
 
 
 def _run(tcfg: ToyConfig, layout) -> Path:
-    from protoclip.atomic import clean_stale_temps_of
+    from protoclip.files.atomic import clean_stale_temps_of
 
     clean_stale_temps_of(list(layout.toy_files().values()))  # temp files of a killed run's writes
     try:

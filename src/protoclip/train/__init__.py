@@ -6,5 +6,5 @@
 Modules: ``config`` (TrainConfig), ``schedule`` (episodes, warm-up + cosine LR, locked-image epoch),
 ``episode`` (sampling, feature extraction), ``methods`` (one module per ``method:``, the loss terms and per-episode work, e.g. prototypes),
 ``loop`` (the trainer), ``checkpoint`` (exact resume), ``distributed`` (torchrun helpers), ``stage`` (``run_train``, the CLI entry
-point). The train log's format (``TrainLog``) lives in ``protoclip.records``.
+point). The train log's format (``TrainLog``) lives in ``protoclip.files.records``.
 """

@@ -3,7 +3,7 @@
 A checkpoint (``results/runs/<run>/checkpoints/last.pt``) holds the model and optimizer state, the grad
 scaler (when one is used), the python / numpy / torch (CPU and CUDA) RNG states, the index of the next
 episode, the global step and the last episode's prototypes. It is written with
-:func:`protoclip.atomic.atomic_path` so a run killed mid-write keeps the previous complete checkpoint.
+:func:`protoclip.files.atomic.atomic_path` so a run killed mid-write keeps the previous complete checkpoint.
 
     save_checkpoint(path, model=m, optimizer=opt, episode=e + 1, step=s, prototypes=p,
                     extra={"config": resume_key(config)})
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from protoclip.atomic import save_torch
+from protoclip.files.atomic import save_torch
 from protoclip.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from protoclip.devices import check_device_name
-from protoclip.model_configs import check_model
+from protoclip.jobs.devices import check_device_name
+from protoclip.config.architectures import check_model
 from protoclip.registry import method_class, method_sections
 
 
@@ -150,7 +150,7 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     device: str = "auto"  # auto: cuda when available
     # GPUs of the run: false = CPU (the job sees no GPU), true = 1, k = k GPUs, one torchrun rank each. The DAG
-    # declares `resources: gpu=k`; protoclip.launch places the job on k free GPUs (protoclip.gpu_slots)
+    # declares `resources: gpu=k`; protoclip.jobs.launch places the job on k free GPUs (protoclip.jobs.gpu_slots)
     gpu: bool | int = False
     num_workers: int = 2  # DataLoader workers (extraction and training passes)
     seed: int = 0  # seeds weights, episode draws (seed, episode) and k-means inits (seed, episode)
@@ -233,7 +233,7 @@ class TrainConfig:
         self.validate_values()
 
     def validate_values(self) -> None:
-        """Optimizer, loader, device and model architecture (``protoclip.model_configs.check_model``, no torch
+        """Optimizer, loader, device and model architecture (``protoclip.config.architectures.check_model``, no torch
         import): values that would otherwise load and then fail inside the job."""
         b1, b2 = self.betas
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):  # torch.optim.AdamW's own bounds

@@ -7,7 +7,7 @@ modality (+ teacher) and PBT; nothing for CLIP), then train on the episode's bat
 model's ``*_decay`` groups), warm-up + cosine LR, the image groups' LR zeroed from ``lock_image_epoch``,
 grad-norm clipping, ``Method.after_step`` after every step (logit-scale clamps), bf16 autocast on CUDA (fp32 on CPU).
 
-Files (:class:`~protoclip.layout.TrainFiles`, given by the stage): ``config.yaml`` and the train log from the
+Files (:class:`~protoclip.files.layout.TrainFiles`, given by the stage): ``config.yaml`` and the train log from the
 start, and ``checkpoints/last.pt`` at episode ends (atomic; at most every ``checkpoint_interval_s`` seconds, and
 always after the final episode). An episode's records reach the log before the checkpoint that covers them, so a
 kill between the two only repeats the episode. ``state`` (a checkpoint that
@@ -47,14 +47,14 @@ import yaml
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from protoclip.atomic import write_text
+from protoclip.files.atomic import write_text
 from protoclip.errors import ConfigError
-from protoclip.schema import to_dict
-from protoclip.devices import resolve_device
-from protoclip.layout import TrainFiles
+from protoclip.config.strict import to_dict
+from protoclip.jobs.devices import resolve_device
+from protoclip.files.layout import TrainFiles
 from protoclip.prototypes.episode import NonFiniteFeaturesError
-from protoclip.provenance import provenance
-from protoclip.records import TrainLog
+from protoclip.files.provenance import provenance
+from protoclip.files.records import TrainLog
 from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import (TrainingStopped, check_state_finite, kept_checkpoint, restore_rng,
                                        resume_key, rng_state, save_checkpoint)

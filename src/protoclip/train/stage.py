@@ -1,6 +1,6 @@
 """`protoclip train --run <name>`: build data, model and teacher cache for one run, train, write outputs.
 
-    from protoclip.config import load_config
+    from protoclip.project import load_config
     from protoclip.train.stage import run_train
     run_train(load_config("config/config.yaml"), "protoclip_tiny")            # -> results/runs/<run>/model.pt
     torchrun --nproc_per_node 2 -m protoclip.cli train --run protoclip_tiny    # DDP (gloo on CPU, nccl on GPU)
@@ -14,7 +14,7 @@ and ``external_weight > 0``, the teacher cache ``data/teacher/<teacher>.npz``. W
 false, ``model.pt`` and its open_clip export as artifacts registered as a version of the model named after the run
 (:func:`log_model`).
 
-First the stage takes the run's lock (:mod:`protoclip.run_lock`: one process trains a run at a time; a second
+First the stage takes the run's lock (:mod:`protoclip.jobs.run_lock`: one process trains a run at a time; a second
 waits, saying which process holds it), removes temp files that a killed earlier run of it left beside its
 files, and decides once whether the run resumes (:func:`protoclip.train.checkpoint.resume_point`): the trainer
 receives that checkpoint state or None. A run trained from scratch has its old model, checkpoint, logs and MLflow
@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from protoclip import run_lock
-from protoclip.atomic import clean_stale_temps_of, write_json
+from protoclip.jobs import run_lock
+from protoclip.files.atomic import clean_stale_temps_of, write_json
 from protoclip.errors import ConfigError
-from protoclip.schema import to_dict
-from protoclip.layout import Layout
+from protoclip.config.strict import to_dict
+from protoclip.files.layout import Layout
 from protoclip.tracking import Tracker, training_run
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import DistInfo, env_world
@@ -44,7 +44,7 @@ from protoclip.train.loop import train
 from protoclip.train.validation import build_validator
 
 if TYPE_CHECKING:  # the stage reads the project config it is given; the assembler stands above it
-    from protoclip.config import ProjectConfig
+    from protoclip.project import ProjectConfig
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_s
 def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict | None, tracker: Tracker) -> Path:
     """Everything of :func:`run_train` after the resume decision (``state``: the accepted checkpoint or None)
     and inside the MLflow context (the tracker is given). ``config``: ``to_dict(tcfg)``."""
-    from protoclip.hashing import sha256_file
+    from protoclip.files.hashing import sha256_file
     from protoclip.models import get_tokenizer, save_model
     from protoclip.registry import method_class
 
@@ -153,8 +153,8 @@ def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict |
 def provenance_tags(config: dict, data_digest: str, model_sha256: str) -> dict[str, str]:
     """What made a model, as MLflow tags of its run and registered version: the code's commit, the sha256 of the
     resolved run config (canonical JSON of ``config.yaml``'s dict), the training rows' digest and the model's."""
-    from protoclip.hashing import json_sha256
-    from protoclip.provenance import git_commit
+    from protoclip.files.hashing import json_sha256
+    from protoclip.files.provenance import git_commit
 
     config_digest = json_sha256(config)
     return {"protoclip.code_commit": git_commit(), "protoclip.config_sha256": config_digest,
@@ -267,7 +267,7 @@ def add_arguments(p, name: str) -> None:
 def main(args) -> int:
     """Hold the run, then its GPUs (a job waiting for another process's training holds no GPU meanwhile); a run
     on k > 1 GPUs restarts this same command as k torchrun ranks."""
-    from protoclip import launch
+    from protoclip.jobs import launch
 
     cfg = args.cfg
     k = launch.train_gpus(cfg.run(args.run))

@@ -32,12 +32,12 @@ from protoclip.evaluate.datasets import (CaptionSet, LabelledSet, Skipped, load_
 from protoclip.evaluate.datasets.sets import Indexed
 from protoclip.evaluate.adapters import ADAPTERS, SetInput
 from protoclip.evaluate.stage import metric_numbers
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.train.checkpoint import restore_rng, rng_state
 from protoclip.train.config import TrainConfig, ValidationConfig
 
 if TYPE_CHECKING:  # the stage hands the project config in; the assembler stands above train/
-    from protoclip.config import ProjectConfig
+    from protoclip.project import ProjectConfig
 
 log = logging.getLogger(__name__)
 

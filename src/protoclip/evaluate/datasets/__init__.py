@@ -40,7 +40,7 @@ from protoclip.evaluate.datasets.subsample import (cheap_labels, stratified_indi
                                                    subsample_set)
 from protoclip.evaluate.datasets.torchvision_sets import load_torchvision
 from protoclip.evaluate.datasets.wds import load_wds
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 from protoclip.tasks import PROBE_TASKS
 
 LOADERS: dict[str, Callable[[str, Path, EvalDatasetConfig, bool], EvalSet]] = {

@@ -15,7 +15,7 @@ from protoclip.data.manifest import absolute_paths, read_manifest
 from protoclip.evaluate.datasets.sets import (ArraySplit, CaptionSet, EvalDataError, FileSplit, LabelledSet,
                                               fingerprint, norm)
 from protoclip.evaluate.prompts import has_prompts, load_prompts
-from protoclip.layout import Layout
+from protoclip.files.layout import Layout
 
 log = logging.getLogger(__name__)
 

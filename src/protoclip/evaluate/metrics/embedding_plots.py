@@ -3,7 +3,7 @@
 scikit-learn ``TSNE`` (2-D, PCA initialisation, fixed ``random_state``) on the L2-normalised features
 (the representation the paper's other metrics use; the paper does not say), at most ``max_points``
 points (a seeded random subset). The figure is drawn with matplotlib's Agg backend and written
-atomically (``protoclip.atomic.atomic_path``). A legend is drawn for up to ``legend_max`` classes;
+atomically (``protoclip.files.atomic.atomic_path``). A legend is drawn for up to ``legend_max`` classes;
 beyond that it would cover the plot, so it is left out.
 
     from protoclip.evaluate.metrics.embedding_plots import tsne_plot
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from protoclip.atomic import atomic_path
+from protoclip.files.atomic import atomic_path
 from protoclip.evaluate.metrics._inputs import ArrayLike, features_np, l2_normalize_np, labels_np
 
 log = logging.getLogger(__name__)

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reference", type=Path, default=Path("/work/shared/reference/clip-prompts.md"))
     p.add_argument("--out", type=Path, default=Path(__file__).with_name("zeroshot_prompts.json"))
     args = p.parse_args(argv)
-    from protoclip.atomic import write_text
+    from protoclip.files.atomic import write_text
 
     entries = build(args.reference)
     write_text(args.out, json.dumps(entries, indent=1, ensure_ascii=False) + "\n")

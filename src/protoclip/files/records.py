@@ -15,7 +15,7 @@
   folder's tasks.json like the metrics files (:func:`read_examples`; None where a task keeps none).
 * ``results/runs/<run>/eval/<set>/tasks.json``: what each configured task did on the set (``ran``,
   a skip line, ``not applicable: ...`` or ``not run: ...``), the model's sha256 and the probe subsample. It is
-  the folder's completion marker (:mod:`protoclip.completion`): deleted when an evaluation of the set starts,
+  the folder's completion marker (:mod:`protoclip.files.completion`): deleted when an evaluation of the set starts,
   written last with the sha256 of every metrics file it vouches for. Metrics files are listed only through it
   (:func:`metrics_files`, :func:`run_results`): a folder killed half-way, or a file changed since, is a
   one-line error naming it, never a partial result; a 0-byte or cut file is one line naming it too.
@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from protoclip import completion
-from protoclip.atomic import atomic_path, write_json, write_text
+from protoclip.files import completion
+from protoclip.files.atomic import atomic_path, write_json, write_text
 from protoclip.tasks import SKIPPED, STATUS, TASKS, TaskStatus
 
 

@@ -1,7 +1,7 @@
 """Completion markers: a stage output folder counts as complete only when its marker says so.
 
 A stage that writes several files into one output folder (``evaluate``: one metrics file per task of a data
-set) can be killed between two of them; each file is written atomically (``protoclip.atomic``), but the
+set) can be killed between two of them; each file is written atomically (``protoclip.files.atomic``), but the
 folder is then half done, and a reader that lists the folder (``collect``, ``report``) would summarise the
 tasks that happened to finish as the whole evaluation. The rule, the same for every such folder:
 
@@ -17,7 +17,7 @@ Snakemake and DVC already rerun a job whose process died (Snakemake's incomplete
 file); the marker covers what they cannot see: a stage run by hand (``protoclip evaluate`` / ``collect``) and a
 folder edited or damaged after its job finished.
 
-    from protoclip import completion
+    from protoclip.files import completion
     completion.start(folder, marker)
     ...write the folder's files...
     completion.finish(marker, {"tasks": ...}, files)
@@ -29,9 +29,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from protoclip.atomic import clean_stale_temps, write_json
+from protoclip.files.atomic import clean_stale_temps, write_json
 from protoclip.errors import UserError
-from protoclip.hashing import sha256_file
+from protoclip.files.hashing import sha256_file
 
 FILES_KEY = "complete_files"  # {file name in the folder: sha256} in the marker
 

@@ -6,11 +6,11 @@ cluster job whose predecessor is still being torn down. The train stage therefor
 ``results/runs/<run>/checkpoints/train.lock`` from before it decides fresh / resume until it has written
 ``model.pt``:
 
-    from protoclip.run_lock import hold_run
+    from protoclip.jobs.run_lock import hold_run
     with hold_run(layout.train_lock("clip"), "train clip"):   # waits (one line) while another process holds it
         ...
 
-The lock is ``fcntl.flock`` on that file, as :mod:`protoclip.gpu_slots` holds GPU slots: the kernel drops it
+The lock is ``fcntl.flock`` on that file, as :mod:`protoclip.jobs.gpu_slots` holds GPU slots: the kernel drops it
 when the holder's last descriptor closes, so a killed trainer (SIGKILL included) frees the run by itself and no
 stale lock survives a crash or a reboot. The holder writes its pid, host, start time and command into the file;
 a process that has to wait prints them in one line. The descriptor is inheritable, so the ranks that
@@ -32,7 +32,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, ContextManager, Iterator
 
-from protoclip.launch import LAUNCHER_PID
+from protoclip.jobs.launch import LAUNCHER_PID
 
 _held: dict[Path, object] = {}  # lock path -> open file, of the locks this process holds
 

@@ -9,12 +9,12 @@ by hand):
 
 * a job that declares no GPU (``gpu: false``) gets ``CUDA_VISIBLE_DEVICES=""``: it runs on the CPU and
   cannot take a GPU that the allocator gave another job (``device: auto`` resolves to cpu);
-* a job that needs k GPUs takes k slots (:mod:`protoclip.gpu_slots`, waiting while they are busy) and sets
+* a job that needs k GPUs takes k slots (:mod:`protoclip.jobs.gpu_slots`, waiting while they are busy) and sets
   ``CUDA_VISIBLE_DEVICES`` to them for its whole process tree; the lock files stay open in the job's process
   (and, being inheritable, in what it forks or ``exec``s: DataLoader workers, ``protoclip launch``'s command),
   so the slots are freed exactly when the job's processes are gone, SIGKILL included;
 * inside a SLURM job the slots are taken over the ids SLURM gave (``CUDA_VISIBLE_DEVICES``), per SLURM job
-  (protoclip.gpu_slots.lock_dir): a job the SLURM profile submitted takes the GPUs it was given, and the
+  (protoclip.jobs.gpu_slots.lock_dir): a job the SLURM profile submitted takes the GPUs it was given, and the
   concurrent jobs of a Snakemake run inside one allocation share its GPUs without sharing one (policy
   ``inherit`` steps aside instead: only the count is checked);
 * k > 1 training: the process becomes ``torchrun --standalone --nproc_per_node k`` (torch.distributed.run's
@@ -42,8 +42,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from protoclip.gpu_slots import GpuSlotsConfig, Held, SlotError, acquire, effective_policy, visible_ids
-from protoclip.project import PlacedProject, RunSettings
+from protoclip.jobs.gpu_slots import GpuSlotsConfig, Held, SlotError, acquire, effective_policy, visible_ids
+from protoclip.config.protocols import PlacedProject, RunSettings
 
 CVD = "CUDA_VISIBLE_DEVICES"
 LAUNCHER_PID = "PROTOCLIP_LAUNCHER_PID"  # set for the ranks run_ranks starts: the process holding their slots

@@ -8,9 +8,9 @@ descriptor of it closes, so a job that exits, crashes or is killed with SIGKILL 
 any cleanup, and no stale lock can survive a reboot. A job needing k GPUs takes one slot on each of k
 distinct GPUs, all at once or none (no hold-and-wait, so no deadlock between a 2-GPU job and two 1-GPU jobs),
 preferring the GPUs with the most free slots (spread before packing); it then exports
-``CUDA_VISIBLE_DEVICES`` to its whole process tree (see :mod:`protoclip.launch`).
+``CUDA_VISIBLE_DEVICES`` to its whole process tree (see :mod:`protoclip.jobs.launch`).
 
-    from protoclip.gpu_slots import GpuSlotsConfig, acquire
+    from protoclip.jobs.gpu_slots import GpuSlotsConfig, acquire
     held = acquire(GpuSlotsConfig(ids=[0, 1, 2, 3]), 2)   # blocks until 2 GPUs are free
     held.ids        # ['1', '3'];  held.release() or process exit frees them
 
@@ -48,7 +48,7 @@ LOCK_DIR = ".snakemake/protoclip/gpu-slots"
 
 @dataclass
 class GpuSlotsConfig:
-    """``gpus:`` section of the project config: the GPUs jobs are placed on (protoclip.launch)."""
+    """``gpus:`` section of the project config: the GPUs jobs are placed on (protoclip.jobs.launch)."""
 
     # 'all' = the visible devices (CUDA_VISIBLE_DEVICES if set, else nvidia-smi's list), or explicit ids
     ids: str | list[int | str] = "all"

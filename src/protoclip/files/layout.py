@@ -27,7 +27,7 @@
                                         k-means cluster), for the claims ledger
         tsne.png                        t-SNE figure (when the task ran)
         tasks.json                      what each configured task did on this set (ran / skipped / not applicable);
-                                        written last: the folder's completion marker (protoclip.completion)
+                                        written last: the folder's completion marker (protoclip.files.completion)
     results/runs/<run>/metrics.json     all of a run's metrics in one file (`protoclip collect`)
     results/tables/<target>.{csv,md,tex,html}, results/figures/<target>.png   paper targets (`protoclip report`)
     results/tables/index.md             every target and the skipped data sets
@@ -36,7 +36,7 @@
     results/tables/plots/               dvc.yaml `plots:` data: train_loss/<run>.csv, <table target>.csv
     results/export/<run>/               `protoclip export`: the run as an open_clip local-dir: folder
 
-The formats of the result files live in :mod:`protoclip.records`. Layout imports nothing of the project.
+The formats of the result files live in :mod:`protoclip.files.records`. Layout imports nothing of the project.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ class PathsConfig:
 
 @runtime_checkable
 class HasPaths(Protocol):
-    """Any config with a ``paths`` section (protoclip.config.ProjectConfig)."""
+    """Any config with a ``paths`` section (protoclip.project.ProjectConfig)."""
 
     @property
     def paths(self) -> PathsConfig: ...
@@ -211,7 +211,7 @@ class Layout:
         return self.checkpoint(run).parent / "train_log.jsonl"
 
     def train_lock(self, run: str) -> Path:
-        """Held (flock) by the process training the run, so that two never write it at once (protoclip.run_lock)."""
+        """Held (flock) by the process training the run, so that two never write it at once (protoclip.jobs.run_lock)."""
         return self.checkpoint(run).parent / "train.lock"
 
     def train_files(self, run: str) -> TrainFiles:
@@ -247,7 +247,7 @@ class Layout:
         return self.eval_dir(run, dataset) / f"{task}.json"
 
     def examples(self, run: str, task: str, dataset: str) -> Path:
-        """A task's per-example results beside its metrics file (protoclip.records.write_examples)."""
+        """A task's per-example results beside its metrics file (protoclip.files.records.write_examples)."""
         return self.eval_dir(run, dataset) / f"{task}.examples.npz"
 
     @property

@@ -9,7 +9,7 @@
 * :func:`to_dict` (dataclass tree -> plain dict), :func:`deep_merge`, :func:`require_path`.
 
 It knows no section of the project: the sections live with the packages that use them, and
-``protoclip.config`` composes them. Low modules import this one (and ``protoclip.errors``), never the
+``protoclip.project`` composes them. Low modules import this one (and ``protoclip.errors``), never the
 config assembler.
 """
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
 
 
 # field metadata key: a field the loader sets itself (the file a config came from), no YAML key of its own;
-# the generated config schema and its key table leave it out (protoclip.config_schema)
+# the generated config schema and its key table leave it out (protoclip.dag.schema)
 INTERNAL = "internal"
 SECTIONS = "sections"  # field metadata key: the field holds sections other packages register (open_sections)
 

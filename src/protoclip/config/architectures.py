@@ -12,7 +12,7 @@ with open_clip by ``protoclip.models.build``); a model name is known exactly whe
 would find it. ``local-dir:<folder>`` names read that folder's ``open_clip_config.json`` as open_clip does;
 ``hf-hub:`` names are not checked (their config lives on the Hub, and nothing here goes online).
 
-    from protoclip.model_configs import check_model
+    from protoclip.config.architectures import check_model
     check_model("tiny-vit", class_tokens=4, image_size=64)   # ok
     check_model("tiny-rn", class_tokens=4)                     # ValueError: class_tokens ... needs a ViT
 """
@@ -24,7 +24,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-OURS = Path(__file__).resolve().parent / "models" / "configs"  # = protoclip.models.build.CONFIG_DIR
+OURS = Path(__file__).resolve().parents[1] / "models" / "configs"  # = protoclip.models.build.CONFIG_DIR
 
 
 @functools.lru_cache(maxsize=None)
