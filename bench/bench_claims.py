@@ -150,7 +150,7 @@ class no_intervals:
     """Within the block, difference rows get no interval (the report before the ledger)."""
 
     def __enter__(self):
-        from protoclip.report.claims import ClaimEngine, NotRun
+        from protoclip.report.ledger_table import ClaimEngine, NotRun
 
         def refuse(*_a, **_k):
             raise NotRun("switched off")
@@ -159,7 +159,7 @@ class no_intervals:
         ClaimEngine.column_interval = refuse
 
     def __exit__(self, *exc):
-        from protoclip.report.claims import ClaimEngine
+        from protoclip.report.ledger_table import ClaimEngine
 
         ClaimEngine.column_interval = self.saved
 

@@ -5,7 +5,7 @@
 bad values stop with one line naming key and file), and checks every run and target up front, not when
 a job starts. Each section is a dataclass owned by its package (``protoclip.data.config``,
 ``protoclip.teacher.config``, ``protoclip.train.config``, ``protoclip.evaluate.config``,
-``protoclip.report.config``, ...); this module only composes them, so it stands above them all and is
+``protoclip.report.paper_targets``, ...); this module only composes them, so it stands above them all and is
 imported by the CLI, ``protoclip.dag`` and the stage entry points only.
 
 Runs (``runs:`` in the experiment files listed under ``experiments:``) are overrides merged
@@ -27,7 +27,7 @@ from protoclip.errors import ConfigError
 from protoclip.evaluate.config import EvaluateConfig
 from protoclip.jobs.gpu_slots import GpuSlotsConfig
 from protoclip.files.layout import PathsConfig
-from protoclip.report.config import TargetConfig
+from protoclip.report.paper_targets import TargetConfig
 from protoclip.config.strict import INTERNAL, build, deep_merge, read_yaml, to_dict
 from protoclip.teacher.config import TeacherConfig
 from protoclip.toy.config import ToyConfig
@@ -43,7 +43,7 @@ class ProjectConfig:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     toy: ToyConfig = field(default_factory=ToyConfig)  # PAUC's NEMD toy experiment (protoclip toy-nemd)
     gpus: GpuSlotsConfig = field(default_factory=GpuSlotsConfig)  # which GPU ids jobs run on (protoclip.jobs.gpu_slots)
-    claims: ClaimsConfig = field(default_factory=ClaimsConfig)  # the claims ledger (protoclip.report.claims)
+    claims: ClaimsConfig = field(default_factory=ClaimsConfig)  # the claims ledger (protoclip.report.ledger_table)
     experiments: list[str] = field(default_factory=list)  # experiment files (relative to this config)
     # files whose `target:` block only is read (their runs are not): a config with its own runs of the same
     # names (config/paper.yaml) reuses the offline default's target declarations this way
@@ -57,7 +57,7 @@ class ProjectConfig:
     _runs: dict = field(default_factory=dict, repr=False)
     # {base name -> [run names]} of runs declared with `seeds:` (expanded to <base>_s<seed>)
     _groups: dict = field(default_factory=dict, repr=False)
-    # {target id -> (protoclip.report.config.TargetConfig, file it came from)}
+    # {target id -> (protoclip.report.paper_targets.TargetConfig, file it came from)}
     _targets: dict = field(default_factory=dict, repr=False)
     # the claims of `claims.files`, in order: [(protoclip.claims.config.ClaimConfig, file it came from)]
     _claims: list = field(default_factory=list, repr=False)

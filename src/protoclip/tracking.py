@@ -322,7 +322,7 @@ def report_run(cfg: Project, name: str = "report", kind: str = "report") -> Iter
 @contextmanager
 def claims_run(cfg: Project) -> Iterator[Tracker]:
     """A new ``claims`` MLflow run (tag ``protoclip.kind = claims``): the claims ledger's summary, a tag per claim
-    (protoclip.report.claims.log_ledger). In the UI: search ``tags.protoclip.kind = 'claims'``."""
+    (protoclip.report.ledger_table.log_ledger). In the UI: search ``tags.protoclip.kind = 'claims'``."""
     with report_run(cfg, name="claims", kind="claims") as tracker:
         yield tracker
 

@@ -18,7 +18,7 @@ from protoclip.claims.ledger import CONTRADICTED, NOT_RESOLVED, NOT_RUN, NOT_TES
 from protoclip.project import load_config
 from protoclip.errors import ConfigError
 from protoclip.files.layout import Layout
-from protoclip.report.claims import ClaimEngine, log_ledger, metric_units, rule_text, run_ledger
+from protoclip.report.ledger_table import ClaimEngine, log_ledger, metric_units, rule_text, run_ledger
 from protoclip.report.paper_tables import build_table
 from protoclip.report.values import Results
 from testkit import REPO
@@ -253,7 +253,7 @@ def planted(tmp_path, request):
 
 def test_an_ami_too_long_to_resample_is_not_run_saying_how_long(planted, monkeypatch):
     """At ImageNet's size each AMI resample takes seconds: past the budget the row is "not run" with the time."""
-    import protoclip.report.claims as claims_module
+    import protoclip.report.ledger_table as claims_module
 
     cfg, _ = planted
     monkeypatch.setattr(claims_module, "AMI_BUDGET_S", 0.0)

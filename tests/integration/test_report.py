@@ -66,7 +66,7 @@ def test_run_report_writes_every_format_and_the_loss_plot(tmp_path):
 def test_not_applicable_cells_read_na_and_stay_out_of_the_skipped_list(tmp_path):
     # an image-only run's zero-shot is "not applicable" (a property of the run): its cell says so, and the index's
     # skipped-data-set list holds only sets that are missing, not the run's inapplicable tasks
-    from protoclip.report.config import ColumnConfig
+    from protoclip.report.paper_targets import ColumnConfig
 
     cfg, lay = make_project(tmp_path)
     for task in ("zeroshot", "clustering"):

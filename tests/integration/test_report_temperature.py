@@ -51,7 +51,7 @@ def test_figure_with_diagnostics_panels(tmp_path):
 def test_diagnostics_read_from_the_targets_columns(tmp_path):
     from types import SimpleNamespace
 
-    from protoclip.report.config import ColumnConfig, RowConfig, TargetConfig
+    from protoclip.report.paper_targets import ColumnConfig, RowConfig, TargetConfig
     from protoclip.report.temperature import temperature_diagnostics
 
     target = TargetConfig("fig_t", "figure", "c", plot="temperature",

@@ -10,7 +10,7 @@ from protoclip.data.config import PrepareProject
 from protoclip.evaluate.config import EvaluateProject
 from protoclip.files.layout import HasPaths
 from protoclip.config.protocols import PlacedProject, Project, RunSettings, Target
-from protoclip.report.config import ReportProject
+from protoclip.report.paper_targets import ReportProject
 from protoclip.teacher.config import TeacherProject
 from protoclip.toy.config import ToyProject
 from testkit import REPO

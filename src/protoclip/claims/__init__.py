@@ -2,4 +2,4 @@
 with a small-sample seed correction, Holm and power (:mod:`.intervals`), their coverage by simulation
 (:mod:`.coverage`), the verdict rules (:mod:`.ledger`), the claim declarations' schema (:mod:`.config`). Pure: no
 project config, DAG or tracking; the report reads the result files and draws the ledger
-(protoclip.report.claims)."""
+(protoclip.report.ledger_table)."""

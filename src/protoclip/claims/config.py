@@ -22,9 +22,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from protoclip.files.records import PHASES
+
 KINDS = ("difference", "count", "share", "overhead", "time_ratio")
 MAGNITUDE_TESTS = ("equivalence", "at_most", "at_least", "none")
-PHASES = ("extract", "kmeans", "pbt", "train")  # the episode phases train_log.jsonl times (time/<phase>)
 
 
 @dataclass

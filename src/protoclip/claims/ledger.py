@@ -6,7 +6,7 @@ any number of ours is seen:
 * **Direction** (``direction: positive | negative``): does our 95 % interval exclude 0 on the paper's side?
   *reproduced*: yes; *contradicted*: it excludes 0 on the other side; *not resolved*: it contains 0. A count
   ("better on 9 of 14 sets"): is the paper's side better on most sets, i.e. does the 95 % interval of the count
-  (protoclip.report.claims: Holm over the sets' own tests) lie above half the sets (*reproduced*), below it
+  (protoclip.report.ledger_table: Holm over the sets' own tests) lie above half the sets (*reproduced*), below it
   (*contradicted*), or contain it (*not resolved*)?
   ``direction: none``: the quantity has no sign to test (a share; an overhead positive by construction).
 * **Magnitude** (against ``paper_value`` with margin m): two one-sided tests at 5 % each, i.e. the 90 %

@@ -36,7 +36,7 @@ class RunSettings(Protocol):
 
 @runtime_checkable
 class Target(Protocol):
-    """A resolved paper target (protoclip.report.config.TargetConfig)."""
+    """A resolved paper target (protoclip.report.paper_targets.TargetConfig)."""
 
     @property
     def id(self) -> str: ...

@@ -255,7 +255,7 @@ def target_outputs(cfg: ProjectConfig, lay: Layout) -> list[Path]:
         out += lay.target_files(t.id, t.kind) + [lay.caption(t.id)]
     for name in summary_names(cfg):  # ours vs the paper, Table VI's differences, training curves
         out += [lay.figures / f"{name}.png", lay.caption(name)]
-    return out + lay.claims_files()  # the claims ledger (protoclip.report.claims), written even with no claim
+    return out + lay.claims_files()  # the claims ledger (protoclip.report.ledger_table), written even with no claim
 
 
 def evaluation_requests(cfg: ProjectConfig) -> dict[str, dict[str, list[str]]]:

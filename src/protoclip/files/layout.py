@@ -274,7 +274,7 @@ class Layout:
         return [self.figures / f"{target_id}.png"]
 
     def claims_files(self) -> list[Path]:
-        """The claims ledger (protoclip.report.claims): ``tables/claims.{md,csv,tex,html,json}``, the forest plot
+        """The claims ledger (protoclip.report.ledger_table): ``tables/claims.{md,csv,tex,html,json}``, the forest plot
         ``figures/claims.png`` and its caption ``report/claims.rst``."""
         return ([(self.tables / "claims").with_suffix(s) for s in (".md", ".csv", ".tex", ".html", ".json")]
                 + [self.figures / "claims.png", self.caption("claims")])

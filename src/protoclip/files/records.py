@@ -22,7 +22,7 @@
 * ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or {"skipped": line, "status": ...}}}`` of the
   whole run (``protoclip collect``; the DVC metrics file).
 * ``results/tables/claims.json``: the claims ledger as a DVC metrics file, ``{claim id: {"ours", "ci_low",
-  "ci_high", "paper": numbers or null, "verdict": text}}`` (protoclip.report.claims; :func:`write_claims`).
+  "ci_high", "paper": numbers or null, "verdict": text}}`` (protoclip.report.ledger_table; :func:`write_claims`).
 * ``results/runs/<run>/train_log.jsonl``: one JSON object per line, appended as training goes. Kinds:
   ``start`` (provenance and the resolved schedule, once), ``resume`` (the same, at each restart from a
   checkpoint), ``step`` (loss terms, temperatures, LRs of one optimizer step), ``episode`` (cluster statistics
@@ -207,6 +207,9 @@ def read_claims(path: Path) -> dict[str, dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- train_log.jsonl
+PHASES = ("extract", "kmeans", "pbt", "train")  # the episode phases an episode record times, as time/<phase>
+
+
 def _clean(value: Any) -> Any:
     """JSON has no NaN/Inf: write them as strings so the line stays valid JSON."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from protoclip.files.atomic import atomic_path
-from protoclip.report.config import ReportProject
+from protoclip.report.paper_targets import ReportProject
 
 TRAIN_LOSS_PLOT = "training loss"  # plot id of the training curves in dvc.yaml
 
@@ -76,7 +76,7 @@ def dvc_plots(cfg: ReportProject) -> list[dict | str]:
 
     # ours against the paper, Table VI's differences, the training curves per target: image plots too
     plots += [str(layout.figures / f"{name}.png") for name in summary_names(cfg)]
-    plots.append(str(layout.claims_files()[5]))  # the claims ledger's forest plot (protoclip.report.claims)
+    plots.append(str(layout.claims_files()[5]))  # the claims ledger's forest plot (protoclip.report.ledger_table)
     return plots
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from protoclip.files.atomic import atomic_path
 from protoclip.evaluate.set_features import SetFeatures
-from protoclip.report.config import ReportProject, TargetConfig
+from protoclip.report.paper_targets import ReportProject, TargetConfig
 from protoclip.report.values import PHASES, Results, paper_numbers
 
 log = logging.getLogger(__name__)

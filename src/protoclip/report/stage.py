@@ -3,11 +3,11 @@
     protoclip report --config config/config.yaml
 
 Writes every declared paper target (``target:`` blocks of the experiment files, see
-:mod:`protoclip.report.config`): ``results/tables/<id>.{csv,md,tex,html}`` with our numbers and the paper's
+:mod:`protoclip.report.paper_targets`): ``results/tables/<id>.{csv,md,tex,html}`` with our numbers and the paper's
 side by side (:mod:`protoclip.report.paper_tables`), ``results/figures/<id>.png``
 (:mod:`protoclip.report.figures`), each with its caption ``results/report/<id>.rst`` (the Snakemake report's
 caption), the claims ledger ``results/tables/claims.{md,csv,tex,html,json}`` with its forest plot
-``results/figures/claims.png`` (:mod:`protoclip.report.claims`), the generic tables
+``results/figures/claims.png`` (:mod:`protoclip.report.ledger_table`), the generic tables
 (:mod:`protoclip.report.tables`), the data of dvc.yaml's ``plots:`` (:mod:`protoclip.report.dvc_plots`), and
 the summary figures with their captions (:mod:`protoclip.report.summary_figures`: ours against the paper, Table
 VI's per-set differences, the training curves per target), and ``results/tables/index.md`` listing the skipped
@@ -25,7 +25,7 @@ import pandas as pd
 
 from protoclip.files.atomic import atomic_path, clean_stale_temps, write_text
 from protoclip.files.layout import Layout
-from protoclip.report.config import ReportProject
+from protoclip.report.paper_targets import ReportProject
 from protoclip.report.tables import TABLE_METRICS, collect_metrics, rst_escape, task_table, train_losses
 from protoclip.report.values import Results
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def run_report(cfg: ReportProject) -> Path:
-    from protoclip.report.claims import ClaimEngine, run_ledger
+    from protoclip.report.ledger_table import ClaimEngine, run_ledger
     from protoclip.report.dvc_plots import write_plot_data
     from protoclip.report.figures import write_figure
     from protoclip.report.paper_tables import write_table
@@ -71,7 +71,7 @@ def run_report(cfg: ReportProject) -> Path:
             png, caption = write_figure(cfg, results, target)
             lines += [f"## {target.id}", "", caption, "", f"![{target.id}](../figures/{png.name})", ""]
         write_text(layout.caption(target.id), rst_escape(caption) + "\n")
-    rows, files = run_ledger(cfg, results, engine)  # the claims ledger (protoclip.report.claims)
+    rows, files = run_ledger(cfg, results, engine)  # the claims ledger (protoclip.report.ledger_table)
     lines += ["## Claims ledger", "", files["md"].read_text().strip(), "",
               f"![claims](../figures/{files['png'].name})", ""]
     with atomic_path(layout.targets_long) as tmp:  # every target cell, ours and the paper's
@@ -107,7 +107,7 @@ def run_report(cfg: ReportProject) -> Path:
 
 def log_to_mlflow(cfg: ReportProject) -> None:
     """The report's tables and figures as artifacts of a ``report`` MLflow run; each claim into a ``claims`` run."""
-    from protoclip.report.claims import log_ledger
+    from protoclip.report.ledger_table import log_ledger
     from protoclip.tracking import claims_run, log_report
 
     log_report(cfg)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from protoclip.report.config import ReportProject, TargetConfig
+from protoclip.report.paper_targets import ReportProject, TargetConfig
 from protoclip.report.figures import _empty, _plt, _save
 from protoclip.report.values import Results, paper_numbers
 

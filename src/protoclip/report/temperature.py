@@ -23,7 +23,7 @@ from pathlib import Path
 
 from protoclip.files.atomic import atomic_path
 from protoclip.files.records import read_train_log
-from protoclip.report.config import ReportProject
+from protoclip.report.paper_targets import ReportProject
 
 PANELS = (("clip_scale", "logit scale s = 1/tau", "log"), ("equilibrium", "mean(s_ii - E_p s_ij)", "linear"),
           ("grad_norm", "gradient norm", "log"))

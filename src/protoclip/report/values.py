@@ -23,11 +23,11 @@ import numpy as np
 import yaml
 
 from protoclip.files import records
+from protoclip.files.records import PHASES
 from protoclip.files.layout import Layout
-from protoclip.report.config import ColumnConfig, ReportProject, TargetConfig
+from protoclip.report.paper_targets import ColumnConfig, ReportProject, TargetConfig
 from protoclip.tasks import TaskStatus
 
-PHASES = ("extract", "kmeans", "pbt", "train")  # the episode phases the trainer times (train/loop.py)
 
 
 class PaperNumber(float):
@@ -225,7 +225,7 @@ class Results:
 def episode_times(log_path: Path) -> dict[str, np.ndarray] | None:
     """Seconds of each episode phase per episode, ``{phase: [episodes]}`` plus ``total`` (their sum), in episode
     order; None without a log. A resumed run may repeat an episode record: the last record of each episode
-    counts. The claims ledger resamples these (protoclip.report.claims)."""
+    counts. The claims ledger resamples these (protoclip.report.ledger_table)."""
     per_episode = {int(rec["episode"]): rec for rec in records.read_train_log(log_path, kind="episode")}
     if not per_episode:
         return None

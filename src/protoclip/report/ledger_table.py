@@ -48,7 +48,7 @@ from protoclip.claims.bootstrap import (
 from protoclip.claims.config import ClaimConfig
 from protoclip.claims.intervals import Estimate, combine, holm
 from protoclip.files.layout import Layout
-from protoclip.report.config import ColumnConfig, ReportProject, TargetConfig, first_configured
+from protoclip.report.paper_targets import ColumnConfig, ReportProject, TargetConfig, first_configured
 from protoclip.report.values import Results, episode_times
 
 log = logging.getLogger(__name__)
