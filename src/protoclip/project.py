@@ -9,7 +9,10 @@ a job starts. Each section is a dataclass owned by its package (``protoclip.data
 imported by the CLI, ``protoclip.dag`` and the stage entry points only.
 
 Runs (``runs:`` in the experiment files listed under ``experiments:``) are overrides merged
-onto the ``train:`` defaults, so every run's resolved config is a complete ``TrainConfig``.
+onto the ``train:`` defaults, so every run's resolved config is a complete ``TrainConfig``. One precedence
+rule: the nearer level wins (``train_force`` > the run's own keys > ``train:`` > the dataclass defaults), also
+for a quantity two keys can set (``train.config.SAME_QUANTITY``: ``warmup_episodes`` / ``warmup_samples``): a
+level that sets one of them clears the others of the levels below, and one level setting two of them stops.
 
     from protoclip.project import load_config
     cfg = load_config("config/config.yaml")
@@ -17,7 +20,7 @@ onto the ``train:`` defaults, so every run's resolved config is a complete ``Tra
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,7 @@ from protoclip.report.paper_targets import TargetConfig
 from protoclip.config.strict import INTERNAL, build, deep_merge, read_yaml, to_dict
 from protoclip.teacher.config import TeacherConfig
 from protoclip.toy.config import ToyConfig
-from protoclip.train.config import HELDOUT_SET as HELDOUT, TrainConfig
+from protoclip.train.config import HELDOUT_SET as HELDOUT, SAME_QUANTITY, TrainConfig
 
 
 @dataclass
@@ -103,10 +106,38 @@ class ProjectConfig:
         if name not in self._runs:
             raise ConfigError(f"{self.source}: unknown run '{name}' (defined: {', '.join(self._runs) or 'none'})")
         overrides, where = self._runs[name]
-        merged = deep_merge(deep_merge(to_dict(self.train), overrides), self.train_force)
+        merged = layer(layer(to_dict(self.train), overrides), self.train_force)
         merged["name"] = name
         return build(TrainConfig, merged, f"{where} (run '{name}')", prefix="")
 
+
+def set_keys(level: dict, group: tuple[str, ...]) -> list[str]:
+    """The keys of ``group`` that ``level`` sets (to a value other than null)."""
+    return [k for k in group if level.get(k) is not None]
+
+
+def check_same_quantity(level: dict, where: str) -> None:
+    """Stop when one config level sets one quantity through two keys (``SAME_QUANTITY``): which should win is
+    not the loader's guess."""
+    for group in SAME_QUANTITY:
+        if len(both := set_keys(level, group)) > 1:
+            raise ConfigError(f"{where}: {' and '.join(both)} both set the same quantity at one level; set one")
+
+
+def layer(lower: dict, level: dict) -> dict:
+    """``level`` merged over ``lower``; where ``level`` sets a quantity of ``SAME_QUANTITY``, the keys of its
+    group that ``level`` does not set fall back to the dataclass defaults (a run's ``warmup_episodes`` is not
+    overridden by a file-level ``warmup_samples``)."""
+    lower = dict(lower)
+    for group in SAME_QUANTITY:
+        if set_keys(level, group):
+            for k in group:
+                if k not in level:
+                    lower[k] = TRAIN_FIELD_DEFAULTS[k]
+    return deep_merge(lower, level)
+
+
+TRAIN_FIELD_DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}
 
 SEEDS_KEY = "seeds"  # a run's `seeds: [0, 1, 2]` -> runs <name>_s0, <name>_s1, <name>_s2 (train.seed set)
 
@@ -178,6 +209,8 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
     data = deep_merge(read_yaml(path), overrides or {})
     cfg = build(ProjectConfig, data, str(path))
     cfg.source = str(path)
+    check_same_quantity(data.get("train") or {}, f"{path}: train")
+    check_same_quantity(cfg.train_force, f"{path}: train_force")
     runs: dict[str, tuple[dict, str]] = {}
     groups: dict[str, list[str]] = {}
     declared: dict[str, tuple[dict, str]] = {}  # as written (before seed expansion), for the identity check
@@ -194,6 +227,7 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
                     raise ConfigError(f"{exp_path}: run '{name}' is already defined differently in "
                                       f"{declared[name][1]} (a shared run must have one definition)")
                 continue  # shared by several targets: trained and evaluated once
+            check_same_quantity(ov, f"{exp_path}: run '{name}'")
             declared[name] = (ov, str(exp_path))
             expanded = expand_seeds(name, ov, str(exp_path))
             if SEEDS_KEY in ov:
@@ -210,6 +244,8 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
     for name, ov in cfg.runs.items():
         if name in runs or name in groups:
             raise ConfigError(f"{path}: run '{name}' is already defined in {runs.get(name, declared.get(name))[1]}")
+        if isinstance(ov, dict):
+            check_same_quantity(ov, f"{path}: run '{name}'")
         expanded = expand_seeds(name, ov, str(path)) if isinstance(ov, dict) else {name: ov}
         if isinstance(ov, dict) and SEEDS_KEY in ov:
             groups[name] = list(expanded)

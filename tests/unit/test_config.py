@@ -74,6 +74,44 @@ def test_duplicate_run_names_are_shared_when_identical_else_an_error(tmp_path):
         load_config(write(tmp_path, {"experiments": [a.name], "runs": {"r": {"method": "clip"}}}))
 
 
+def test_a_runs_own_warmup_beats_the_file_level_one_in_either_unit(tmp_path):
+    """The nearer level wins even where two keys set the warm-up: a file-level warmup_samples (which the schedule
+    prefers) must not override a run's warmup_episodes; the schedule then counts the run's unit."""
+    from protoclip.train.schedule import Schedule
+
+    exp = write(tmp_path, {"runs": {"episodes": {"warmup_episodes": 3}, "samples": {"warmup_samples": 640},
+                                    "inherits": {"epochs": 2}}}, "exp.yaml")
+    cfg = load_config(write(tmp_path, {"experiments": [exp.name], "train": {"warmup_samples": 6400}}))
+    got = {n: (cfg.run(n).warmup_episodes, cfg.run(n).warmup_samples) for n in cfg.run_names()}
+    assert got == {"episodes": (3, None), "samples": (40, 640), "inherits": (40, 6400)}
+    steps = {}
+    for n in cfg.run_names():  # 1000 pairs, episodes of 200, batch 64: 4 steps per episode
+        r = cfg.run(n)
+        steps[n] = Schedule.build(base_lr=1.0, epochs=4, dataset_size=1000, episode_size=200, batch_size=64,
+                                  warmup_episodes=r.warmup_episodes, lock_image_epoch=None,
+                                  warmup_samples=r.warmup_samples).warmup_steps
+    assert steps == {"episodes": 3 * 4, "samples": 10, "inherits": 100}  # ceil(640 / 64), ceil(6400 / 64)
+    # train_force is the nearest level: its episodes beat both the file's and a run's samples
+    cfg = load_config(write(tmp_path, {"experiments": [exp.name], "train": {"warmup_samples": 6400},
+                                       "train_force": {"warmup_episodes": 1}}))
+    assert {(cfg.run(n).warmup_episodes, cfg.run(n).warmup_samples) for n in cfg.run_names()} == {(1, None)}
+
+
+@pytest.mark.parametrize("level", ["train", "run", "train_force"])
+def test_two_keys_for_one_quantity_at_one_level_stop_naming_both(tmp_path, level):
+    both = {"warmup_episodes": 2, "warmup_samples": 100}
+    exp = write(tmp_path, {"runs": {"r": both if level == "run" else {"epochs": 2}}}, "exp.yaml")
+    data = {"experiments": [exp.name], **({level: both} if level != "run" else {})}
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, data))
+    msg = str(err.value)
+    assert "warmup_episodes and warmup_samples" in msg and "same quantity" in msg
+    assert ("exp.yaml: run 'r'" if level == "run" else f"config.yaml: {level}") in msg
+    # a null is not a setting: clearing one unit beside the other loads
+    exp = write(tmp_path, {"runs": {"r": {"warmup_episodes": 2, "warmup_samples": None}}}, "exp.yaml")
+    assert load_config(write(tmp_path, {"experiments": [exp.name]})).run("r").warmup_episodes == 2
+
+
 def test_missing_config_or_experiment_file_names_the_path(tmp_path):
     with pytest.raises(ConfigError, match="input path not found.*nope.yaml"):
         load_config(tmp_path / "nope.yaml")

@@ -80,6 +80,12 @@ class EarlyStopConfig:
     min_delta: float = 0.0  # an improvement must beat the best value by more than this
 
 
+# keys that set one quantity in two units. One level of a config (the `train:` defaults, a run's overrides,
+# `train_force`) sets at most one key of a group (protoclip.project stops naming both), and a level that sets one
+# replaces what a lower level set through any key of the group: a run's own `warmup_episodes` beats a file-level
+# `warmup_samples`, whose unit would otherwise win (train.schedule.warmup_steps prefers samples)
+SAME_QUANTITY = (("warmup_episodes", "warmup_samples"),)
+
 VALIDATION_TASKS = ("zeroshot", "knn", "retrieval")  # what the validation during training can score
 # protoclip.evaluate.datasets.HELDOUT, spelled out: the config loader does not import the evaluation data readers
 HELDOUT_SET = "heldout_pairs"
