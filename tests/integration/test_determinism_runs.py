@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from protoclip.evaluate.collect import run_collect
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.files.layout import Layout
 from protoclip.files.records import read_train_log
@@ -66,6 +67,7 @@ def test_two_evaluations_write_identical_metrics_files(tmp_path):
     for _ in range(2):
         shutil.rmtree(run_dir / "eval", ignore_errors=True)  # nothing cached: extraction runs again too
         run_evaluate(cfg, RUN)
+        run_collect(cfg, RUN)
         files = sorted(run_dir.glob("eval/*/*.json")) + [layout.metrics_summary(RUN)]
         outputs.append({p.relative_to(run_dir): p.read_bytes() for p in files})
     assert len(outputs[0]) >= 12  # every task on both sets, plus the summary

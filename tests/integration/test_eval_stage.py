@@ -32,7 +32,7 @@ _threads = pytest.fixture(autouse=True)(one_thread)
 
 def test_run_evaluate_end_to_end(project):
     cfg, layout = project
-    written = run_evaluate(cfg, RUN)
+    written = run_evaluate(cfg, RUN) + [run_collect(cfg, RUN)]  # what `protoclip evaluate` without --dataset does
     expect = {("zeroshot", "digits"), ("linear", "digits"), ("knn", "digits"), ("clustering", "digits"),
               ("nemd", "digits"), ("tsne", "digits"),
               ("zeroshot", "heldout_pairs"), ("linear", "heldout_pairs"), ("knn", "heldout_pairs"), ("retrieval", "heldout_pairs"),

@@ -15,8 +15,8 @@ t-SNE plots to ``eval/<set>/tsne.png`` and records what each task did in ``eval/
 completion marker (protoclip.files.completion), deleted when an evaluation of the set starts and written last with the
 sha256 of every file it vouches for, so that a folder killed half-way is never read as complete. A task that does
 not run has a status (protoclip.tasks.TaskStatus): not applicable, too small, or the set's data missing, which
-its metrics file carries where a table cell must say why. An evaluation of every set also writes the run's
-``metrics.json`` (:mod:`protoclip.evaluate.collect`).
+its metrics file carries where a table cell must say why. ``protoclip evaluate`` without ``--dataset`` also
+writes the run's ``metrics.json`` (:mod:`protoclip.evaluate.collect`).
 """
 from __future__ import annotations
 
@@ -173,11 +173,8 @@ class SetEvaluation:
 
 def run_evaluate(cfg: EvaluateProject, run: str, tasks: list[str] | None = None, datasets: list[str] | None = None,
                  targets: list[str] | None = None) -> list[Path]:
-    """Evaluate ``run`` on the configured sets; returns the metrics files written.
-
-    Without ``datasets`` (every configured set) it also writes ``metrics.json`` (``collect``); the workflow's
-    per-set jobs leave that to its ``collect`` job. ``targets``: table targets (MLflow tags).
-    """
+    """Evaluate ``run`` on the configured sets (``datasets``: some of them); returns the metrics files written.
+    ``targets``: table targets (MLflow tags). The run's ``metrics.json`` is ``collect``'s, a stage of its own."""
     ecfg: EvaluateConfig = cfg.evaluate
     tasks, names = _requested(cfg, tasks, datasets)
     layout = Layout.from_config(cfg)
@@ -192,11 +189,6 @@ def run_evaluate(cfg: EvaluateProject, run: str, tasks: list[str] | None = None,
         job = SetEvaluation(ecfg, layout, run, extractor, tracker, provenance(ecfg.seed))
         for name in names:
             written += job.evaluate(name, tasks)
-        if datasets is None:
-            from protoclip.evaluate.collect import run_collect
-
-            written.append(run_collect(cfg, run))
-            tracker.log_artifact(layout.metrics_summary(run), "metrics")
     return written
 
 
@@ -208,8 +200,13 @@ def add_arguments(p, name: str) -> None:
 
 
 def main(args) -> int:
-    """Take the run's GPU slots (before CUDA starts), then evaluate."""
+    """Take the run's GPU slots (before CUDA starts), then evaluate; an evaluation of every set (no ``--dataset``)
+    also writes the run's ``metrics.json``, as the workflow's ``collect`` job does after its per-set jobs."""
     cfg = args.cfg
     with launch.place(cfg.gpus, launch.evaluate_gpus(cfg, args.run), who=f"evaluate {args.run}"):
         run_evaluate(cfg, args.run, tasks=args.task, datasets=args.dataset)
+    if args.dataset is None:
+        from protoclip.evaluate.collect import run_collect
+
+        run_collect(cfg, args.run)
     return 0
