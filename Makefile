@@ -23,7 +23,7 @@ run: $(STAMP)
 	test results/report.html -nt results/tables/index.md || PATH=$(BIN):$$PATH snakemake --report results/report.html
 
 # After a fresh clone (or `git checkout` of another commit): data and results from the DVC remote / cache,
-# then Snakemake's file times and metadata set to match (README "DVC and Snakemake"), so `make run` reruns
+# then Snakemake's file times and metadata set to match (docs/dvc.md), so `make run` reruns
 # nothing. Refuses when the outputs do not match dvc.lock (then `make run` recomputes what changed).
 pull: $(STAMP)
 	PATH=$(BIN):$$PATH dvc pull
@@ -37,7 +37,7 @@ checkout: $(STAMP)
 # The tests (what CI runs through .ci/run), with what they start: pytest, the SLURM plugin and the MLflow tracking
 # server's packages (pip extras `test`, `slurm`, `tracking-server`) and, as root, the Debian packages of the test
 # SLURM cluster and of PostgreSQL (.ci/install-slurm, .ci/install-postgresql; each step does nothing when done).
-# Every tier, fastest first (README "Tests"): `make test-unit`, `make test-integration`, `make test-e2e` run one.
+# Every tier, fastest first (docs/tests.md): `make test-unit`, `make test-integration`, `make test-e2e` run one.
 # The unit and integration tiers run on TEST_WORKERS processes (pytest-xdist; one thread each). The end-to-end
 # tests spend about a third of their time waiting (process start-ups, SLURM's scheduling and status checks,
 # servers), so E2E_WORKERS of them share the 2 cores; those of one SLURM cluster or tracking server run in one

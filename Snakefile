@@ -7,8 +7,7 @@ from snakemake.utils import min_version
 
 min_version("9.27")
 
-# The config: config/config.yaml, or the --configfile files alone (workflow/rules/common.smk; README
-# "Overriding the config").
+# The config: config/config.yaml, or the --configfile files alone (workflow/rules/common.smk; docs/config.md).
 
 
 include: "workflow/rules/common.smk"

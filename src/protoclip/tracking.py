@@ -19,7 +19,7 @@ Where the runs go (``paths.mlflow_uri``): a local SQLite file by default (``sqli
 the UI with ``mlflow ui --backend-store-uri sqlite:///results/mlflow.db``), which holds for the concurrent jobs
 of one machine: the first connection and the experiment are made under a file lock beside it, SQLite serialises
 the writes. On a cluster the jobs log to an MLflow tracking server (``http://host:port``) with a PostgreSQL
-database behind it (README "MLflow on a cluster"); a server with MLflow's authentication gets the jobs'
+database behind it (docs/mlflow.md, "MLflow on a cluster"); a server with MLflow's authentication gets the jobs'
 credentials from MLflow's own variables ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` in their
 environment, never from the config (a URI holding a password is refused when the config loads).
 """

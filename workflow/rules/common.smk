@@ -17,7 +17,7 @@ from protoclip.dag import dvc_sync, resources as job_sizes, snakemake as dag_sna
 from protoclip.dag.snakemake import schema_error
 
 DEFAULT_CONFIG = "config/config.yaml"
-# One config model (README "Overriding the config"): `snakemake` alone reads config/config.yaml; with
+# One config model (docs/config.md): `snakemake` alone reads config/config.yaml; with
 # --configfile, the given files alone, merged in order (an overlay such as my-site.yaml on top of
 # config/paper.yaml), never on top of the offline default; --config keys go on top of either. The commands read
 # exactly that: the one file itself when nothing is merged onto it (the commands of dvc.yaml), else the merged

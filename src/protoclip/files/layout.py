@@ -72,7 +72,7 @@ class PathsConfig:
     data_dir: Path = Path("data")  # raw Debian packages, prepared data, teacher cache
     results_dir: Path = Path("results")  # runs, metrics, tables, figures
     # MLflow tracking store; a local SQLite file by default (open with `mlflow ui --backend-store-uri <this>`);
-    # on a cluster a tracking server, http://host:port (README "MLflow on a cluster")
+    # on a cluster a tracking server, http://host:port (docs/mlflow.md, "MLflow on a cluster")
     mlflow_uri: str = "sqlite:///results/mlflow.db"
     mlflow_experiment: str = "protoclip-repro"
     # each training run's weights (model.pt and, where open_clip can represent the model, its open_clip export) as

@@ -62,7 +62,7 @@ def architecture_overrides(cfg: dict, embed_dim: int | None, context_length: int
     passed as a whole ``text_cfg`` (``vision_cfg``) with only that key changed. Why they exist: ProtoCLIP
     Table I / Sec. IV-C2 give RN101 a 1024-d z^I where open_clip's RN101 config has 512, Sec. IV-A1 sets the
     text "max sequence length" to 76 where open_clip (and OpenAI CLIP) use 77, and the offline default trains
-    the tiny configs at 32 px on 2 CPU cores (README "Budget").
+    the tiny configs at 32 px on 2 CPU cores (docs/speed.md).
     """
     out: dict = {}
     if embed_dim is not None and embed_dim != cfg["embed_dim"]:
