@@ -19,6 +19,13 @@ code (megvii-research/protoclip, ``src/open_clip/transform.py``, augmentation
   RandomResizedCrop(scale 0.2-1) + ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8 + grayscale p=0.2 + Gaussian blur
   (sigma 0.1-2 at 224 px, p=0.5; kernel 10 % of the side, SimCLR's) + horizontal flip, in MoCo's order.
   Two-view methods draw it twice per image (``protoclip.train.methods.base.MultiView``).
+* ``mocov1``: MoCo v1's augmentation, which PCL v1 and PAUC state ("random crop, random color jittering, random
+  horizontal flip, and random grayscale conversion": pcl-protonce.txt Sec. 4.1, pauc-nemd.txt Sec. 4.1; ref-code
+  main_moco.py without ``--aug-plus``): RandomResizedCrop(scale 0.2-1) + grayscale p=0.2 + ColorJitter(0.4, 0.4,
+  0.4, 0.4) always + horizontal flip, in MoCo's order; no blur.
+* ``crop50`` / ``crop80``: RandomResizedCrop only, scale 0.5-1.0 (nCLIP: "follow CLIP with image size randomly
+  cropped and resized within the scale of (0.5, 1.0)", nclip-xclip.txt Sec. 3.2, l.118) / 0.8-1.0 (the temperature
+  paper: "we only apply the RandomResizedCrop with a scale range of [0.8,1.0]", its App. A, l.802).
 
 Blur at other sizes than 224 px: the kernel (21 px at 224 in the authors' code, 10 % of the side in
 SimCLR) and sigma range scale with ``image_size / 224`` so that a 64 px CPU run gets the same relative blur
@@ -35,11 +42,14 @@ from open_clip.transform import (OPENAI_DATASET_MEAN, OPENAI_DATASET_STD, _conve
                                  image_transform)
 from torchvision import transforms as T
 
-Kind = Literal["protoclip", "none", "simclr", "mocov2"]
-CROP_SCALE = {"simclr": (0.08, 1.0), "protoclip": (0.5, 1.0), "none": (0.9, 1.0), "mocov2": (0.2, 1.0)}
-JITTER_P = {"simclr": 0.8, "protoclip": 0.2, "mocov2": 0.8}
-# brightness, contrast, saturation, hue: SimCLR s = 1 and the authors' code; MoCo v2's weaker jitter
-JITTER = {"simclr": (0.8, 0.8, 0.8, 0.2), "protoclip": (0.8, 0.8, 0.8, 0.2), "mocov2": (0.4, 0.4, 0.4, 0.1)}
+Kind = Literal["protoclip", "none", "simclr", "mocov2", "mocov1", "crop50", "crop80"]
+CROP_SCALE = {"simclr": (0.08, 1.0), "protoclip": (0.5, 1.0), "none": (0.9, 1.0), "mocov2": (0.2, 1.0),
+              "mocov1": (0.2, 1.0), "crop50": (0.5, 1.0), "crop80": (0.8, 1.0)}
+CROP_ONLY = ("none", "crop50", "crop80")  # RandomResizedCrop and nothing else
+JITTER_P = {"simclr": 0.8, "protoclip": 0.2, "mocov2": 0.8, "mocov1": 1.0}
+# brightness, contrast, saturation, hue: SimCLR s = 1 and the authors' code; MoCo v2's weaker jitter; MoCo v1's
+JITTER = {"simclr": (0.8, 0.8, 0.8, 0.2), "protoclip": (0.8, 0.8, 0.8, 0.2), "mocov2": (0.4, 0.4, 0.4, 0.1),
+          "mocov1": (0.4, 0.4, 0.4, 0.4)}
 GRAY_P = 0.2  # SimCLR, MoCo v2 and the authors' code
 BLUR_P = {"simclr": 0.5, "protoclip": 0.2, "mocov2": 0.5}  # SimCLR (ImageNet); the authors' code; MoCo v2
 # at 224 px: SimCLR 10 % of the side (odd), also used for MoCo v2's PIL blur; authors' code 21
@@ -65,7 +75,9 @@ def train_transform(image_size: int, kind: Kind = "protoclip") -> Callable:
     if kind == "mocov2":  # MoCo v2's order: crop, jitter, grayscale, blur, flip
         steps += [color_jitter(*JITTER[kind], p=JITTER_P[kind]), gray_scale(p=GRAY_P), gaussian_blur(image_size, kind),
                   T.RandomHorizontalFlip()]
-    elif kind != "none":
+    elif kind == "mocov1":  # MoCo v1's order: crop, grayscale, jitter, flip
+        steps += [gray_scale(p=GRAY_P), color_jitter(*JITTER[kind], p=JITTER_P[kind]), T.RandomHorizontalFlip()]
+    elif kind not in CROP_ONLY:
         steps += [T.RandomHorizontalFlip(), color_jitter(*JITTER[kind], p=JITTER_P[kind]), gray_scale(p=GRAY_P),
                   gaussian_blur(image_size, kind)]
     steps += [T.ToTensor(), T.Normalize(OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)]
@@ -77,4 +89,5 @@ def eval_transform(image_size: int) -> Callable:
     return image_transform(image_size, is_train=False)
 
 
-__all__ = ["Kind", "train_transform", "eval_transform", "gaussian_blur", "CROP_SCALE", "JITTER_P", "BLUR_P"]
+__all__ = ["Kind", "train_transform", "eval_transform", "gaussian_blur", "CROP_SCALE", "CROP_ONLY", "JITTER_P",
+           "BLUR_P"]
