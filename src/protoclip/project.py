@@ -96,7 +96,8 @@ class ProjectConfig:
         absent = {u.name: why for u in self.prepare.user_data if (why := absent_reason(u))}
         out = {}
         for name in self._runs:
-            data = self.run(name).data
+            run = self.run(name)
+            data = [] if run.pretrained.enabled else run.data  # a released checkpoint trains on nothing here
             if data and all(d in absent for d in data):
                 out[name] = "training data absent (" + "; ".join(absent[d] for d in data) + ")"
         return out

@@ -121,5 +121,73 @@ def check_model(name: str, *, embed_dim: int | None = None, context_length: int 
                              f"{width} (embed_dim x max(class_tokens, 1)) of model '{name}'")
 
 
-__all__ = ["check_model", "config_dirs", "default_image_size", "image_step", "known_models", "model_json",
+LOCAL_DIR = "local-dir:"  # open_clip's schema for a model folder (open_clip_config.json + weights)
+
+
+@functools.lru_cache(maxsize=None)
+def released_tags() -> dict[str, tuple[str, ...]]:
+    """{open_clip model name: its pretrained tags} as ``open_clip.list_pretrained()`` gives them, read from
+    ``open_clip/pretrained.py`` without importing it (it imports torch): each ``_PRETRAINED`` entry is a
+    ``dict(tag=_pcfg(...), ...)``, inline or named, and every model with QuickGELU tags also has a ``-quickgelu``
+    name with those tags (the module's own loop). Imports open_clip only when the file does not parse that way."""
+    import ast
+
+    spec = importlib.util.find_spec("open_clip")
+    try:
+        file = Path(next(iter(spec.submodule_search_locations or []))) / "pretrained.py"
+        tree = ast.parse(file.read_text("utf-8"))
+        named = {n.targets[0].id: n.value for n in tree.body
+                 if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}
+
+        def tags(node) -> dict[str, bool]:  # {tag: quick_gelu}
+            node = named.get(node.id) if isinstance(node, ast.Name) else node
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict"):
+                raise ValueError("not a dict(...) of tags")
+            return {kw.arg: any(k.arg == "quick_gelu" and getattr(k.value, "value", False) is True
+                                for k in getattr(kw.value, "keywords", [])) for kw in node.keywords if kw.arg}
+
+        table = named["_PRETRAINED"]
+        out = {k.value: tags(v) for k, v in zip(table.keys, table.values)}
+        out.update({f"{m}-quickgelu": {t: True for t, q in ts.items() if q} for m, ts in list(out.items())
+                    if any(ts.values())})
+        return {m: tuple(ts) for m, ts in out.items()}
+    except (StopIteration, OSError, SyntaxError, KeyError, AttributeError, TypeError, ValueError):
+        import open_clip  # another open_clip layout: ask it (slow: torch)
+
+        out: dict[str, list[str]] = {}
+        for model, tag in open_clip.list_pretrained():
+            out.setdefault(model, []).append(tag)
+        return {m: tuple(ts) for m, ts in out.items()}
+
+
+def check_pretrained(model: str | None, tag: str | None) -> None:
+    """Raise ValueError naming the key (of a run's ``pretrained`` section) unless it names a released open_clip
+    checkpoint: ``model`` an open_clip model with pretrained tags and ``tag`` one of them
+    (``open_clip.list_pretrained()``), or ``tag`` a ``local-dir:<folder>`` with no model (the folder names its
+    architecture; that it exists is checked when the evaluation loads it: an export the same workflow makes may not
+    exist yet when the config is read)."""
+    if tag is None:
+        if model is not None:
+            raise ValueError(f"model '{model}' needs a tag (an open_clip pretrained tag or "
+                             f"{LOCAL_DIR}<folder>)")
+        return
+    if tag.startswith(LOCAL_DIR):
+        if not tag[len(LOCAL_DIR):].strip():
+            raise ValueError(f"tag '{tag}': no folder after '{LOCAL_DIR}'")
+        if model is not None:
+            raise ValueError(f"model must be null with tag '{tag}': the folder's "
+                             "open_clip_config.json names the architecture")
+        return
+    released = released_tags()
+    if model is None or model not in released:
+        near = difflib.get_close_matches(model or "", list(released), n=6) or ["RN50", "RN101", "ViT-B-32"]
+        raise ValueError(f"model: {'no model given' if model is None else f'unknown model {model!r}'} "
+                         f"(open_clip models with released weights include: {', '.join(near)})")
+    if tag not in released[model]:
+        raise ValueError(f"tag: '{tag}' is not a released checkpoint of open_clip model '{model}' "
+                         f"(its tags: {', '.join(released[model])})")
+
+
+__all__ = ["LOCAL_DIR", "check_model", "check_pretrained", "config_dirs", "released_tags", "default_image_size",
+           "image_step", "known_models", "model_json",
            "multitoken_problem"]

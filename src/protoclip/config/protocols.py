@@ -8,7 +8,7 @@ has every member). Code above the assembler (protoclip.dag, the CLI, train's sta
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from protoclip.claims.config import ClaimConfig, ClaimsConfig
 from protoclip.files.layout import PathsConfig
@@ -30,6 +30,8 @@ class RunSettings(Protocol):
     def epochs(self) -> float: ...
     @property
     def teacher(self) -> str | None: ...
+    @property
+    def pretrained(self) -> Any: ...  # train.config.PretrainedConfig: model, tag, enabled (a released checkpoint)
 
     def n_gpus(self) -> int: ...
 

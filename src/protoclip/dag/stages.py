@@ -1,7 +1,8 @@
 """The stage graph as data: the one source of truth for the Snakemake rules and for dvc.yaml.
 
 Every stage instance (``prepare``, ``teacher_<t>``, ``train_<run>``, ``evaluate_<run>_<set>``,
-``collect_<run>``, ``toy_nemd``, ``report``) is a :class:`Stage`: its command (``protoclip <stage>``, run by
+``collect_<run>``, ``toy_nemd``, ``report``; a run that evaluates a released checkpoint, ``pretrained``, has no
+``train_<run>``) is a :class:`Stage`: its command (``protoclip <stage>``, run by
 the stage's entry module, e.g. ``protoclip.evaluate.stage``), its inputs (``deps``), its DVC params and its
 outputs. ``workflow/rules/*.smk`` take each rule's inputs, outputs and shell command from here (input
 functions), and ``protoclip dvc-yaml`` writes ``dvc.yaml`` from :func:`stages`, so ``snakemake`` and
@@ -232,15 +233,36 @@ def train_stage(cfg: ProjectConfig, lay: Layout, config_file: str, run: str) -> 
                  _run_params(cfg, run, config_file), list(outs.values()), outs)
 
 
+def model_inputs(cfg: ProjectConfig, lay: Layout, run: str) -> list[str]:
+    """What an evaluation of ``run`` reads as its model: the train stage's ``model.pt``; for a released checkpoint
+    (the run's ``pretrained`` section: no train stage) its ``local-dir:`` folder when it exists (a missing folder
+    stops the evaluation job, naming it), nothing for an open_clip tag (fetched into open_clip's cache)."""
+    pretrained = cfg.run(run).pretrained
+    if not pretrained.enabled:
+        return [norm_path(lay.model(run))]
+    from protoclip.config.architectures import LOCAL_DIR
+
+    folder = Path(pretrained.tag[len(LOCAL_DIR):]) if pretrained.tag.startswith(LOCAL_DIR) else None
+    return [norm_path(folder)] if folder is not None and folder.is_dir() else []
+
+
+def trained(cfg: ProjectConfig, run: str) -> bool:
+    """Whether ``run`` has a train stage (a released checkpoint, ``pretrained``, has none, nor a train log)."""
+    return not cfg.run(run).pretrained.enabled
+
+
 def evaluate_stage(cfg: ProjectConfig, lay: Layout, config_file: str, run: str, dataset: str,
                    tasks: list[str] | None = None) -> Stage:
     """One (run, set) evaluation job; ``tasks``: only these (what the run's paper targets show), None = all."""
     outs = eval_outs(lay, run, dataset)
     task_args = "".join(f" --task {t}" for t in tasks or [])
+    params = _params(config_file, f"evaluate.datasets.{dataset}",
+                     *(f"evaluate.{f.name}" for f in fields(EvaluateConfig) if f.name not in NOT_RESULTS))
+    if not trained(cfg, run):  # the checkpoint it names is the model: a changed tag reruns the evaluation
+        params += _run_params(cfg, run, config_file)
     return Stage(f"evaluate_{run}_{dataset}", "evaluate", config_file, f"--run {run} --dataset {dataset}{task_args}",
-                 {"model": [norm_path(lay.model(run))], "data": eval_inputs(cfg, lay, dataset)},
-                 _params(config_file, f"evaluate.datasets.{dataset}",
-                         *(f"evaluate.{f.name}" for f in fields(EvaluateConfig) if f.name not in NOT_RESULTS)),
+                 {"model": model_inputs(cfg, lay, run), "data": eval_inputs(cfg, lay, dataset)},
+                 params,
                  list(outs.values()) + ([features_out(lay, run, dataset)] if cfg.evaluate.track_features else []),
                  outs)
 
@@ -311,7 +333,7 @@ def report_stage(cfg: ProjectConfig, lay: Layout, config_file: str, skipped: dic
     claim_files = sorted({norm_path(f) for _, f in cfg._claims})  # a margin changed in claims.yaml: a new ledger
     return Stage("report", "report", config_file, "",
                  {"summaries": [norm_path(lay.metrics_summary(r)) for r in runs],
-                  "train_logs": [norm_path(lay.train_log(r)) for r in runs], "claims": claim_files},
+                  "train_logs": [norm_path(lay.train_log(r)) for r in runs if trained(cfg, r)], "claims": claim_files},
                  _params(config_file, "claims"),
                  [Out(norm_path(lay.tables), directory=True), Out(norm_path(lay.figures), directory=True),
                   Out(norm_path(lay.report_dir), directory=True)], outs)
@@ -334,7 +356,8 @@ def stages(cfg: ProjectConfig, config_file: str) -> list[Stage]:
     for run, jobs in evaluations(cfg, lay).items():
         if run in skipped:
             continue
-        out.append(train_stage(cfg, lay, config_file, run))
+        if trained(cfg, run):  # a released checkpoint (``pretrained``) is evaluated as it is: no train stage
+            out.append(train_stage(cfg, lay, config_file, run))
         out += [evaluate_stage(cfg, lay, config_file, run, d, tasks) for d, tasks in jobs.items()]
         out.append(collect_stage(cfg, lay, config_file, run, list(jobs)))
     out.append(toy_stage(cfg, lay, config_file))
@@ -377,6 +400,8 @@ def exportable_runs(cfg: ProjectConfig) -> list[str]:
     out = []
     for r in cfg.run_names():
         tcfg = cfg.run(r)
+        if tcfg.pretrained.enabled:  # no model.pt: its checkpoint is an open_clip model already
+            continue
         spec = method_class(tcfg.method).eval_spec(tcfg)
         if export_refusal(r, tcfg.method, spec["similarity"], int(tcfg.class_tokens)) is None:
             out.append(r)

@@ -230,4 +230,24 @@ class ModelFeatures(FeatureExtractor):
         self.transform = transform or eval_transform(model.image_size)
 
 
-__all__ = ["FeatureExtractor", "ModelFeatures", "encode_images", "make_text_encoder", "resolve_device", "sha256_file"]
+class PretrainedFeatures(FeatureExtractor):
+    """:class:`FeatureExtractor` of a released open_clip checkpoint (a run's ``pretrained`` section,
+    :mod:`protoclip.models.pretrained`): no model file; the checkpoint's own tokenizer and preprocessing, scored as
+    CLIP (cosine); ``model_sha256`` is its weights file's, so the feature caches and metrics files name it."""
+
+    def __init__(self, model: str | None, tag: str, device: str = "auto", batch_size: int = 256,
+                 num_workers: int = 0, chunk_batches: int = 16):
+        from protoclip.models.checkpoint import EvalSpec
+        from protoclip.models.pretrained import load_pretrained
+        from protoclip.similarity import similarity_of
+
+        self.model_path = None  # type: ignore[assignment]
+        self.device, self.batch_size, self.num_workers = resolve_device(device), int(batch_size), int(num_workers)
+        self.chunk_batches = int(chunk_batches)
+        self._model, self.tokenizer, self.transform, weights = load_pretrained(model, tag, self.device)
+        self.model_sha256 = sha256_file(weights)
+        self.spec = EvalSpec(method="clip", similarity="cosine")
+        self.similarity = similarity_of(self.spec.method, self.spec.similarity, self.spec.subspheres)
+
+
+__all__ = ["FeatureExtractor", "ModelFeatures", "PretrainedFeatures", "encode_images", "make_text_encoder", "resolve_device", "sha256_file"]

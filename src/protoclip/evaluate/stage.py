@@ -1,4 +1,5 @@
-"""`protoclip evaluate`: every configured task on every configured data set of one trained run.
+"""`protoclip evaluate`: every configured task on every configured data set of one run: its trained ``model.pt``,
+or the released open_clip checkpoint its ``pretrained`` section names (evaluated as released, no training job).
 
     protoclip evaluate --config config/config.yaml --run protoclip_tiny_s0 [--task knn] [--dataset digits]
 
@@ -30,7 +31,7 @@ from protoclip.files import completion, records
 
 from protoclip.jobs import launch
 from protoclip.errors import ConfigError
-from protoclip.evaluate.adapters import ADAPTERS, SetInput
+from protoclip.evaluate.adapters import SetInput, adapter_of
 from protoclip.evaluate.config import EvaluateConfig, EvaluateProject
 from protoclip.evaluate.datasets import EvalSet, Skipped, load_eval_set
 from protoclip.evaluate.plan import TaskPlan, image_only_method, plan_tasks, static_tasks, too_small
@@ -154,19 +155,19 @@ class SetEvaluation:
     def _run_task(self, name: str, task: str, x: SetInput) -> tuple[Path, Path | None]:
         """Run ``task`` on set ``name``: its metrics file and per-example file (None: it keeps none)."""
         log.info("%s: %s", name, task)
-        result = ADAPTERS[task](x)
+        result = adapter_of(task)(x)
         ds: EvalSet = x.ds
         record = {"run": self.run, "dataset": name, "task": task, "metrics": result.metrics, **result.sizes,
                   "features": result.features, "model_sha256": self.model_sha256, "source": ds.source,
                   "provenance": self.provenance}
-        if task != "retrieval" and getattr(ds, "subsample", None) is not None:
+        if TASKS[task].labels and getattr(ds, "subsample", None) is not None:
             record["subsample"] = ds.subsample  # the fixed probe subsample (datasets.subsample_set)
         examples = None
         if result.examples:
             examples = records.write_examples(self.layout.examples(self.run, task, name), result.examples)
         metrics_file = records.write_metrics(self.layout.metrics(self.run, task, name), record)
         self.tracker.log_metrics(metric_numbers(result.metrics, f"eval/{task}/{name}/"))
-        if task == "tsne":
+        if TASKS[task].figure:
             self.tracker.log_artifact(x.figure, f"figures/{name}")
         return metrics_file, examples
 
@@ -178,18 +179,33 @@ def run_evaluate(cfg: EvaluateProject, run: str, tasks: list[str] | None = None,
     ecfg: EvaluateConfig = cfg.evaluate
     tasks, names = _requested(cfg, tasks, datasets)
     layout = Layout.from_config(cfg)
-    model_path = require_path(layout.model(run), f"evaluate run '{run}'")
-    from protoclip.evaluate.features import FeatureExtractor  # torch + open_clip: not needed by `collect`
-
-    extractor = FeatureExtractor(model_path, ecfg.device, ecfg.batch_size, ecfg.num_workers, ecfg.extract_chunk_batches)
+    extractor = _extractor(cfg, run, layout)
+    pretrained = cfg.run(run).pretrained
     written: list[Path] = []
     with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
         tracker.log_params({"evaluate": {"seed": ecfg.seed, "knn_k": ecfg.knn_k,
                                          "knn_temperature": ecfg.knn_temperature}})
+        if pretrained.enabled:  # what a trained run's MLflow run says of its training, this says of its checkpoint
+            from protoclip.models.pretrained import source_label
+
+            tracker.log_params({"pretrained": {"model": pretrained.model, "tag": pretrained.tag}})
+            tracker.set_tags({"protoclip.pretrained": source_label(pretrained.model, pretrained.tag)})
         job = SetEvaluation(ecfg, layout, run, extractor, tracker, provenance(ecfg.seed))
         for name in names:
             written += job.evaluate(name, tasks)
     return written
+
+
+def _extractor(cfg: EvaluateProject, run: str, layout: Layout):
+    """The features of ``run``'s model: its ``model.pt``, or the released checkpoint its ``pretrained`` section
+    names (no training job: protoclip.models.pretrained)."""
+    from protoclip.evaluate.features import FeatureExtractor, PretrainedFeatures  # torch: not needed by `collect`
+
+    ecfg, pretrained = cfg.evaluate, cfg.run(run).pretrained
+    sizes = (ecfg.device, ecfg.batch_size, ecfg.num_workers, ecfg.extract_chunk_batches)
+    if pretrained.enabled:
+        return PretrainedFeatures(pretrained.model, pretrained.tag, *sizes)
+    return FeatureExtractor(require_path(layout.model(run), f"evaluate run '{run}'"), *sizes)
 
 
 # --------------------------------------------------------------------------- `protoclip evaluate`

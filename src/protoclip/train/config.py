@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from protoclip.jobs.devices import check_device_name
-from protoclip.config.architectures import check_model
+from protoclip.config.architectures import check_model, check_pretrained
 from protoclip.registry import method_class, method_sections
+from protoclip.tasks import task_names
 
 
 # default logit-scale clamp per distance (loss.distance): CLIP's 100 (temperature paper Table 5 "Naive CLIP") and
@@ -86,7 +87,6 @@ class EarlyStopConfig:
 # `warmup_samples`, whose unit would otherwise win (train.schedule.warmup_steps prefers samples)
 SAME_QUANTITY = (("warmup_episodes", "warmup_samples"),)
 
-VALIDATION_TASKS = ("zeroshot", "knn", "retrieval")  # what the validation during training can score
 # protoclip.evaluate.datasets.HELDOUT, spelled out: the config loader does not import the evaluation data readers
 HELDOUT_SET = "heldout_pairs"
 
@@ -113,10 +113,30 @@ class ValidationConfig:
     def validate(self) -> None:
         if self.every_episodes < 0 or self.max_images < 1 or self.batch_size < 1:
             raise ValueError("validation.every_episodes must be >= 0, max_images and batch_size >= 1")
-        bad = [t for t in self.tasks if t not in VALIDATION_TASKS]
+        allowed = task_names(lambda t: t.validation)  # what the validation during training can score
+        bad = [t for t in self.tasks if t not in allowed]
         if bad or not self.tasks:
-            raise ValueError(f"validation.tasks must be a non-empty list of {', '.join(VALIDATION_TASKS)}, "
+            raise ValueError(f"validation.tasks must be a non-empty list of {', '.join(allowed)}, "
                              f"got {self.tasks}")
+
+
+@dataclass
+class PretrainedConfig:
+    """A released checkpoint evaluated as it is, with no training job (ProtoCLIP Tables V-VIII: "The CLIP checkpoints
+    (YFCC-15M, 32 epochs) released by OpenCLIP are adopted as the baseline"). The evaluation loads it through
+    ``open_clip.create_model_and_transforms`` (protoclip.models.pretrained) and scores it as a CLIP run: cosine.
+    The run's architecture keys (model, embed_dim, context_length, image_size) are not read: the checkpoint's are."""
+
+    model: str | None = None  # open_clip model name (RN50, RN101); null with a local-dir: tag
+    # an open_clip pretrained tag of `model` (yfcc15m), or local-dir:<folder> (a `protoclip export`); null = trained
+    tag: str | None = None
+
+    def validate(self) -> None:
+        check_pretrained(self.model, self.tag)
+
+    @property
+    def enabled(self) -> bool:
+        return self.tag is not None
 
 
 @dataclass
@@ -140,6 +160,9 @@ class TrainConfig:
     epochs: float = 32.0  # n_epoch; n_episode = epochs * M / episode_size
     episode_size: int = 200_000  # m (Table I)
     batch_size: int = 512  # Table I; the global batch: each of k GPUs (ranks) takes batch_size / k
+    # the feature-extraction pass's global batch (no gradients: a forward pass fits about twice the training
+    # batch in the memory a training step takes); null = 2 x batch_size
+    extract_batch_size: int | None = None
     warmup_episodes: int = 40  # Table I (stated for m = 200k); used when warmup_samples is null
     warmup_samples: int | None = None  # warm-up in samples, independent of m (paper configs: 40 x 200k = 8M)
     lr: float = 5e-4  # Table I, cosine decay
@@ -148,12 +171,15 @@ class TrainConfig:
     eps: float = 1e-8  # Table I
     grad_clip: float = 1e5  # max grad norm (Table I)
     lock_image_epoch: float | None = 16.0  # image-encoder LR -> 0 from this epoch (LiT); null = never
-    augmentation: Literal["protoclip", "none", "simclr", "mocov2"] = "protoclip"  # Sec. IV-B3, Table XI; mocov2: PCL
+    # Sec. IV-B3, Table XI; mocov2 / mocov1: PCL v2 / v1 and PAUC; crop50: nCLIP; crop80: the temperature paper
+    augmentation: Literal["protoclip", "none", "simclr", "mocov2", "mocov1", "crop50", "crop80"] = "protoclip"
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     pauc: PAUCConfig = field(default_factory=PAUCConfig)  # method: pcl or protoclip
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    # auto: bf16 autocast on CUDA, fp32 on CPU; fp16: fp16 autocast with a GradScaler (the paper's AMP on
+    # 2080 Ti), CUDA only (refused on the CPU, where fp16 autocast is slower than fp32)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     device: str = "auto"  # auto: cuda when available
     # GPUs of the run: false = CPU (the job sees no GPU), true = 1, k = k GPUs, one torchrun rank each. The DAG
     # declares `resources: gpu=k`; protoclip.jobs.launch places the job on k free GPUs (protoclip.jobs.gpu_slots)
@@ -161,12 +187,17 @@ class TrainConfig:
     num_workers: int = 2  # DataLoader workers (extraction and training passes)
     seed: int = 0  # seeds weights, episode draws (seed, episode) and k-means inits (seed, episode)
     log_every: int = 1  # write a `step` line to train_log.jsonl every n optimizer steps (episode means use all)
+    # read the step records back from the device every n optimizer steps (and at each episode end): one host
+    # synchronisation per n steps, as open_clip's --log-every-n-steps (100); a non-finite loss is reported
+    # then, naming its step (the weights are kept as they were before it, see protoclip.train.step_log)
+    log_every_steps: int = 100
     # write checkpoints/last.pt at an episode end only when this many seconds passed since the last one (and always
     # after the final episode): a crash loses at most this much training. 0 = every episode. A tiny run's episodes
     # are seconds, a fair share of which a checkpoint write would take; a paper-size episode takes minutes, so
     # every episode is still checkpointed there.
     checkpoint_interval_s: float = 60.0
     validation: ValidationConfig = field(default_factory=ValidationConfig)  # curves while training
+    pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)  # a released checkpoint: no training
     # the sections the training methods register (protoclip.registry: nclip, pcl, ...), by key; read as
     # attributes (cfg.pcl.tau), written in YAML beside the fields above (train.pcl.tau); every run has them all
     sections: dict[str, Any] = field(default_factory=dict, metadata={"sections": method_sections})
@@ -203,6 +234,10 @@ class TrainConfig:
         if self.n_gpus() > 1 and self.batch_size % self.n_gpus():
             raise ValueError(f"batch_size {self.batch_size} (the global batch) must be a multiple of gpu: "
                              f"{self.n_gpus()} (each GPU takes an equal share)")
+        if self.extract_batch_size is not None and (self.extract_batch_size < 1 or (
+                self.n_gpus() > 1 and self.extract_batch_size % self.n_gpus())):
+            raise ValueError(f"extract_batch_size must be >= 1 and, like batch_size, a multiple of gpu: "
+                             f"{self.n_gpus()}; got {self.extract_batch_size}")
         if self.device.startswith("cuda:") and self.n_gpus() > 1:
             raise ValueError(f"device '{self.device}' names one GPU, but gpu: {self.n_gpus()} runs one rank per GPU "
                              "(each on its own): use device: cuda or auto")
@@ -213,8 +248,11 @@ class TrainConfig:
             raise ValueError(f"subset_fraction must be in (0, 1], got {self.subset_fraction}")
         if self.episode_size < 1 or self.batch_size < 1:
             raise ValueError("episode_size and batch_size must be >= 1")
-        if self.epochs <= 0 or self.lr <= 0 or self.grad_clip <= 0 or self.log_every < 1:
-            raise ValueError("epochs, lr, grad_clip must be > 0 and log_every >= 1")
+        if self.epochs <= 0 or self.lr <= 0 or self.grad_clip <= 0 or self.log_every < 1 or self.log_every_steps < 1:
+            raise ValueError("epochs, lr, grad_clip must be > 0, log_every and log_every_steps >= 1")
+        if self.precision == "fp16" and (self.n_gpus() == 0 or self.device == "cpu"):
+            raise ValueError("precision: fp16 (autocast + GradScaler) runs on CUDA only: set `gpu: true`, or "
+                             "precision: fp32 / auto on the CPU")
         if self.checkpoint_interval_s < 0:
             raise ValueError(f"checkpoint_interval_s must be >= 0, got {self.checkpoint_interval_s}")
         if self.warmup_episodes < 0 or self.weight_decay < 0 or (self.warmup_samples or 0) < 0:
@@ -236,6 +274,9 @@ class TrainConfig:
         if min(a.alpha, a.beta, a.gamma) < 0 or min(a.s, a.t, a.tau_c) <= 0:
             raise ValueError("pauc.alpha, beta, gamma must be >= 0 and pauc.s, t, tau_c > 0")
         method.check_config(self)  # the method's own rules (e.g. pcl: no locked image tower)
+        if self.pretrained.enabled and self.method != "clip":
+            raise ValueError(f"pretrained: a released open_clip checkpoint is scored as CLIP: set method: clip "
+                             f"(got {self.method})")
         self.validate_values()
 
     def validate_values(self) -> None:

@@ -11,8 +11,8 @@ and ``external_weight > 0``, the teacher cache ``data/teacher/<teacher>.npz``. W
 (last.pt, the log it continues, the MLflow run id). MLflow is reached only through
 :func:`protoclip.tracking.training_run`: besides params and episode metrics, the run gets the validation curves
 (:mod:`protoclip.train.validation`, ``train.validation``), provenance tags and, unless ``paths.mlflow_log_models`` is
-false, ``model.pt`` and its open_clip export as artifacts registered as a version of the model named after the run
-(:func:`log_model`).
+false, one copy of the weights (the open_clip export, or ``model.pt`` where open_clip cannot represent the model) as
+artifacts registered as a version of the model named after the run (:func:`log_model`).
 
 First the stage takes the run's lock (:mod:`protoclip.jobs.run_lock`: one process trains a run at a time; a second
 waits, saying which process holds it), removes temp files that a killed earlier run of it left beside its
@@ -162,9 +162,10 @@ def provenance_tags(config: dict, data_digest: str, model_sha256: str) -> dict[s
 
 
 def log_model(tracker: Tracker, model_path: Path, run: str, tags: dict[str, str]) -> str | None:
-    """The run's ``model.pt`` and, where open_clip can represent the model, its open_clip export (the files of
-    ``protoclip export``, beside it in one folder, so that ``local-dir:`` reads the downloaded version as is) as
-    the MLflow run's ``model`` artifacts, registered as a version of the model named after the run."""
+    """One copy of the run's weights as the MLflow run's ``model`` artifacts, registered as a version of the model
+    named after the run: the open_clip export where open_clip can represent the model (the files of ``protoclip
+    export``, so that ``local-dir:`` reads the downloaded version as is), else ``model.pt`` itself. ``model.pt``
+    stays in the run's folder (``protoclip.model_sha256`` names it): a second copy would double the run's disk."""
     import shutil
     import tempfile
 
@@ -175,14 +176,14 @@ def log_model(tracker: Tracker, model_path: Path, run: str, tags: dict[str, str]
         try:
             export_openclip(model_path, folder)
             open_clip = "local-dir"
-        except ExportError as err:  # e.g. nCLIP's similarity: the version holds model.pt only
+        except ExportError as err:  # e.g. nCLIP's similarity: the version holds model.pt
             folder.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(model_path, folder / model_path.name)
             open_clip = f"no: {err}"
-        shutil.copy2(model_path, folder / model_path.name)
         version = tracker.log_model(folder, run, {**tags, "protoclip.run": run, "protoclip.open_clip": open_clip[:500]},
-                                    description=f"protoclip training run '{run}': model.pt"
-                                    + (" and its open_clip export (open_clip_config.json, open_clip_model.safetensors)"
-                                       if open_clip == "local-dir" else ""))
+                                    description=f"protoclip training run '{run}': "
+                                    + ("its open_clip export (open_clip_config.json, open_clip_model.safetensors)"
+                                       if open_clip == "local-dir" else "model.pt"))
     if version is not None:
         log.info("run %s: model registered in MLflow as models:/%s/%s", run, run, version)
     return version
@@ -244,6 +245,9 @@ def run_train(cfg: ProjectConfig, run: str, resume: bool = False, targets: list[
     ``checkpoints/mlflow.json``). ``targets``: the table / figure targets this run belongs to (MLflow tags).
     """
     tcfg = cfg.run(run)  # unknown run -> ConfigError before anything starts
+    if tcfg.pretrained.enabled:
+        raise ConfigError(f"run '{run}' is a released checkpoint (pretrained: {tcfg.pretrained.tag}): nothing to "
+                          f"train; evaluate it (protoclip evaluate --run {run})")
     config = to_dict(tcfg)  # the one dict of the config in this stage: resume key and model.pt
     layout = Layout.from_config(cfg)
     info = env_world()
