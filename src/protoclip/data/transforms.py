@@ -29,7 +29,10 @@ code (megvii-research/protoclip, ``src/open_clip/transform.py``, augmentation
 
 Blur at other sizes than 224 px: the kernel (21 px at 224 in the authors' code, 10 % of the side in
 SimCLR) and sigma range scale with ``image_size / 224`` so that a 64 px CPU run gets the same relative blur
-(kernel forced odd and >= 3). All end with ToTensor and open_clip's OPENAI_DATASET_MEAN/STD normalisation.
+(kernel forced odd and >= 3). The blur is torchvision's GaussianBlur, computed in two 1-D passes for kernels of
+9 px and more (:mod:`protoclip.data.blur`: same draws and kernel, a few values in 10^5 one level apart; the
+32/64 px runs' kernels keep torchvision's own computation). All end with ToTensor and open_clip's
+OPENAI_DATASET_MEAN/STD normalisation.
 The colour-jitter and grayscale steps are open_clip's own ``color_jitter`` / ``gray_scale`` (probability
 wrappers); ``eval_transform`` is open_clip's ``image_transform(is_train=False)`` (resize shortest side +
 centre crop). Images are converted to RGB first.
@@ -41,6 +44,8 @@ from typing import Callable, Literal
 from open_clip.transform import (OPENAI_DATASET_MEAN, OPENAI_DATASET_STD, _convert_to_rgb, color_jitter, gray_scale,
                                  image_transform)
 from torchvision import transforms as T
+
+from protoclip.data.blur import GaussianBlur
 
 Kind = Literal["protoclip", "none", "simclr", "mocov2", "mocov1", "crop50", "crop80"]
 CROP_SCALE = {"simclr": (0.08, 1.0), "protoclip": (0.5, 1.0), "none": (0.9, 1.0), "mocov2": (0.2, 1.0),
@@ -62,7 +67,7 @@ def gaussian_blur(image_size: int, kind: Kind) -> T.RandomApply:
     scale = image_size / 224
     kernel = max(3, int(round(BLUR_KERNEL_224[kind] * scale)) | 1)
     sigma = (BLUR_SIGMA_224[0] * scale, BLUR_SIGMA_224[1] * scale)
-    return T.RandomApply([T.GaussianBlur(kernel, sigma=sigma)], p=BLUR_P[kind])
+    return T.RandomApply([GaussianBlur(kernel, sigma=sigma)], p=BLUR_P[kind])
 
 
 def train_transform(image_size: int, kind: Kind = "protoclip") -> Callable:
