@@ -69,6 +69,9 @@ def test_released_runs_get_evaluate_and_collect_but_no_training(tmp_path):
         assert {f"runs.{run}"} <= {k for p in evaluate.params for keys in p.values() for k in keys}
     assert not any(Path(p).parent.name in ("released", "exported") for p in plan["report"].deps["train_logs"])
     assert "released" not in exportable_runs(cfg) and "exported" not in exportable_runs(cfg)
+    from protoclip.report.values import Results
+
+    assert Results(cfg).epoch_cell("released", "trained").text == "32 (released checkpoint)"  # no train log to time
 
     (tmp_path / "exp").mkdir()  # once the folder is there it is the evaluation's input (a new export reruns it)
     plan = {s.name: s for s in stages(load_config(path), str(path))}

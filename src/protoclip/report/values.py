@@ -208,6 +208,8 @@ class Results:
         if not runs:
             return Cell(note="not configured")
         epochs = self.cfg.run(runs[0]).epochs
+        if self.cfg.run(runs[0]).pretrained.enabled:  # evaluated as released: its training time is not ours to measure
+            return Cell(text=f"{epochs:g} (released checkpoint)")
         ref_runs = self.cfg.run_group(reference)
         ref = [t["total"] / self.cfg.run(r).epochs for r in ref_runs if (t := self.phase_times(r))]
         mine = [t["total"] for r in runs if (t := self.phase_times(r))]
