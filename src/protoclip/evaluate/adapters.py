@@ -140,7 +140,7 @@ def task_linear(x: SetInput) -> TaskResult:
         m["solver"] = "sgd"
     else:
         m, hits = linear_probe(*args, seed=cfg.seed, max_iter=cfg.linear_max_iter, center=cfg.linear_center,
-                               per_example=True)
+                               steps_per_decade=cfg.linear_steps_per_decade, per_example=True)
         m.update(solver="lbfgs", centred=cfg.linear_center)
     return TaskResult(m, "z_image (not normalised)", _sizes(f, train=True), _with_labels(hits, f))
 

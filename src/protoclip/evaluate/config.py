@@ -91,6 +91,8 @@ class EvaluateConfig:
     knn_temperature: float = 0.07  # DINO's temperature-weighted vote
     linear_max_iter: int = 1000  # L-BFGS iterations (CLIP protocol, paper Sec. IV-C2)
     linear_center: bool = True  # L-BFGS on features minus their train mean: same optimum, converges (linear.py)
+    # resolution of the L-BFGS probe's C search (metrics/linear.py search_C): 4 = one halving fewer than CLIP's 8
+    linear_steps_per_decade: int = 4
     linear_sgd_above: int = 100_000  # more training samples -> SGD probe (paper: SGD for ImageNet, L-BFGS else)
     nemd_max_pairs: int = 5000  # NEMD cost control: random subset of class pairs (methods-spec 3.4.8)
     tsne_max_points: int = 5000  # t-SNE (paper Fig. 8) on a seeded subsample of at most this many test images
@@ -100,6 +102,8 @@ class EvaluateConfig:
     def validate(self) -> None:
         if self.batch_size < 1 or self.knn_k < 1 or self.linear_max_iter < 1 or self.num_workers < 0:
             raise ValueError("batch_size, knn_k and linear_max_iter must be >= 1 and num_workers >= 0")
+        if self.linear_steps_per_decade < 1:
+            raise ValueError(f"linear_steps_per_decade must be >= 1, got {self.linear_steps_per_decade}")
         if self.extract_chunk_batches < 1:
             raise ValueError(f"extract_chunk_batches must be >= 1, got {self.extract_chunk_batches}")
         if self.knn_temperature <= 0:

@@ -9,8 +9,8 @@ Features are the un-normalised image representations (the paper: "before normali
   C search: CLIP sweeps lambda over 1e-6..1e6 with a "parametric binary search" that starts from
   [1e-6, 1e-4, ..., 1e6] and halves the interval around the best value until it reaches 8 steps per
   decade (~15 fits). We keep that algorithm but stop at ``steps_per_decade=4`` by default (one round
-  fewer: 2 fewer fits, ~13 in total); pass 8 for CLIP's resolution or ``C_grid`` for a fixed grid
-  (no refinement). Ties on validation accuracy go to the smaller C (stronger regularisation).
+  fewer: 2 fewer fits, ~13 in total); ``evaluate.linear_steps_per_decade`` sets it (the paper config: CLIP's 8),
+  ``C_grid`` a fixed grid (no refinement). Ties on validation accuracy go to the smaller C (stronger regularisation).
   Centring: the fits see the features minus their training-set mean. Because the intercept is
   not penalised (sklearn's L-BFGS), ``W x + b = W (x - m) + (b + W m)`` is an exact reparametrisation: the
   objective, its optimum and the predictions at every C are CLIP's. What changes is the conditioning: the
