@@ -1,8 +1,10 @@
-"""The evaluation tasks: their names, the metrics tables show, and what a task did (:class:`TaskStatus`).
+"""The evaluation tasks: each task's properties in one table (:data:`TASKS`), and what a task did (:class:`TaskStatus`).
 
-The one place that names them. ``protoclip.evaluate`` runs a task by its name (``evaluate.adapters``: one adapter
-per task, registered under the name), ``protoclip.files.records`` lists a run's metrics files by it, and the report's
-targets and tables read the headline metrics from here.
+The one place that names them and says what they read and show: the evaluation plan (which task applies to which
+set, which are skipped for an image-only run), the data loaders (whether to build a train split), validation while
+training (which tasks it may run), the report's tables and the claims ledger (which metrics, which resampling) read
+the :class:`Task` properties here, never a list of names of their own. A task added to :data:`TASKS` (or through
+:func:`register`) with its adapter is planned, evaluated, collected, tabled and, when marked so, validated.
 
 =========== ================================================ ===================== ===========
 task        what it measures (paper)                          headline metrics      text tower
@@ -20,29 +22,73 @@ temperature temperature paper Fig. 1 / Fig. 8 / Table 11      equilibrium_scale,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
-# task -> the metrics its table cells show, the first the headline (collect's summary line); as in the paper
-HEADLINE: dict[str, list[str]] = {
-    "zeroshot": ["top1", "top5"],  # Table VI
-    "linear": ["top1"],  # Table VII
-    "knn": ["top1"],  # Table VII
-    "retrieval": ["mean_recall", "image_to_text_R@1", "text_to_image_R@1"],  # Table VIII
-    "clustering": ["ari", "ami"],  # Table XII
-    "nemd": ["nemd", "uniformity", "intra_class_spread"],  # PAUC / methods-spec 3.4
-    "tsne": ["n_points"],  # a figure (Fig. 8): no table
-    # the temperature study's figure: tau* at ratio 1 (Fig. 1), the pairs (Fig. 1 / 8), the tokens (Table 11)
-    "temperature": ["equilibrium_scale", "n_pairs", "tokens"],
-}
-TASKS: tuple[str, ...] = tuple(HEADLINE)  # every task, in the order summaries list them
 
-# tasks that score text against images: for a run whose method trains the image tower only (PCL) they are
-# "not applicable" (its text tower is untrained: the numbers would be chance)
-TEXT_TASKS: tuple[str, ...] = ("zeroshot", "retrieval", "temperature")
+@dataclass(frozen=True)
+class Task:
+    """One evaluation task: what it reads of a set, what its tables show, how the ledger resamples it, where it
+    may run. ``adapter`` runs it (``SetInput -> TaskResult``, :mod:`protoclip.evaluate.adapters`): a
+    ``"module:function"`` path, imported when the task first runs (the config loader reads this table without
+    importing the evaluation code), or the function itself."""
 
-# tasks that read a labelled set's train split (the probes): only they make a loader build it, and a copy of a set
-# without one skips them with the reason
-PROBE_TASKS: tuple[str, ...] = ("linear", "knn")
+    name: str
+    metrics: tuple[str, ...]  # the metrics its table cells show, the first the headline (collect's summary line)
+    adapter: str | Callable[..., Any]
+    labels: bool = True  # reads a labelled test split (class labels)
+    templates: bool = False  # reads the set's prompt templates
+    probe: bool = False  # reads the labelled train split: only probes make a loader build it
+    captions: bool = False  # reads caption pairs (a caption set, or a labelled set's captions)
+    any_input: bool = False  # runs on whichever of its inputs the set has (captions, or labels with templates)
+    # scores text against images: "not applicable" to a run whose method trains the image tower only (PCL),
+    # whose text tower is untrained (the numbers would be chance)
+    text: bool = False
+    figure: bool = False  # draws a figure (SetInput.figure, logged with the run): no generic table
+    # the per-example arrays it keeps (<task>.examples.npz), what the ledger resamples: "hits" (a hit per test
+    # image: top1 / top5 are their means), "ranks" (a first-match rank per query), "clusters" (a k-means
+    # assignment per image); "": none, its number is no mean over test examples
+    examples: str = ""
+    score: bool = False  # its metrics are scores on their own scale (ARI, AMI, NEMD), not percentages
+    validation: bool = False  # validation while training may run it (train.validation.tasks)
+
+
+_ADAPTERS = "protoclip.evaluate.adapters:"
+
+# every task, in the order summaries list them; metrics as in the paper's tables
+TASKS: dict[str, Task] = {t.name: t for t in (
+    Task("zeroshot", ("top1", "top5"), _ADAPTERS + "task_zeroshot",  # Table VI
+         templates=True, text=True, examples="hits", validation=True),
+    Task("linear", ("top1",), _ADAPTERS + "task_linear", probe=True, examples="hits"),  # Table VII
+    Task("knn", ("top1",), _ADAPTERS + "task_knn", probe=True, examples="hits", validation=True),  # Table VII
+    Task("retrieval", ("mean_recall", "image_to_text_R@1", "text_to_image_R@1"),  # Table VIII
+         _ADAPTERS + "task_retrieval", labels=False, captions=True, text=True, examples="ranks", validation=True),
+    Task("clustering", ("ari", "ami"), _ADAPTERS + "task_clustering", examples="clusters", score=True),  # Table XII
+    Task("nemd", ("nemd", "uniformity", "intra_class_spread"),  # PAUC / methods-spec 3.4
+         _ADAPTERS + "task_nemd", score=True),
+    Task("tsne", ("n_points",), _ADAPTERS + "task_tsne", figure=True),  # a figure (Fig. 8): no table
+    # the temperature study: tau* at ratio 1 (Fig. 1), the pairs (Fig. 1 / 8), the tokens (Table 11); caption
+    # pairs and / or a zero-shot set's token subsets
+    Task("temperature", ("equilibrium_scale", "n_pairs", "tokens"), _ADAPTERS + "task_temperature",
+         templates=True, captions=True, any_input=True, text=True),
+)}
+
+
+def register(task: Task) -> Task:
+    """Add ``task`` to :data:`TASKS` (a task defined outside this table: a plug-in, a test's toy task)."""
+    if task.name in TASKS:
+        raise ValueError(f"evaluation task {task.name!r} is already registered")
+    TASKS[task.name] = task
+    return task
+
+
+def unregister(name: str) -> None:
+    TASKS.pop(name)
+
+
+def task_names(where: Callable[[Task], bool] = lambda t: True) -> tuple[str, ...]:
+    """The names of the tasks with a property, in table order: ``task_names(lambda t: t.probe)``."""
+    return tuple(name for name, t in TASKS.items() if where(t))
+
 
 # the key of a task that did not run, in metrics files and metrics.json: its one line (TaskStatus.line)
 SKIPPED = "skipped"
@@ -95,5 +141,5 @@ def check_tasks(names, where: str = "") -> None:
         raise ValueError(f"{where}unknown evaluation task '{unknown[0]}' (known: {', '.join(TASKS)})")
 
 
-__all__ = ["HEADLINE", "TASKS", "TEXT_TASKS", "PROBE_TASKS", "SKIPPED", "STATUS", "NOT_APPLICABLE", "NOT_RUN",
+__all__ = ["TASKS", "Task", "register", "unregister", "task_names", "SKIPPED", "STATUS", "NOT_APPLICABLE", "NOT_RUN",
            "TaskStatus", "check_tasks"]

@@ -19,7 +19,7 @@ from protoclip.evaluate.config import EvaluateProject
 from protoclip.evaluate.datasets import missing_reason
 from protoclip.evaluate.plan import static_tasks
 from protoclip.files.layout import Layout
-from protoclip.tasks import HEADLINE, TaskStatus
+from protoclip.tasks import TASKS, TaskStatus
 
 
 def summary_table(summary: dict[str, dict[str, Any]]) -> str:
@@ -31,7 +31,7 @@ def summary_table(summary: dict[str, dict[str, Any]]) -> str:
         if (line := records.skip_line(m)) is not None:
             cell = line
         else:
-            key = HEADLINE[task][0] if task in HEADLINE else ""
+            key = TASKS[task].metrics[0] if task in TASKS else ""
             value = m.get(key)
             cell = f"{key} = {value:.4g}" if isinstance(value, (int, float)) else "-"
         rows.append((ds, task, cell))

@@ -17,19 +17,19 @@ from protoclip.evaluate.datasets import HELDOUT, CaptionSet, EvalSet, LabelledSe
 from protoclip.evaluate.datasets.wds import dataset_type as wds_dataset_type
 from protoclip.evaluate.set_features import SetFeatures
 from protoclip.similarity import Similarity
-from protoclip.tasks import PROBE_TASKS, TASKS, TEXT_TASKS, TaskStatus
+from protoclip.tasks import TASKS, TaskStatus, task_names
 
 
 def static_tasks(name: str, cfg: EvalDatasetConfig) -> list[str]:
-    """The configured tasks that can apply to a set of this kind (used for sets that are skipped)."""
-    retrieval_only = {"retrieval", "temperature"}
+    """The configured tasks that can apply to a set of this kind (used for sets that are skipped): a caption set's
+    the tasks that read captions, a labelled set's those that read labels, the held-out pairs' every task."""
     if cfg.kind in ("coco", "flickr30k") or (cfg.kind == "wds" and cfg.path and wds_dataset_type(
             Path(cfg.path).expanduser()) == "retrieval"):
-        possible = retrieval_only
+        possible = set(task_names(lambda t: t.captions))
     elif cfg.kind == "offline" and name == HELDOUT:
         possible = set(TASKS)  # coarse labels in words have prompt templates (datasets.HELDOUT_TEMPLATES)
     else:
-        possible = set(TASKS) - {"retrieval"}
+        possible = set(task_names(lambda t: t.labels))
     return [t for t in cfg.tasks if t in possible]
 
 
@@ -41,18 +41,26 @@ def image_only_method(spec) -> str | None:
 
 
 def not_applicable(task: str, ds: EvalSet) -> str | None:
-    """Why ``task`` does not apply to the loaded set ``ds`` (None: it applies)."""
+    """Why ``task`` does not apply to the loaded set ``ds`` (None: it applies), from what the task reads
+    (:class:`protoclip.tasks.Task`): caption pairs, a labelled test split, prompt templates, a train split."""
+    t = TASKS[task]
     labelled = isinstance(ds, LabelledSet)
-    if task == "retrieval":
-        return None if isinstance(ds, CaptionSet) or (labelled and ds.captions is not None) else "no captions"
-    if task == "temperature":  # caption pairs (Fig. 1, 8) and / or a zero-shot set (Table 11's token subsets)
-        pairs = isinstance(ds, CaptionSet) or (labelled and ds.captions is not None)
-        return None if pairs or (labelled and ds.templates and len(ds.test)) else "no captions or prompt templates"
+    pairs = isinstance(ds, CaptionSet) or (labelled and ds.captions is not None)
+    if t.any_input:  # e.g. temperature: caption pairs (Fig. 1, 8) and / or a zero-shot set (Table 11)
+        if (t.captions and pairs) or (t.labels and labelled and (ds.templates or not t.templates) and len(ds.test)):
+            return None
+        wanted = (["captions"] if t.captions else []) + (["prompt templates"] if t.templates else
+                                                         ["class labels"] if t.labels else [])
+        return "no " + " or ".join(wanted)
+    if t.captions and not pairs:
+        return "no captions"
+    if not t.labels:
+        return None
     if not labelled:
         return "no class labels"
-    if task == "zeroshot" and not ds.templates:
+    if t.templates and not ds.templates:
         return "no prompt templates"
-    if task in ("linear", "knn") and ds.train is None:
+    if t.probe and ds.train is None:
         return "no train split"
     if len(ds.test) == 0:
         return "empty test split"
@@ -88,12 +96,12 @@ def plan_tasks(name: str, ds: EvalSet | Skipped | None, wanted: list[str], image
     for task in wanted:
         if isinstance(ds, Skipped):
             out[task] = TaskPlan(TaskStatus(TaskStatus.MISSING, ds.reason), metrics_file=True)
-        elif task in PROBE_TASKS and isinstance(ds, LabelledSet) and ds.train is None and ds.train_missing:
+        elif TASKS[task].probe and isinstance(ds, LabelledSet) and ds.train is None and ds.train_missing:
             out[task] = TaskPlan(TaskStatus(TaskStatus.MISSING, f"skipped: {name}: {ds.train_missing}"),
                                  metrics_file=True)
         elif (reason := not_applicable(task, ds)) is not None:
             out[task] = TaskPlan(TaskStatus(TaskStatus.NOT_APPLICABLE, reason))
-        elif image_only and task in TEXT_TASKS:
+        elif image_only and TASKS[task].text:
             out[task] = TaskPlan(TaskStatus(TaskStatus.NOT_APPLICABLE, f"image-only method ({image_only})",
                                             "the text tower is untrained"), metrics_file=True, in_marker=False)
         else:
@@ -113,7 +121,7 @@ def too_small(task: str, feats: SetFeatures, similarity: Similarity) -> TaskStat
         reason = "clustering needs at least 2 classes in the test split"
     elif task == "tsne" and len(feats.test_y) < 3:
         reason = "t-SNE needs at least 3 test images"
-    elif task in ("linear", "knn") and len(np.unique(feats.train_y)) < 2:
+    elif TASKS[task].probe and len(np.unique(feats.train_y)) < 2:
         reason = "the train split has fewer than 2 classes"
     elif task == "temperature":
         if not similarity.distance:  # e.g. nCLIP's -CE: Eq. 1 / Fig. 8 do not apply

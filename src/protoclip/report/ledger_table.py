@@ -50,6 +50,7 @@ from protoclip.claims.intervals import Estimate, combine, holm
 from protoclip.files.layout import Layout
 from protoclip.report.paper_targets import ColumnConfig, ReportProject, TargetConfig, first_configured
 from protoclip.report.values import Results, episode_times
+from protoclip.tasks import task_names
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def metric_units(task: str, metric: str, examples: dict[str, np.ndarray]) -> Uni
     zero-shot / linear / kNN ``top1`` / ``top5``: the mean hit of the test images; retrieval ``<dir>_R@k`` and
     ``mean_recall``: units are the images, each with its captions (image queries: hit or not; caption queries:
     the image's captions hit, over its number of captions), so an image is drawn together with its captions."""
-    if task in ("zeroshot", "linear", "knn"):
+    if task in task_names(lambda t: t.examples == "hits"):
         return Units.mean(examples[metric]) if metric in ("top1", "top5") and metric in examples else None
     if task == "clustering":
         unit = {"ari": RandIndex, "ami": MutualInfo}.get(metric)
@@ -131,7 +132,7 @@ class LedgerRow:
 
     @property
     def unit(self) -> str:
-        if self.claim.kind == "difference" and self.measured.split(" ")[0] in ("clustering", "nemd"):
+        if self.claim.kind == "difference" and self.measured.split(" ")[0] in task_names(lambda t: t.score):
             return "score (ARI, AMI, NEMD)"  # not percentages: their own panel
         return UNITS[self.claim.kind]
 
@@ -219,7 +220,7 @@ class ClaimEngine:
         examples = records.read_examples(self.results.layout, run, task, dataset)
         what = metric if metric == task else f"{task} {metric}"
         if examples is None:
-            if task not in ("zeroshot", "linear", "knn", "retrieval", "clustering"):
+            if task not in task_names(lambda t: bool(t.examples)):
                 raise NotRun(f"{what} is not a mean over test examples: no per-example results, no interval")
             raise NotRun(f"{run}: no per-example results for {task} on {dataset} (evaluated before they were "
                          "kept: rerun its evaluation)")

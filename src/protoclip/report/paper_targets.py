@@ -54,9 +54,9 @@ class ColumnConfig:
     paper: str | None = None  # column key in the paper numbers (default: label)
 
     def validate(self) -> None:
-        if self.task not in EVAL_TASKS + SPECIAL_TASKS:
+        if self.task not in (*EVAL_TASKS, *SPECIAL_TASKS):
             raise ValueError(f"column '{self.label}': unknown task '{self.task}' "
-                             f"(known: {', '.join(EVAL_TASKS + SPECIAL_TASKS)})")
+                             f"(known: {', '.join((*EVAL_TASKS, *SPECIAL_TASKS))})")
         if self.task in EVAL_TASKS and not (self.datasets or self.offline):
             raise ValueError(f"column '{self.label}': needs `datasets` and/or `offline`")
 

@@ -26,7 +26,7 @@ import pandas as pd
 from protoclip.files.atomic import atomic_path, clean_stale_temps, write_text
 from protoclip.files.layout import Layout
 from protoclip.report.paper_targets import ReportProject
-from protoclip.report.tables import TABLE_METRICS, collect_metrics, rst_escape, task_table, train_losses
+from protoclip.report.tables import collect_metrics, rst_escape, table_tasks, task_table, train_losses
 from protoclip.report.values import Results
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def run_report(cfg: ReportProject) -> Path:
     with atomic_path(layout.metrics_long) as tmp:
         long.to_csv(tmp, index=False)  # every headline value and skip line, machine-readable
     lines += ["## Every task and run (generic tables)", ""]
-    for task in TABLE_METRICS:
+    for task in table_tasks():
         table, _ = task_table(long, task)
         if table.empty:
             continue

@@ -15,12 +15,18 @@ import pandas as pd
 from protoclip.files import records
 from protoclip.files.layout import Layout
 from protoclip.report.values import Results
-from protoclip.tasks import HEADLINE
+from protoclip.tasks import TASKS, task_names
 
 log = logging.getLogger(__name__)
 
-# task -> metrics shown in its generic table (first = headline): every task but t-SNE, whose output is a figure
-TABLE_METRICS = {task: metrics for task, metrics in HEADLINE.items() if task != "tsne"}
+def table_tasks() -> tuple[str, ...]:
+    """The tasks with a generic table: every task but those whose output is a figure (t-SNE)."""
+    return task_names(lambda t: not t.figure)
+
+
+def table_metrics(task: str) -> tuple[str, ...]:
+    """The metrics ``task``'s generic table shows (first = headline); none for a figure or an unknown task."""
+    return TASKS[task].metrics if task in table_tasks() else ()
 
 
 def collect_metrics(results: Results, runs: list[str]) -> pd.DataFrame:
@@ -35,7 +41,7 @@ def collect_metrics(results: Results, runs: list[str]) -> pd.DataFrame:
                 rows.append({"run": run, "task": task, "dataset": dataset, "metric": "skipped",
                              "value": float("nan"), "note": line})
                 continue
-            for metric in TABLE_METRICS.get(task, []):
+            for metric in table_metrics(task):
                 value = result.get(metric)
                 if isinstance(value, (int, float)):
                     rows.append({"run": run, "task": task, "dataset": dataset, "metric": metric,
@@ -52,7 +58,7 @@ def task_table(long: pd.DataFrame, task: str) -> tuple[pd.DataFrame, list[str]]:
     sub = long[(long.task == task) & (long.metric != "skipped")]  # skipped sets: listed once in the index
     if sub.empty:
         return pd.DataFrame(), []
-    rank = {m: i for i, m in enumerate(TABLE_METRICS[task])}
+    rank = {m: i for i, m in enumerate(table_metrics(task))}
     cells: dict[tuple[str, str], dict[str, str]] = {}
     for r in sub.itertuples():
         metric = r.metric

@@ -30,9 +30,11 @@ from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import (CaptionSet, LabelledSet, Skipped, load_eval_set, subsample_indices,
                                          subsample_set)
 from protoclip.evaluate.datasets.sets import Indexed
-from protoclip.evaluate.adapters import ADAPTERS, SetInput
+from protoclip.evaluate.adapters import SetInput, adapter_of
+from protoclip.evaluate.plan import not_applicable
 from protoclip.evaluate.stage import metric_numbers
 from protoclip.files.layout import Layout
+from protoclip.tasks import TASKS
 from protoclip.train.checkpoint import restore_rng, rng_state
 from protoclip.train.config import TrainConfig, ValidationConfig
 
@@ -118,7 +120,7 @@ class Validator:
                                      transform=identity)  # the images are transformed already
                 feats = side.extract(self.ds)
                 x = SetInput(feats, self.ds, self.ecfg, None, side.similarity, side)
-                results = {task: ADAPTERS[task](x) for task in self.tasks}  # zero-shot encodes its prompts here
+                results = {task: adapter_of(task)(x) for task in self.tasks}  # zero-shot encodes its prompts here
         finally:
             for m, training in modes:
                 m.training = training
@@ -150,7 +152,7 @@ def build_validator(cfg: ProjectConfig, tcfg: TrainConfig, image_size: int, toke
         return None
     name = vcfg.dataset
     spec = EvalSpec(**tcfg.method_class().eval_spec(tcfg))
-    tasks = [t for t in vcfg.tasks if not (spec.image_only and t in ("zeroshot", "retrieval"))]
+    tasks = [t for t in vcfg.tasks if not (spec.image_only and TASKS[t].text)]
     ds_cfg = cfg.evaluate.datasets.get(name) or EvalDatasetConfig(kind="offline")  # load_config checked the name
     why = None
     try:
@@ -160,9 +162,7 @@ def build_validator(cfg: ProjectConfig, tcfg: TrainConfig, image_size: int, toke
     if isinstance(ds, Skipped):
         why = ds.reason
     elif isinstance(ds, LabelledSet):
-        tasks = [t for t in tasks if not ((t == "zeroshot" and not (ds.templates and len(ds.test)))
-                                           or (t == "knn" and (ds.train is None or not len(ds.test)))
-                                           or (t == "retrieval" and ds.captions is None))]
+        tasks = [t for t in tasks if not_applicable(t, ds) is None]
         if not tasks:
             why = f"{name} gives none of the tasks {vcfg.tasks} (labels, prompt templates, a train split, captions)"
     elif ds is not None:
@@ -172,11 +172,13 @@ def build_validator(cfg: ProjectConfig, tcfg: TrainConfig, image_size: int, toke
         return None
     t0 = time.perf_counter()
     transform = eval_transform(image_size)
-    ds = subsample_set(ds, vcfg.max_images if "knn" in tasks else None, vcfg.max_images, cfg.evaluate.seed)
-    ds = replace(ds, test=prepare(ds.test, transform), templates=ds.templates if "zeroshot" in tasks else [],
-                 train=prepare(ds.train, transform) if "knn" in tasks else None,
+    probe, templates, captions = (any(getattr(TASKS[t], what) for t in tasks)
+                                  for what in ("probe", "templates", "captions"))
+    ds = subsample_set(ds, vcfg.max_images if probe else None, vcfg.max_images, cfg.evaluate.seed)
+    ds = replace(ds, test=prepare(ds.test, transform), templates=ds.templates if templates else [],
+                 train=prepare(ds.train, transform) if probe else None,
                  captions=capped_captions(ds.captions, vcfg.max_images, cfg.evaluate.seed, transform)
-                 if "retrieval" in tasks else None)
+                 if captions else None)
     log.info("run %s: validation on %s (%s) every %d episodes: %d test images%s, decoded in %.1f s", tcfg.name,
              name, ", ".join(tasks), vcfg.every_episodes, len(ds.test),
              f", {len(ds.train)} train images" if ds.train is not None else "", time.perf_counter() - t0)

@@ -41,7 +41,7 @@ from protoclip.evaluate.datasets.subsample import (cheap_labels, stratified_indi
 from protoclip.evaluate.datasets.torchvision_sets import load_torchvision
 from protoclip.evaluate.datasets.wds import load_wds
 from protoclip.files.layout import Layout
-from protoclip.tasks import PROBE_TASKS
+from protoclip.tasks import TASKS
 
 LOADERS: dict[str, Callable[[str, Path, EvalDatasetConfig, bool], EvalSet]] = {
     "torchvision": lambda name, root, cfg, train: load_torchvision(name, root, train),
@@ -63,7 +63,7 @@ def load_eval_set(name: str, cfg: EvalDatasetConfig, layout: Layout, seed: int =
     unreadable labels) raises :class:`EvalDataError`. A labelled set's splits are cut to ``cfg.max_train`` /
     ``cfg.max_test`` (:func:`subsample_set`, seeded by ``seed`` = ``evaluate.seed`` and the set's name).
     """
-    need_train = any(t in PROBE_TASKS for t in (cfg.tasks if tasks is None else tasks))
+    need_train = any(t in TASKS and TASKS[t].probe for t in (cfg.tasks if tasks is None else tasks))
     ds = _open_eval_set(name, cfg, layout, need_train)
     if isinstance(ds, LabelledSet):
         return subsample_set(ds, cfg.max_train, cfg.max_test, seed)
