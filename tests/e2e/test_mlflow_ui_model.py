@@ -1,5 +1,5 @@
 """The MLflow UI, opened in headless Chromium on a SQLite store that the real train stage filled: the training run's
-validation curve (model metrics), its system metrics, its model artifacts (model.pt and the open_clip export) and
+validation curve (model metrics), its system metrics, its model artifacts (the open_clip export) and
 the registered model's pages, each rendered by ``mlflow server`` on a free loopback port (stopped after); and the
 registered version, downloaded by its ``models:/`` URI, loads in open_clip.
 
@@ -76,8 +76,9 @@ def test_mlflow_ui_shows_curve_system_metrics_model_and_registered_version(tmp_p
     # MLflow's own system metrics
     assert "system/cpu_utilization_percentage" in doms["system_metrics"]
     assert "system/system_memory_usage_megabytes" in doms["system_metrics"]
-    # the model folder in the artifact browser, and the open_clip config shown from it
-    for name in ("model.pt", "open_clip_model.safetensors", "open_clip_config.json"):
+    # the model folder in the artifact browser (the open_clip export, the one copy of the weights in MLflow), and the
+    # open_clip config shown from it
+    for name in ("open_clip_model.safetensors", "open_clip_config.json"):
         assert name in doms["artifacts"], name
     assert "model_cfg" in doms["artifacts"] and "preprocess_cfg" in doms["artifacts"]
     # the registered model and its version, with the provenance tags and the run it came from

@@ -211,8 +211,7 @@ def test_a_model_registered_through_the_server_loads_in_open_clip(server, tmp_pa
     assert version.run_id == run_id and {k: version.tags[k] for k in tags} == tags
     mlflow.set_tracking_uri(server.uri)
     folder = mlflow.artifacts.download_artifacts("models:/served/1", dst_path=str(tmp_path / "download"))
-    assert sorted(p.name for p in Path(folder).iterdir()) == [
-        "model.pt", "open_clip_config.json", "open_clip_model.safetensors"]
+    assert sorted(p.name for p in Path(folder).iterdir()) == ["open_clip_config.json", "open_clip_model.safetensors"]
     oc_model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{folder}")
     images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

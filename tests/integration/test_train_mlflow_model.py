@@ -1,7 +1,7 @@
 """The train stage on a tiny project, read back through MLflow: the run carries its validation curve (the numbers
 `protoclip evaluate` gives the final model), MLflow's system metrics, its weights and open_clip export as artifacts
 and a registered model version tagged with its provenance, which open_clip loads and which computes what the
-project's model computes; validation leaves the training's weights as they are; the config switches turn the
+project's model computes (the one copy of the weights in MLflow: model.pt stays in the run's folder); validation leaves the training's weights as they are; the config switches turn the
 model artifacts and system metrics off."""
 from __future__ import annotations
 
@@ -103,8 +103,9 @@ def test_training_run_holds_curves_system_metrics_and_a_registered_model_open_cl
     # provenance on the run and on the registered version; the weights as the run's artifacts
     tags = {**expected_provenance(layout, "clip"), "protoclip.code_commit": git_commit()}
     assert {k: run.data.tags[k] for k in tags} == tags
+    # one copy of the weights in MLflow: the open_clip export (model.pt stays in the run's folder only)
     assert sorted(a.path for a in c.list_artifacts(run.info.run_id, "model")) == [
-        "model/model.pt", "model/open_clip_config.json", "model/open_clip_model.safetensors"]
+        "model/open_clip_config.json", "model/open_clip_model.safetensors"]
     (version,) = c.search_model_versions("name = 'clip'")
     assert str(version.version) == "1" and version.run_id == run.info.run_id
     assert version.source == f"runs:/{run.info.run_id}/model"
@@ -112,8 +113,13 @@ def test_training_run_holds_curves_system_metrics_and_a_registered_model_open_cl
 
     # the registered version, downloaded by its models:/ URI, is an open_clip model computing what ours computes
     folder = mlflow.artifacts.download_artifacts("models:/clip/1", dst_path=str(tmp_path / "download"))
-    assert hashlib.sha256((tmp_path / "download" / "model.pt").read_bytes()).hexdigest() == tags[
-        "protoclip.model_sha256"]
+    from safetensors.torch import load_file
+
+    # its weights are the CLIP part of the model.pt that protoclip.model_sha256 names, tensor for tensor
+    saved = torch.load(layout.model("clip"), map_location="cpu", weights_only=False)["state_dict"]
+    clip = {k[len("clip."):]: v for k, v in saved.items() if k.startswith("clip.")}
+    exported = load_file(tmp_path / "download" / "open_clip_model.safetensors")
+    assert exported.keys() == clip.keys() and all(torch.equal(exported[k], clip[k]) for k in clip)
     oc_model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{folder}")
     oc_tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
     ours, _ = load_model(layout.model("clip"))

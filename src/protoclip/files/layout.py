@@ -75,9 +75,9 @@ class PathsConfig:
     # on a cluster a tracking server, http://host:port (docs/mlflow.md, "MLflow on a cluster")
     mlflow_uri: str = "sqlite:///results/mlflow.db"
     mlflow_experiment: str = "protoclip-repro"
-    # each training run's weights (model.pt and, where open_clip can represent the model, its open_clip export) as
-    # artifacts of its MLflow run, registered as a version of the model named after the run; false for a store
-    # that cannot hold them (about twice the model file per run)
+    # one copy of each training run's weights (its open_clip export where open_clip can represent the model, else
+    # model.pt) as artifacts of its MLflow run, registered as a version of the model named after the run; false for
+    # a store that cannot hold them (about the model file per run)
     mlflow_log_models: bool = True
     # MLflow's system metrics (CPU, memory, disk, network; GPU with nvidia-ml-py, the gpu extra) in training runs
     mlflow_system_metrics: bool = True
