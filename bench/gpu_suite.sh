@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU measurements, in one script to run first whenever a GPU machine is at hand (about 8 minutes of GPU
+# time; each part has its own time limit so that one slow part leaves the others their turn):
+#   1. the CLIP step, ours vs open_clip's (bench_step.py), RN50 and ViT-B-32 at 224 px, batch 512, bf16, with
+#      the data wait of our trainer reading shards with 8 workers;
+#   2. the data path, ours vs open_clip_train's webdataset pipeline (bench_decode.py: images/s per worker at
+#      224 px on 400x300 JPEG shards, 8 workers; nvJPEG decode on the GPU);
+#   3. the episode, ProtoCLIP / CLIP time per episode (bench_episode.py, RN50 224 px, m = 16384, batch 512);
+#   4. the paper smoke on CUDA (gpu_smoke.py: config/paper.yaml + the smoke overlay at RN50 / 224 px, gpu: true,
+#      3000 synthetic pairs; prepare -> teacher -> train -> evaluate -> report through Snakemake);
+#   5. k-means at the paper's episode size (bench_kmeans.py --gpu-only: m = 200k, K = 20k, d = 128, 20 iterations;
+#      its CPU backends, minutes at that size, are in results/kmeans_paper_h200_2026-11-27.txt).
+# Outputs: bench/results/<part>_<gpu name>_<date>.txt (the GPU as nvidia-smi names it), and a summary line per
+# part on stdout. Without a GPU it prints one line and exits 0. `--cpu-smoke` (or GPU_SUITE_CPU_SMOKE=1) runs the
+# parts that run on a CPU at tiny sizes instead (the decode bench, the smoke overlay's validation), writing under
+# $GPU_SUITE_OUT (default: a temporary folder), so that the script cannot rot unnoticed (tests/unit/test_gpu_suite.py).
+#
+#   bash bench/gpu_suite.sh              # on the GPU machine, from the repository root
+#   bash bench/gpu_suite.sh --cpu-smoke  # anywhere: seconds
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ "${1:-}" = "--cpu-smoke" ] || [ "${GPU_SUITE_CPU_SMOKE:-0}" = "1" ]; then
+    out=${GPU_SUITE_OUT:-$(mktemp -d)}
+    mkdir -p "$out"
+    set -e
+    "$PY" bench/bench_decode.py --tiny --root "$out/shards" --out "$out/decode_cpu_smoke.txt" > "$out/decode.log"
+    "$PY" bench/gpu_smoke.py "$out/smoke" --check
+    echo "gpu_suite: CPU smoke passed ($out)"
+    exit 0
+fi
+
+if ! command -v nvidia-smi > /dev/null 2>&1 || \
+        ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2> /dev/null; then
+    echo "gpu_suite: no GPU here (nvidia-smi or torch.cuda.is_available() missing): nothing measured"
+    exit 0
+fi
+
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-z0-9\n' '_' | tr -s '_' | sed 's/_$//')
+day=$(date -u +%Y-%m-%d)
+res=bench/results
+mkdir -p "$res"
+status=0
+
+part() {  # part <name> <time limit s> <command...>: run it, keep its output under bench/results, say how it ended
+    local name=$1 limit=$2
+    shift 2
+    local file="$res/${name}_${gpu}_${day}.txt"
+    { echo "# $*"; echo "# $(date -u '+%Y-%m-%d %H:%M') UTC, $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1), $(nproc) CPUs, commit $(git rev-parse --short HEAD 2> /dev/null)"; } > "$file"
+    local t0=$SECONDS
+    timeout --signal=INT --kill-after=20 "$limit" "$@" >> "$file" 2>&1
+    local rc=$?
+    [ $rc -ne 0 ] && status=1
+    echo "gpu_suite: $name: exit $rc after $((SECONDS - t0)) s (limit $limit s) -> $file"
+    tail -n 4 "$file" | sed 's/^/    /'
+}
+
+part step_rn50 90 "$PY" bench/bench_step.py --model RN50 --batch 512 --steps 10 --repeats 2 --workers 8
+part step_vitb32 60 "$PY" bench/bench_step.py --model ViT-B-32 --batch 512 --steps 10 --repeats 2 --workers 8
+part decode 50 "$PY" bench/bench_decode.py --workers 8 --batch 32 --batches 12 --images 4096 --shards 8 \
+    --micro 256 --note "GPU machine's CPUs; images/s per worker, interleaved rounds"
+part episode 90 "$PY" bench/bench_episode.py --model RN50 --image-size 224 --episode 16384 --batch 512 \
+    --episodes 2 --workers 8
+smoke=$(mktemp -d)/gpu-smoke
+part smoke 170 bash -c "'$PY' bench/gpu_smoke.py '$smoke' --pairs 3000 && cd '$smoke' && \
+    PATH='$PWD/.venv/bin':\$PATH snakemake --configfile config/paper.yaml smoke.yaml --profile workflow/profiles/gpu \
+    --cores all --resources gpu=4 && ls results/tables results/figures"
+part kmeans 30 "$PY" bench/bench_kmeans.py --m 200000 --d 128 --k 20000 --iters 20 --gpu-only
+echo "gpu_suite: done (any part that did not exit 0 is marked above); outputs in $res/*_${gpu}_${day}.txt"
+exit $status
