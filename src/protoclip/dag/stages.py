@@ -314,12 +314,15 @@ def evaluations(cfg: ProjectConfig, lay: Layout | None = None) -> dict[str, dict
 
 
 def collect_stage(cfg: ProjectConfig, lay: Layout, config_file: str, run: str, datasets: list[str]) -> Stage:
-    """``metrics.json`` of ``run``. Besides its evaluation folders it depends on the prepared data: `collect`
-    reports a configured set as "not found" when its data is missing, so it must run after `prepare` made it
-    (a run that no target evaluates would otherwise be collected before `prepare`
-    finished and list the offline sets as not found)."""
+    """``metrics.json`` of ``run``. Besides its evaluation folders it depends on the prepared data when `prepare`
+    builds a configured set: `collect` reports a configured set as "not found" when its data is missing, so it
+    must run after `prepare` made it (a run that no target evaluates would otherwise be collected before `prepare`
+    finished and list the offline sets as not found). Where `prepare` builds no set (the paper config: every set
+    read from its path) it does not wait for it: a released checkpoint's run (``pretrained``) on a clone without
+    the corpora is collected without a `prepare` that has nothing to read."""
     outs = collect_outs(lay, run)
-    data = [o.path for o in prepare_outs(lay, cfg).values()]
+    builds_sets = any(built_by_prepare(cfg, d) for d in cfg.evaluate.datasets)
+    data = [o.path for o in prepare_outs(lay, cfg).values()] if builds_sets else []
     return Stage(f"collect_{run}", "collect", config_file, f"--run {run}",
                  {"evals": [norm_path(lay.eval_dir(run, d)) for d in datasets], "data": data}, [],
                  list(outs.values()), outs)
