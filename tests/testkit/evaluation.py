@@ -50,6 +50,7 @@ def project(tmp_path):
         "coco": EvalDatasetConfig(kind="coco", path=str(tmp_path / "no_coco")),
     }
     cfg = eval_project(tmp_path, datasets)
+    cfg._runs = {RUN: ({"method": "clip"}, "<test>")}  # the run evaluated (its model file decides how)
     layout = Layout.from_config(cfg)
     digits_npz(layout)
     eval_manifest(layout)
