@@ -1,23 +1,22 @@
-"""The evaluation tasks: each task's properties in one table (:data:`TASKS`), and what a task did (:class:`TaskStatus`).
+"""The evaluation tasks: each task's properties (:class:`Task`, one table: :data:`TASKS`) and what a task did on a
+set (:class:`TaskStatus`).
 
-The one place that names them and says what they read and show: the evaluation plan (which task applies to which
-set, which are skipped for an image-only run), the data loaders (whether to build a train split), validation while
-training (which tasks it may run), the report's tables and the claims ledger (which metrics, which resampling) read
-the :class:`Task` properties here, never a list of names of their own. A task added to :data:`TASKS` (or through
-:func:`register`) with its adapter is planned, evaluated, collected, tabled and, when marked so, validated.
+The plan, the loaders, validation while training, collect, the report's tables and the claims ledger read a task's
+properties here, never a list of task names of their own: a task declared once (here, or through :func:`register`)
+with its adapter is planned, evaluated, tabled and, marked so, validated.
 
-=========== ================================================ ===================== ===========
-task        what it measures (paper)                          headline metrics      text tower
-=========== ================================================ ===================== ===========
-zeroshot    prompt-ensembled zero-shot (Sec. IV-C1, Table VI) top1, top5            yes
-linear      L-BFGS / SGD linear probe (IV-C2, Table VII)       top1                  no
-knn         weighted k-NN probe (IV-C3, Table VII)            top1                  no
-retrieval   image-text retrieval (IV-C4, Table VIII)          mean_recall, R@1      yes
-clustering  k-means ARI / AMI (IV-G3, Table XII)              ari, ami              no
-nemd        NEMD, uniformity, spread (PAUC)                   nemd, ...             no
-tsne        t-SNE figure (Fig. 8)                             n_points              no
-temperature temperature paper Fig. 1 / Fig. 8 / Table 11      equilibrium_scale,... yes
-=========== ================================================ ===================== ===========
+=========== ==================================================
+task        what it measures (paper)
+=========== ==================================================
+zeroshot    prompt-ensembled zero-shot (Sec. IV-C1, Table VI)
+linear      L-BFGS / SGD linear probe (IV-C2, Table VII)
+knn         weighted k-NN probe (IV-C3, Table VII)
+retrieval   image-text retrieval (IV-C4, Table VIII)
+clustering  k-means ARI / AMI (IV-G3, Table XII)
+nemd        NEMD, uniformity, spread (PAUC)
+tsne        t-SNE figure (Fig. 8)
+temperature temperature paper Fig. 1 / Fig. 8 / Table 11
+=========== ==================================================
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""The report's generic tables: every task's headline metrics per data set and run, and the training losses.
+"""The report's generic tables: every task's metrics (:attr:`protoclip.tasks.Task.metrics`) per data set and run,
+and the training losses.
 
-Per task, ``results/tables/<task>.{csv,md,tex}`` (rows: data set x headline metric; columns: runs; skipped sets
-left out, the index lists them), every value with its skip line in ``results/tables/metrics_long.csv``, and ``results/tables/train_loss.csv``
-from each run's ``train_log.jsonl`` (drawn by :mod:`protoclip.report.summary_figures`).
-Written by the report stage (:mod:`protoclip.report.stage`).
+Per task with a table, ``results/tables/<task>.{csv,md,tex}`` (rows: data set x metric; columns: runs; skipped
+sets left out, the index lists them); every value with its skip line in ``results/tables/metrics_long.csv``; and
+``results/tables/train_loss.csv`` from each run's ``train_log.jsonl`` (drawn by
+:mod:`protoclip.report.summary_figures`). Written by the report stage (:mod:`protoclip.report.stage`).
 """
 from __future__ import annotations
 
