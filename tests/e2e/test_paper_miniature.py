@@ -5,7 +5,10 @@ config"):
 
 * ``prepare.user_data``: CC2.5M as three tiny webdataset shards in the brace-range layout (``{00000..00002}.tar``,
   60 drawn pairs each (testkit.data's shapes), captions "a red circle"); CC1M and YFCC at paths with no file, so
-  their runs are skipped;
+  their runs are skipped; ImageNet / ImageNet-100 (PCL / PAUC) likewise;
+* ``experiments``: ProtoCLIP's own (paper_cc, paper_fig6, paper_fig7, paper_yfcc); the related methods' runs of
+  paper.yaml (paper_methods, paper_temperature, paper_pcl: ViT-B/16 and multi-token towers that a tiny ResNet cannot
+  stand in for) are planned by tests/e2e/test_config_model.py's dry runs;
 * ``prepare`` / ``train_force`` / ``teacher``: 32 px, a tiny ResNet (``tiny-rn``), episodes of 48 pairs in
   batches of 16, one epoch, warm-up of one batch, small heads and PCA; CPU (``gpu: false``) on the local executor,
   the paper's one GPU per run on SLURM (the test cluster's fake GPUs: the jobs compute on the CPU);
@@ -77,11 +80,16 @@ def shards(folder: Path) -> str:
     return f"{folder}/{{00000..00002}}.tar"
 
 
+RELATED_EXPERIMENTS = ("paper_methods.yaml", "paper_temperature.yaml", "paper_pcl.yaml")
+
+
 def overlay(root: Path) -> dict:
     """Paths and sizes only (the README's list of keys)."""
     paper = read_yaml(REPO / "config" / "paper.yaml")
     data = {"cc2.5m": shards(root / "shards" / "cc2.5m"), "cc1m": f"{root}/absent/cc1m/{{00000..00099}}.tar",
             "yfcc14m": f"{root}/absent/yfcc14m/{{00000..01399}}.tar"}
+    data.update({u["name"]: f"{root}/absent/{u['name']}/train.csv" for u in paper["prepare"]["user_data"]
+                 if u["name"] not in data})  # ImageNet, ImageNet-100
     return {
         "paths": {"data_dir": "data", "results_dir": "results", "mlflow_uri": "sqlite:///results/mlflow.db",
                   "mlflow_log_models": False,  # no ~100 MB model copy per run in MLflow (disk)
@@ -89,6 +97,7 @@ def overlay(root: Path) -> dict:
         "prepare": {"image_size": 32, "num_workers": 1,
                     "user_data": [dict(u, path=data[u["name"]]) for u in paper["prepare"]["user_data"]]},
         "teacher": {"pca_dim": 16},
+        "experiments": [e for e in paper["experiments"] if not e.endswith(RELATED_EXPERIMENTS)],
         "train_force": {"model": "tiny-rn", "image_size": 32, "embed_dim": None, "epochs": 1, "episode_size": 48,
                         "batch_size": 16, "warmup_samples": 16, "head_hidden": 64, "head_out": 32, "gpu": False,
                         "num_workers": 0, "kmeans": {"iters": 5}},
