@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from protoclip.config.architectures import released_tags
-from protoclip.dag.stages import exportable_runs, stages
+from protoclip.dag.stages import exportable_runs, pretrained_settings, stages
 from protoclip.errors import ConfigError
 from protoclip.project import load_config
 from testkit import REPO
@@ -69,6 +69,9 @@ def test_released_runs_get_evaluate_and_collect_but_no_training(tmp_path):
         assert {f"runs.{run}"} <= {k for p in evaluate.params for keys in p.values() for k in keys}
     assert not any(Path(p).parent.name in ("released", "exported") for p in plan["report"].deps["train_logs"])
     assert "released" not in exportable_runs(cfg) and "exported" not in exportable_runs(cfg)
+    # Snakemake's evaluation settings digest: the checkpoint a released run names; nothing new for a trained run
+    assert pretrained_settings(cfg, "released") == {"pretrained": {"model": "RN50", "tag": "yfcc15m"}}
+    assert pretrained_settings(cfg, "trained") == {}
     from protoclip.report.values import Results
 
     assert Results(cfg).epoch_cell("released", "trained").text == "32 (released checkpoint)"  # no train log to time

@@ -19,7 +19,9 @@ rule evaluate:
         **job_resources(lambda wc: launch.evaluate_gpus(PROJECT, wc.run)),  # one GPU for a GPU run's evaluation
     params:
         config=CONFIG_ARG,
-        settings=lambda wc: settings({**to_dict(PROJECT.evaluate), "datasets": PROJECT.evaluate.datasets[wc.dataset]}),
+        # a released checkpoint's run (`pretrained:`, no train job) reruns when the checkpoint it names changes
+        settings=lambda wc: settings({**to_dict(PROJECT.evaluate), "datasets": PROJECT.evaluate.datasets[wc.dataset],
+                                      **dag_stages.pretrained_settings(PROJECT, wc.run)}),
         args=stage_args(lambda wc: f"evaluate_{wc.run}_{wc.dataset}"),
     shell:
         "protoclip evaluate --config {params.config}{params.args} 2>&1 | tee {log}"

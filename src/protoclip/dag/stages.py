@@ -251,6 +251,13 @@ def trained(cfg: ProjectConfig, run: str) -> bool:
     return not cfg.run(run).pretrained.enabled
 
 
+def pretrained_settings(cfg: ProjectConfig, run: str) -> dict:
+    """``{"pretrained": {model, tag}}`` of a released checkpoint's run, for its evaluation jobs' settings digest
+    (Snakemake; DVC: the run's params); {} for a trained run, whose ``model.pt`` is the evaluation's input."""
+    pretrained = cfg.run(run).pretrained
+    return {"pretrained": {"model": pretrained.model, "tag": pretrained.tag}} if pretrained.enabled else {}
+
+
 def evaluate_stage(cfg: ProjectConfig, lay: Layout, config_file: str, run: str, dataset: str,
                    tasks: list[str] | None = None) -> Stage:
     """One (run, set) evaluation job; ``tasks``: only these (what the run's paper targets show), None = all."""
