@@ -11,14 +11,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from scipy import stats
 
+from protoclip.claims.intervals import holm
 from protoclip.files import records
 from protoclip.claims import ledger
 from protoclip.claims.ledger import CONTRADICTED, NOT_RESOLVED, NOT_RUN, NOT_TESTED, REPRODUCED
 from protoclip.project import load_config
 from protoclip.errors import ConfigError
 from protoclip.files.layout import Layout
-from protoclip.report.ledger_table import ClaimEngine, log_ledger, metric_units, rule_text, run_ledger
+from protoclip.report.ledger_table import ClaimEngine, chance_of, log_ledger, metric_units, rule_text, run_ledger
 from protoclip.report.paper_tables import build_table
 from protoclip.report.values import Results
 from testkit import REPO
@@ -65,9 +67,11 @@ def test_shipped_claims_load_for_every_config_and_name_existing_rows_and_columns
                                               "PAUC"}
     for c in by.values():  # every magnitude has its margin and the reason for it; one-sided words stay one-sided
         assert c.magnitude == "none" or (c.margin is not None and c.margin_why), c.id
-        if c.kind == "difference" and c.magnitude == "equivalence" and c.columns \
-                and not re.search(r"ARI|AMI", c.columns[0]):
-            assert c.margin == pytest.approx(max(1.0, abs(c.paper_value) / 2)), c.id
+        if c.kind in ("difference", "gain") and c.magnitude == "equivalence" and c.direction != "none":
+            # half the paper's difference: the band [paper/2, 3 paper/2] excludes 0, a direction can be contradicted
+            assert c.margin == pytest.approx(abs(c.paper_value) / 2), c.id
+            assert c.paper_value - c.margin > 0 or c.paper_value + c.margin < 0, c.id
+        assert "0.4-1.5 points" not in c.margin_why, c.id  # a spread is the ledger's own measurement
     assert by["f9_kmeans_share"].magnitude == "at_most" and by["f9_pbt_share"].magnitude == "at_most"
     assert by["multitoken_time"].magnitude == "at_most" and by["multitoken_time"].bound() == 8.0
     assert by["f9_extraction_share"].margin == pytest.approx(0.25 * 31.0)
@@ -87,7 +91,12 @@ def test_every_claim_quotes_its_line_and_its_number_is_the_papers():
             continue
         near = " ".join(lines[c.line - 10:c.line + 40])
         derived = re.search(r"(\d+\.\d+) ([-/]) (\d+\.\d+)", c.paper_text)
-        if derived:
+        gains = re.fullmatch(r"[+-]?\d+(\.\d+)? = \(([\d.]+) - ([\d.]+)\) - \(([\d.]+) - ([\d.]+)\)", c.paper_text)
+        if c.kind == "gain":  # two gains compared: (a - b) - (c - d), each number in its table
+            a, b, x, y = (float(v) for v in gains.groups()[1:])
+            assert c.paper_value == pytest.approx((a - b) - (x - y), abs=1e-9), c.id
+            assert all(v in near for v in gains.groups()[1:]), c.id
+        elif derived:
             a, op, b = derived.groups()
             value = float(a) - float(b) if op == "-" else 100 * float(a) / float(b)
             assert c.paper_value == pytest.approx(value, abs=1e-9), c.id
@@ -124,24 +133,38 @@ def hits_with(p: float, seed: int, n: int = N) -> np.ndarray:
 
 
 def plant(layout: Layout, run: str, task: str, dataset: str, hits: np.ndarray | None, labels: np.ndarray,
-          keep: bool = True) -> None:
+          keep: bool = True, **extra) -> None:
     """A metrics file whose top1 is the planted hits' accuracy (as the evaluation computes it) and, with
-    ``keep``, the per-example file beside it."""
+    ``keep``, the per-example file beside it; ``extra``: more metrics (a zero-shot set's n_classes)."""
     top1 = 100.0 * float(hits.mean()) if task == "linear" else 100.0 * int(hits.sum()) / len(hits)
     records.write_metrics(layout.metrics(run, task, dataset),
-                          {"run": run, "dataset": dataset, "task": task, "metrics": {"top1": top1}})
+                          {"run": run, "dataset": dataset, "task": task, "metrics": {"top1": top1, **extra}})
     if keep:
         records.write_examples(layout.examples(run, task, dataset), {"top1": hits, "labels": labels})
 
 
+N_INIT = 10
+
+
+def init_assignments(labels: np.ndarray, keep: float, seed: int) -> list[np.ndarray]:
+    """N_INIT "k-means initialisations": each follows the labels for a share of the images drawn around
+    ``keep`` (initialisations differ by more than the images' resampling), the first the kept one."""
+    rng = np.random.default_rng(seed)
+    shares = np.clip(keep + 0.04 * rng.standard_normal(N_INIT), 0.0, 1.0)
+    return [np.where(rng.random(len(labels)) < k, labels, rng.integers(0, 10, len(labels))) for k in shares]
+
+
 def plant_clusters(layout: Layout, run: str, dataset: str, labels: np.ndarray, keep: float, seed: int) -> None:
     """k-means assignments that follow the labels for a share ``keep`` of the images, with the metrics file's
-    ARI and AMI computed from them as the evaluation does."""
+    ARI and AMI computed from them as the evaluation does, and the spread over the N_INIT initialisations as
+    the evaluation writes it (``<score>_std`` with numpy's ddof 0, ``n_init``)."""
     from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score
 
-    rng = np.random.default_rng(seed)
-    cluster = np.where(rng.random(len(labels)) < keep, labels, rng.integers(0, 10, len(labels)))
-    m = {"ari": adjusted_rand_score(labels, cluster), "ami": adjusted_mutual_info_score(labels, cluster)}
+    inits = init_assignments(labels, keep, seed)
+    cluster = inits[0]
+    aris = np.array([adjusted_rand_score(labels, c) for c in inits])
+    amis = np.array([adjusted_mutual_info_score(labels, c) for c in inits])
+    m = {"ari": aris[0], "ami": amis[0], "n_init": N_INIT, "ari_std": float(aris.std()), "ami_std": float(amis.std())}
     records.write_metrics(layout.metrics(run, "clustering", dataset),
                           {"run": run, "dataset": dataset, "task": "clustering", "metrics": m})
     records.write_examples(layout.examples(run, "clustering", dataset), {"cluster": cluster, "labels": labels})
@@ -162,7 +185,7 @@ SETS = ["digits", "fashion_mnist", "heldout_pairs"]
 
 def claim(cid: str, a: str, b: str, columns: list[str], direction: str = "positive", **kw) -> dict:
     """A planted claim: a direction only unless a magnitude test is given."""
-    return {"id": cid, "paper": "planted", "source": "none.txt", "line": 1, "where": "planted", "quote": "-",
+    return {"id": cid, "paper": kw.pop("paper", "planted"), "source": "none.txt", "line": 1, "where": "planted", "quote": "-",
             "paper_value": kw.pop("paper_value", None), "paper_text": "-", "target": kw.pop("target", "table_T"),
             "a": a, "b": b, "columns": columns, "direction": direction, "magnitude": kw.pop("magnitude", "none"),
             **kw}
@@ -176,11 +199,14 @@ def planted(tmp_path, request):
     target = {"id": "table_T", "kind": "table", "caption": "planted", "paper": "-",
               "rows": [{"label": "A", "run": "a"}, {"label": "B", "run": "b"}, {"label": "A0", "run": "a0"},
                        {"label": "C", "run": "c"},
-                       {"label": "A copy", "run": "a_copy"}, {"label": "No keep", "run": "nokeep"}],
+                       {"label": "A copy", "run": "a_copy"}, {"label": "No keep", "run": "nokeep"},
+                       {"label": "Floor", "run": "floor"}],
               "columns": [{"label": s, "task": "linear", "datasets": [s]} for s in SETS]
               + [{"label": "avg", "task": "linear", "datasets": SETS},
                  {"label": "ARI digits", "task": "clustering", "metric": "ari", "datasets": ["digits"]},
-                 {"label": "AMI digits", "task": "clustering", "metric": "ami", "datasets": ["digits"]}]}
+                 {"label": "AMI digits", "task": "clustering", "metric": "ami", "datasets": ["digits"]},
+                 {"label": "ZS digits", "task": "zeroshot", "datasets": ["digits"]},
+                 {"label": "KNN digits", "task": "knn", "datasets": ["digits"]}]}
     # Table V's difference row (RN50 ProtoCLIP - RN50 CLIP) over a planted column named as the paper's
     table_v = {"id": "table_W", "kind": "table", "caption": "planted V", "paper": "table_V",
                "rows": [{"label": "RN50 CLIP", "run": "b"}, {"label": "RN50 ProtoCLIP", "run": "a"}],
@@ -189,7 +215,7 @@ def planted(tmp_path, request):
                 "rows": [{"label": "CLIP", "run": "b"}, {"label": "ProtoCLIP", "run": "a"}]}
     runs = {"a": {"method": "protoclip", "seeds": [0, 1, 2]}, "b": {"method": "clip"}, "a0": {"method": "clip"},
             "c": {"method": "clip", "seeds": [0, 1, 2]},
-            "a_copy": {"method": "clip"}, "nokeep": {"method": "clip"}}
+            "a_copy": {"method": "clip"}, "nokeep": {"method": "clip"}, "floor": {"method": "clip"}}
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump({"target": target, "runs": runs}))
     (tmp_path / "exp_v.yaml").write_text(yaml.safe_dump({"target": table_v}))
     (tmp_path / "exp_t.yaml").write_text(yaml.safe_dump({"target": time_fig}))
@@ -207,6 +233,11 @@ def planted(tmp_path, request):
         claim("count_small", "A", "C", SETS, kind="count"),
         claim("count_reversed", "B", "A", SETS, kind="count"),
         claim("no_examples", "A", "No keep", ["digits"]),
+        claim("zs_one_seed", "A0", "B", ["ZS digits"]),  # one seed a side, no repeated zero-shot runs anywhere
+        claim("above_floor", "A", "Floor", ["digits"]),  # the baseline at chance (10 classes: 10 %)
+        claim("other_paper", "A", "C", ["fashion_mnist"], paper="other"),
+        claim("gain", "A", "B", ["KNN digits", "digits"], kind="gain"),  # kNN gain +15 against linear +10
+        claim("gain_reversed", "A", "B", ["digits", "KNN digits"], kind="gain"),
         claim("ari", "A", "B", ["ARI digits"]),
         claim("ami", "A", "B", ["AMI digits"]),
         claim("absent", "A", "B", ["digits"], target="table_nowhere"),
@@ -241,9 +272,16 @@ def planted(tmp_path, request):
         plant(layout, "a0", "linear", s, hits_with(0.60, seed=10 * i), labels)
         plant(layout, "a_copy", "linear", s, hits_with(0.60, seed=10 * i), labels)
         plant(layout, "nokeep", "linear", s, hits_with(0.55, seed=200 + i), labels, keep=False)
+        plant(layout, "floor", "linear", s, hits_with(0.105, seed=250 + i), labels)  # chance: 10 %
+    for k, run in enumerate(cfg.run_group("a")):  # kNN 64 / 65 / 66 % on the linear probe's images
+        plant(layout, run, "knn", "digits", hits_with(0.64 + 0.01 * k, seed=600 + k), labels)
+    plant(layout, "b", "knn", "digits", hits_with(0.50, seed=700), labels)
+    for run, p in (("a0", 0.60), ("b", 0.50)):  # the classifier's 12 classes, 10 of them in the test labels
+        plant(layout, run, "zeroshot", "digits", hits_with(p, seed=500 + len(run)), labels, n_classes=12)
     for k, run in enumerate(cfg.run_group("a")):  # clusters matching the labels 90 % of the time vs 50 %
         plant_clusters(layout, run, "digits", labels, 0.9, seed=300 + k)
     plant_clusters(layout, "b", "digits", labels, 0.5, seed=400)
+    plant_clusters(layout, "a0", "digits", labels, 0.8, seed=450)
     for k, run in enumerate(cfg.run_group("a")):
         episodes(layout, run, extract=1.0, train=3.0, seed=k)  # extraction: 1 / 3 = 33 % of CLIP's epoch time
     episodes(layout, "b", extract=0.0, train=3.0, seed=9)
@@ -276,32 +314,60 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert p.seed_note == "b: 1 seed, its seed spread taken from a"
     assert by["planted_avg"].direction == REPRODUCED and by["planted_avg"].ours == pytest.approx(10.0)
     assert by["planted_avg"].magnitude == NOT_TESTED and by["planted_avg"].verdict == "direction reproduced"
+    # one seed a side (a0 - a_copy, identical): the seed spread of linear top-1 on digits pooled over the
+    # ledger's repeated runs on digits, a (59 / 60 / 61 %) and c (58.8 / 59.5 / 60.2 %), is combined into it:
+    # per-seed variance (2 * 1 + 2 * 0.49) / 4 = 0.745 on 4 df; no example part (identical results), so the
+    # interval is 0 -+ t_4 * sqrt(0.745 * (1/1 + 1/1))
     same = by["identical"]
-    assert same.direction == NOT_RESOLVED and (same.ours, same.lo, same.hi) == (0.0, 0.0, 0.0)
-    assert "not on the paper's side" in same.needs
-    # no paper number to plan for: planned at the 1-point floor, still naming the seeds
-    assert re.match(r"\d+ seeds a side .*the paper prints no number; at \+1\.00 points", same.needs), same.needs
+    half = stats.t.ppf(0.975, 4) * np.sqrt(0.745 * 2)
+    assert same.direction == NOT_RESOLVED and same.ours == 0.0
+    assert (same.lo, same.hi) == pytest.approx((-half, half), rel=1e-9)
+    assert same.seed_note == ("seed spread combined from linear top1 of a on digits (3 seeds), c on digits (3 "
+                              "seeds): pooled seed sd 0.86, 4 df")
+    # no paper number, our estimate not on its side: planned at the 1-point floor, never below the seeds run
+    assert "at our estimate 0.00: not on the paper's side of 0" in same.needs, same.needs
+    n = int(re.search(r"the paper prints no number; at \+1\.00: (\d+) seeds a side", same.needs).group(1))
+    assert n >= 2 and "seed sd 0.86 points (linear top1 of a on digits" in same.needs, same.needs
     assert by["reversed"].direction == CONTRADICTED  # B - A claimed positive
-    one = by["one_seed"]
-    assert one.seed_note == "examples only, seed spread not measured" and one.direction == REPRODUCED
-    assert "seed spread not measured" in one.magnitude_why
+    one = by["one_seed"]  # one seed a side, the task's spread combined: decisive, its magnitude still not
+    assert one.seed_note.startswith("seed spread combined from linear top1 of a on digits (3 seeds), c on digits")
+    assert one.direction == REPRODUCED and one.raw_direction == REPRODUCED
+    assert one.lo < by["planted"].lo + 10 and "seed spread not measured" in one.magnitude_why
+    # one seed a side where no repeated run of the task exists (zero-shot): the interval alone would reproduce
+    # it, the verdict says it is not decisive, and the plan says what is missing
+    zs = by["zs_one_seed"]
+    assert zs.raw_direction == REPRODUCED and zs.direction == ledger.NOT_DECISIVE and zs.p_holm is None
+    assert zs.verdict == "direction examples only: not decisive" and "run 2 or more seeds" in zs.needs
+    assert "vs chance 8.33 (12 classes of the classifier)" in zs.sides  # the metrics file's n_classes
+    # a side at chance: floor scores 10.5 % of 2000 images over 10 classes (chance 10 %), its interval
+    # [~9.2, ~11.9] not above 10: the row is not judged, and is outside Holm's family
+    floor = by["above_floor"]
+    assert floor.direction == floor.magnitude == ledger.AT_CHANCE and floor.verdict == ledger.AT_CHANCE
+    assert "floor not above chance by the 95 % interval" in floor.reason and floor.p_holm is None
+    assert "vs chance 10 (10 classes in the test labels)" in floor.sides
     small = by["small"]  # +0.5 points with seed sd ~0.6: not resolved, and what it would take
     assert small.direction == NOT_RESOLVED and small.ours == pytest.approx(0.5)
-    n = int(re.match(r"(\d+) seeds a side", small.needs).group(1))
-    assert 4 <= n <= 200 and "80 % power" in small.needs, small.needs
-    count = by["count"]
-    assert count.direction == REPRODUCED and count.ours == 3 and count.lo == 3
+    n = int(re.match(r"at our estimate \+0\.50: (\d+) seeds a side", small.needs).group(1))
+    assert 4 <= n <= 200 and "80 % power" in small.needs, small.needs  # 3 a side already ran
+    count = by["count"]  # 3 of 3 sets ahead: a sign test over 3 sets cannot reach 2.5 % (0.5^3 = 0.125)
+    assert count.direction == NOT_RESOLVED and count.ours == 3 and count.lo == 3 and count.p == 0.125
+    assert "ahead on 3, behind on 0" in count.measured
     assert "3 of 3 significant on the paper's side and 0 on the other" in count.measured
+    assert count.needs.startswith("unreachable here: 3 sets")
     # the count's bounds: sets significant on the paper's side (Holm over the sets), N less those on the other
     small, rev = by["count_small"], by["count_reversed"]
     assert (small.lo, small.hi, small.direction) == (0, 3, NOT_RESOLVED)
-    assert (rev.lo, rev.hi, rev.direction) == (0, 0, CONTRADICTED)
-    # what the count would take: 2 of the 3 sets, each at Holm's level for the 2nd of 3 rejections (2.5 % / 2)
-    plan = re.match(r"(\d+) seeds a side \(2 of 3 sets each significant at one-sided 1.2 %", small.needs)
-    assert plan and 4 <= int(plan.group(1)) <= 1000, small.needs
-    assert rev.needs == ""  # contradicted: nothing to plan
-    ari = by["ari"]  # ARI resampled over the test images with their fixed assignments
+    assert (rev.lo, rev.hi, rev.direction) == (0, 0, NOT_RESOLVED) and rev.count_signs == (0, 3)
+    # two gains compared: (kNN a - b) - (linear a - b) = 15 - 10; each run's two scores resampled on the same
+    # images; the seeds' spread is that of the per-run differences (5, 5, 5: none)
+    gain, back = by["gain"], by["gain_reversed"]
+    assert gain.ours == pytest.approx(5.0) and back.ours == pytest.approx(-5.0) and gain.unit == "points"
+    assert gain.direction == REPRODUCED and back.direction == CONTRADICTED
+    assert (gain.lo, gain.hi) == pytest.approx((-back.hi, -back.lo), rel=1e-9) and 0 < gain.lo < 5 < gain.hi
+    assert "gains +15.00 and +10.00" in gain.measured
+    ari = by["ari"]  # ARI resampled over the test images with their fixed assignments, inits' spread added
     assert ari.direction == REPRODUCED and ari.unit == "score (ARI, AMI, NEMD)" and ari.lo > 0.3
+    assert "k-means initialisations' spread included" in ari.seed_note
     ami = by["ami"]  # AMI resampled the same way, each resample's expected mutual information its own
     assert ami.direction == REPRODUCED and ami.unit == "score (ARI, AMI, NEMD)" and ami.lo > 0.3
     nk = by["no_examples"]
@@ -315,11 +381,17 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert by["overhead"].ours == pytest.approx(100 * 1.101 / 3.001, rel=0.05)
     for cid in ("share", "share_far", "kmeans_only", "overhead"):
         assert by[cid].magnitude == NOT_RESOLVED and "the test alone" in by[cid].magnitude_why, cid
-    # Holm over the direction tests that ran: adjusted p >= raw p; the big effects hold family-wise
-    tested = [r for r in rows if r.p is not None]
+    # Holm over the direction tests that ran, the family being one paper's claims; the adjusted p decides
+    tested = [r for r in rows if r.p_holm is not None]
     assert {r.claim.id for r in tested} == {"planted", "planted_avg", "identical", "reversed", "small", "one_seed",
-                                            "count", "count_small", "count_reversed", "ari", "ami"}
-    assert all(r.p_holm >= r.p for r in tested) and p.holm == REPRODUCED and small.holm == NOT_RESOLVED
+                                            "count", "count_small", "count_reversed", "ari", "ami", "other_paper",
+                                            "gain", "gain_reversed"}
+    planted_family = [r for r in tested if r.claim.paper == "planted"]
+    assert [r.p_holm for r in planted_family] == pytest.approx(holm([r.p for r in planted_family]))
+    assert by["other_paper"].p_holm == by["other_paper"].p  # a family of one
+    for r in tested:
+        assert r.direction == (r.raw_direction if r.p_holm < 0.025 else NOT_RESOLVED), r.claim.id
+    assert p.holm == REPRODUCED and small.holm == NOT_RESOLVED
 
     # the files: every claim once, never a blank verdict; the json for DVC; the forest plot
     frame = pd.read_csv(files["csv"])
@@ -329,7 +401,12 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert js["planted"]["direction"] == REPRODUCED and js["planted"]["margin"] == 5.0
     md = files["md"].read_text()
     assert "+10.00 [" in md and f"{len(rows)} distinct claims, 3 not run" in md
+    # the first line counts decisive rows only: the not-decisive and at-chance ones apart
+    assert ("direction (16 tested): 8 decisive (6 reproduced, 2 contradicted, Holm within each paper), "
+            "6 not resolved, 1 examples only: not decisive, 1 at chance: not judged") in md
     assert "m = 5: [5, 15]" in md and "what it would take" in md
+    # each margin beside the seed spread measured here, its runs named
+    assert "(m = 5: [5, 15]); the seed spread here: linear top1 of a on digits (3 seeds), c on digits (3 seeds)" in md
     assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "reproduced" in files["rst"].read_text()
 
@@ -420,6 +497,43 @@ def test_retrieval_units_give_the_metrics_files_recalls():
     for metric in ("image_to_text_R@1", "text_to_image_R@5", "mean_recall"):
         assert metric_units("retrieval", metric, examples).value()[0] == pytest.approx(m[metric], rel=1e-12)
     assert metric_units("clustering", "ari", {}) is None and metric_units("knn", "top5", {"top1": ranks}) is None
+    # a recall's chance: k of the 25 images (an image's captions are one target)
+    assert chance_of("retrieval", "text_to_image_R@5", examples, {}) == (pytest.approx(20.0), "25 candidates")
+
+
+def test_clustering_interval_holds_the_kmeans_initialisations(planted):
+    """The ARI difference of a0 - b (one run each), computed naively here: the kept assignments' ARIs on 400
+    image resamples (the examples' variance), plus each run's sample variance over its 10 initialisations'
+    ARIs recomputed from the assignments (not metrics.json), t with Welch-Satterthwaite's df (9 + 9 summed
+    for the inits, infinite for the examples). Also a two-level resampling, each draw picking one
+    initialisation of each run at random: the ledger's interval is no narrower than it (within noise), and
+    wider than the examples' alone."""
+    from sklearn.metrics import adjusted_rand_score
+
+    cfg, _ = planted
+    engine = ClaimEngine(cfg, Results(cfg))
+    col = next(c for c in cfg.paper_targets()[0].columns if c.label == "ARI digits")
+    est, *_ = engine.column_parts(["a0"], ["b"], col, ["digits"])
+    lo, hi = est.interval(0.95)
+    labels = np.arange(N) % 10
+    inits_a, inits_b = init_assignments(labels, 0.8, 450), init_assignments(labels, 0.5, 400)
+    var_inits = sum(np.var([adjusted_rand_score(labels, c) for c in inits], ddof=1) for inits in (inits_a, inits_b))
+    rng = np.random.default_rng(7)
+    diffs, examples_only = [], []
+    for _ in range(400):
+        idx = rng.integers(0, N, N)
+        ca, cb = inits_a[rng.integers(N_INIT)], inits_b[rng.integers(N_INIT)]
+        diffs.append(adjusted_rand_score(labels[idx], ca[idx]) - adjusted_rand_score(labels[idx], cb[idx]))
+        examples_only.append(adjusted_rand_score(labels[idx], inits_a[0][idx])
+                             - adjusted_rand_score(labels[idx], inits_b[0][idx]))
+    total = np.var(examples_only, ddof=1) + var_inits
+    nu = total ** 2 / ((var_inits / 2) ** 2 / 9 + (var_inits / 2) ** 2 / 9)  # each run's share, equal split
+    half = stats.t.ppf(0.975, nu) * np.sqrt(total)
+    assert (hi - lo) / 2 == pytest.approx(half, rel=0.1), (lo, hi, half)
+    naive = np.quantile(diffs, [0.025, 0.975])
+    kept = np.quantile(examples_only, [0.025, 0.975])
+    assert hi - lo > 0.9 * (naive[1] - naive[0]) and hi - lo > 1.3 * (kept[1] - kept[0])
+    assert lo < est.point < hi and "k-means initialisations" in est.seed_note
 
 
 def test_ledger_in_a_real_mlflow_store(planted):

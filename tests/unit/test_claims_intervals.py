@@ -11,7 +11,7 @@ from scipy import stats
 
 from protoclip.claims.bootstrap import Component, Units, percentile_interval, resample, resample_runs
 from protoclip.claims.coverage import coverage
-from protoclip.claims.intervals import POWER, combine
+from protoclip.claims.intervals import POWER, combine, pooled_seed_variance
 
 
 def hits(n: int, p: float, seed: int) -> np.ndarray:
@@ -57,6 +57,44 @@ def test_without_example_noise_it_is_the_pooled_two_sample_t_interval():
     half = stats.t.ppf(0.975, 2) * np.sqrt(np.var(va, ddof=1) * (1 / 3 + 1))
     assert est.interval() == pytest.approx((va.mean() - vb[0] - half, va.mean() - vb[0] + half), rel=1e-9)
     assert est.seed_note == "b: 1 seed, its seed spread taken from a"
+
+
+def test_a_seed_spread_from_other_runs_gives_the_pooled_t_interval():
+    """One seed a side, no example noise: with the seed variance pooled over other repeated runs of the task
+    combined, the interval is the difference -+ t_df * sqrt(s2_pooled * (1/1 + 1/1)), df those runs' n - 1
+    summed; the estimate says where the spread came from, and no longer counts as its own spread."""
+    groups = [np.array([61.0, 62.5, 60.2]), np.array([59.1, 60.4]), np.array([70.0])]
+    s2 = (2 * np.var(groups[0], ddof=1) + 1 * np.var(groups[1], ddof=1)) / 3  # the singleton adds nothing
+    assert pooled_seed_variance(groups) == (pytest.approx(s2, rel=1e-12), 3)
+    assert pooled_seed_variance([np.array([1.0]), np.array([2.0])]) == (0.0, 0)
+    comp = Component([Units.mean(np.full(3, 61.0), scale=1.0)], [Units.mean(np.full(3, 59.1), scale=1.0)],
+                     key="flat")
+    one = combine(*runs_of(comp, 200), "difference")
+    assert not one.seed_measured and one.interval() == pytest.approx((1.9, 1.9), abs=1e-9)
+    est = one.with_seed_spread(s2, 3, "linear top1 of x (3 seeds), y (2 seeds)")
+    half = stats.t.ppf(0.975, 3) * np.sqrt(2 * s2)
+    assert est.interval() == pytest.approx((1.9 - half, 1.9 + half), rel=1e-9)
+    assert est.seed_measured and not est.seed_own and est.seed_note.startswith("seed spread combined from linear")
+    with pytest.raises(ValueError, match="measured"):
+        est.with_seed_spread(s2, 3, "again")
+
+
+def test_an_extra_variance_term_combines_by_welch_satterthwaite():
+    """A k-means initialisations' variance v (df k) added to a one-seed-a-side estimate: half-widths
+    t_nu * sqrt(u_ex^2 + v), u_ex the examples' percentile half-width / z, nu = (u_ex^2 + v)^2 / (v^2 / k)."""
+    comp = Component([Units.mean(hits(500, 0.6, 1))], [Units.mean(hits(500, 0.5, 2))], key="digits")
+    est = combine(*runs_of(comp), "difference")
+    a, b = resample([comp], 2000, 0)
+    lo_p, hi_p = percentile_interval((a - b)[0], 0.95)
+    z = stats.norm.ppf(0.975)
+    v, k = 4.0, 9
+    wide = est.with_term(v, k, "inits")
+    want = []
+    for sign, u_ex in ((-1, (est.point - lo_p) / z), (1, (hi_p - est.point) / z)):
+        total = u_ex ** 2 + v
+        want.append(est.point + sign * stats.t.ppf(0.975, total ** 2 / (v ** 2 / k)) * np.sqrt(total))
+    assert wide.interval() == pytest.approx(tuple(want), rel=1e-9)
+    assert not wide.seed_measured and wide.seed_note.endswith("; inits")
 
 
 def test_ratio_of_one_run_each_is_the_percentile_interval_of_the_ratio():

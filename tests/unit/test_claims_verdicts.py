@@ -15,7 +15,6 @@ from protoclip.claims.ledger import (
     NOT_RUN,
     NOT_TESTED,
     REPRODUCED,
-    count_verdict,
     direction_verdict,
     gate_magnitude,
     magnitude_verdict,
@@ -30,12 +29,6 @@ from protoclip.claims.ledger import (
 ])
 def test_direction_rule(sign, lo, hi, want):
     assert direction_verdict(sign, lo, hi) == want
-
-
-@pytest.mark.parametrize("lo, hi, want", [(8, 12, REPRODUCED), (6, 11, NOT_RESOLVED), (7, 12, NOT_RESOLVED),
-                                          (2, 5, CONTRADICTED)])
-def test_count_rule_reads_most_sets_as_above_half(lo, hi, want):
-    assert count_verdict(lo, hi, 14) == want  # 9 of 14 judged by the interval against 7, not by the point
 
 
 @pytest.mark.parametrize("test, lo, hi, paper, m, want", [
@@ -62,7 +55,6 @@ def test_every_rule_gives_every_outcome_on_a_grid_of_intervals():
     rules = {
         "direction +": lambda lo, hi: direction_verdict(+1, lo, hi),
         "direction -": lambda lo, hi: direction_verdict(-1, lo, hi),
-        "count": lambda lo, hi: count_verdict(lo + 10, hi + 10, 14),
         "equivalence": lambda lo, hi: magnitude_verdict("equivalence", lo, hi, 3.0, 2.0),
         "at_most": lambda lo, hi: magnitude_verdict("at_most", lo, hi, 2.0, 0.5),
         "at_least": lambda lo, hi: magnitude_verdict("at_least", lo, hi, 2.0, 0.5),
@@ -117,3 +109,49 @@ def test_holm_matches_its_step_down_definition():
                     break
                 rejected.add(i)
             assert {i for i, a in enumerate(adj) if a <= alpha} == rejected
+
+
+def test_sign_test_is_the_binomial_tail():
+    """P(X >= k), X ~ Binomial(n, 1/2), against scipy; 9 of 14 (Table VI) is p = 0.21, 12 of 14 reaches 2.5 %
+    and 3 of 3 can never (0.125)."""
+    from scipy import stats
+
+    for ahead, behind in ((9, 5), (12, 2), (11, 3), (3, 0), (0, 3), (7, 7)):
+        assert ledger.sign_test(ahead, behind) == pytest.approx(stats.binom.sf(ahead - 1, ahead + behind, 0.5))
+    assert ledger.sign_test(9, 5) == pytest.approx(3473 / 16384)  # sum C(14, 9..14) / 2^14
+    assert ledger.sign_verdict(12, 2) == REPRODUCED and ledger.sign_verdict(2, 12) == CONTRADICTED
+    assert ledger.sign_verdict(9, 5) == NOT_RESOLVED and ledger.sign_verdict(3, 0) == NOT_RESOLVED
+    assert ledger.sign_verdict(6, 0) == REPRODUCED  # 1/64 < 2.5 %: six sets is the fewest that can decide
+    assert ledger.sign_test(0, 0) == 1.0
+
+
+@pytest.mark.parametrize("metric, classes, candidates, want", [
+    ("top1", 188, None, 100 / 188), ("top5", 188, None, 500 / 188), ("top5", 3, None, 100.0),
+    ("image_to_text_R@1", None, 434, 100 / 434), ("text_to_image_R@5", None, 434, 500 / 434),
+    ("mean_recall", None, 100, (1 + 5 + 10) / 3), ("ari", None, None, 0.0), ("ami", None, None, 0.0),
+])
+def test_chance_levels(metric, classes, candidates, want):
+    assert ledger.chance_level(metric, classes, candidates) == pytest.approx(want)
+
+
+def test_chance_needs_its_count():
+    with pytest.raises(ValueError, match="classes"):
+        ledger.chance_level("top1")
+    with pytest.raises(ValueError, match="candidates"):
+        ledger.chance_level("image_to_text_R@1")
+
+
+@pytest.mark.parametrize("raw, p_holm, want", [
+    (REPRODUCED, 0.001, REPRODUCED), (REPRODUCED, 0.064, NOT_RESOLVED), (CONTRADICTED, 0.01, CONTRADICTED),
+    (CONTRADICTED, 0.03, NOT_RESOLVED), (REPRODUCED, None, NOT_RESOLVED), (NOT_RESOLVED, 0.001, NOT_RESOLVED),
+    (ledger.NOT_DECISIVE, None, ledger.NOT_DECISIVE),
+])
+def test_holm_decides_the_direction(raw, p_holm, want):
+    assert ledger.decide(raw, p_holm) == want
+
+
+def test_not_decisive_and_at_chance_read_as_such():
+    assert verdict_text(ledger.NOT_DECISIVE, NOT_RESOLVED) == ("direction examples only: not decisive, magnitude "
+                                                               "not resolved")
+    assert verdict_text(ledger.AT_CHANCE, ledger.AT_CHANCE) == ledger.AT_CHANCE
+    assert {ledger.NOT_DECISIVE, ledger.AT_CHANCE} <= set(ledger.VERDICTS)

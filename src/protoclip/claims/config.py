@@ -24,7 +24,7 @@ from typing import Literal
 
 from protoclip.files.records import PHASES
 
-KINDS = ("difference", "count", "share", "overhead", "time_ratio")
+KINDS = ("difference", "gain", "count", "share", "overhead", "time_ratio")
 MAGNITUDE_TESTS = ("equivalence", "at_most", "at_least", "none")
 
 
@@ -50,8 +50,9 @@ class ClaimConfig:
     # difference: a - b of one column (points); count: in how many of `columns` a - b has the claimed sign;
     # share: a's time in `phase` in % of a's own training-phase time over the same episodes (paired within the
     # run; the training phase is the work CLIP does per epoch, Fig. 9's base); overhead: % more time per epoch of
-    # a than b (between runs); time_ratio: a's total training time in % of b's
-    kind: Literal["difference", "count", "share", "overhead", "time_ratio"] = "difference"
+    # a than b (between runs); time_ratio: a's total training time in % of b's; gain: two gains compared,
+    # (a - b on columns[0]) - (a - b on columns[1]) ("more advantage in kNN than in linear probing")
+    kind: Literal["difference", "gain", "count", "share", "overhead", "time_ratio"] = "difference"
     target: str | None = None  # the paper target whose rows / columns name the runs and the metric
     a: str | None = None  # row label of the claimed-better run family (the minuend)
     b: str | None = None  # row label of the baseline (the subtrahend; for `share`, the time base)
@@ -82,10 +83,12 @@ class ClaimConfig:
             raise ValueError(f"claim {self.id}: needs `target` and `a` (or `unavailable` with the reason)")
         if not (self.b or self.b_runs):
             raise ValueError(f"claim {self.id}: a {self.kind} claim needs `b` (the baseline row)")
-        if self.kind in ("difference", "count") and not self.columns:
+        if self.kind in ("difference", "gain", "count") and not self.columns:
             raise ValueError(f"claim {self.id}: a {self.kind} claim needs `columns`")
         if self.kind == "difference" and len(self.columns) != 1:
             raise ValueError(f"claim {self.id}: a difference compares one column, got {len(self.columns)}")
+        if self.kind == "gain" and len(self.columns) != 2:
+            raise ValueError(f"claim {self.id}: a gain compares two columns' differences, got {len(self.columns)}")
         if self.kind == "count" and self.direction == "none":
             raise ValueError(f"claim {self.id}: a count claim has direction positive or negative")
         if self.kind == "share" and self.phase not in PHASES[:3]:

@@ -28,8 +28,9 @@ of both families when they are scored on the same test set: paired). The statist
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats
@@ -66,10 +67,41 @@ class Estimate:
     seeds: tuple[int, int]  # seeds of a and b (b: 0 for a one-family statistic)
     seed_var: tuple[float, float]  # each family's per-seed variance on the statistic's scale (g_f^2 var(p_f))
     seed_note: str = ""  # "" | "examples only, seed spread not measured" | "b's seed spread borrowed from a"
+    seed_source: str = ""  # where a seed spread not measured on these runs came from (:meth:`with_seed_spread`)
+    extra_terms: list[tuple[float, float]] = field(default_factory=list)  # (variance, df): e.g. k-means inits
 
     @property
     def seed_measured(self) -> bool:
+        """A seed level is in the interval (these runs' own, or one combined from other runs of the same task)."""
         return bool(self.seed_terms)
+
+    @property
+    def seed_own(self) -> bool:
+        """The seed level is these runs' own spread (a magnitude is decided only on it)."""
+        return bool(self.seed_terms) and not self.seed_source
+
+    def with_seed_spread(self, per_seed_var: float, dof: float, source: str) -> "Estimate":
+        """This one-seed-a-side estimate with a seed level taken from elsewhere: ``per_seed_var`` (the statistic's
+        per-seed variance, e.g. pooled over other repeated runs of the same task and metric) with ``dof`` degrees
+        of freedom, entering as per_seed_var * (1 / S_a + 1 / S_b); ``source`` names those runs."""
+        if self.seed_measured:
+            raise ValueError("the seed spread of these runs is measured: nothing to combine")
+        if per_seed_var < 0 or dof < 1:
+            raise ValueError(f"a seed spread needs a variance >= 0 and df >= 1, got {per_seed_var}, {dof}")
+        sa, sb = self.seeds
+        var = per_seed_var / sa + (per_seed_var / sb if sb else 0.0)
+        return dataclasses.replace(self, seed_terms=[(var, float(dof))],
+                                   seed_var=(per_seed_var, per_seed_var if sb else 0.0),
+                                   seed_note=f"seed spread combined from {source}", seed_source=source)
+
+    def with_term(self, var: float, dof: float, note: str) -> "Estimate":
+        """This estimate with one more independent variance term of the statistic (``var`` with ``dof`` degrees of
+        freedom, combined like the seed level: Welch-Satterthwaite), e.g. the spread of a clustering score over
+        its k-means initialisations, which neither the seeds nor the test examples hold."""
+        if var < 0 or dof < 1:
+            raise ValueError(f"a variance term needs var >= 0 and df >= 1, got {var}, {dof}")
+        return dataclasses.replace(self, extra_terms=[*self.extra_terms, (var, float(dof))],
+                                   seed_note="; ".join(x for x in (self.seed_note, note) if x))
 
     @property
     def example_var(self) -> float:
@@ -86,9 +118,9 @@ class Estimate:
     def _side(self, u_ex: float) -> tuple[float, float]:
         """(combined standard uncertainty, Welch-Satterthwaite degrees of freedom) of one side."""
         ex = self.shrink * u_ex * u_ex
-        seed = sum(v for v, _ in self.seed_terms)
-        total = ex + seed
-        denom = sum(v * v / nu for v, nu in self.seed_terms if v > 0)
+        terms = self.seed_terms + self.extra_terms
+        total = ex + sum(v for v, _ in terms)
+        denom = sum(v * v / nu for v, nu in terms if v > 0)
         nu = math.inf if denom == 0 else total * total / denom
         return math.sqrt(total), nu
 
@@ -190,6 +222,19 @@ def combine(pa, pb, da, db, stat: str = "difference") -> Estimate:
     return Estimate(point, draws, shrink, terms, (sa, sb), per_seed, note)
 
 
+def pooled_seed_variance(groups) -> tuple[float, int]:
+    """The per-seed variance pooled over groups of repeated runs (each group's sample variance weighted by its
+    n - 1 degrees of freedom, the two-sample t test's pooling) and its degrees of freedom; (0.0, 0) when no
+    group has two runs."""
+    num, dof = 0.0, 0
+    for g in groups:
+        g = np.asarray(g, dtype=np.float64)
+        if len(g) > 1:
+            num += float(np.var(g, ddof=1)) * (len(g) - 1)
+            dof += len(g) - 1
+    return (num / dof if dof else 0.0), dof
+
+
 def holm(pvalues: list[float]) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error), in the input order."""
     p = np.asarray(pvalues, dtype=np.float64)
@@ -203,4 +248,4 @@ def holm(pvalues: list[float]) -> list[float]:
     return adj.tolist()
 
 
-__all__ = ["Estimate", "combine", "holm", "STATS", "POWER"]
+__all__ = ["Estimate", "combine", "holm", "pooled_seed_variance", "STATS", "POWER"]

@@ -5,20 +5,22 @@ any number of ours is seen:
 
 * **Direction** (``direction: positive | negative``): does our 95 % interval exclude 0 on the paper's side?
   *reproduced*: yes; *contradicted*: it excludes 0 on the other side; *not resolved*: it contains 0. A count
-  ("better on 9 of 14 sets"): is the paper's side better on most sets, i.e. does the 95 % interval of the count
-  (protoclip.report.ledger_table: Holm over the sets' own tests) lie above half the sets (*reproduced*), below it
-  (*contradicted*), or contain it (*not resolved*)?
+  ("better on 9 of 14 sets"): the sets where the paper's side is ahead against half, by an exact sign test
+  (:func:`sign_test`, ties dropped; reachable at 14 sets with 12 ahead, never with fewer than 6 sets).
   ``direction: none``: the quantity has no sign to test (a share; an overhead positive by construction).
+  Three gates before a direction is decisive: one seed a side decides nothing unless a seed spread of the same
+  task and metric, measured on the ledger's repeated runs (named), is combined into the interval (else
+  :data:`NOT_DECISIVE`); a side whose score is not above its chance level (:func:`chance_level`) by its own
+  interval makes the row :data:`AT_CHANCE`; and the verdict is Holm's (:func:`decide`): each test's one-sided
+  p-value on the side its interval points to, adjusted over the claims of one paper (the family), must be
+  below 2.5 %.
 * **Magnitude** (against ``paper_value`` with margin m): two one-sided tests at 5 % each, i.e. the 90 %
   interval: ``equivalence``: inside [paper - m, paper + m] *reproduced*, wholly outside *contradicted*, else
   *not resolved*; ``at_most`` (the paper's "only", "negligible", "less than": a one-sided bound L = paper + m):
   the 90 % interval's upper end <= L *reproduced*, its lower end > L *contradicted*; ``at_least`` mirrored.
   A magnitude is never *reproduced* or *contradicted* from runs at a scale the paper did not use (the offline
-  default: ``claims.paper_scale: false``) or from one seed a side (seed spread not measured): it reads *not
-  resolved* with the reason and what the test alone would say.
-
-The ledger also adjusts the direction tests for multiplicity (Holm over the claims it ran,
-protoclip.claims.intervals.holm) and prints both.
+  default: ``claims.paper_scale: false``) or without these runs' own seed spread: it reads *not resolved* with
+  the reason and what the test alone would say.
 
     direction_verdict(+1, 0.4, 3.9)                          # 'reproduced'
     magnitude_verdict("equivalence", 2.0, 4.0, 3.0, 1.5)     # 'reproduced'
@@ -26,13 +28,17 @@ protoclip.claims.intervals.holm) and prints both.
 """
 from __future__ import annotations
 
+import math
+
 REPRODUCED = "reproduced"
 CONTRADICTED = "contradicted"
 NOT_RESOLVED = "not resolved"
 NOT_TESTED = "not tested"  # the claim asks no such question (direction: none / magnitude: none)
 NOT_RUN = "not run"
+NOT_DECISIVE = "examples only: not decisive"  # one seed a side and no seed spread of the task to combine
+AT_CHANCE = "at chance: not judged"  # a side whose score is not above its chance level by its interval
 OUTCOMES = (REPRODUCED, CONTRADICTED, NOT_RESOLVED)
-VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_TESTED, NOT_RUN)  # of each question
+VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_TESTED, NOT_RUN, NOT_DECISIVE, AT_CHANCE)  # of each question
 ONE_SEED = "examples only, seed spread not measured"
 NO_SPREAD = "seed spread not measured on both sides"
 OFFLINE = "not the paper's scale (claims.paper_scale: false)"
@@ -40,8 +46,6 @@ OFFLINE = "not the paper's scale (claims.paper_scale: false)"
 RULES = {
     "direction": "the 95 % interval excludes 0 on the paper's side: reproduced; on the other side: contradicted; "
                  "contains 0: not resolved",
-    "count": "the 95 % interval of the number of sets where the paper's side is better lies above half the sets: "
-             "reproduced; below: contradicted; contains half: not resolved",
     "equivalence": "the 90 % interval lies inside [paper - m, paper + m]: reproduced; wholly outside: "
                    "contradicted; else not resolved (two one-sided tests at 5 %)",
     "at_most": "a bound L = paper + m: the 90 % interval's upper end <= L: reproduced; its lower end > L: "
@@ -49,8 +53,17 @@ RULES = {
     "at_least": "the bound L = paper - m: the 90 % interval's lower end >= L: reproduced; its upper end < L: "
                 "contradicted; else not resolved",
     "gate": "a magnitude is never decided from runs at a scale the paper did not use, nor from one seed a side",
-    "holm": "Holm: the direction tests' one-sided p-values adjusted over the ledger's claims; reproduced "
-            "family-wise when the adjusted p < 0.025",
+    "holm": "the verdict is Holm's: each direction test's one-sided p-value on the side its interval points to, "
+            "adjusted over the claims of one paper (the family); reproduced / contradicted only when the adjusted "
+            "p < 0.025",
+    "sign test": "the sets where the paper's side is ahead (ties dropped) against half by an exact one-sided sign "
+                 "test: p < 0.025 on the paper's side: reproduced; on the other: contradicted; else not resolved "
+                 "(fewer than 6 sets can never reach 2.5 %)",
+    "decisive": "one seed a side decides nothing unless the seed spread of the same task and metric, pooled over "
+                "the ledger's repeated runs (named), is combined into its interval; else: examples only: not "
+                "decisive",
+    "chance": "each side's score against its chance level (top-1: 1 / classes, top-5: 5 / classes, R@k: k / "
+              "candidates, ARI / AMI: 0); a side whose 95 % interval does not lie above it: at chance: not judged",
     "not run": "the runs, the data set or the per-example results are absent (the reason is given)",
 }
 
@@ -70,13 +83,46 @@ def direction_verdict(sign: float, lo: float, hi: float) -> str:
     return REPRODUCED if (lo > 0.0) == (sign > 0) else CONTRADICTED
 
 
-def count_verdict(lo: float, hi: float, n_sets: int) -> str:
-    """The direction question of a count: the 95 % interval of the count against half the sets."""
-    _check(lo, hi)
-    if n_sets < 1:
-        raise ValueError("a count verdict needs n_sets >= 1")
-    half = n_sets / 2.0
-    return REPRODUCED if lo > half else CONTRADICTED if hi < half else NOT_RESOLVED
+def sign_test(ahead: int, behind: int) -> float:
+    """One-sided exact sign test: P(X >= ahead) for X ~ Binomial(ahead + behind, 1/2) (ties dropped before)."""
+    if ahead < 0 or behind < 0:
+        raise ValueError("set counts must be >= 0")
+    n = ahead + behind
+    return float(sum(math.comb(n, j) for j in range(ahead, n + 1)) / 2 ** n) if n else 1.0
+
+
+def sign_verdict(ahead: int, behind: int, alpha: float = 0.025) -> str:
+    """The direction of a count (\"better on most sets\") by :func:`sign_test` on both sides at ``alpha``."""
+    if sign_test(ahead, behind) < alpha:
+        return REPRODUCED
+    return CONTRADICTED if sign_test(behind, ahead) < alpha else NOT_RESOLVED
+
+
+def chance_level(metric: str, classes: int | None = None, candidates: int | None = None) -> float:
+    """A score's chance level in its own unit (points; ARI / AMI: 0): top-1 100 / classes, top-5 100 * min(5,
+    classes) / classes, R@k 100 * k / candidates, mean_recall the mean of its six recalls' (k = 1, 5, 10)."""
+    if metric in ("ari", "ami"):
+        return 0.0
+    if metric in ("top1", "top5"):
+        if not classes:
+            raise ValueError(f"{metric}: chance needs the number of classes")
+        return 100.0 * min(1 if metric == "top1" else 5, classes) / classes
+    if not candidates:
+        raise ValueError(f"{metric}: chance needs the number of candidates")
+    if metric == "mean_recall":
+        return sum(100.0 * min(k, candidates) / candidates for k in (1, 5, 10)) / 3.0
+    if "_R@" in metric:
+        k = int(metric.rsplit("@", 1)[1])
+        return 100.0 * min(k, candidates) / candidates
+    raise ValueError(f"no chance level for {metric!r}")
+
+
+def decide(raw: str, p_holm: float | None, alpha: float = 0.025) -> str:
+    """The direction verdict after Holm: ``raw`` (reproduced / contradicted on the 95 % interval) holds only when
+    its Holm-adjusted p (on the side its interval points to) is below ``alpha``; else not resolved."""
+    if raw not in (REPRODUCED, CONTRADICTED):
+        return raw
+    return raw if p_holm is not None and p_holm < alpha else NOT_RESOLVED
 
 
 def magnitude_verdict(test: str, lo: float, hi: float, paper: float | None, margin: float) -> str:
@@ -113,9 +159,11 @@ def gate_magnitude(raw: str, paper_scale: bool, seed_measured: bool) -> tuple[st
 
 
 def verdict_text(direction: str, magnitude: str) -> str:
-    """What held, in words: ``direction reproduced, magnitude not resolved``; ``not run`` alone."""
-    if NOT_RUN in (direction, magnitude):
-        return NOT_RUN
+    """What held, in words: ``direction reproduced, magnitude not resolved``; ``not run`` and ``at chance: not
+    judged`` alone."""
+    for alone in (NOT_RUN, AT_CHANCE):
+        if alone in (direction, magnitude):
+            return alone
     parts = [f"direction {direction}" if direction != NOT_TESTED else "",
              f"magnitude {magnitude}" if magnitude != NOT_TESTED else ""]
     return ", ".join(p for p in parts if p)
@@ -134,5 +182,6 @@ def with_interval(point: float, lo: float, hi: float, digits: int = 2, sign: boo
 
 
 __all__ = ["REPRODUCED", "CONTRADICTED", "NOT_RESOLVED", "NOT_TESTED", "NOT_RUN", "OUTCOMES", "VERDICTS", "RULES",
-           "ONE_SEED", "NO_SPREAD", "OFFLINE", "direction_verdict", "count_verdict", "magnitude_verdict", "gate_magnitude",
+           "ONE_SEED", "NO_SPREAD", "OFFLINE", "NOT_DECISIVE", "AT_CHANCE", "direction_verdict",
+           "sign_test", "sign_verdict", "chance_level", "decide", "magnitude_verdict", "gate_magnitude",
            "verdict_text", "signed", "with_interval"]

@@ -17,7 +17,7 @@ for each direction left not resolved, the seeds a side (and test examples) that 
 power. A claim whose runs, data or per-example results are absent reads "not run" with the reason.
 
     engine = ClaimEngine(cfg, Results(cfg))
-    rows = finish([engine.evaluate(c) for c in cfg.paper_claims()])
+    rows = finish([engine.evaluate(c) for c in cfg.paper_claims()], engine.settings)
     write_ledger(cfg, rows)
 """
 from __future__ import annotations
@@ -45,8 +45,8 @@ from protoclip.claims.bootstrap import (
     Units,
     resample_runs,
 )
-from protoclip.claims.config import ClaimConfig
-from protoclip.claims.intervals import Estimate, combine, holm
+from protoclip.claims.config import ClaimConfig, ClaimsConfig
+from protoclip.claims.intervals import Estimate, combine, holm, pooled_seed_variance
 from protoclip.files.layout import Layout
 from protoclip.report.paper_targets import ColumnConfig, ReportProject, TargetConfig, first_configured
 from protoclip.report.values import Results, episode_times
@@ -54,7 +54,7 @@ from protoclip.tasks import task_names
 
 log = logging.getLogger(__name__)
 
-UNITS = {"difference": "points", "count": "sets", "share": "% of time", "overhead": "% of time",
+UNITS = {"difference": "points", "gain": "points", "count": "sets", "share": "% of time", "overhead": "% of time",
          "time_ratio": "% of time"}
 RECALL = re.compile(r"(image_to_text|text_to_image)_R@(\d+)")
 
@@ -106,6 +106,50 @@ class Interval:
 
 
 @dataclass
+class Side:
+    """One family's score (mean over seeds and sets) with its 95 % interval, against its chance level."""
+    point: float
+    lo: float
+    hi: float
+    chance: float
+    why: str  # where the chance level came from ("188 classes of the eval set", "434 candidates")
+
+    @property
+    def above(self) -> bool:
+        return self.lo > self.chance
+
+    def text(self, name: str) -> str:
+        return f"{name} {self.point:.2f} [{self.lo:.2f}, {self.hi:.2f}] vs chance {self.chance:.3g} ({self.why})"
+
+
+def chance_of(task: str, metric: str, examples: dict[str, np.ndarray], metrics: dict) -> tuple[float, str]:
+    """(chance level of ``metric`` in its unit, from what): the class count is the metrics file's
+    ``n_classes`` (zero-shot: the classifier's classes) or the distinct labels of the test examples (a probe
+    predicts the classes it was trained on); the candidates of a recall are the test images (an image's captions
+    are one target: a caption query has one image among N, an image query its captions among N images')."""
+    if metric in ("ari", "ami"):
+        return 0.0, "0 for a chance-adjusted score"
+    if task == "retrieval":
+        n = int(len(examples["image_to_text_rank"]))
+        return ledger.chance_level(metric, candidates=n), f"{n} candidates"
+    if "n_classes" in metrics:
+        n, what = int(metrics["n_classes"]), "classes of the classifier"
+    else:
+        n, what = int(len(np.unique(examples["labels"]))), "classes in the test labels"
+    return ledger.chance_level(metric, classes=n), f"{n} {what}"
+
+
+def init_variance(metrics: dict, metric: str) -> tuple[float, int] | None:
+    """(variance, df) of a clustering score over its k-means initialisations, from the metrics file's
+    ``<metric>_std`` (numpy's, ddof 0) and ``n_init``: the sample variance std^2 * n / (n - 1); None when
+    the file has no spread (one initialisation, or an older file)."""
+    n, std = metrics.get("n_init"), metrics.get(f"{metric}_std")
+    if not isinstance(n, int) or n < 2 or not isinstance(std, (int, float)):
+        return None
+    return float(std) ** 2 * n / (n - 1), n - 1
+
+
+@dataclass
 class LedgerRow:
     """One claim as the ledger prints it: the two questions' verdicts and what they rest on."""
     claim: ClaimConfig
@@ -129,6 +173,18 @@ class LedgerRow:
     seconds: float = 0.0  # wall time to compute the row
     estimate: Estimate | None = dataclasses.field(default=None, repr=False)
     set_estimates: list = dataclasses.field(default_factory=list, repr=False)  # a count: (Estimate, a - b) per set
+    count_signs: tuple[int, int] = (0, 0)  # a count: sets ahead and behind on the paper's side (ties dropped)
+    # the direction's raw outcome on its 95 % interval (before the one-seed gate, chance and Holm) and the side of
+    # 0 its p-value is taken on (+1 the paper's, -1 the other)
+    raw_direction: str = ""
+    p_side: float = 1.0
+    task_metric: tuple[str, str] | None = None  # (task, metric) of a difference or count
+    # each run family's per-seed values (means over the column's sets), by "base on sets": the seed spreads a
+    # one-seed row of the same task and metric can borrow
+    families: dict = dataclasses.field(default_factory=dict, repr=False)
+    sides: str = ""  # each side's score against its chance level
+    spread: str = ""  # the seed spread of the row's task and metric measured here, the runs named (its margin's scale)
+    seeds_run: int = 0  # the fewest seeds a side these runs have
 
     @property
     def unit(self) -> str:
@@ -142,14 +198,11 @@ class LedgerRow:
 
     @property
     def holm(self) -> str:
-        """The direction verdict after Holm's adjustment ("" when no direction test ran)."""
-        if self.p_holm is None:
-            return ""
-        return ledger.REPRODUCED if self.p_holm < HOLM_ALPHA and self.direction == ledger.REPRODUCED else \
-            ledger.NOT_RESOLVED if self.direction != ledger.CONTRADICTED else ledger.CONTRADICTED
+        """The direction verdict after Holm's adjustment ("" when no direction test ran): the verdict itself."""
+        return "" if self.p_holm is None else self.direction
 
     def _fmt(self, point, lo, hi) -> str:
-        signed = self.claim.kind in ("difference", "overhead")
+        signed = self.claim.kind in ("difference", "gain", "overhead")
         digits = 0 if self.claim.kind == "count" else 2
         if lo is None:
             return ledger.signed(point, digits) if signed else f"{point:.{digits}f}"
@@ -164,7 +217,7 @@ class LedgerRow:
             return ledger.RULES["not run"]
         out = []
         if c.direction != "none":
-            out.append("direction: " + ledger.RULES["count" if c.kind == "count" else "direction"])
+            out.append("direction: " + ledger.RULES["sign test" if c.kind == "count" else "direction"])
         if c.magnitude != "none":
             out.append("magnitude: " + ledger.RULES[c.magnitude])
         return "; ".join(out)
@@ -179,7 +232,8 @@ class LedgerRow:
                 "ci90_low": self.lo90, "ci90_high": self.hi90, "ours_text": self.ours_text(),
                 "direction": self.direction, "magnitude": self.magnitude, "verdict": self.verdict,
                 "magnitude_why": self.magnitude_why, "p_one_sided": self.p, "p_holm": self.p_holm,
-                "holm": self.holm, "seed_note": self.seed_note, "needs": self.needs, "reason": self.reason,
+                "holm": self.holm, "raw_direction": self.raw_direction, "sides": self.sides, "spread": self.spread,
+                "seed_note": self.seed_note, "needs": self.needs, "reason": self.reason,
                 "rule": self.rules(), "runs": self.runs, "measured": self.measured, "note": c.note,
                 "seconds": round(self.seconds, 3)}
 
@@ -204,6 +258,8 @@ class ClaimEngine:
         self.cfg, self.results = cfg, results
         self.settings = cfg.claims
         self._units: dict[tuple, tuple[Units, np.ndarray]] = {}
+        self._chance: dict[tuple, tuple[float, str]] = {}  # (run, task, set, metric) -> (chance level, from what)
+        self._inits: dict[tuple, tuple[float, int]] = {}  # clustering: (variance over k-means inits, df)
         self._counts = CountsCache()  # each set's resample counts, built once per report (bootstrap.resample)
         self._targets = {t.id: t for t in cfg.paper_targets()}
 
@@ -238,6 +294,10 @@ class ClaimEngine:
             raise NotRun(f"{run}: the per-example results of {task} on {dataset} give {got:.6g}, its metrics "
                          f"file {expected}: rerun its evaluation")
         align = examples["text_to_image"] if task == "retrieval" else examples["labels"]
+        key = (run, task, dataset, metric)
+        self._chance[key] = chance_of(task, metric, examples, self.results.metrics(run, task, dataset) or {})
+        if task == "clustering":
+            self._inits[key] = init_variance(self.results.metrics(run, task, dataset) or {}, metric)
         return units, np.asarray(align)
 
     # ---- run families
@@ -278,13 +338,42 @@ class ClaimEngine:
                         ) -> tuple[Estimate, int]:
         """(the :class:`Estimate` of a - b of ``column`` averaged over ``sets``, as the tables average them;
         the test examples summed over the sets)."""
+        return self.column_parts(runs_a, runs_b, column, sets, inits=False)[:2]
+
+    def column_parts(self, runs_a: list[str], runs_b: list[str], column: ColumnConfig, sets: list[str],
+                     inits: bool = True) -> tuple:
+        """(:class:`Estimate` of a - b, test examples, per-seed values of a and of b, each side's :class:`Side`,
+        the example resamples of a and of b [S, B]), all means over ``sets``. A clustering score
+        also carries the variance of its k-means initialisations (:func:`init_variance`): the score is one
+        initialisation's (the lowest objective of n_init), a draw neither the seeds nor the examples resample,
+        entering as mean_runs(var_a) / S_a + mean_runs(var_b) / S_b over the sets' mean, df the runs' n_init - 1
+        summed (``inits``; the tables' difference cells keep the examples' and seeds' levels alone)."""
         comps = self.column_components(runs_a, runs_b, column, sets)
         per_run = resample_runs(comps, self.settings.resamples, self.settings.seed, self._counts)
         pa = np.mean([[u.value()[0] for u in c.a] for c in comps], axis=0)
         pb = np.mean([[u.value()[0] for u in c.b] for c in comps], axis=0)
         da = np.mean([a for a, _ in per_run], axis=0)
         db = np.mean([b for _, b in per_run], axis=0)
-        return combine(pa, pb, da, db, "difference"), sum(c.a[0].n for c in comps)
+        est = combine(pa, pb, da, db, "difference")
+        singles = [combine(pa, None, da, None, "single"), combine(pb, None, db, None, "single")]
+        if inits and column.task == "clustering":
+            terms = [[self._inits.get((r, column.task, d, column.metric)) for d in sets] for r in runs_a + runs_b]
+            if all(t is not None for ts in terms for t in ts):
+                var = [sum(v for v, _ in ts) / len(sets) ** 2 for ts in terms]  # of the mean over the sets
+                va, vb = float(np.mean(var[:len(runs_a)])), float(np.mean(var[len(runs_a):]))
+                dfa = sum(k for ts in terms[:len(runs_a)] for _, k in ts)
+                dfb = sum(k for ts in terms[len(runs_a):] for _, k in ts)
+                note = "k-means initialisations' spread included (metrics.json's n_init and std)"
+                est = est.with_term(va / len(runs_a) + vb / len(runs_b), dfa + dfb, note)
+                singles = [singles[0].with_term(va / len(runs_a), dfa, note),
+                           singles[1].with_term(vb / len(runs_b), dfb, note)]
+        sides = []
+        for runs, single in zip((runs_a, runs_b), singles):
+            levels = [self._chance[(runs[0], column.task, d, column.metric)] for d in sets]
+            lo, hi = single.interval(self.settings.confidence)
+            sides.append(Side(single.point, lo, hi, float(np.mean([c for c, _ in levels])),
+                              "; ".join(dict.fromkeys(w for _, w in levels))))
+        return est, sum(c.a[0].n for c in comps), pa, pb, sides, da, db
 
     def column_interval(self, runs_a: list[str], runs_b: list[str], column: ColumnConfig, sets: list[str],
                         point_value: float) -> Interval:
@@ -308,6 +397,8 @@ class ClaimEngine:
                 self._difference(claim, target, base_a, base_b, runs_a, runs_b, row)
             elif claim.kind == "count":
                 self._count(claim, target, base_a, base_b, runs_a, runs_b, row)
+            elif claim.kind == "gain":
+                self._gain(claim, target, base_a, base_b, runs_a, runs_b, row)
             else:
                 self._cost(claim, runs_a, runs_b, row)
         except NotRun as why:
@@ -318,28 +409,10 @@ class ClaimEngine:
 
     def _judge(self, row: LedgerRow, seed_measured: bool, lo95: float, hi95: float, lo90: float, hi90: float
                ) -> None:
-        """Both questions from the intervals (protoclip.claims.ledger)."""
-        c = row.claim
-        row.lo, row.hi, row.lo90, row.hi90 = lo95, hi95, lo90, hi90
-        if c.direction == "none":
-            row.direction = ledger.NOT_TESTED
-        elif c.kind == "count":
-            row.direction = ledger.count_verdict(lo95, hi95, len(c.columns))
-        else:
-            row.direction = ledger.direction_verdict(_sign(c), lo95, hi95)
-        if c.magnitude == "none":
-            row.magnitude = ledger.NOT_TESTED
-        else:
-            raw = ledger.magnitude_verdict(c.magnitude, lo90, hi90, c.paper_value, c.margin)
-            row.magnitude, row.magnitude_why = ledger.gate_magnitude(raw, self.settings.paper_scale, seed_measured)
+        judge(row, self.settings, seed_measured, lo95, hi95, lo90, hi90)
 
     def _estimate(self, row: LedgerRow, est: Estimate) -> None:
-        row.estimate, row.ours, row.seed_note = est, est.point, est.seed_note
-        lo, hi = est.interval(self.settings.confidence)
-        lo90, hi90 = est.interval(1.0 - 2.0 * (1.0 - self.settings.confidence))
-        if row.claim.direction != "none":
-            row.p = est.p_one_sided(_sign(row.claim))
-        self._judge(row, est.seed_measured, lo, hi, lo90, hi90)
+        judge_estimate(row, est, self.settings)
 
     def _columns(self, claim: ClaimConfig, target: TargetConfig, base_a: str, base_b: str, runs_a: list[str],
                  runs_b: list[str]) -> tuple[list[tuple[ColumnConfig, list[str]]], list[float], list[str]]:
@@ -367,9 +440,40 @@ class ClaimEngine:
         (col, sets), = columns
         row.measured = f"{col.task} {col.metric} on " + " + ".join(sets) + (f" ({notes[0]})" if notes[0] else "")
         row.ours = diffs[0]  # shown even when the interval cannot be computed (NotRun below)
-        est, row.units = self.column_estimate(runs_a, runs_b, col, sets)
+        est, row.units, pa, pb, sides, _, _ = self.column_parts(runs_a, runs_b, col, sets)
+        row.task_metric, row.seeds_run = (col.task, col.metric), min(len(runs_a), len(runs_b))
+        on = " + ".join(sets)
+        row.families = {f"{base_a} on {on}": pa, f"{base_b} on {on}": pb}
+        row.sides = "; ".join(side.text(name) for side, name in zip(sides, (base_a, base_b)))
         self._estimate(row, est)
+        low = [name for side, name in zip(sides, (base_a, base_b)) if not side.above]
+        if low:  # a comparison against a floor says nothing of the methods
+            row.direction = row.magnitude = ledger.AT_CHANCE
+            row.p, row.magnitude_why = None, ""
+            row.reason = f"{' and '.join(low)} not above chance by the 95 % interval ({row.sides})"
         row.ours = diffs[0]  # the tables' number printed (the estimate's point: the same mean, summed otherwise)
+
+    def _gain(self, claim: ClaimConfig, target: TargetConfig, base_a: str, base_b: str, runs_a: list[str],
+              runs_b: list[str], row: LedgerRow) -> None:
+        """Two gains compared ("more advantage in kNN than in linear probing"): (a - b on the first column) -
+        (a - b on the second), each run's two scores on the same test images resampled together (the same
+        resample counts per set), the seeds' spread of the per-run differences."""
+        columns, diffs, _ = self._columns(claim, target, base_a, base_b, runs_a, runs_b)
+        parts = [self.column_parts(runs_a, runs_b, col, sets) for col, sets in columns]
+        (est0, n, pa0, pb0, sides0, da0, db0), (_, _, pa1, pb1, sides1, da1, db1) = parts
+        names = [f"{base} {col.task}" for col, _ in columns for base in (base_a, base_b)]
+        row.sides = "; ".join(side.text(name) for side, name in zip(sides0 + sides1, names))
+        (c0, s0), (c1, s1) = columns
+        row.measured = (f"{c0.task} {c0.metric} on {' + '.join(s0)} minus {c1.task} {c1.metric} on "
+                        f"{' + '.join(s1)}: gains {ledger.signed(diffs[0])} and {ledger.signed(diffs[1])}")
+        row.units, row.seeds_run = n, min(len(runs_a), len(runs_b))
+        self._estimate(row, combine(pa0 - pa1, pb0 - pb1, da0 - da1, db0 - db1, "difference"))
+        row.ours = diffs[0] - diffs[1]
+        low = [name for side, name in zip(sides0 + sides1, names) if not side.above]
+        if low:
+            row.direction = row.magnitude = ledger.AT_CHANCE
+            row.p, row.magnitude_why = None, ""
+            row.reason = f"{' and '.join(low)} not above chance by the 95 % interval ({row.sides})"
 
     def _count(self, claim: ClaimConfig, target: TargetConfig, base_a: str, base_b: str, runs_a: list[str],
                runs_b: list[str], row: LedgerRow) -> None:
@@ -382,25 +486,29 @@ class ClaimEngine:
         sign = _sign(claim)
         p_same, p_other, units = [], [], 0
         for (col, sets), diff in zip(columns, diffs):
-            est, n = self.column_estimate(runs_a, runs_b, col, sets)
+            est, n, pa, pb, *_ = self.column_parts(runs_a, runs_b, col, sets)
+            on = " + ".join(sets)
+            row.families.update({f"{base_a} on {on}": pa, f"{base_b} on {on}": pb})
             row.set_estimates.append((est, diff))
             p_same.append(est.p_one_sided(sign))
             p_other.append(est.p_one_sided(-sign))
             units += n
         row.units, n_sets = units, len(columns)
         row.ours = float(sum(sign * d > 0 for d in diffs))
+        row.count_signs = (int(sum(sign * d > 0 for d in diffs)), int(sum(sign * d < 0 for d in diffs)))
+        row.task_metric, row.seeds_run = (columns[0][0].task, columns[0][0].metric), min(len(runs_a), len(runs_b))
         adj_same, adj_other = holm(p_same), holm(p_other)
 
         def bounds(alpha: float) -> tuple[float, float]:
             return float(sum(p <= alpha for p in adj_same)), float(n_sets - sum(p <= alpha for p in adj_other))
 
         (lo, hi), (lo90, hi90) = bounds(HOLM_ALPHA), bounds(2 * HOLM_ALPHA)
-        # the p-value of "more than half the sets": Holm's adjusted p of the (floor(N/2) + 1)-th smallest
-        need = n_sets // 2 + 1
-        row.p = float(sorted(adj_same)[need - 1])
         first = columns[0][0]
-        row.measured = (f"{first.task} {first.metric} on {n_sets} sets; {int(lo)} of {n_sets} significant on the "
-                        f"paper's side and {n_sets - int(hi)} on the other, on their own after Holm over the sets")
+        ahead, behind = row.count_signs
+        row.measured = (f"{first.task} {first.metric} on {n_sets} sets; ahead on {ahead}, behind on {behind} "
+                        f"(sign test p = {ledger.sign_test(ahead, behind):.2g}); {int(lo)} of {n_sets} significant on "
+                        f"the paper's side and {n_sets - int(hi)} on the other, each on its own after Holm over the "
+                        "sets (the interval printed)")
         seeded = len(runs_a) > 1 and len(runs_b) > 1
         row.seed_note = "" if seeded else ledger.ONE_SEED if max(len(runs_a), len(runs_b)) == 1 else \
             "one family has one seed: its seed spread taken from the other"
@@ -476,99 +584,155 @@ _NO_CLAIM = ClaimConfig(id="none", paper="", source="", line=0, where="", quote=
                         unavailable="none")
 
 
-def finish(rows: list[LedgerRow]) -> list[LedgerRow]:
-    """The ledger-wide steps: Holm's adjustment over the direction tests that ran, and, for each direction left
-    not resolved, what it would take (:func:`needs_text`)."""
-    tested = [r for r in rows if r.p is not None]
-    for r, adj in zip(tested, holm([r.p for r in tested])):
-        r.p_holm = adj
+def judge(row: LedgerRow, settings: ClaimsConfig, seed_own: bool, lo95: float, hi95: float, lo90: float,
+          hi90: float) -> None:
+    """Both questions from the intervals (protoclip.claims.ledger), before the ledger-wide steps of
+    :func:`finish`. A count's direction is the sign test over its sets (reachable at the paper's 14 sets: 12 of
+    14 ahead); its interval (sets significant each, Holm over the sets) is printed and carries the magnitude."""
+    c = row.claim
+    row.lo, row.hi, row.lo90, row.hi90 = lo95, hi95, lo90, hi90
+    if c.direction == "none":
+        row.direction = ledger.NOT_TESTED
+    elif c.kind == "count":
+        ahead, behind = row.count_signs
+        row.direction = ledger.sign_verdict(ahead, behind, HOLM_ALPHA)
+        row.p_side = 1.0 if ahead >= behind else -1.0
+        row.p = ledger.sign_test(*((ahead, behind) if ahead >= behind else (behind, ahead)))
+    else:
+        row.direction = ledger.direction_verdict(_sign(c), lo95, hi95)
+    row.raw_direction = row.direction
+    if c.magnitude == "none":
+        row.magnitude = ledger.NOT_TESTED
+    else:
+        raw = ledger.magnitude_verdict(c.magnitude, lo90, hi90, c.paper_value, c.margin)
+        row.magnitude, row.magnitude_why = ledger.gate_magnitude(raw, settings.paper_scale, seed_own)
+
+
+def judge_estimate(row: LedgerRow, est: Estimate, settings: ClaimsConfig) -> None:
+    """The row's numbers and verdicts from an :class:`Estimate`: its p-value on the side of 0 its interval points
+    to; a decisive direction with no seed level in the interval reads examples only: not decisive."""
+    row.estimate, row.ours, row.seed_note = est, est.point, est.seed_note
+    lo, hi = est.interval(settings.confidence)
+    lo90, hi90 = est.interval(1.0 - 2.0 * (1.0 - settings.confidence))
+    if row.claim.direction != "none":
+        same, other = est.p_one_sided(_sign(row.claim)), est.p_one_sided(-_sign(row.claim))
+        row.p_side, row.p = (1.0, same) if same <= other else (-1.0, other)
+    judge(row, settings, est.seed_own, lo, hi, lo90, hi90)
+    if row.direction in (ledger.REPRODUCED, ledger.CONTRADICTED) and not est.seed_measured:
+        row.direction = ledger.NOT_DECISIVE
+
+
+def finish(rows: list[LedgerRow], settings: ClaimsConfig) -> list[LedgerRow]:
+    """The ledger-wide steps. (1) A difference of one seed a side takes the seed spread of the same task and
+    metric pooled over the ledger's repeated runs (:func:`task_spread`, the runs named) into its interval and is
+    judged again; with none to take, a decisive direction reads examples only: not decisive. (2) Holm's
+    adjustment of the direction tests, the family being the claims of one paper; the adjusted p decides the
+    verdict (:func:`protoclip.claims.ledger.decide`). (3) For each direction left undecided, what it would take
+    (:func:`needs_text`)."""
     for r in rows:
-        if r.direction == ledger.NOT_RESOLVED:
+        est = r.estimate
+        if est is None or est.seed_measured or r.claim.kind != "difference" or r.direction in (
+                ledger.NOT_RUN, ledger.AT_CHANCE):
+            continue
+        spread = task_spread(r, rows)
+        if spread is not None:
+            var, dof, source = spread
+            ours = r.ours
+            judge_estimate(r, est.with_seed_spread(var, dof, source), settings)
+            r.ours = ours
+    tested = [r for r in rows if r.p is not None and r.direction not in (ledger.NOT_DECISIVE, ledger.AT_CHANCE,
+                                                                         ledger.NOT_RUN)]
+    for paper in dict.fromkeys(r.claim.paper for r in tested):
+        family = [r for r in tested if r.claim.paper == paper]
+        for r, adj in zip(family, holm([r.p for r in family])):
+            r.p_holm = adj
+            r.direction = ledger.decide(r.direction, adj, HOLM_ALPHA)
+    for r in rows:
+        if r.direction in (ledger.NOT_RESOLVED, ledger.NOT_DECISIVE):
             r.needs = needs_text(r, rows)
+        if (spread := task_spread(r, rows)) is not None:
+            r.spread = spread[2]
     return rows
 
 
-def _seed_fallback(row: LedgerRow, rows: list[LedgerRow], kind: str | None = None) -> tuple[float | None, str]:
-    """A per-seed variance for a row whose seed spread is not measured: the median over the ledger's rows of the
-    same kind (``kind``, default the row's) and task that measured theirs (else of the same kind), and which rows
-    those were."""
-    task = row.measured.split(" ")[0]
-    measured = [r for r in rows if r.estimate is not None and r.estimate.seed_measured and r.claim.kind ==
-                (kind or row.claim.kind)]
-    same = [r for r in measured if r.measured.split(" ")[0] == task] or measured
-    if not same:
-        return None, ""
-    var = float(np.median([r.estimate.seed_var[0] for r in same]))
-    return var, "seed spread of " + ", ".join(r.claim.id for r in same)
+def task_spread(row: LedgerRow, rows: list[LedgerRow]) -> tuple[float, int, str] | None:
+    """(per-seed variance, df, its source) for a row whose seed spread is not measured: the seeds' variance
+    pooled over the distinct run families of the ledger's rows with the row's task and metric that have two or
+    more seeds (its own units: a linear top-1 borrows linear top-1 spreads, never zero-shot's or ARI's), those
+    on the row's own sets where there are any; None when there is none."""
+    if row.task_metric is None:
+        return None
+    fams: dict[str, np.ndarray] = {}
+    for r in rows:
+        if r.task_metric == row.task_metric:
+            for name, values in r.families.items():
+                if len(values) > 1:
+                    fams.setdefault(name, values)
+    own = {name.split(" on ", 1)[1] for name in row.families}
+    fams = {n: v for n, v in fams.items() if n.split(" on ", 1)[1] in own} or fams
+    var, dof = pooled_seed_variance(fams.values())
+    if not dof:
+        return None
+    task, metric = row.task_metric
+    names = ", ".join(f"{n} ({len(v)} seeds)" for n, v in fams.items())
+    return var, dof, f"{task} {metric} of {names}: pooled seed sd {math.sqrt(var):.2f}, {dof} df"
+
+
+def _plan(row: LedgerRow, est: Estimate, effect: float, fallback: float | None) -> str:
+    """Seeds a side (and examples) for one effect; never fewer than one more than the seeds already run."""
+    n, k = est.seeds_needed(effect, fallback)
+    more = f" and {k:g}x the {row.unit_name} ({row.units} -> {int(k * row.units)})" if k > 1 else ""
+    if n is None:
+        return f"more than 1000 seeds a side{more}"
+    if n <= row.seeds_run:  # the power calculation's n already ran without a verdict: at least one more
+        return f"{row.seeds_run + 1} seeds a side{more} (the plan's {n} already ran without a verdict)"
+    return f"{n} seeds a side{more}"
 
 
 def needs_text(row: LedgerRow, rows: list[LedgerRow]) -> str:
     """What would resolve the direction: seeds a side (and test examples where the test set is the limit) at
-    which the one-sided 2.5 % test reaches the paper's side with 80 % power, at our measured seed and example
-    variance; the effect is our estimate when it is on the paper's side, else the paper's own value, else (no
-    number printed) :data:`PLANNING_FLOOR`."""
+    which the one-sided 2.5 % test reaches the paper's side with 80 % power, at our measured (or the task's
+    pooled, :func:`task_spread`) seed variance and our example variance; planned at our estimate when it is on
+    the paper's side and at the paper's own value, both shown (no paper number and our estimate on the wrong
+    side: :data:`PLANNING_FLOOR`), never fewer seeds than already ran."""
     est, c = row.estimate, row.claim
     if c.kind == "count":
         return _count_needs(row, rows)
     if est is None:
         return ""
     sign = _sign(c)
+    fallback, source = None, est.seed_source
+    if not est.seed_measured:
+        spread = task_spread(row, rows)
+        if spread is None:
+            return "the seed spread of this task is not measured here; run 2 or more seeds a side to plan"
+        fallback, _, source = spread
+    plans = []
     if sign * row.ours > 0:
-        effect, at = row.ours, f"our estimate {ledger.signed(row.ours)}"
-    elif c.paper_value is not None:
-        effect, at = c.paper_value, (f"our estimate is not on the paper's side of 0; at the paper's "
-                                     f"{ledger.signed(c.paper_value)}")
-    elif row.unit in PLANNING_FLOOR:
-        effect = sign * PLANNING_FLOOR[row.unit]
-        at = (f"our estimate is not on the paper's side of 0 and the paper prints no number; at "
-              f"{ledger.signed(effect)}")
+        plans.append(f"at our estimate {ledger.signed(row.ours)}: {_plan(row, est, row.ours, fallback)}")
     else:
-        return "our estimate is not on the paper's side of 0 and the paper prints no number to plan for"
-    fallback, source = (None, "") if est.seed_measured else _seed_fallback(row, rows)
-    n, k = est.seeds_needed(effect, fallback)
-    sd = math.sqrt(est.seed_var[0] if est.seed_measured else (fallback or 0.0))
-    spread = (f"seed sd {sd:.2f} {row.unit}" + (f" taken from {source}" if source else "")
-              if est.seed_measured or fallback is not None else "")
-    if n is None and not est.seed_measured and fallback is None:
-        return f"{at}: the seed spread is not measured here; run 2 or more seeds a side to plan"
-    more = f" and {k:g}x the {row.unit_name} ({row.units} -> {int(k * row.units)})" if k > 1 else ""
-    count = f"{n} seeds a side{more}" if n is not None else f"more than 1000 seeds a side{more}"
-    return f"{count} ({at} {row.unit}, {spread}, 80 % power)" if spread else f"{count} ({at}, 80 % power)"
+        plans.append(f"at our estimate {ledger.signed(row.ours)}: not on the paper's side of 0, no number of "
+                     "seeds turns it")
+    if c.paper_value is not None and c.kind != "count":
+        plans.append(f"at the paper's {ledger.signed(c.paper_value)}: {_plan(row, est, c.paper_value, fallback)}")
+    elif sign * row.ours <= 0 and row.unit in PLANNING_FLOOR:
+        effect = sign * PLANNING_FLOOR[row.unit]
+        plans.append(f"the paper prints no number; at {ledger.signed(effect)}: {_plan(row, est, effect, fallback)}")
+    sd = math.sqrt(est.seed_var[0] if est.seed_measured else fallback)
+    spread = f"seed sd {sd:.2f} {row.unit}" + (f" ({source})" if source else "")
+    return "; ".join(plans) + f" ({row.unit}, {spread}, 80 % power)"
 
 
 def _count_needs(row: LedgerRow, rows: list[LedgerRow]) -> str:
-    """What would resolve a count ("more than half of N sets"): it takes need = floor(N/2) + 1 sets significant
-    on the paper's side after Holm over the sets, i.e. each of them at Holm's level for the need-th rejection,
-    2.5 % / (N - need + 1), one-sided. Each set whose estimate is on the paper's side is planned as a difference
-    (:meth:`Estimate.seeds_needed` at that level, 80 % power, its own effect and variance; one seed: the seed
-    spread of the ledger's measured differences of the same task); the count's number is the need-th smallest.
-    A plan, not a power calculation for the count itself (80 % for each of those sets, not for all at once)."""
-    n_sets = len(row.set_estimates)
-    if not n_sets:
-        return ""
-    need, sign = n_sets // 2 + 1, _sign(row.claim)
-    alpha = 0.025 / (n_sets - need + 1)
-    fallback, source = _seed_fallback(row, rows, kind="difference")
-    plans, borrowed = [], False
-    for est, diff in row.set_estimates:
-        if sign * diff <= 0:
-            continue  # not on the paper's side here: more seeds are not planned to turn it
-        n, k = est.seeds_needed(diff, None if est.seed_measured else fallback, alpha=alpha)
-        borrowed |= not est.seed_measured
-        if n is not None:
-            plans.append((n, k))
-    on_side = sum(sign * d > 0 for _, d in row.set_estimates)
-    if len(plans) < need:
-        why = (f"only {on_side} of the {n_sets} sets are on the paper's side here" if on_side < need else
-               "the seed spread is not measured here; run 2 or more seeds a side to plan" if fallback is None
-               and any(not e.seed_measured for e, _ in row.set_estimates) else
-               f"fewer than {need} sets reach it within 1000 seeds a side")
-        return f"not planned: {need} of {n_sets} sets must each be significant, and {why}"
-    n, k = sorted(plans)[need - 1]
-    more = f" and {k:g}x the test examples" if k > 1 else ""
-    spread = f"; seed spread taken from {source}" if borrowed and source else ""
-    return (f"{n} seeds a side{more} ({need} of {n_sets} sets each significant at one-sided {100 * alpha:.2g} %, "
-            f"Holm's level for the {need}th of {n_sets}, at our estimate per set, 80 % power each{spread})")
+    """What would resolve a count: the sets ahead on the paper's side that the sign test needs at 2.5 % (ties
+    dropped), against those ahead now; "unreachable" where even every set ahead cannot reach it (N < 6)."""
+    ahead, behind = row.count_signs
+    n = ahead + behind
+    need = next((k for k in range(n + 1) if ledger.sign_test(k, n - k) < HOLM_ALPHA), None)
+    if need is None:
+        return (f"unreachable here: {n} sets with a sign cannot reach one-sided 2.5 % even all ahead "
+                f"(0.5^{n} = {0.5 ** n:.3g}); the paper's own count is over {len(row.claim.columns)} sets")
+    return f"{need} of {n} sets ahead on the paper's side (sign test at one-sided 2.5 %); {ahead} now"
 
 
 def ledger_frame(rows: list[LedgerRow]) -> pd.DataFrame:
@@ -598,13 +762,16 @@ def _display(rows: list[LedgerRow], confidence: float) -> pd.DataFrame:
     return pd.DataFrame([{
         "claim": r.claim.id, "paper": f"{r.claim.paper}, {r.claim.where} (line {r.claim.line})"
         + "".join(f"; {a.where} (line {a.line})" for a in r.claim.also),
-        "paper's number (margin)": _paper_cell(r.claim),
+        "paper's number (margin)": _paper_cell(r.claim) + (
+            f"; the seed spread here: {r.spread}" if r.spread and r.claim.margin is not None else ""),
         f"ours [{confidence:.0%} interval]": r.ours_text() + ("" if r.ours is None else f" {r.unit}")
         + (f" ({r.seed_note})" if r.seed_note else ""),
         "verdict": r.verdict + (f": {r.reason}" if r.reason else ""),
-        "direction (Holm)": r.direction + (
-            f"; after Holm: {'holds' if r.holm == ledger.REPRODUCED else 'does not hold'} (adjusted p = "
-            f"{r.p_holm:.2g})" if r.p_holm is not None and r.direction == ledger.REPRODUCED else ""),
+        "direction (Holm within the paper)": r.direction + (
+            f" (Holm-adjusted p = {r.p_holm:.2g} over {r.claim.paper}'s claims; the interval alone: "
+            f"{r.raw_direction})" if r.p_holm is not None else
+            f" (the interval alone: {r.raw_direction})" if r.direction == ledger.NOT_DECISIVE else ""),
+        "each side vs chance": r.sides or "-",
         "magnitude": _magnitude_cell(r),
         "what it would take": r.needs or "-",
         "runs; metric": "; ".join(x for x in (r.runs, r.measured) if x)} for r in rows])
@@ -619,12 +786,13 @@ def rule_text(cfg: ReportProject) -> str:
             f"interval: seeds with a small-sample t correction combined with the test examples' bootstrap "
             f"({s.resamples} resamples, seed {s.seed}; paired; retrieval: images with their captions; cost "
             "claims: training episodes, shares paired within each run; protoclip.claims.intervals). Two "
-            f"questions per claim: direction, {ledger.RULES['direction']} (counts: {ledger.RULES['count']}); "
+            f"questions per claim: direction, {ledger.RULES['direction']} (counts: {ledger.RULES['sign test']}); "
             f"magnitude against the paper's number with the margin m of claims.yaml, "
             f"{ledger.RULES['equivalence']}; the paper's one-sided words (\"only\", \"negligible\", \"less than\"), "
             f"{ledger.RULES['at_most']}. "
-            f"{ledger.RULES['gate'].capitalize()}. {ledger.RULES['holm']}. This ledger: {scale}. Not run: "
-            f"{ledger.RULES['not run']}.")
+            f"{ledger.RULES['gate'].capitalize()}. Decisive: {ledger.RULES['decisive']}. Chance: "
+            f"{ledger.RULES['chance']}. Holm: {ledger.RULES['holm']}. "
+            f"This ledger: {scale}. Not run: {ledger.RULES['not run']}.")
 
 
 def summary_text(rows: list[LedgerRow]) -> str:
@@ -634,11 +802,12 @@ def summary_text(rows: list[LedgerRow]) -> str:
     for q in ("direction", "magnitude"):
         vals = [getattr(r, q) for r in ran if getattr(r, q) != ledger.NOT_TESTED]
         if vals:
-            parts.append(f"{q} ({len(vals)} tested): " + ", ".join(f"{vals.count(v)} {v}" for v in ledger.OUTCOMES))
-    holm_rep = sum(r.holm == ledger.REPRODUCED for r in ran)
-    if any(r.p_holm is not None for r in ran):
-        parts.append(f"after Holm over the {sum(r.p_holm is not None for r in ran)} direction tests, "
-                     f"{holm_rep} reproduced")
+            decisive = [v for v in vals if v in (ledger.REPRODUCED, ledger.CONTRADICTED)]
+            rest = [v for v in (ledger.NOT_RESOLVED, ledger.NOT_DECISIVE, ledger.AT_CHANCE) if v in vals]
+            parts.append(f"{q} ({len(vals)} tested): {len(decisive)} decisive ({decisive.count(ledger.REPRODUCED)} "
+                         f"reproduced, {decisive.count(ledger.CONTRADICTED)} contradicted"
+                         + (", Holm within each paper" if q == "direction" else "") + ")"
+                         + "".join(f", {vals.count(v)} {v}" for v in rest))
     return "; ".join(parts)
 
 
@@ -677,7 +846,8 @@ def _rst(text: str) -> str:
 
 
 COLORS = {ledger.REPRODUCED: "#2a9d4b", ledger.CONTRADICTED: "#c0392b", ledger.NOT_RESOLVED: "#7f7f7f",
-          ledger.NOT_TESTED: "#7f7f7f", ledger.NOT_RUN: "#bbbbbb"}
+          ledger.NOT_TESTED: "#7f7f7f", ledger.NOT_RUN: "#bbbbbb", ledger.NOT_DECISIVE: "#7f7f7f",
+          ledger.AT_CHANCE: "#bbbbbb"}
 
 
 def forest_plot(rows: list[LedgerRow], out: Path) -> Path:
@@ -741,7 +911,7 @@ def forest_plot(rows: list[LedgerRow], out: Path) -> Path:
 def run_ledger(cfg: ReportProject, results: Results, engine: ClaimEngine | None = None) -> tuple[list[LedgerRow], dict]:
     """Every configured claim evaluated and written; returns the rows and the files."""
     engine = engine or ClaimEngine(cfg, results)
-    rows = finish([engine.evaluate(c) for c in cfg.paper_claims()])
+    rows = finish([engine.evaluate(c) for c in cfg.paper_claims()], engine.settings)
     for r in rows:
         log.info("claim %s: %s%s (%.1f s)", r.claim.id, r.verdict, f" ({r.reason})" if r.reason else "",
                  r.seconds)
