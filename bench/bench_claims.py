@@ -43,6 +43,7 @@ def build(root: Path, resamples: int):
     from protoclip.project import load_config
     from protoclip.dag.stages import evaluation_requests
     from protoclip.files.layout import Layout
+    from protoclip.tasks import TaskStatus
 
     shutil.copytree(ROOT / "config", root / "config")
     cfg_file = root / "config" / "config.yaml"
@@ -62,7 +63,8 @@ def build(root: Path, resamples: int):
             for task in tasks:
                 path = lay.metrics(run, task, dataset)
                 if dataset not in SIZES:
-                    files.append(records.write_skip(path, run, dataset, task, f"skipped: {dataset} not found"))
+                    files.append(records.write_skip(path, run, dataset, task, TaskStatus(
+                        TaskStatus.MISSING, f"skipped: {dataset} not found")))
                     continue
                 n = SIZES[dataset]
                 if task == "retrieval":
@@ -83,6 +85,7 @@ def build(root: Path, resamples: int):
                 if ex is not None:
                     files.append(records.write_examples(lay.examples(run, task, dataset), ex))
             finish(lay.eval_tasks(run, dataset), {"tasks": {t: "ran" for t in tasks}}, files)
+        records.write_summary(lay.metrics_summary(run), records.run_results(lay, run))  # as `collect` does
     for run in cfg.run_names():
         n = int(round(EPISODES_PER_EPOCH * cfg.run(run).epochs)) or 1
         proto = cfg.run(run).method != "clip"
