@@ -146,3 +146,48 @@ def test_a_missing_local_dir_stops_the_evaluation_naming_it(tmp_path):
 
     with pytest.raises(ConfigError, match=f"run '{RELEASED}' is a released checkpoint"):
         run_train(cfg, RELEASED)
+
+
+def test_an_open_clip_tag_loads_its_released_weights_with_their_activation(tmp_path, monkeypatch):
+    """``pretrained: {model: RN50, tag: yfcc15m}`` (Tables V-VIII's RN50 CLIP row), offline: open_clip's Hugging Face
+    cache holds a stand-in for the released file (random RN50-quickgelu weights under the tag's hub id); the run's
+    model is those weights in QuickGELU towers (the tag was trained with QuickGELU, open_clip's RN50 config has
+    GELU), its logit scale, and its identity is that file's sha256."""
+    import huggingface_hub.constants
+    import open_clip
+    from safetensors.torch import save_file
+
+    from protoclip.evaluate.features import PretrainedFeatures
+    from protoclip.models.pretrained import load_pretrained
+
+    hub_id = open_clip.get_pretrained_cfg("RN50", "yfcc15m")["hf_hub"].strip("/")  # timm/resnet50_clip.yfcc15m
+    repo = tmp_path / "hub" / ("models--" + hub_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    torch.manual_seed(0)
+    stand_in = open_clip.create_model("RN50-quickgelu")
+    with torch.no_grad():
+        stand_in.logit_scale.fill_(4.2)
+    weights = snapshot / "open_clip_model.safetensors"
+    save_file({k: v.contiguous() for k, v in stand_in.state_dict().items()}, weights)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+    model, tokenizer, transform, found = load_pretrained("RN50", "yfcc15m")
+    assert found == weights
+    assert model.clip.state_dict().keys() == stand_in.state_dict().keys()
+    assert all(torch.equal(v, stand_in.state_dict()[k]) for k, v in model.clip.state_dict().items())
+    assert model.logit_scale.item() == pytest.approx(4.2)
+    acts = {type(m).__name__ for m in model.clip.transformer.modules()}
+    assert "QuickGELU" in acts and "GELU" not in acts
+    assert (model.name, model.embed_dim, model.image_size, model.context_length) == ("RN50", 1024, 224, 77)
+    assert tokenizer(["a photo of a cat"]).shape == (1, 77)
+    from PIL import Image
+
+    assert transform(Image.new("RGB", (300, 260))).shape == (3, 224, 224)
+    del model, stand_in
+    features = PretrainedFeatures("RN50", "yfcc15m", device="cpu")
+    assert features.model_sha256 == sha256_file(weights) and features.similarity.name == "cosine"
+    weights.unlink()  # 100M parameters: not left in the kept pytest folders
