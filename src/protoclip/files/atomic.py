@@ -1,9 +1,8 @@
 """Atomic, durable writes: a killed stage never leaves a half-written output that Snakemake or DVC would trust,
-and a node that loses power right after a write finds the old file or the new one, never an empty one.
+and after a power loss a file reads back old or new, never empty.
 
-The data is flushed to disk (``fsync`` of the file) before the rename, and the rename itself after it (``fsync``
-of the folder): without the first, ext4 with ``data=writeback``, XFS and others may persist the rename before the
-data, so an output or checkpoint that was complete before the crash reads back empty. Cost: bench/bench_fsync.py.
+The file is fsynced before the rename and its folder after it: without the first, ext4 (``data=writeback``),
+XFS and others may persist the rename before the data. Cost: bench/bench_fsync.py.
 """
 from __future__ import annotations
 

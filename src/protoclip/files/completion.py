@@ -1,23 +1,12 @@
-"""Completion markers: a stage output folder counts as complete only when its marker says so.
+"""Completion markers: a stage's output folder counts as complete only when its marker says so.
 
-A stage that writes several files into one output folder (``evaluate``: one metrics file per task of a data
-set) can be killed between two of them; each file is written atomically (``protoclip.files.atomic``), but the
-folder is then half done, and a reader that lists the folder (``collect``, ``report``) would summarise the
-tasks that happened to finish as the whole evaluation. The rule, the same for every such folder:
+Each file is written atomically, but a stage killed between two files of one folder (``evaluate``: one metrics
+file per task) leaves it half done, and a reader listing the folder would take the tasks that finished for the
+whole. So :func:`start` removes stale temps and the old marker, :func:`finish` writes the marker last with the
+sha256 of every file it vouches for, and readers list through :func:`complete_files` (no marker, or a file
+missing or changed since: a one-line :class:`IncompleteOutputError`). This also covers what Snakemake and DVC
+cannot see: a stage run by hand, a folder damaged after its job finished.
 
-1. :func:`start` when the stage starts on the folder: temp files of a killed write are removed
-   (``atomic.clean_stale_temps``) and the old marker is deleted, so a previous run's marker never vouches for a
-   rerun that is killed half-way;
-2. :func:`finish` last, atomically: the marker lists every file it vouches for with its sha256;
-3. readers list a folder with :func:`complete_files`: no marker (or a listed file missing or changed since)
-   is a one-line :class:`IncompleteOutputError` naming the folder or the file, not a silent partial result;
-   each JSON record is read with :func:`read_record` (a 0-byte, cut or foreign file is one line naming it).
-
-Snakemake and DVC already rerun a job whose process died (Snakemake's incomplete-job metadata, DVC's lock
-file); the marker covers what they cannot see: a stage run by hand (``protoclip evaluate`` / ``collect``) and a
-folder edited or damaged after its job finished.
-
-    from protoclip.files import completion
     completion.start(folder, marker)
     ...write the folder's files...
     completion.finish(marker, {"tasks": ...}, files)

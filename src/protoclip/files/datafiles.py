@@ -1,12 +1,8 @@
-"""Reading the Parquet and NPZ files one stage writes and another reads: a file that is empty, cut short or foreign
-stops the reading stage with one line naming the file and the stage that writes it (exit 2 through the CLI).
+"""Reading the Parquet and NPZ files one stage writes for another: an empty, cut or foreign file stops the reader
+with one line naming the file and the stage that rebuilds it (exit 2), not pyarrow's or numpy's traceback.
 
     with reading(layout.manifest, "manifest", PREPARE):
         table = pq.read_table(layout.manifest)
-
-A disk that filled or a copy that stopped leaves such a file; pyarrow and numpy then raise their own exceptions
-(``ArrowInvalid``, ``BadZipFile``, ``EOFError`` ...) deep inside the reader, which the user cannot act on. The
-one thing to do is to rebuild the file, so the message says with what.
 """
 from __future__ import annotations
 

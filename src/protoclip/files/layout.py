@@ -9,25 +9,16 @@
     data/prepared/fingerprint.json      what the outputs were built from (prepare's up-to-date check)
     data/prepared/eval/<name>.npz       offline labelled eval sets (images, labels, split, classnames)
     data/tmp/                           stages' spill files while they run (prepare/: candidate pairs, dedup keys)
-    data/teacher/<teacher>.npz          PCA-reduced teacher features keyed by sample id (+ .json metadata)
-                                        (<teacher>: the teacher's name made file-safe, safe_name)
+    data/teacher/<teacher>.npz          PCA-reduced teacher features keyed by sample id (+ .json; safe_name)
     data/teacher/.partial/<stem>/       a teacher run's encoded chunks and fitted PCA until its cache is written
     results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt (the train stage's outputs)
-    results/runs/<run>/checkpoints/     the training's work in progress, never a workflow output: last.pt,
-                                        train_log.jsonl (the log the checkpoint continues), mlflow.json (its MLflow
-                                        run id), train.lock (held by the process training the run)
-    results/runs/<run>/checkpoints/eval/<set>/   an evaluation's feature extraction in progress (chunks of
-                                        image features, protoclip.evaluate.resumable), never a workflow output
-    results/runs/<run>/features/<set>.npz   the set's cached evaluation features (no workflow output: a DVC out
-                                        of the evaluation only with evaluate.track_features)
-    results/runs/<run>/eval/<set>/      one evaluation job's outputs (a DVC out of stage evaluate_<run>_<set>):
-        <task>.json                     metrics of one task (also logged to the run's MLflow run)
-        <task>.examples.npz             its per-example results (zero-shot, probes: hit per test image;
-                                        retrieval: rank of each query's first match; clustering: each image's
-                                        k-means cluster), for the claims ledger
+    results/runs/<run>/checkpoints/     work in progress, never a workflow output: last.pt, train_log.jsonl,
+                                        mlflow.json (its MLflow run id), train.lock, eval/<set>/ (feature chunks)
+    results/runs/<run>/features/<set>.npz   cached evaluation features (a DVC out only with track_features)
+    results/runs/<run>/eval/<set>/      one evaluation job's outputs (DVC stage evaluate_<run>_<set>):
+        <task>.json, <task>.examples.npz   a task's metrics and per-example results
         tsne.png                        t-SNE figure (when the task ran)
-        tasks.json                      what each configured task did on this set (ran / skipped / not applicable);
-                                        written last: the folder's completion marker (protoclip.files.completion)
+        tasks.json                      what each task did; written last: the folder's completion marker
     results/runs/<run>/metrics.json     all of a run's metrics in one file (`protoclip collect`)
     results/tables/<target>.{csv,md,tex,html}, results/figures/<target>.png   paper targets (`protoclip report`)
     results/tables/index.md             every target and the skipped data sets

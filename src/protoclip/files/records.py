@@ -1,37 +1,22 @@
-"""The result files' formats, written and read only here: metrics files, tasks.json, metrics.json, train log.
+"""The result files' formats, written and read only here (docs/architecture.md, "Records").
 
-* ``results/runs/<run>/eval/<set>/<task>.json``: one evaluation task's record. A task that ran has
-  ``metrics`` (plus run, dataset, task, sizes, feature kind, provenance); a task that did not has
-  ``skipped``, a one-line reason (``skipped: <set> not found at <path>``: the set's data is missing;
-  ``not applicable: <why>``, e.g. zero-shot of an image-only run), and ``status``, the same as a value
-  (:class:`protoclip.tasks.TaskStatus`: state, reason, detail). Read back with :func:`read_metrics`, "not run"
-  has one shape: ``{"skipped": line, "status": {...}}`` (:func:`status_of`); a file that does not exist reads None.
-* ``results/runs/<run>/eval/<set>/<task>.examples.npz``: the per-example results of a task that scores test
-  examples (:func:`write_examples`): zero-shot, linear and kNN ``top1`` / ``top5`` (bool per test image, the
-  ``labels`` they were scored against), retrieval ``image_to_text_rank`` / ``text_to_image_rank`` (0-based rank of
-  each query's first match) with ``text_to_image``, clustering ``cluster`` (each test image's k-means cluster of
-  the run the metrics file reports) with ``labels``. The metrics file's accuracies, recalls, ARI and AMI are
-  computed from exactly these, so the claims ledger bootstraps them without extracting features again. Vouched for by the
-  folder's tasks.json like the metrics files (:func:`read_examples`; None where a task keeps none).
-* ``results/runs/<run>/eval/<set>/tasks.json``: what each configured task did on the set (``ran``,
-  a skip line, ``not applicable: ...`` or ``not run: ...``), the model's sha256 and the probe subsample. It is
-  the folder's completion marker (:mod:`protoclip.files.completion`): deleted when an evaluation of the set starts,
-  written last with the sha256 of every metrics file it vouches for. Metrics files are listed only through it
-  (:func:`metrics_files`, :func:`run_results`): a folder killed half-way, or a file changed since, is a
-  one-line error naming it, never a partial result; a 0-byte or cut file is one line naming it too.
-* ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or {"skipped": line, "status": ...}}}`` of the
-  whole run (``protoclip collect``; the DVC metrics file).
-* ``results/tables/claims.json``: the claims ledger as a DVC metrics file, ``{claim id: {"ours", "ci_low",
-  "ci_high", "paper": numbers or null, "verdict": text}}`` (protoclip.report.ledger_table; :func:`write_claims`).
-* ``results/runs/<run>/train_log.jsonl``: one JSON object per line, appended as training goes. Kinds:
-  ``start`` (provenance and the resolved schedule, once), ``resume`` (the same, at each restart from a
-  checkpoint), ``step`` (loss terms, temperatures, LRs of one optimizer step), ``episode`` (cluster statistics
-  and the phase times ``time/extract``, ``time/kmeans``, ``time/pbt``, ``time/train`` of one episode),
-  ``early_stop``. The records go first to ``checkpoints/train_log.jsonl`` beside the checkpoint, then to
-  ``train_log.jsonl``: a scheduler that deletes a failed job's outputs (Snakemake does) cannot take the log of
-  the episodes a resume continues. On resume the log is cut back to what the checkpoint covers (atomically) and
-  published again, so a resumed run's log holds every episode and step once and equals an uninterrupted run's
-  but for the wall-clock fields (``time/*``) and its ``resume`` records.
+* ``eval/<set>/<task>.json``: a task that ran has ``metrics`` plus its context; one that did not has ``skipped``
+  (one line: ``skipped: <set> not found at <path>``, ``not applicable: <why>``) and ``status``
+  (:class:`protoclip.tasks.TaskStatus`). :func:`read_metrics` gives one "not run" shape (:func:`status_of`).
+* ``eval/<set>/<task>.examples.npz``: the per-example results the metrics are computed from (hit per test image,
+  rank of each query's first match, each image's cluster, with the ``labels``), so the claims ledger bootstraps
+  them without extracting features again (:func:`write_examples`, :func:`read_examples`).
+* ``eval/<set>/tasks.json``: what each configured task did, the model's sha256 and the probe subsample; the
+  folder's completion marker (:mod:`protoclip.files.completion`), written last: metrics files are listed only
+  through it (:func:`metrics_files`, :func:`run_results`), so a half-done or changed folder is a one-line error.
+* ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or not-run record}}`` (``protoclip collect``).
+* ``results/tables/claims.json``: the claims ledger, ``{claim id: {"ours", "ci_low", "ci_high", "paper",
+  "verdict"}}`` (:func:`write_claims`).
+* ``results/runs/<run>/train_log.jsonl``: one JSON object per line, kinds ``start``, ``resume``, ``step``,
+  ``episode`` (with the phase times ``time/*``), ``early_stop``. Records go first to
+  ``checkpoints/train_log.jsonl`` beside the checkpoint, then to the output, because Snakemake deletes a failed
+  job's outputs; on resume the log is cut back to what the checkpoint covers, so a resumed run's log equals an
+  uninterrupted run's but for ``time/*`` and its ``resume`` records.
 
     log = TrainLog(path); log.append({"kind": "step", "step": 0, "loss": 1.2})
     read_train_log(path, kind="episode")
