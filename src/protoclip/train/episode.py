@@ -2,9 +2,11 @@
 
 1. :func:`sample_episode` draws m items without replacement from a generator seeded by
    ``(seed, episode)``, so episode e is the same sample whether the run was resumed or not.
-2. :func:`extract_features` runs the current model in eval mode without gradients over the episode's
-   items, with the *train* transform (its own augmentation draw: the "implicit contrast" of Sec. IV-B3,
-   the training step sees a different view of the same image), giving h^I, h^T in episode order.
+2. :func:`extract_features` runs the current model in eval mode without gradients (under the run's autocast) over
+   the episode's items, with the *train* transform (its own augmentation draw: the "implicit contrast" of
+   Sec. IV-B3, the training step sees a different view of the same image), giving h^I, h^T in episode order. The
+   trainer reads it as the episode's ``extract`` pass of its one DataLoader (:mod:`protoclip.train.loader`, batches
+   of ``train.extract_batch_size``).
 3. :func:`build_episode_prototypes` runs k-means per modality (and on the cached teacher features) via
    ``protoclip.prototypes.EpisodePrototypes.build`` on rank 0, broadcasts the result, and returns the cluster
    statistics that the trainer logs (sizes min/mean/max, empty clusters, k-means objective).
@@ -76,7 +78,8 @@ class EpisodeItems(Dataset):
 
 def episode_loader(base: Dataset, indices: np.ndarray, info: DistInfo, batch_size: int, num_workers: int,
                    device: torch.device) -> DataLoader:
-    """Batches of this rank's share of the episode, in episode order (the episode draw is already random)."""
+    """Batches of this rank's share of the episode, in episode order (the episode draw is already random), from a
+    DataLoader of their own (benchmarks and tests; the trainer reads :mod:`protoclip.train.loader`'s)."""
     items = EpisodeItems(base, indices, rank_positions(len(indices), info))
     return DataLoader(items, batch_size=batch_size, shuffle=False, num_workers=num_workers, drop_last=False,
                       pin_memory=device.type == "cuda", persistent_workers=False)

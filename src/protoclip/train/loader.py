@@ -1,0 +1,206 @@
+"""One DataLoader for a whole training run: both passes of every episode through the same worker processes.
+
+An episode (:mod:`protoclip.train.episode`) is read in up to two passes over its items, in episode order:
+``extract`` (a method's work before the steps, e.g. ProtoCLIP's h^I, h^T for k-means, in batches of
+``train.extract_batch_size``) and ``train`` (the optimizer steps, ``train.batch_size``). :class:`EpisodeBatches`
+is the DataLoader's batch sampler: set to (episode, pass), it yields this rank's share of the episode
+(:func:`~protoclip.train.episode.rank_positions`) in batches of that pass's size. :class:`RunLoader` holds the one
+DataLoader, with ``persistent_workers`` when ``num_workers > 0`` (the workers start once per run, or once per
+resumed segment, instead of twice per episode), and hands out each pass as an iterable of
+``(images, tokens, positions)`` batches::
+
+    loader = RunLoader(dataset, episode_size=m, seed=0, batch_size=512, extract_batch_size=1024,
+                       num_workers=8, info=info, device=device, n_episodes=n)
+    for images, tokens, pos in loader.pass_of(episode, "extract"): ...
+    for images, tokens, pos in loader.pass_of(episode, "train"): ...
+    wait = loader.take_wait()  # seconds waited for the first batch of each pass since the last call
+    loader.close()
+
+Prefetch (with workers): the pass most likely to come next starts as soon as the current one is exhausted, so
+that the workers decode its first batches while the main process works: the training pass when the extraction
+pass ends (during k-means and PBT), the next episode's first pass (of the kind this episode began with) when the
+training pass ends (during the checkpoint and validation). A pass asked for that is not the one started ahead
+restarts the loader's epoch on the right one (the batches decoded ahead are dropped): a guess costs time, never
+correctness.
+
+Augmentation draws. Without workers the items are read in the main process, in order, drawing from its global
+RNGs as a DataLoader made per pass does (the checkpoint saves those RNGs, so a resumed run is exact). Workers that
+live across episodes cannot carry such a stream through a resume, so with workers each item reseeds its worker's
+RNGs (python, numpy, torch) from (seed, episode, pass, position) before it is read: an item's augmentation is
+then a pure function of those four numbers, whatever the worker count, the prefetch or a resume.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import struct
+import time
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from protoclip.train.distributed import DistInfo
+from protoclip.train.episode import rank_positions, sample_episode
+
+PASSES = ("extract", "train")  # an episode's passes over its items; the index is part of an item's seed
+
+
+def seed_item(key: tuple[int, int, int, int]) -> None:
+    """Seed this process's python, numpy and torch (CPU) RNGs from ``(seed, episode, pass index, position)``.
+
+    The seed is a 64-bit BLAKE2b hash of the key (a few microseconds; ``torch.manual_seed`` would also visit every
+    accelerator's generator, ~0.5 ms an item, and a worker's transforms draw from the CPU generator only)."""
+    digest = hashlib.blake2b(struct.pack("<4q", *key), digest_size=8).digest()
+    s = int.from_bytes(digest, "little")
+    random.seed(s)
+    np.random.seed(s % 2**32)
+    torch.default_generator.manual_seed(s)
+
+
+class RunItems(Dataset):
+    """The run's items, keyed ``(dataset index, episode position, seed key or None)`` -> ``(image, tokens,
+    position)``; a seed key (see :func:`seed_item`) reseeds the RNGs before the item is read."""
+
+    def __init__(self, base: Dataset):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, key: tuple[int, int, tuple[int, int, int, int] | None]):
+        index, pos, seed_key = key
+        if seed_key is not None:
+            seed_item(seed_key)
+        image, tokens, _sample_id = self.base[index]
+        return image, tokens, pos
+
+
+class EpisodeBatches(Sampler):
+    """Batch sampler over :class:`RunItems`: the batches of one pass of one episode on this rank.
+
+    :meth:`set_pass` selects (episode, pass); an iterator taken after it yields lists of item keys, this rank's
+    episode positions in order (a DistributedSampler split without shuffling: the episode draw is random
+    already) in batches of the pass's size. ``seed_items``: whether the keys carry a per-item seed key."""
+
+    def __init__(self, dataset_size: int, episode_size: int, seed: int, info: DistInfo,
+                 batch_sizes: dict[str, int], seed_items: bool):
+        if set(batch_sizes) != set(PASSES) or min(batch_sizes.values()) < 1:
+            raise ValueError(f"batch sizes >= 1 needed for the passes {PASSES}, got {batch_sizes}")
+        self.dataset_size, self.episode_size, self.seed = dataset_size, episode_size, seed
+        self.batch_sizes, self.seed_items = dict(batch_sizes), seed_items
+        self.positions = rank_positions(episode_size, info)
+        self.episode, self.pass_ = 0, "train"
+        self._drawn: tuple[int, np.ndarray] | None = None  # (episode, its indices): the last draw
+
+    def indices(self, episode: int) -> np.ndarray:
+        """The episode's dataset indices (:func:`~protoclip.train.episode.sample_episode`), training order."""
+        if self._drawn is None or self._drawn[0] != episode:
+            self._drawn = (episode, sample_episode(self.dataset_size, self.episode_size, self.seed, episode))
+        return self._drawn[1]
+
+    def set_pass(self, episode: int, pass_: str) -> None:
+        if pass_ not in PASSES:
+            raise ValueError(f"pass must be one of {PASSES}, got {pass_!r}")
+        self.episode, self.pass_ = episode, pass_
+
+    def n_batches(self, pass_: str) -> int:
+        return math.ceil(len(self.positions) / self.batch_sizes[pass_])
+
+    def __len__(self) -> int:
+        return self.n_batches(self.pass_)
+
+    def __iter__(self) -> Iterator[list]:
+        return self._batches(self.episode, self.pass_)  # bound now: a later set_pass cannot change this pass
+
+    def _batches(self, episode: int, pass_: str) -> Iterator[list]:
+        indices, size = self.indices(episode), self.batch_sizes[pass_]
+        seed_key = (self.seed, episode, PASSES.index(pass_)) if self.seed_items else None
+        for start in range(0, len(self.positions), size):
+            yield [(int(indices[p]), int(p), None if seed_key is None else (*seed_key, int(p)))
+                   for p in self.positions[start:start + size]]
+
+
+class Pass:
+    """One pass of one episode: each iteration reads it from the run's loader; ``len``: its number of batches."""
+
+    def __init__(self, owner: "RunLoader", episode: int, pass_: str):
+        self.owner, self.episode, self.pass_ = owner, episode, pass_
+
+    def __len__(self) -> int:
+        return self.owner.batches.n_batches(self.pass_)
+
+    def __iter__(self):
+        return self.owner._read(self.episode, self.pass_)
+
+
+class RunLoader:
+    """The run's one DataLoader over ``dataset`` (items ``(image, tokens, id)``), serving :class:`Pass` es
+    (see the module docstring). ``batch_size`` / ``extract_batch_size``: this rank's batch of each pass;
+    ``n_episodes``: the schedule's episodes (nothing is prefetched past the last). :meth:`close` stops the
+    workers."""
+
+    def __init__(self, dataset: Dataset, *, episode_size: int, seed: int, batch_size: int, extract_batch_size: int,
+                 num_workers: int, info: DistInfo, device: torch.device, n_episodes: int):
+        self.workers, self.n_episodes = num_workers > 0, n_episodes
+        self.batches = EpisodeBatches(len(dataset), episode_size, seed, info,
+                                      {"extract": extract_batch_size, "train": batch_size}, seed_items=self.workers)
+        # with workers, the iterator's base seed comes from a generator of its own: the worker seeds do not matter
+        # (items reseed) and the main process's RNG stream must not depend on when the workers started (resume)
+        self.loader: DataLoader | None = DataLoader(
+            RunItems(dataset), batch_sampler=self.batches, num_workers=num_workers,
+            pin_memory=device.type == "cuda", persistent_workers=self.workers,
+            generator=torch.Generator().manual_seed(seed) if self.workers else None)
+        self._it: Iterator | None = None
+        self._ahead: tuple[int, str] | None = None  # the (episode, pass) started ahead and not read from yet
+        self._first: dict[int, str] = {}  # episode -> the kind of its first pass (the guess for the next one)
+        self._wait = 0.0
+
+    def indices(self, episode: int) -> np.ndarray:
+        return self.batches.indices(episode)
+
+    def pass_of(self, episode: int, pass_: str) -> Pass:
+        """Episode ``episode``'s ``extract`` or ``train`` pass (started when iterated)."""
+        if pass_ not in PASSES:
+            raise ValueError(f"pass must be one of {PASSES}, got {pass_!r}")
+        return Pass(self, episode, pass_)
+
+    def take_wait(self) -> float:
+        """Seconds waited for the first batch of each pass read since the last call."""
+        wait, self._wait = self._wait, 0.0
+        return wait
+
+    def _start(self, episode: int, pass_: str) -> Iterator:
+        if self.loader is None:
+            raise RuntimeError("the run's loader is closed")
+        if self._ahead != (episode, pass_):
+            self.batches.set_pass(episode, pass_)
+            if not self.workers:
+                # each DataLoader iterator draws a base seed from the global RNG; a pass read through a tqdm.auto
+                # bar takes two (one in the bar's constructor, one when iterated): the same two draws here keep
+                # the main process's stream, so runs without workers draw the augmentations a loader per pass drew
+                iter(self.loader)
+            self._it = iter(self.loader)  # persistent workers: the same processes, a new epoch
+        self._ahead = None
+        return self._it
+
+    def _read(self, episode: int, pass_: str):
+        self._first.setdefault(episode, pass_)
+        t0 = time.perf_counter()
+        for i, batch in enumerate(self._start(episode, pass_)):
+            if i == 0:
+                self._wait += time.perf_counter() - t0
+            yield batch
+        nxt = (episode, "train") if pass_ == "extract" else (episode + 1, self._first.get(episode, pass_))
+        if self.workers and nxt[0] < self.n_episodes and self.loader is not None:
+            self.batches.set_pass(*nxt)
+            self._it, self._ahead = iter(self.loader), nxt
+
+    def close(self) -> None:
+        """Stop the worker processes (the loader serves no more passes)."""
+        it, self._it, self._ahead = self._it, None, None
+        if self.loader is not None and self.workers and it is not None:
+            it._shutdown_workers()  # at once, rather than whenever the iterator is collected
+        self.loader = None
