@@ -72,18 +72,20 @@ def contrastive_loss(u: torch.Tensor, v: torch.Tensor, scale: torch.Tensor, dist
 
 @torch.no_grad()
 def temperature_stats(u: torch.Tensor, v: torch.Tensor, scale: torch.Tensor | float, distance: Distance = "sphere",
-                      subspheres: int = 1) -> dict[str, float]:
+                      subspheres: int = 1) -> dict[str, torch.Tensor]:
     """Spec 2.2/2.5 diagnostics of a batch: ``equilibrium`` = mean_i (s_ii - E_{j~p_i} s_ij) over both
     directions (= -dL/dscale; > 0 while the scale grows, 0 at the paper's equilibrium), and the in-batch
-    retrieval accuracy (%), with s = -d and p_i = softmax(scale * s_i.)."""
+    retrieval accuracy (%), with s = -d and p_i = softmax(scale * s_i.). 0-d tensors on the device (no host read);
+    the accuracies in float64, as a host-side ``100 * float(mean)`` gave them."""
     s = neg_distance(u.float(), v.float(), distance, subspheres)
     out = {}
     eq = []
     for name, sm in (("i2t", s), ("t2i", s.t())):
-        p = torch.softmax(float(scale) * sm, dim=1)
+        p = torch.softmax(scale * sm, dim=1)
         eq.append(sm.diagonal() - (p * sm).sum(1))
-        out[f"clip_acc_{name}"] = 100.0 * float((sm.argmax(1) == torch.arange(len(sm), device=sm.device)).float().mean())
-    out["equilibrium"] = float(torch.cat(eq).mean())
+        hits = (sm.argmax(1) == torch.arange(len(sm), device=sm.device)).float().mean()
+        out[f"clip_acc_{name}"] = 100.0 * hits.double()
+    out["equilibrium"] = torch.cat(eq).mean()
     return out
 
 

@@ -34,7 +34,7 @@ def global_batch_mean(p: torch.Tensor, world_size: int = 1) -> tuple[torch.Tenso
     total = all_reduce(p.sum(0))
     count = torch.tensor([float(p.shape[0])], device=p.device)
     torch.distributed.all_reduce(count)
-    return total / count, int(count.item())
+    return total / count, count[0]  # the count stays on the device (no host read per step)
 
 
 def global_mean(p: torch.Tensor, world_size: int = 1) -> torch.Tensor:
@@ -54,7 +54,7 @@ class NCLIPLoss:
 
     def __init__(self, lambda1: float = 0.5, lambda2: float = 1.5, world_size: int = 1):
         self.lambda1, self.lambda2, self.world_size = float(lambda1), float(lambda2), int(world_size)
-        self.last_stats: dict[str, float] = {}
+        self.last_stats: dict[str, torch.Tensor | float] = {}
 
     def __call__(self, h_image: torch.Tensor, h_text: torch.Tensor) -> dict[str, torch.Tensor]:
         if h_image.ndim != 2 or h_image.shape != h_text.shape:
@@ -71,20 +71,21 @@ class NCLIPLoss:
             he = -0.5 * ((pbar_i * pbar_i.clamp_min(1e-12).log()).sum() + (pbar_t * pbar_t.clamp_min(1e-12).log()).sum())
             total = ce + self.lambda1 * eh - self.lambda2 * he
         # the batch pbar averages over (spec 1.7.1 asks to log it: the paper ties batch size to the pbar estimate)
-        self.last_stats = {**nclip_stats(p_i.detach(), p_t.detach()), "nclip_pbar_batch": float(n_pbar)}
+        self.last_stats = {**nclip_stats(p_i.detach(), p_t.detach()),
+                           "nclip_pbar_batch": n_pbar if isinstance(n_pbar, torch.Tensor) else float(n_pbar)}
         return {"nclip": total, "nclip_ce": ce, "nclip_eh": eh, "nclip_he": he, "nclip_kl": ce - eh}
 
 
 @torch.no_grad()
-def nclip_stats(p_image: torch.Tensor, p_text: torch.Tensor) -> dict[str, float]:
+def nclip_stats(p_image: torch.Tensor, p_text: torch.Tensor) -> dict[str, torch.Tensor | float]:
     """App. B.1 / Table 11 diagnostics of a batch: std of the rows (over K, averaged over samples) and of the
     columns (over the batch, averaged over units) of P, per modality, and Acc_nC = % of pairs whose image and
-    text distributions have the same argmax."""
+    text distributions have the same argmax. 0-d tensors on the device (0.0 where a side has one element)."""
     out = {}
     for name, p in (("image", p_image), ("text", p_text)):
-        out[f"nclip_row_std_{name}"] = float(p.std(1).mean()) if p.shape[1] > 1 else 0.0
-        out[f"nclip_col_std_{name}"] = float(p.std(0).mean()) if p.shape[0] > 1 else 0.0
-    out["nclip_acc_same_argmax"] = 100.0 * float((p_image.argmax(1) == p_text.argmax(1)).float().mean())
+        out[f"nclip_row_std_{name}"] = p.std(1).mean() if p.shape[1] > 1 else 0.0
+        out[f"nclip_col_std_{name}"] = p.std(0).mean() if p.shape[0] > 1 else 0.0
+    out["nclip_acc_same_argmax"] = 100.0 * (p_image.argmax(1) == p_text.argmax(1)).float().mean().double()
     return out
 
 

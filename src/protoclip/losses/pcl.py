@@ -211,7 +211,7 @@ def protonce(q: torch.Tensor, positions: torch.Tensor, clusterings: Clusterings,
     q = F.normalize(q, dim=1)
     b = q.shape[0]
     target = torch.arange(b, device=q.device)
-    losses, correct = [], 0.0
+    losses, correct = [], torch.zeros((), dtype=torch.float64, device=q.device)
     for c, a, phi in zip(clusterings.centroids, clusterings.assignments, clusterings.phi):
         pos = a[positions.to(a.device)].to(q.device)
         neg = sample_negatives(c.shape[0], pos, r, generator)
@@ -223,8 +223,9 @@ def protonce(q: torch.Tensor, positions: torch.Tensor, clusterings: Clusterings,
         losses.append(F.cross_entropy(logits, target))
         with torch.no_grad():  # hit = the own prototype scores highest (ties with a duplicate column count)
             own = logits.gather(1, target[:, None])
-            correct += float((logits.max(dim=1, keepdim=True).values <= own).float().mean())
-    return {"protonce": torch.stack(losses).mean(), "protonce_acc": torch.tensor(100.0 * correct / len(losses))}
+            correct = correct + (logits.max(dim=1, keepdim=True).values <= own).float().mean().double()
+    # float64 sums, float32 result: the numbers a host-side sum gave, without reading the device
+    return {"protonce": torch.stack(losses).mean(), "protonce_acc": (100.0 * correct / len(losses)).float()}
 
 
 

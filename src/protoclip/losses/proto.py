@@ -52,6 +52,15 @@ import torch.nn.functional as F
 from protoclip.prototypes.episode import EpisodePrototypes
 
 
+def check_on_device(ok: torch.Tensor, message: str) -> None:
+    """Stop when the 0-d bool ``ok`` is false without a host read in the training step: on CUDA a device-side
+    assert (raised at the next synchronisation, the message in it), on the CPU a ValueError at once."""
+    try:
+        torch._assert_async(ok, message)
+    except RuntimeError:
+        raise ValueError(message) from None
+
+
 # --------------------------------------------------------------------------- pure functions
 def soft_target_rows(
     prototypes: torch.Tensor,
@@ -68,10 +77,11 @@ def soft_target_rows(
         raise ValueError(f"soft_targets: prototypes must be [K, d], got {tuple(prototypes.shape)}")
     k = prototypes.shape[0]
     labels = labels.to(prototypes.device).long()
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= k):
-        raise ValueError(f"soft_targets: labels must lie in [0, {k}), got range [{int(labels.min())}, {int(labels.max())}]")
-    if valid is not None and labels.numel() and not bool(valid.to(labels.device)[labels].all()):
-        raise ValueError("soft_targets: a label points at a prototype marked invalid (empty)")
+    if labels.numel():
+        check_on_device((labels.min() >= 0) & (labels.max() < k), f"soft_targets: labels must lie in [0, {k})")
+    if valid is not None and labels.numel():
+        check_on_device(valid.to(labels.device)[labels.clamp(0, k - 1)].all(),
+                        "soft_targets: a label points at a prototype marked invalid (empty)")
     if hard:
         return F.one_hot(labels, k).to(prototypes.dtype if prototypes.is_floating_point() else torch.float32)
     if tau_y <= 0:
@@ -111,12 +121,13 @@ def proto_ce(
 
 
 @torch.no_grad()
-def proto_accuracy(h: torch.Tensor, classifier: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor | None = None) -> float:
-    """% of samples whose top prototype is their assigned one (the ref code's ``acc_img2text`` diagnostic)."""
+def proto_accuracy(h: torch.Tensor, classifier: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """% of samples whose top prototype is their assigned one (the ref code's ``acc_img2text`` diagnostic); a 0-d
+    tensor on the device."""
     scores = h.float() @ classifier.to(h.device).float().T
     if valid is not None:
         scores = scores.masked_fill(~valid.to(h.device)[None, :], float("-inf"))
-    return float((scores.argmax(dim=1) == labels.to(h.device)).float().mean() * 100.0)
+    return (scores.argmax(dim=1) == labels.to(h.device)).float().mean() * 100.0
 
 
 # --------------------------------------------------------------------------- per-batch loss
@@ -132,7 +143,7 @@ class ProtoLoss(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.last_stats: dict[str, float] = {}
+        self.last_stats: dict[str, torch.Tensor] = {}
 
     def forward(
         self,
@@ -147,8 +158,8 @@ class ProtoLoss(nn.Module):
         pos = torch.as_tensor(positions, device=ep.device).long()
         if pos.shape != (h_image.shape[0],):
             raise ValueError(f"ProtoLoss: positions must be [B={h_image.shape[0]}], got {tuple(pos.shape)}")
-        if int(pos.min()) < 0 or int(pos.max()) >= ep.n_samples:
-            raise ValueError(f"ProtoLoss: positions must lie in [0, {ep.n_samples}) (rows of the episode)")
+        check_on_device((pos.min() >= 0) & (pos.max() < ep.n_samples),
+                        f"ProtoLoss: positions must lie in [0, {ep.n_samples}) (rows of the episode)")
         h_i, h_t = F.normalize(h_image, dim=1), F.normalize(h_text, dim=1)
         hard = not ep.soft_targets
 
@@ -161,7 +172,7 @@ class ProtoLoss(nn.Module):
         l_t2i = proto_ce(h_t, ep.cls_text, y_i, proto_logit_scale, ep.valid_text)
         terms = {"proto": 0.5 * (l_i2t + l_t2i)}
         stats = {
-            "proto_i2t": float(l_i2t.detach()), "proto_t2i": float(l_t2i.detach()),
+            "proto_i2t": l_i2t.detach(), "proto_t2i": l_t2i.detach(),
             "acc_i2t": proto_accuracy(h_i.detach(), ep.cls_image, a_t, ep.valid_image),
             "acc_t2i": proto_accuracy(h_t.detach(), ep.cls_text, a_i, ep.valid_text),
         }
@@ -173,7 +184,7 @@ class ProtoLoss(nn.Module):
             l_t2e = proto_ce(h_t, ep.cls_text_ext, y_e, proto_logit_scale, ep.valid_text_ext)
             terms["proto_external"] = 0.5 * (l_i2e + l_t2e)
             stats.update({
-                "proto_i2ext": float(l_i2e.detach()), "proto_t2ext": float(l_t2e.detach()),
+                "proto_i2ext": l_i2e.detach(), "proto_t2ext": l_t2e.detach(),
                 "acc_i2ext": proto_accuracy(h_i.detach(), ep.cls_image_ext, a_e, ep.valid_image_ext),
                 "acc_t2ext": proto_accuracy(h_t.detach(), ep.cls_text_ext, a_e, ep.valid_text_ext),
             })

@@ -93,10 +93,11 @@ class FeatureQueue(nn.Module):
         keys = keys.detach().to(self.queue.dtype)
         if keys.shape[0] > r:  # only the newest r survive
             keys = keys[-r:]
-        b, p = keys.shape[0], int(self.ptr)
-        idx = (torch.arange(b, device=self.queue.device) + p) % r
+        b = keys.shape[0]
+        # the pointer stays on the device: no host read per training step
+        idx = (torch.arange(b, device=self.queue.device) + self.ptr) % r
         self.queue[idx] = keys.to(self.queue.device)
-        self.ptr.fill_((p + b) % r)
+        self.ptr.copy_((self.ptr + b) % r)
 
 
 __all__ = ["MomentumEncoder", "FeatureQueue"]

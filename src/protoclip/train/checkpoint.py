@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_VERSION = 1
 REQUIRED_KEYS = ("model", "optimizer", "rng", "episode", "step", "extra")  # what a resume reads
 # settings that do not change the result: a checkpoint written with other values may be resumed
-RESUME_INDIFFERENT = ("num_workers", "log_every", "gpu", "device", "checkpoint_interval_s", "validation")
+RESUME_INDIFFERENT = ("num_workers", "log_every", "log_every_steps", "gpu", "device", "checkpoint_interval_s", "validation")
 
 
 class CheckpointError(UserError):

@@ -248,7 +248,7 @@ class TrainConfig:
             raise ValueError(f"subset_fraction must be in (0, 1], got {self.subset_fraction}")
         if self.episode_size < 1 or self.batch_size < 1:
             raise ValueError("episode_size and batch_size must be >= 1")
-        if self.epochs <= 0 or self.lr <= 0 or self.grad_clip <= 0 or self.log_every < 1 or self.log_every_steps < 1:
+        if self.epochs <= 0 or self.lr <= 0 or self.grad_clip <= 0 or min(self.log_every, self.log_every_steps) < 1:
             raise ValueError("epochs, lr, grad_clip must be > 0, log_every and log_every_steps >= 1")
         if self.precision == "fp16" and (self.n_gpus() == 0 or self.device == "cpu"):
             raise ValueError("precision: fp16 (autocast + GradScaler) runs on CUDA only: set `gpu: true`, or "

@@ -5,7 +5,9 @@ Per episode: sample m items (:mod:`protoclip.train.episode`), let the method pre
 modality (+ teacher) and PBT; nothing for CLIP), then train on the episode's batches with the method's loss
 (``Method.terms`` / ``Method.total``, see :mod:`protoclip.train.methods`). Optimizer AdamW (decoupled weight decay only on the
 model's ``*_decay`` groups), warm-up + cosine LR, the image groups' LR zeroed from ``lock_image_epoch``,
-grad-norm clipping, ``Method.after_step`` after every step (logit-scale clamps), bf16 autocast on CUDA (fp32 on CPU).
+grad-norm clipping, ``Method.after_step`` after every step (logit-scale clamps), bf16 autocast on CUDA (fp32 on CPU;
+``precision: fp16``: fp16 autocast and a GradScaler on CUDA). A step reads nothing back to the host: its record stays on
+the device until the log interval (:mod:`protoclip.train.step_log`).
 
 Files (:class:`~protoclip.files.layout.TrainFiles`, given by the stage): ``config.yaml`` and the train log from the
 start, and ``checkpoints/last.pt`` at episode ends (atomic; at most every ``checkpoint_interval_s`` seconds, and
@@ -16,7 +18,8 @@ checkpoint) continues the run and reaches the same weights and the same log as a
 trains from scratch. A config
 whose episodes would hold no batch of two items (batch or episode size 1) stops before training with a
 :class:`~protoclip.errors.ConfigError`. A non-finite loss term, gradient norm or k-means feature stops the run
-with :class:`NonFiniteLossError` naming step, episode and term, non-finite weights or optimizer state before a
+with :class:`NonFiniteLossError` naming step, episode and term (at the next log interval; the
+updates from that step on are skipped on the device), non-finite weights or optimizer state before a
 save with :class:`~protoclip.train.checkpoint.NonFiniteStateError` (both
 :class:`~protoclip.train.checkpoint.TrainingStopped`: one line, exit 2 through the CLI); the last checkpoint is
 left as it was.
@@ -56,7 +59,7 @@ from protoclip.prototypes.episode import NonFiniteFeaturesError
 from protoclip.files.provenance import provenance
 from protoclip.files.records import TrainLog
 from protoclip.tracking import Tracker
-from protoclip.train.checkpoint import (TrainingStopped, check_state_finite, kept_checkpoint, restore_rng,
+from protoclip.train.checkpoint import (check_state_finite, kept_checkpoint, restore_rng,
                                        resume_key, rng_state, save_checkpoint)
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import (DistInfo, barrier, broadcast_object, destroy, env_world, gather_object,
@@ -64,22 +67,23 @@ from protoclip.train.distributed import (DistInfo, barrier, broadcast_object, de
 from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
 from protoclip.train.methods.base import EpisodeData, Method, build_method
 from protoclip.train.schedule import Schedule, early_stop_update, per_rank_batch, trained_batches_per_episode
+from protoclip.train.step_log import NonFiniteLossError, StepWindow
 
 log = logging.getLogger(__name__)
 
 IMAGE_GROUPS = ("image_decay", "image_no_decay")  # groups whose LR locked-image tuning zeroes
 
 
-class NonFiniteLossError(TrainingStopped):
-    """A loss term, the gradient norm or the episode's features became NaN/Inf; the message names the step,
-    the episode and the term."""
-
-
 def autocast_factory(precision: str, device: torch.device) -> Callable[[], ContextManager]:
-    """bf16 autocast on CUDA for ``auto``/``bf16``; fp32 (no autocast) on CPU or for ``fp32``.
+    """bf16 autocast on CUDA for ``auto``/``bf16``; fp16 autocast for ``fp16`` (CUDA only, with the GradScaler
+    of :func:`build_scaler`); fp32 (no autocast) on CPU or for ``fp32``.
 
-    bf16 needs no GradScaler (same exponent range as fp32), so the trainer never builds one.
+    bf16 needs no GradScaler (same exponent range as fp32); fp16 does (gradients underflow without one).
     """
+    if precision == "fp16":
+        if device.type != "cuda":
+            raise ConfigError(f"precision: fp16 runs on CUDA only (autocast + GradScaler), the device is {device}")
+        return lambda: torch.autocast(device_type="cuda", dtype=torch.float16)
     use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     if use_bf16:
         return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -99,42 +103,58 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Ada
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None)
 
 
+def build_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    """open_clip's GradScaler for ``precision: fp16`` (init scale 2^16, halved on an overflow, doubled after
+    2000 clean steps); None otherwise."""
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+def masked_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
+    """``optimizer.step()``, skipped where ``found_inf`` (a 0-d float32 tensor on the device) is 1, without a host
+    read: fused AdamW takes the flag as GradScaler gives it (the update, weight decay and step count of a flagged
+    step are left as they were; a 0 flag changes no number). Another optimizer reads the flag (one sync)."""
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.found_inf, optimizer.grad_scale = found_inf, None  # gradients already unscaled
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf, optimizer.grad_scale
+    elif not bool(found_inf):
+        optimizer.step()
+
+
+def channels_last_(model: torch.nn.Module, device: torch.device) -> bool:
+    """A ResNet image tower on CUDA in channels_last memory format (cuDNN's NHWC convolutions under autocast);
+    returns whether the training images are to follow. CPU runs and ViTs are left as they are."""
+    from open_clip.modified_resnet import ModifiedResNet
+
+    visual = getattr(getattr(model, "clip", None), "visual", None)
+    if device.type != "cuda" or not isinstance(visual, ModifiedResNet):
+        return False
+    visual.to(memory_format=torch.channels_last)
+    return True
+
+
 def set_lrs(optimizer: torch.optim.Optimizer, lr: float, image_lr: float) -> None:
     for g in optimizer.param_groups:
         g["lr"] = image_lr if g.get("name") in IMAGE_GROUPS else lr
 
 
-def temperatures(model: torch.nn.Module) -> dict[str, float]:
-    """tau = 1 / exp(logit_scale) of the CLIP and prototype temperatures (those the model has)."""
+def temperatures(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """tau = 1 / exp(logit_scale) of the CLIP and prototype temperatures (those the model has), on the device."""
     out = {}
     for attr, key in (("logit_scale", "tau_clip"), ("proto_logit_scale", "tau_proto")):
         p = getattr(model, attr, None)
         if p is not None:
-            out[key] = float(torch.exp(-p.detach().float()))
+            out[key] = torch.exp(-p.detach().float())
     return out
 
 
-def check_finite(terms: dict[str, torch.Tensor], step: int, episode: int, info: DistInfo,
-                 checkpoint: Path) -> None:
-    """Stop with a message naming the step and the first non-finite term (agreed across DDP ranks)."""
-    bad = [name for name, v in terms.items() if not torch.isfinite(v.detach()).all()]
-    if info.enabled:
-        flag = torch.tensor([float(len(bad))], device=next(iter(terms.values())).device)
-        torch.distributed.all_reduce(flag)
-        if flag.item() > 0 and not bad:
-            bad = ["(on another rank)"]
-    if bad:
-        values = ", ".join(f"{n}={float(terms[n].detach()) if n in terms else float('nan')}" for n in bad)
-        raise NonFiniteLossError(
-            f"non-finite loss at step {step} (episode {episode}): term {bad[0]!r} ({values}); "
-            f"stopped, {kept_checkpoint(checkpoint)}")
-
-
-def to_device(x, device: torch.device):
+def to_device(x, device: torch.device, memory_format: torch.memory_format = torch.preserve_format):
     """A batch field (a tensor, or a list/tuple of tensors for multi-view methods) on ``device``."""
     if isinstance(x, (list, tuple)):
-        return type(x)(to_device(v, device) for v in x)
-    return x.to(device, non_blocking=True)
+        return type(x)(to_device(v, device, memory_format) for v in x)
+    return x.to(device, non_blocking=True, memory_format=memory_format)
 
 
 class TrainForward(torch.nn.Module):
@@ -212,6 +232,8 @@ class Session:
     resume_key: dict
     # protoclip.train.validation.Validator (its due(), and its call on the model -> val/* numbers) or None
     validator: Any = None
+    scaler: torch.amp.GradScaler | None = None  # precision: fp16 (build_scaler)
+    channels_last: bool = False  # images in channels_last (a ResNet tower on CUDA, channels_last_)
 
 
 def setup_device(name: str) -> tuple[torch.device, DistInfo]:
@@ -252,37 +274,37 @@ def world_record(cfg: TrainConfig, info: DistInfo) -> dict[str, int]:
             "global_batch": cfg.batch_size}  # batch_size is the global batch (train/schedule.py)
 
 
-def train_step(s: Session, images, tokens, pos: torch.Tensor, prototypes: Any, step: int, episode: int
-               ) -> dict[str, Any]:
-    """One optimizer step on one batch; returns its ``step`` record (not yet written)."""
+def train_step(s: Session, images, tokens, pos: torch.Tensor, prototypes: Any, step: int, episode: int,
+               window: StepWindow) -> None:
+    """One optimizer step on one batch; its ``step`` record stays on the device in ``window`` (no host read).
+
+    A non-finite loss term or gradient norm is not raised here (that would wait for the device every step):
+    the window flags it on the device, the fused update of that step and of the window's later steps is
+    skipped (:func:`masked_step`), and :meth:`StepWindow.flush` stops the run naming the step and the term."""
     # locked-image tuning zeroes the LR only, as the paper states (Sec. IV-A2); BatchNorm running
     # statistics of the image encoder keep updating in train mode
     lr, image_lr = s.sched.lr(step), s.sched.image_lr(step)
     set_lrs(s.optimizer, lr, image_lr)
-    images, tokens = to_device(images, s.device), to_device(tokens, s.device)
+    images = to_device(images, s.device, torch.channels_last if s.channels_last else torch.preserve_format)
+    tokens = to_device(tokens, s.device)
     with s.autocast():
         out = s.net(images, tokens)
     terms = s.method.terms(s.model, out, pos.to(s.device), prototypes)
     loss = s.method.total(terms)
-    check_finite({**terms, "total": loss}, step, episode, s.info, s.checkpoint)
+    head, loss_bad = window.loss_flag(terms, loss, s.info)
     s.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss if s.scaler is None else s.scaler.scale(loss)).backward()
+    if s.scaler is not None:
+        s.scaler.unscale_(s.optimizer)  # clip the true gradients; records the overflow for scaler.update()
     grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), s.cfg.grad_clip)
-    if not torch.isfinite(grad_norm):  # finite loss, overflowing gradient: stop before the weights break
-        raise NonFiniteLossError(f"non-finite gradient norm at step {step} (episode {episode}): "
-                                 f"{float(grad_norm)}; stopped, {kept_checkpoint(s.checkpoint)}")
-    s.optimizer.step()
+    masked_step(s.optimizer, window.found_inf(loss_bad, grad_norm))
+    if s.scaler is not None:
+        s.scaler.update()
     s.method.after_step(s.model)
-    return {"kind": "step", "step": step, "episode": episode, "epoch": s.sched.epoch(step), "lr": lr,
-            "image_lr": image_lr, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
-            **{k: float(v.detach()) for k, v in terms.items()}, **s.method.diagnostics(), **temperatures(s.model)}
-
-
-def add_to_sums(sums: dict[str, float], rec: dict[str, Any]) -> None:
-    """Accumulate a step record's float values (the episode means' numerators)."""
-    for k, v in rec.items():
-        if k not in ("kind", "step", "episode") and isinstance(v, float):
-            sums[k] = sums.get(k, 0.0) + v
+    window.push({"kind": "step", "step": step, "episode": episode, "epoch": s.sched.epoch(step), "lr": lr,
+                 "image_lr": image_lr, "loss": loss, "grad_norm": grad_norm, **terms, **s.method.diagnostics(),
+                 **temperatures(s.model)},
+                list(terms), head, loss_bad)
 
 
 def episode_record(episode: int, step: int, n_steps: int, sums: dict[str, float], stats: dict[str, float],
@@ -308,16 +330,18 @@ def run_episode(s: Session, episode: int, step: int) -> tuple[dict[str, Any], in
     t0 = time.perf_counter()
     sums: dict[str, float] = {}
     n_steps = 0
+    window = StepWindow(s.cfg.log_every_steps, s.cfg.log_every, s.tlog.append, s.checkpoint, s.device,
+                        overflow_skips=s.scaler is not None)
     for images, tokens, pos in tqdm(loader, desc=f"episode {episode}", leave=False, disable=not s.info.is_main):
         if len(pos) < 2:  # BatchNorm (heads, ResNet) cannot train on one sample; the same on every rank
             log.warning("episode %d: skipping a final batch of 1 item", episode)
             continue
-        rec = train_step(s, images, tokens, pos, prototypes, step, episode)
-        if step % s.cfg.log_every == 0:
-            s.tlog.append(rec)
-        add_to_sums(sums, rec)
+        train_step(s, images, tokens, pos, prototypes, step, episode, window)
+        if window.due():  # the one host read of the interval: check, write the kept lines, add to the sums
+            window.flush(sums)
         step += 1
         n_steps += 1
+    window.flush(sums)  # the episode's last steps, before its record and checkpoint
     sync_buffers(s.model, s.info)  # identical BatchNorm statistics in every rank's checkpoint / final model
     times = {**times, "train": time.perf_counter() - t0}
     return episode_record(episode, step, n_steps, sums, stats, times), step, prototypes
@@ -357,6 +381,7 @@ def end_episode(s: Session, progress: Progress, records: list[dict[str, Any]], s
                             step=progress.step, prototypes=protos.to("cpu") if hasattr(protos, "to") else protos,
                             extra={"run": s.run, "config": s.resume_key, "method": s.method.state_dict(),
                                    "early_stop": progress.early_stop,
+                                   **({"scaler": s.scaler.state_dict()} if s.scaler is not None else {}),
                                    **({"rng_ranks": rng_ranks} if rng_ranks else {})})
     if s.info.is_main:
         ep_rec = records[0]
@@ -453,11 +478,16 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
     config = to_dict(cfg)  # the one dict of the config: config.yaml, MLflow params, the checkpoints' key
     key = resume_key(config)
     model.to(device)
+    channels_last = channels_last_(model, device)
     optimizer = build_optimizer(model, cfg)
+    autocast = autocast_factory(cfg.precision, device)
+    scaler = build_scaler(cfg.precision, device)
     method = build_method(cfg, info)
     tlog = TrainLog(files.log, files.log_work, enabled=info.is_main)
     if state is not None:
         progress = restore(state, model, optimizer, method)
+        if scaler is not None and "scaler" in state["extra"]:
+            scaler.load_state_dict(state["extra"]["scaler"])
         restore_rank_rng(state, cfg.seed, info)
         tlog.resume_at(progress.episode, progress.step)
         log.info("resumed %s at episode %d / %d (step %d)", cfg.name, progress.episode, sched.n_episodes,
@@ -469,8 +499,9 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
     s = Session(cfg=cfg, run=cfg.name, model=model, net=wrap_for_ddp(model, method, device, info),
                 optimizer=optimizer, method=method, sched=sched, dataset=dataset, teacher=teacher,
                 use_teacher=cfg.reads_teacher() and teacher is not None, info=info, device=device,
-                autocast=autocast_factory(cfg.precision, device), tlog=tlog, tracker=tracker or Tracker(),
-                checkpoint=files.checkpoint, resume_key=key, validator=validator)
+                autocast=autocast, tlog=tlog, tracker=tracker or Tracker(),
+                checkpoint=files.checkpoint, resume_key=key, validator=validator, scaler=scaler,
+                channels_last=channels_last)
     log_start(s, progress, config, files.config, resumed=state is not None)
     run_episodes(s, progress, stop_after_episodes)
     tlog.publish()  # train_log.jsonl = the checkpoint's log, whatever happened to the output file meanwhile

@@ -48,7 +48,9 @@ from protoclip.train.config import TrainConfig
 if TYPE_CHECKING:  # annotations only (see "Imports" above)
     import numpy as np
     import torch
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import Dataset
+
+    from protoclip.train.loader import Pass
 
     from protoclip.train.distributed import DistInfo
 
@@ -64,7 +66,9 @@ class EpisodeData:
 
     dataset: Dataset  # the whole training set (items as the method's train_transform makes them)
     indices: np.ndarray  # the episode's dataset indices, training order
-    loader: DataLoader  # this rank's batches of the episode: (images, tokens, positions)
+    # this rank's batches of the episode's extraction pass, (images, tokens, positions) in episode order, from the
+    # run's one DataLoader (protoclip.train.loader; batches of train.extract_batch_size)
+    loader: Pass
     info: DistInfo
     device: torch.device
     autocast: Callable[[], ContextManager]
@@ -181,8 +185,9 @@ class Method:
         """The optimised loss from the terms (weights from the config)."""
         raise NotImplementedError
 
-    def diagnostics(self) -> dict[str, float]:
-        """Detached floats of the last batch, logged per step and averaged per episode."""
+    def diagnostics(self) -> dict[str, torch.Tensor | float]:
+        """Detached 0-d tensors of the last batch (left on the device: the trainer reads them back once per log
+        interval; a float() here would wait for the device every step), logged per step and averaged per episode."""
         return {}
 
     def after_step(self, model: torch.nn.Module) -> None:

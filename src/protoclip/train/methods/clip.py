@@ -87,7 +87,7 @@ class CLIPMethod(Method):
         scale = out["logit_scale"] if "logit_scale" in out else model.logit_scale.exp()
         zi, zt = out["z_image"].float(), out["z_text"].float()
         distance, m = self.cfg.loss.distance, self.cfg.subspheres()
-        self._clip_stats = {"clip_scale": float(scale.detach()), "clip_log_scale": float(scale.detach().log()),
+        self._clip_stats = {"clip_scale": scale.detach(), "clip_log_scale": scale.detach().log(),
                             **temperature_stats(zi.detach(), zt.detach(), scale.detach(), distance, m)}
         if distance != "sphere":
             if self.info.enabled:  # global batch, gathered with gradient as open_clip's ClipLoss does
@@ -100,9 +100,9 @@ class CLIPMethod(Method):
             return {"clip": self._global_clip(F.normalize(zi, dim=-1), F.normalize(zt, dim=-1), scale)}
         return clip_loss(zi, zt, scale)
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self) -> dict[str, torch.Tensor]:
         """Temperature-study statistics of the last batch (spec 2.5): raw and log CLIP scale, equilibrium
-        mean(s_ii - E_p s_ij), in-batch retrieval accuracy (%)."""
+        mean(s_ii - E_p s_ij), in-batch retrieval accuracy (%); 0-d tensors on the device."""
         return dict(self._clip_stats)
 
     def terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,

@@ -44,13 +44,14 @@ class NCLIPConfig:
             raise ValueError("lambda1, lambda2, weight and clip_weight must be >= 0")
 
 
-def in_batch_accuracy(sim: torch.Tensor) -> float:
-    """% of rows and columns of a square similarity matrix whose maximum is on the diagonal (mean of both)."""
+def in_batch_accuracy(sim: torch.Tensor) -> torch.Tensor:
+    """% of rows and columns of a square similarity matrix whose maximum is on the diagonal (mean of both);
+    a float64 0-d tensor on the device."""
     import torch
 
     with torch.no_grad():
         target = torch.arange(sim.shape[0], device=sim.device)
-        return 50.0 * float((sim.argmax(1) == target).float().mean() + (sim.argmax(0) == target).float().mean())
+        return 50.0 * ((sim.argmax(1) == target).float().mean() + (sim.argmax(0) == target).float().mean()).double()
 
 
 class NCLIPCrossEntropy(Similarity):
@@ -103,7 +104,7 @@ class NCLIPMethod(CLIPMethod):
 
         super().__init__(cfg, info)
         self._nclip = NCLIPLoss(cfg.nclip.lambda1, cfg.nclip.lambda2, world_size=self.info.world_size)
-        self._acc: dict[str, float] = {}
+        self._acc: dict[str, torch.Tensor] = {}
 
     @classmethod
     def similarity_for(cls, cfg: TrainConfig) -> type[Similarity]:
@@ -138,7 +139,7 @@ class NCLIPMethod(CLIPMethod):
     def weights(self) -> dict[str, float]:
         return {"nclip": 1.0}
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self) -> dict[str, torch.Tensor | float]:
         return {**self._nclip.last_stats, **self._acc}
 
 
@@ -162,5 +163,5 @@ class XCLIPMethod(NCLIPMethod):
     def weights(self) -> dict[str, float]:
         return {"clip": self.cfg.nclip.clip_weight, "nclip": self.cfg.nclip.weight}
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self) -> dict[str, torch.Tensor | float]:
         return {**self._clip_stats, **self._nclip.last_stats, **self._acc}

@@ -211,7 +211,7 @@ class PCLMethod(Method):
             pn = protonce(q, positions, state, capped_negatives(self.cfg.pcl.negatives, state), None,
                           self.cfg.pcl.mask_duplicate_pos)
             terms["protonce"] = pn["protonce"]
-            self._diag["protonce_acc"] = float(pn["protonce_acc"])
+            self._diag["protonce_acc"] = pn["protonce_acc"]  # on the device (read at the log interval)
             if self.cfg.pauc.enabled:
                 a = self.cfg.pauc
                 terms.update(pauc_loss(q, positions, state, s=a.s, t=a.t, tau_c=a.tau_c, align_mode=a.align_mode,
@@ -227,7 +227,7 @@ class PCLMethod(Method):
         w = self.weights()
         return sum(w[name] * value for name, value in terms.items() if name in w)
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self) -> dict[str, torch.Tensor]:
         return dict(self._diag)
 
     def after_step(self, model: nn.Module) -> None:

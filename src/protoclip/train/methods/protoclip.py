@@ -149,7 +149,7 @@ class ProtoCLIPMethod(CLIPMethod):
         pauc = {"pauc_align": a.alpha, "pauc_unif": a.beta, "pauc_corr": a.gamma} if a.enabled else {}
         return {"clip": w.clip_weight, "proto": w.proto_weight, "proto_external": w.external_weight, **pauc}
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self) -> dict[str, torch.Tensor]:
         """Detached per-direction losses and prototype accuracies (%) of the last batch (+ CLIP's statistics)."""
         return {**(super().diagnostics() if self.uses_clip() else {}), **self._proto_loss.last_stats}
 
