@@ -1,13 +1,8 @@
-"""Device selection shared by every stage: a config's ``device`` string -> a ``torch.device``.
+"""A config's ``device`` string -> a ``torch.device``, checked at the two moments it can be.
 
-Two checks, at the two moments they can be made:
-
-* :func:`check_device_name` when the config loads (no torch import: Snakemake parses the config on a head
-  node that may have no GPU): the spelling. ``gpu`` (torch has no such device type) is an error that says
-  to write ``cuda``.
-* :func:`resolve_device` when a stage starts, on the machine that runs it: ``cuda`` / ``cuda:N`` without a
-  visible GPU (or with fewer than N + 1) stops with one line saying so (a :class:`ConfigError`) instead of
-  torch's traceback from deep inside the first ``.to(device)``.
+:func:`check_device_name` at config load, without torch (Snakemake parses the config on a head node that may
+have no GPU): the spelling (``gpu`` -> write ``cuda``). :func:`resolve_device` when a stage starts: ``cuda:N``
+without that GPU is one line (:class:`ConfigError`), not torch's traceback from the first ``.to(device)``.
 """
 from __future__ import annotations
 

@@ -1,35 +1,18 @@
 """GPU slots: which GPU ids a job may use, so that concurrent jobs never share one.
 
-Snakemake schedules GPU jobs by count (``resources: gpu=k`` against ``--resources gpu=N``) but never says
-*which* GPUs a job gets (snakemake issue #281): every job that resolves ``device: auto`` would take
-``cuda:0``. This module hands out ids. Each GPU has ``jobs_per_gpu`` slots; a slot is one lock file
-``<lock_dir>/gpu<id>.slot<j>.lock`` held with ``fcntl.flock``. The kernel drops a flock when the last file
-descriptor of it closes, so a job that exits, crashes or is killed with SIGKILL frees its slots without
-any cleanup, and no stale lock can survive a reboot. A job needing k GPUs takes one slot on each of k
-distinct GPUs, all at once or none (no hold-and-wait, so no deadlock between a 2-GPU job and two 1-GPU jobs),
-preferring the GPUs with the most free slots (spread before packing); it then exports
-``CUDA_VISIBLE_DEVICES`` to its whole process tree (see :mod:`protoclip.jobs.launch`).
+Snakemake schedules GPU jobs by count but never says *which* GPUs a job gets, so every ``device: auto`` job would
+take ``cuda:0``. Each GPU has ``jobs_per_gpu`` slots, each a lock file ``<lock_dir>/gpu<id>.slot<j>.lock`` held
+with ``fcntl.flock``: the kernel drops it when the holder's last descriptor closes, so a killed job (SIGKILL
+included) frees its slots and no stale lock survives a reboot. A job needing k GPUs takes one slot on each of k
+distinct GPUs all at once or none (no hold-and-wait, no deadlock), most free GPUs first, then exports
+``CUDA_VISIBLE_DEVICES`` to its process tree (:mod:`protoclip.jobs.launch`). Ids and policies: the ``gpus:``
+section's field comments (inside a SLURM job, ``auto`` keeps each SLURM job's locks apart, since two
+allocations may both see ids 0..k-1). Pure standard library: imported before torch, whose CUDA state must not
+exist before ``CUDA_VISIBLE_DEVICES`` is set.
 
     from protoclip.jobs.gpu_slots import GpuSlotsConfig, acquire
     held = acquire(GpuSlotsConfig(ids=[0, 1, 2, 3]), 2)   # blocks until 2 GPUs are free
     held.ids        # ['1', '3'];  held.release() or process exit frees them
-
-Where the ids come from (``gpus:`` of the project config):
-
-* ``ids: all`` (default): the visible devices -- ``CUDA_VISIBLE_DEVICES`` when it is set (a user or a node
-  manager already narrowed them), else every GPU ``nvidia-smi -L`` lists; an explicit list names them.
-* ``policy``: ``auto`` (default) allocates slots over those ids, and inside a SLURM job (``SLURM_JOB_ID`` set)
-  keeps the locks of each SLURM job apart (``<lock_dir>/slurm-job-<id>/``): a job the SLURM profile submitted
-  has exactly the GPUs it asked for and takes them all, while the jobs of one Snakemake run inside an
-  interactive allocation (``salloc --gpus=8``, then ``snakemake --profile workflow/profiles/gpu``) share the
-  allocation's ids, each on its own (the same lock folder on a shared file system must not make jobs of two
-  allocations, which may both see ids 0..k-1, wait for each other). ``slots`` allocates in ``lock_dir`` itself,
-  SLURM or not; ``inherit`` steps aside and keeps the first k of the environment's devices (one job per
-  allocation, placed by a batch system).
-
-The lock folder is per project clone (``.snakemake/protoclip/gpu-slots``); two clones sharing one machine
-should point ``lock_dir`` at one shared folder (e.g. ``/tmp/protoclip-gpu-slots``). Pure standard library:
-imported before torch, whose CUDA state must not exist before ``CUDA_VISIBLE_DEVICES`` is set.
 """
 from __future__ import annotations
 

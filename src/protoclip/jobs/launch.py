@@ -1,35 +1,21 @@
 """Place a job on its GPUs, then run it: one process, or k torchrun ranks on k GPUs.
 
-Every GPU-using stage goes through here before it touches CUDA (``protoclip train`` and ``protoclip
-evaluate`` call :func:`place` first; ``protoclip launch`` runs any command the same way, used by tests and
-by hand):
+``protoclip train``, ``evaluate`` and ``teacher`` call :func:`place` before they touch CUDA; ``protoclip launch``
+runs any command the same way:
 
     protoclip launch --config config/config.yaml --gpus 2 -- nvidia-smi    # a command on 2 free GPUs
     protoclip train --config config/config.yaml --run clip_4gpu           # a run with `gpu: 4` -> torchrun
 
-* a job that declares no GPU (``gpu: false``) gets ``CUDA_VISIBLE_DEVICES=""``: it runs on the CPU and
-  cannot take a GPU that the allocator gave another job (``device: auto`` resolves to cpu);
-* a job that needs k GPUs takes k slots (:mod:`protoclip.jobs.gpu_slots`, waiting while they are busy) and sets
-  ``CUDA_VISIBLE_DEVICES`` to them for its whole process tree; the lock files stay open in the job's process
-  (and, being inheritable, in what it forks or ``exec``s: DataLoader workers, ``protoclip launch``'s command),
-  so the slots are freed exactly when the job's processes are gone, SIGKILL included;
-* inside a SLURM job the slots are taken over the ids SLURM gave (``CUDA_VISIBLE_DEVICES``), per SLURM job
-  (protoclip.jobs.gpu_slots.lock_dir): a job the SLURM profile submitted takes the GPUs it was given, and the
-  concurrent jobs of a Snakemake run inside one allocation share its GPUs without sharing one (policy
-  ``inherit`` steps aside instead: only the count is checked);
-* k > 1 training: the process becomes ``torchrun --standalone --nproc_per_node k`` (torch.distributed.run's
-  agent, holding the slots) running the same ``protoclip`` command, one rank per GPU (``LOCAL_RANK`` picks
-  ``cuda:<local rank>`` among the visible ones; see protoclip.train.loop), each rank with its share of the
-  job's threads (:func:`rank_threads`). The ranks see torchrun's ``LOCAL_RANK`` and are not placed again; the
-  kernel kills them if the agent dies (:func:`die_with_launcher`).
+* ``gpu: false``: ``CUDA_VISIBLE_DEVICES=""``, so a CPU job cannot take a GPU another job was given;
+* k GPUs: k slots (:mod:`protoclip.jobs.gpu_slots`), held by inheritable descriptors, so they are freed exactly
+  when the job's last process (DataLoader workers, exec'd commands) is gone; inside SLURM, over the ids SLURM gave;
+* k > 1 training: the process becomes ``torchrun --standalone --nproc_per_node k`` running the same command, one
+  rank per GPU with threads / k each (:func:`rank_threads`); the kernel kills the ranks if the agent dies
+  (:func:`die_with_launcher`).
 
-Every GPU job says where it was placed in one line (``protoclip: <who>: CUDA_VISIBLE_DEVICES=...``) in its log.
-
-A job's processes also end with the job (:func:`follow_job`): a workflow rule names the process that runs it in
-``PROTOCLIP_JOB_PID`` (the train rule: ``PROTOCLIP_JOB_PID=$PPID protoclip train ...``, so Snakemake's pid,
-or under SLURM the pid of Snakemake's job step), and the command kills itself as soon as that process or any
-process between them (the job's shell) ends. Without it a kill of the job's shell or of Snakemake would
-leave the trainer running after Snakemake declared the job failed, beside the trainer of the rerun.
+Each GPU job logs where it was placed in one line. :func:`follow_job` ends a command with its job
+(``PROTOCLIP_JOB_PID``, set by the train rule), so a killed Snakemake never leaves a trainer running beside the
+rerun's.
 """
 from __future__ import annotations
 
@@ -233,13 +219,11 @@ def _watch(pids: list[int]) -> None:
 
 
 def follow_job(env: dict | None = None) -> list[int]:
-    """End this process with its job: when ``PROTOCLIP_JOB_PID`` names one of its ancestors, watch that process
-    and every process between them (the job's shell), and SIGKILL this one when any of them ends. The parent is
-    watched by the kernel too (parent-death signal), the others by a daemon thread. Returns the watched pids
-    ([] when the variable is unset, names no ancestor, or on a system other than Linux).
-
-    A command started by hand (no variable) keeps today's behaviour, so ``nohup protoclip train ... &`` survives
-    its shell. Torchrun ranks started by :func:`run_ranks` inherit the variable and follow the same job.
+    """End this process with its job: when ``PROTOCLIP_JOB_PID`` names one of its ancestors, watch it and every
+    process between them (the job's shell) and SIGKILL this one when any of them ends (the parent by the kernel's
+    parent-death signal, the others by a daemon thread). Returns the watched pids ([] when the variable is unset,
+    names no ancestor, or off Linux). Without the variable, ``nohup protoclip train ... &`` survives its shell;
+    torchrun ranks inherit it and follow the same job.
     """
     env = os.environ if env is None else env
     value = env.get(JOB_PID, "")

@@ -1,25 +1,16 @@
 """One writer per training run: the process training a run holds its lock, a second one waits.
 
-Two trainers on one run would interleave their records in one log and overwrite each other's checkpoint: a
-rerun started while an orphan of a killed job still trains, ``dvc repro`` beside ``snakemake``, a retried
-cluster job whose predecessor is still being torn down. The train stage therefore holds
-``results/runs/<run>/checkpoints/train.lock`` from before it decides fresh / resume until it has written
-``model.pt``:
+Two trainers on one run (an orphan of a killed job, ``dvc repro`` beside ``snakemake``, a retried cluster job)
+would interleave their logs and overwrite each other's checkpoint, so the train stage holds
+``checkpoints/train.lock`` from before it decides fresh / resume until ``model.pt`` is written. It is an
+``fcntl.flock``, as for GPU slots: a killed holder frees it, and the file names the holder (pid, host, start,
+command) for the one line a waiter prints. The descriptor is inherited by torchrun's ranks, which do not lock
+again. On NFS, flock maps to the server's byte-range locks (across nodes) unless mounted ``nolock`` /
+``local_lock``. Pure standard library, imported before torch.
 
     from protoclip.jobs.run_lock import hold_run
     with hold_run(layout.train_lock("clip"), "train clip"):   # waits (one line) while another process holds it
         ...
-
-The lock is ``fcntl.flock`` on that file, as :mod:`protoclip.jobs.gpu_slots` holds GPU slots: the kernel drops it
-when the holder's last descriptor closes, so a killed trainer (SIGKILL included) frees the run by itself and no
-stale lock survives a crash or a reboot. The holder writes its pid, host, start time and command into the file;
-a process that has to wait prints them in one line. The descriptor is inheritable, so the ranks that
-protoclip's torchrun launcher starts keep the run held while any of them lives; they do not lock again (their
-launcher holds the run), nor do ranks other than 0 of a torchrun started by hand.
-
-On a cluster the file sits on the shared filesystem: Linux maps flock on NFS to the server's byte-range locks
-(NFSv4, or NFSv3 with lockd), which hold across nodes; a filesystem mounted without locking (``nolock``,
-``local_lock``) makes the lock node-local. Pure standard library, imported before torch.
 """
 from __future__ import annotations
 
