@@ -330,3 +330,49 @@ def test_empty_manifest_is_the_old_writers_bytes(tmp_path):
     with pytest.raises(KeyboardInterrupt), ManifestWriter(tmp_path / "cut.parquet"):
         raise KeyboardInterrupt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.parquet", "old.parquet"]  # nothing of the cut write
+
+
+def test_max_pairs_keeps_a_seeded_subset_independent_of_order(tmp_path):
+    """A capped user data set keeps the max_pairs of its (de-duplicated) pairs with the smallest hash of
+    ("subset/<id>", seed), computed here independently: the same pairs whatever the CSV's row order, a larger cap
+    a superset, the rest counted as over_max_pairs; an uncapped set beside it keeps everything."""
+    from protoclip.data.split import split_score
+
+    user = tmp_path / "user"
+    names = [f"img{i:02d}.png" for i in range(12)]
+    for i, n in enumerate(names):
+        make_png(user / n, ["red", "blue", "green", "yellow"][i % 4], ["circle", "square", "cross"][i % 3], 8 + i)
+    (user / "dup.png").write_bytes((user / names[0]).read_bytes())
+    for i in range(3):
+        make_png(user / f"w{i}.png", "red", "circle", 30 + i)  # sizes no capped image has
+
+    def project(order, cap, seed=3):
+        rows = [f"{n},caption {n}" for n in order] + [f"dup.png,caption {names[0]}"]  # a duplicate pair: dropped
+        (user / "pairs.csv").write_text("filepath,caption\n" + "\n".join(rows) + "\n")
+        (user / "other.csv").write_text("filepath,caption\n" + "\n".join(f"w{i}.png,other {i}" for i in range(3)) + "\n")
+        root = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
+        return ProjectConfig(paths=PathsConfig(data_dir=root / "data", results_dir=root / "results"),
+                             prepare=PrepareConfig(image_size=8, num_workers=1, seed=seed, offline_sources=[],
+                                                   eval_sets=[], heldout_fraction=0.0, user_data=[
+                                                       UserDataConfig(name="capped", format="csv", max_pairs=cap,
+                                                                      path=str(user / "pairs.csv")),
+                                                       UserDataConfig(name="whole", format="csv",
+                                                                      path=str(user / "other.csv"))]))
+
+    def kept(cfg):
+        report = prepare.run_prepare(cfg)
+        df = pd.read_parquet(Layout.from_config(cfg).manifest)
+        return set(df[df["source"] == "capped"]["id"]), set(df[df["source"] == "whole"]["id"]), report
+
+    ids = [f"capped/{n}" for n in names]
+    want5 = set(sorted(ids, key=lambda i: split_score(f"subset/{i}", 3))[:5])
+    got5, whole, report = kept(project(names, 5))
+    assert got5 == want5 and len(whole) == 3
+    assert report["sources"]["capped"] == {"kept": 5, "dropped": {"duplicate_pair": 1, "over_max_pairs": 7}}
+    assert kept(project(list(reversed(names)), 5))[0] == want5  # row order does not matter
+    got8 = kept(project(names, 8))[0]
+    assert len(got8) == 8 and want5 < got8  # nested
+    assert kept(project(names, 50))[0] == set(ids)  # a cap above the set: every pair
+    assert kept(project(names, 5, seed=4))[0] != want5  # another seed, another subset (known for these ids)
+    with pytest.raises(ValueError, match="max_pairs"):
+        PrepareConfig(user_data=[UserDataConfig(name="x", format="csv", path="x.csv", max_pairs=0)]).validate()

@@ -291,3 +291,10 @@ def test_paper_path_validates_and_refines_the_linear_probe():
     assert all(CFG.run(n).validation.every_episodes > 0 and CFG.run(n).validation.tasks == ["retrieval"]
                for n in CFG.run_names())
     assert load_config(REPO / "config" / "config.yaml").evaluate.linear_steps_per_decade == 4
+
+
+def test_corpus_sizes_are_the_papers():
+    """protoclip.txt l.184 "we randomly sample a 2,500,000 subset", l.186 "used 14,000,000 of them"; Fig. 6's 1M."""
+    caps = {u.name: u.max_pairs for u in CFG.prepare.user_data}
+    assert caps == {"cc2.5m": 2_500_000, "cc1m": 1_000_000, "yfcc14m": 14_000_000, "imagenet": None,
+                    "imagenet100": None}

@@ -25,6 +25,10 @@ class UserDataConfig:
     # its first line is dropped, the lines after it are read as rows (protoclip.data.csvfile)
     quote_max_lines: int = 8
     quote_max_chars: int = 131_072  # the longest caption kept (longer ones are dropped as caption_too_long)
+    # keep a seeded random subset of at most this many of the set's pairs (after the drops and de-duplication):
+    # those with the smallest hash of (prepare.seed, id), so it does not depend on shard order or workers and a
+    # larger cap keeps a superset (ProtoCLIP's "a 2,500,000 subset" of CC); null = every pair
+    max_pairs: int | None = None
 
 
 @dataclass
@@ -52,6 +56,8 @@ class PrepareConfig:
         for u in self.user_data:
             if u.label_key and u.format == "wds":
                 raise ValueError(f"user_data '{u.name}': label_key applies to csv/tsv files, not wds shards")
+            if u.max_pairs is not None and u.max_pairs < 1:
+                raise ValueError(f"user_data '{u.name}': max_pairs must be >= 1 or null, got {u.max_pairs}")
             if u.quote_max_lines < 1 or u.quote_max_chars < 1:
                 raise ValueError(f"user_data '{u.name}': quote_max_lines and quote_max_chars must be >= 1, got "
                                  f"{u.quote_max_lines} and {u.quote_max_chars}")

@@ -113,7 +113,9 @@ class KeySpill:
 
 
 PAIR_RECORD = np.dtype([("row", "<i8"), ("id", "<u8", (2,)), ("sha", "<u8", (2,)), ("cap", "<u8", (2,))])
-REASONS = ("duplicate_id", "duplicate_pair", "duplicate_image")
+# the rows the manifest leaves out after the scan: the de-duplication's, and a capped user data set's pairs beyond
+# its seeded subset (UserDataConfig.max_pairs, protoclip.data.prepare.subset_removed)
+REASONS = ("duplicate_id", "duplicate_pair", "duplicate_image", "over_max_pairs")
 
 
 def pair_keys(pairs: Sequence) -> np.ndarray:

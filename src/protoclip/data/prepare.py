@@ -17,6 +17,9 @@ Then the duplicates are resolved bucket by bucket and the manifest is written in
 then the user data in config order), row group by row group (``ManifestWriter``: the same bytes as writing the
 whole frame). The peak is one parquet row group (``ROW_GROUP`` rows), a dedup bucket and the duplicates' keys.
 
+A user data set with ``max_pairs`` keeps a seeded random subset (:func:`subset_removed`: one more pass over the
+spill after de-duplication; it holds a score and a row number per pair of the capped sets, 16 bytes a pair).
+
 Idempotent: a fingerprint of what the stage reads (prepare config, expected package hashes, user-data
 file sizes and mtimes, and the size and mtime of every image a CSV/TSV names, ``FORMAT_VERSION``) is
 stored in ``layout.prepare_fingerprint``; when it matches and every output exists the stage logs
@@ -48,6 +51,7 @@ from protoclip.data.csvfile import Malformed
 from protoclip.data.dedup import REASONS, PairDedup, Removed
 from protoclip.data.images import Candidate, render_all
 from protoclip.data.manifest import ManifestWriter, Pair, manifest_schema
+from protoclip.data.split import split_score
 from protoclip.files.layout import Layout
 from protoclip.config.strict import to_dict
 
@@ -196,6 +200,37 @@ def scan_all_user_data(p: PrepareConfig, spill: _Spill, scratch: Path
     return drops, malformed
 
 
+SUBSET_SALT = "subset"  # the subset's hash differs from the held-out split's (data.split), which uses the same seed
+
+
+def subset_removed(batches, removed: Removed, caps: dict[str, int], seed: int) -> Removed:
+    """``removed`` plus, for each user data set ``caps`` names, the rows outside its seeded subset: of its pairs
+    that ``removed`` keeps, the ``caps[source]`` with the smallest ``split_score("subset/<id>", seed)`` stay (the
+    order of the scan, shards and workers does not matter; a larger cap keeps a superset)."""
+    rows, scores, sources = [], [], []
+    for first, batch in batches:
+        src = np.asarray(batch.column("source").to_pylist(), dtype=object)
+        idx = np.flatnonzero(np.isin(src, list(caps)))
+        idx = idx[~np.isin(first + idx, removed.rows)]
+        if len(idx):
+            ids = batch.column("id").take(pa.array(idx)).to_pylist()
+            rows.append(first + idx)
+            sources.append(src[idx])
+            scores.append(np.array([split_score(f"{SUBSET_SALT}/{i}", seed) for i in ids]))
+    if not rows:
+        return removed
+    rows, scores, sources = (np.concatenate(a) for a in (rows, scores, sources))
+    over = [np.zeros(0, np.int64)]
+    for name, cap in caps.items():
+        mine = np.flatnonzero(sources == name)
+        over.append(rows[mine[np.argsort(scores[mine], kind="stable")[cap:]]])
+    drop = np.concatenate(over).astype(np.int64)
+    all_rows = np.concatenate([removed.rows, drop])
+    reasons = np.concatenate([removed.reasons, np.full(len(drop), REASONS.index("over_max_pairs"), np.int8)])
+    order = np.argsort(all_rows, kind="stable")
+    return Removed(all_rows[order], reasons[order].astype(removed.reasons.dtype))
+
+
 def write_deduplicated(path: Path, batches, removed: Removed, drops: dict[str, collections.Counter]
                        ) -> tuple[collections.Counter, collections.Counter]:
     """Stream ``batches`` ((first row, record batch) in manifest order) into the manifest at ``path``, leaving out
@@ -267,6 +302,15 @@ def _prepare(layout: Layout, p: PrepareConfig, scratch: Path, current: str) -> d
     spill.dedup.add_keys(-len(offline.keys), offline.keys)
     removed = spill.dedup.resolve()
     spill.dedup.close()
+    caps = {u.name: u.max_pairs for u in p.user_data if u.max_pairs is not None}
+    if caps:
+        def spilled():
+            first = 0
+            for batch in spill.batches():
+                yield first, batch
+                first += batch.num_rows
+
+        removed = subset_removed(spilled(), removed, caps, p.seed)
 
     def batches():
         yield -offline.batch.num_rows, offline.batch
