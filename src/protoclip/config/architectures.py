@@ -1,16 +1,11 @@
 """open_clip architecture configs read without importing torch, and the checks a run's model keys must pass.
 
-Why: ``load_config`` runs where no torch is wanted (Snakemake parses the config before any job; ``protoclip
-runs``), yet a model name, ``embed_dim``, ``context_length``, ``image_size`` or ``class_tokens`` that the
-architecture cannot take would fail seconds into the job with a traceback from inside open_clip.
-:func:`check_model` applies, at config load, the rules that ``protoclip.models.build`` (and open_clip's
-towers) apply at build time, and raises a ValueError naming the key.
-
-The configs are the JSON files open_clip itself reads (``open_clip/model_configs/*.json``, located with
-importlib without importing the package) plus the ones shipped in ``protoclip/models/configs/`` (registered
-with open_clip by ``protoclip.models.build``); a model name is known exactly when ``open_clip.get_model_config``
-would find it. ``local-dir:<folder>`` names read that folder's ``open_clip_config.json`` as open_clip does;
-``hf-hub:`` names are not checked (their config lives on the Hub, and nothing here goes online).
+``load_config`` runs where torch is not wanted (Snakemake parsing the config, ``protoclip runs``), yet a model
+name, ``embed_dim``, ``context_length``, ``image_size`` or ``class_tokens`` the architecture cannot take would
+otherwise fail seconds into the job inside open_clip. :func:`check_model` applies the build-time rules of
+``protoclip.models.build`` at config load and raises a ValueError naming the key. The configs are the JSON files
+open_clip reads (located with importlib, not imported) plus ``protoclip/models/configs/``; ``local-dir:`` names
+read that folder's config, ``hf-hub:`` names are not checked (nothing here goes online).
 
     from protoclip.config.architectures import check_model
     check_model("tiny-vit", class_tokens=4, image_size=64)   # ok

@@ -1,16 +1,10 @@
 """Strict YAML -> dataclass building: the typed, validated reading every config section goes through.
 
-* :func:`build` makes a dataclass from a mapping: an unknown key stops with ``<file>: unknown key 'train.lrr'
-  (known: ...)``, a wrong type with ``<file>: 'train.lr' must be float, got str ('abc')``; numbers written as
-  ``1e9`` (a string to PyYAML) are accepted, non-finite numbers (``.nan``, ``.inf``) are errors; after building,
-  the object's ``validate()`` runs and a ValueError from it becomes a :class:`ConfigError` naming the key.
-* :func:`read_yaml` reads one file: a repeated key (PyYAML keeps the last one silently; :class:`StrictLoader`),
-  a folder, non-UTF-8 bytes or invalid YAML stop naming the file and line.
-* :func:`to_dict` (dataclass tree -> plain dict), :func:`deep_merge`, :func:`require_path`.
-
-It knows no section of the project: the sections live with the packages that use them, and
-``protoclip.project`` composes them. Low modules import this one (and ``protoclip.errors``), never the
-config assembler.
+:func:`build` makes a dataclass from a mapping (an unknown key or a wrong type stops naming file and key, e.g.
+``'train.lr' must be float, got str``; ``1e9`` is accepted, ``.nan`` / ``.inf`` are not), then runs its
+``validate()``; :func:`read_yaml` refuses repeated keys (:class:`StrictLoader`), folders, non-UTF-8 and invalid
+YAML naming file and line; :func:`to_dict`, :func:`deep_merge`, :func:`require_path`. It knows no section:
+those live with their packages and ``protoclip.project`` composes them.
 """
 from __future__ import annotations
 
