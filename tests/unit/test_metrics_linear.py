@@ -189,3 +189,28 @@ def test_fit_split_with_a_single_class_is_one_clear_error():
     x = np.array([[0.0, 1.0], [0.1, 0.9], [1.0, 0.0]])
     with pytest.raises(ValueError, match=r"linear probe: the fit split \(1 of 3 training samples .* single class"):
         linear_probe(x, np.array([0, 0, 1]), x, np.array([0, 0, 1]), val_fraction=0.5)
+
+
+def test_the_linear_task_searches_C_at_the_configured_resolution(tmp_path, caplog):
+    """evaluate.linear_steps_per_decade reaches the probe: CLIP's 8 steps per decade take one halving round more
+    than the default 4 (its fits: the points of the rounds before, and 1 or 2 new ones, fewer at the grid's edge)."""
+    import logging
+
+    from protoclip.evaluate.adapters import SetInput, task_linear
+    from protoclip.evaluate.config import EvaluateConfig
+    from protoclip.evaluate.set_features import SetFeatures
+
+    rng = np.random.default_rng(0)
+    y = np.arange(40) % 2
+    z = rng.normal(size=(40, 4)) + y[:, None]
+    feats = SetFeatures(test_z=z[:20], test_y=y[:20], train_z=z[20:], train_y=y[20:])
+    fits = {}
+    for steps in (4, 8):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="protoclip.evaluate.metrics.linear"):
+            task_linear(SetInput(feats, None, EvaluateConfig(linear_steps_per_decade=steps), tmp_path / "f.png"))
+        msgs = [r.getMessage() for r in caplog.records if r.getMessage().endswith(" fits")]
+        fits[steps] = int(msgs[0].split()[-2])
+    assert fits[4] >= 7 and fits[8] - fits[4] in (1, 2), fits
+    with pytest.raises(ValueError, match="linear_steps_per_decade"):
+        EvaluateConfig(linear_steps_per_decade=0).validate()
