@@ -15,16 +15,9 @@
     protoclip ucf101   --src /data/ucf101 --out data/external/ucf101       # UCF101 test videos -> middle frames
     protoclip schema   [--check]   # the config's JSON Schema (workflow/schemas/) and config/README.md, generated
 
-`train`, `evaluate` and `teacher` place themselves on free GPUs first (protoclip.jobs.launch): a run with ``gpu: k``
-takes k GPU slots and restarts as k torchrun ranks. `train` first holds its run (protoclip.jobs.run_lock: one trainer
-per run; a second waits with one line naming the holder). A command whose environment names its job's process
-(``PROTOCLIP_JOB_PID``, set by the train rule) ends when that process or the job's shell ends
-(protoclip.jobs.launch.follow_job).
-
-Stages are pure functions of (config, inputs) -> outputs; this module only parses the command line,
-loads and validates the config, and turns a user error raised anywhere in a stage (a bad config value, an
-unreadable data or model file: any ``protoclip.errors.UserError``) or a missing input into a one-line message
-naming the key or path, with exit code 2. Every other exception is a bug and keeps its traceback.
+This module parses the command line, loads the config, places GPU jobs (protoclip.jobs.launch) and turns a
+``protoclip.errors.UserError`` or a missing input into one line naming the key or path, exit code 2; every other
+exception is a bug and keeps its traceback.
 """
 from __future__ import annotations
 

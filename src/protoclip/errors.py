@@ -1,11 +1,8 @@
 """The one base class of user errors: bad input that the user, not the code, must fix.
 
-A config value, a data file or a model file that cannot be used raises a subclass of :class:`UserError`
-whose message names the key or the file. The ``protoclip`` CLI turns any of them into one line on stderr
-and exit code 2, with no traceback (``protoclip.cli.main``); every other exception is a bug and keeps its
-traceback. Subclasses: :class:`ConfigError` (a config value or a configured input), and, beside the code that
-reads them, ``protoclip.models.checkpoint.ModelFileError`` (a model file), ``protoclip.data.reading.ImageReadError``
-(an image), ...
+A subclass of :class:`UserError` names the key or file; the CLI prints it as one line with exit code 2 and no
+traceback. :class:`ConfigError` is here; the others live beside the code that reads their input
+(``protoclip.models.checkpoint.ModelFileError``, ``protoclip.data.reading.ImageReadError``, ...).
 """
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """The project config: the YAML file every stage reads, composed from the sections of the packages that use them.
 
-``load_config`` reads one file (default ``config/config.yaml``) and the experiment files it lists into a
-:class:`ProjectConfig`, strictly (:mod:`protoclip.config.strict`: unknown keys, wrong types, repeated YAML keys and
-bad values stop with one line naming key and file), and checks every run and target up front, not when
-a job starts. Each section is a dataclass owned by its package (``protoclip.data.config``,
-``protoclip.teacher.config``, ``protoclip.train.config``, ``protoclip.evaluate.config``,
-``protoclip.report.paper_targets``, ...); this module only composes them, so it stands above them all and is
-imported by the CLI, ``protoclip.dag`` and the stage entry points only.
-
-Runs (``runs:`` in the experiment files listed under ``experiments:``) are overrides merged
-onto the ``train:`` defaults, so every run's resolved config is a complete ``TrainConfig``. One precedence
-rule: the nearer level wins (``train_force`` > the run's own keys > ``train:`` > the dataclass defaults), also
-for a quantity two keys can set (``train.config.SAME_QUANTITY``: ``warmup_episodes`` / ``warmup_samples``): a
-level that sets one of them clears the others of the levels below, and one level setting two of them stops.
+``load_config`` reads ``config/config.yaml`` and the experiment files it lists into a :class:`ProjectConfig`,
+strictly (:mod:`protoclip.config.strict`), and checks every run and target up front. Each section is owned by
+its package; this module only composes them, so only the CLI, ``protoclip.dag`` and the stage entry points
+import it. A run (``runs:`` in the experiment files) is overrides merged onto ``train:``; the nearer level wins
+(``train_force`` > the run's keys > ``train:`` > defaults), also for a quantity two keys can set
+(``train.config.SAME_QUANTITY``): a level that sets one clears the others below it, a level setting two stops.
 
     from protoclip.project import load_config
     cfg = load_config("config/config.yaml")

@@ -1,9 +1,9 @@
 """The training methods' registry: method name -> class, and the config sections the methods bring.
 
-A method is one module of :mod:`protoclip.train.methods` holding a :class:`~protoclip.train.methods.base.Method`
-subclass decorated with :func:`register`; every module of that package is imported the first time the registry
-is asked (:func:`method_class`, :func:`method_sections`), so adding a method edits no other file. A method that
-reads a config section of its own registers the section's dataclass with it::
+A method is one module of :mod:`protoclip.train.methods` with a ``Method`` subclass decorated with
+:func:`register`; the package's modules are imported the first time the registry is asked, so adding a method
+edits no other file. A method's own config section registers with it and is built strictly like the rest
+(several methods may share one: nCLIP and xCLIP read ``nclip``)::
 
     @dataclass
     class MyConfig:
@@ -14,14 +14,9 @@ reads a config section of its own registers the section's dataclass with it::
                 raise ValueError("weight must be >= 0")
 
     @register("mymethod", sections={"my": MyConfig})
-    class MyMethod(Method): ...
+    class MyMethod(Method): ...   # every run's config then has train.my (cfg.my.weight)
 
-and every run's config then has ``train.my`` (``cfg.my.weight``), built and checked strictly by
-:mod:`protoclip.config.strict` like the sections ``TrainConfig`` declares itself. Several methods may register the
-same section class under one key (nCLIP and xCLIP read ``nclip``).
-
-This module imports nothing of the project: ``protoclip.train.config`` (which the config loader imports) reads
-the sections from here without importing a method module until a config is built.
+It imports nothing of the project, so the config loader reads the sections without importing a method module.
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """What a job asks of the machine or the cluster, sized per GPU: its threads and, on SLURM, its sbatch resources.
 
-A job's GPU count k comes from the project config (protoclip.jobs.launch: a run's ``gpu: k`` for its train job, 1
-for a GPU run's evaluation or a GPU project's teacher, 0 otherwise). Everything else follows from k:
-
-* one machine (Snakemake's local executor: the default, local and gpu profiles): a GPU job gets
-  k x (cores / GPU slots) threads, ``--cores`` and ``--resources gpu=N`` of the Snakemake call (the gpu profile),
-  so that as many GPU jobs as there are slots fit the cores (``--cores 32 --resources gpu=8``: 4 threads per
-  GPU, 8 one-GPU jobs at once); a job without GPU gets 1 thread (the offline default runs 2 one-thread jobs on
-  2 cores). ``set-threads`` in a profile still overrides a rule.
-* SLURM (the slurm profile's executor, and the job step it runs inside the allocation): the site file
-  ``workflow/profiles/slurm/site.yaml`` (:class:`SiteConfig`, the one file a user edits) gives the CPUs and
-  memory per GPU; a k-GPU job asks for k times them on one node (``nodes: 1``: ``torchrun --standalone`` is
-  single-node; ``--gpus=k`` alone lets SLURM spread the GPUs over nodes), a job without GPU for the site's
-  CPU-job size and no GPU. Its threads are its CPUs.
-
-Either way a k-GPU training runs k ranks, each with threads / k (protoclip.jobs.launch.rank_threads).
+A job's GPU count k comes from the config (a run's ``gpu: k`` for its train job, 1 for a GPU run's evaluation or
+a GPU project's teacher, 0 otherwise). On one machine a GPU job gets k x (cores / GPU slots) threads of the
+Snakemake call's ``--cores`` and ``--resources gpu=N``, so as many GPU jobs as slots fit the cores; a job without
+GPU gets 1 thread. On SLURM the site file ``workflow/profiles/slurm/site.yaml`` (:class:`SiteConfig`) gives CPUs
+and memory per GPU; a k-GPU job asks for k times them on one node (``torchrun --standalone`` is single-node).
+A k-GPU training runs k ranks of threads / k each.
 
     site = load_site("workflow/profiles/slurm/site.yaml")
     slurm_resources(site, 2)   # {'nodes': 1, 'cpus_per_task': 16, 'mem_mb_per_cpu': 8000, 'runtime': 2880, ...}

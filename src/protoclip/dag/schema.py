@@ -3,17 +3,10 @@
     protoclip schema            # writes workflow/schemas/config.schema.yaml and config/README.md
     protoclip schema --check    # exit 1 naming the file that differs from what the code generates
 
-The schema is made from the config dataclasses themselves (:class:`protoclip.project.ProjectConfig` and each
-package's section, with the sections training methods register, :mod:`protoclip.registry`): each key's
-type and default from its annotation and default, its description from the comments written beside or above
-the field, a section's from its class docstring. The Snakefile validates Snakemake's ``config`` against it
-(``snakemake.utils.validate``, the Snakemake workflow catalog's convention, which also renders the schema as
-a parameter table); ``config/README.md`` is the same schema as a table per section. A test regenerates both
-and compares, so neither can drift from the code.
-
-The schema checks structure (known keys, types, required fields); value rules (``validate()`` methods: a
-range, a file that must exist, runs and targets in the experiment files) stay with the strict loader,
-:func:`protoclip.project.load_config`, which every stage runs.
+Both are made from the config dataclasses (:class:`protoclip.project.ProjectConfig`, each package's section and
+the methods' registered sections): type and default from each field, its description from the comment beside or
+above it, a section's from its class docstring. The Snakefile validates Snakemake's ``config`` against the schema
+(the workflow catalog's convention); value rules (``validate()``) stay with :func:`protoclip.project.load_config`.
 """
 from __future__ import annotations
 

@@ -1,25 +1,17 @@
 """The stage graph as data: the one source of truth for the Snakemake rules and for dvc.yaml.
 
-Every stage instance (``prepare``, ``teacher_<t>``, ``train_<run>``, ``evaluate_<run>_<set>``,
-``collect_<run>``, ``toy_nemd``, ``report``; a run that evaluates a released checkpoint, ``pretrained``, has no
-``train_<run>``) is a :class:`Stage`: its command (``protoclip <stage>``, run by
-the stage's entry module, e.g. ``protoclip.evaluate.stage``), its inputs (``deps``), its DVC params and its
-outputs. ``workflow/rules/*.smk`` take each rule's inputs, outputs and shell command from here (input
-functions), and ``protoclip dvc-yaml`` writes ``dvc.yaml`` from :func:`stages`, so ``snakemake`` and
-``dvc repro`` run identical commands on identical files (checked by tests/e2e/test_workflow.py).
+Every stage instance (``prepare``, ``teacher_<t>``, ``train_<run>`` (none for a ``pretrained`` run),
+``evaluate_<run>_<set>``, ``collect_<run>``, ``toy_nemd``, ``report``) is a :class:`Stage`: command, ``deps``,
+DVC params and outputs. ``workflow/rules/*.smk`` take their inputs, outputs and commands from here and
+``protoclip dvc-yaml`` writes ``dvc.yaml`` from :func:`stages`, so both runners run identical commands on
+identical files.
 
     protoclip dvc-yaml --config config/config.yaml     # rewrite dvc.yaml after changing runs or data sets
 
-Outputs: ``outs`` are what DVC caches (directories where a stage writes a folder); ``targets`` are the
-Snakemake outputs, each inside one of ``outs`` (Snakemake needs the files other rules read; DVC needs the
-whole folder, e.g. ``data/prepared`` with its images). Every out is cached, so ``dvc push`` / ``dvc pull``
-carry all of them and a fresh clone is complete. Training checkpoints (``checkpoints/``: last.pt, the MLflow
-run id) are no output at all: work-in-progress state left in place for ``--resume``; as a DVC out that is not
-cached they would read "deleted" after every fresh clone (dvc status never clean, dvc repro retrains), and as a
-Snakemake output they would be deleted before each job. The same holds for an evaluation's extraction in progress
-(``checkpoints/eval/<set>/``) and its feature files (``features/<set>.npz``): large local caches that DVC stores
-only with ``evaluate.track_features`` (then a persisted out of the evaluation stage, still no Snakemake output).
-DVC deps include the code (``src/protoclip``) and each configured external evaluation path that exists.
+``outs`` are what DVC caches (whole folders); ``targets`` the Snakemake outputs, each inside an out. Training
+checkpoints, an evaluation's extraction in progress and its feature files are no output: as an uncached DVC out
+they would read "deleted" after every fresh clone, as a Snakemake output they would be deleted before each job
+(features are a DVC out only with ``evaluate.track_features``). DVC deps include ``src/protoclip``.
 """
 from __future__ import annotations
 
