@@ -73,7 +73,9 @@ class EarlyStopConfig:
 
     The paper gives no criterion, metric or patience; these are our choices. The monitored value is an
     episode record of train_log.jsonl (default: the episode's mean training loss, the one signal every run
-    has without touching evaluation data, so no test-set tuning); see schedule.early_stop_update.
+    has without touching evaluation data, so no test-set tuning); see schedule.early_stop_update. The paper
+    configurations turn it off: their comparisons are at fixed epochs, and a training loss cannot see the
+    over-fitting the paper's early stop is against (docs/paper-runs.md).
     """
     enabled: bool = True  # on, as in the paper
     metric: str = "mean/loss"  # key of the episode record; lower is better

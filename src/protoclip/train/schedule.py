@@ -26,7 +26,9 @@ Conventions (choices where the paper is silent, each tested in tests/unit/test_t
   episodes" are stated for m = 200k; counted in episodes, the warm-up would grow with m (at m = 500k,
   Fig. 6(a), a 20-epoch run on 1M pairs has 40 episodes: all warm-up, the LR never decays). The paper
   configs therefore fix the warm-up in samples, 40 x 200k = 8M (``warmup_samples: 8000000``), which
-  is Table I's warm-up at m = 200k and the same amount of data for every episode size.
+  is Table I's warm-up at m = 200k and the same amount of data for every episode size. A run that sets
+  its own warm-up, in either unit, replaces that file-level default (protoclip.project: the nearer level
+  wins, and one level setting both keys stops at load time).
 * epoch of a step (for locked-image tuning) = ``step * batch * world / M``: samples seen so far
   over the data set size; the image-encoder LR is zero for every step whose epoch is >= lock epoch.
 """
