@@ -1,31 +1,19 @@
-"""K-means prototypes for ProtoCLIP episodes [paper Eq. 2, Sec. IV-A3].
+"""K-means prototypes for ProtoCLIP episodes [paper Eq. 2, Sec. IV-A3]: :func:`kmeans`, two interchangeable backends.
 
-One entry point, :func:`kmeans`, with two interchangeable backends:
+* ``faiss``: ``faiss.Kmeans`` exactly as the authors call it [ref-code src/training/clustering.py] (Euclidean,
+  not spherical, ``nredo=1``, random-sample initialisation, ``niter`` Lloyd iterations), on GPU when the faiss
+  build has GPUs and the data lives on CUDA (or ``gpu=True``);
+* ``torch``: the same Lloyd loop in torch, for CPU and for CUDA without faiss-gpu, step for step (assign -> mean
+  -> split empty clusters -> optional re-normalisation), so both reach the same objective from the same
+  ``init_centroids``; distances in chunks as ``|x|^2 - 2 x.c + |c|^2`` so memory stays bounded at m = 200k, K = 20k.
 
-* ``faiss``: ``faiss.Kmeans`` exactly as the authors call it [ref-code src/training/clustering.py]
-  (Euclidean, not spherical, ``nredo=1``, random-sample initialisation, ``niter`` Lloyd iterations), on GPU
-  when the faiss build has GPUs and the data lives on CUDA (or ``gpu=True``);
-* ``torch``: a plain Lloyd loop written with torch so it runs on CPU *and on any CUDA device without
-  faiss-gpu* (faiss-gpu wheels are not always installable). Squared distances are computed in chunks as
-  ``|x|^2 - 2 x.c + |c|^2`` so memory stays bounded at m = 200k, K = 20k. It mirrors faiss step by step
-  (assign -> mean -> split empty clusters -> optional L2 re-normalisation), so both backends give the same
-  objective from the same ``init_centroids`` (tested in tests/unit/test_prototypes.py).
-
-``backend='auto'`` picks faiss when it is importable and can work where the data lives (CPU data, or CUDA
-data with a GPU faiss build); otherwise the torch backend on the data's device.
-
-``init='random'`` is the paper's "w/o K-means" ablation [paper Table III]: the prototypes are k randomly
-drawn samples (faiss's own initialisation) and *no* Lloyd iteration is run; samples are then assigned to
-the nearest of these random prototypes. ``init='kmeans++'`` (not in the paper; for small, well-separated data
-and tests) seeds Lloyd with scikit-learn's ``kmeans_plusplus`` instead of random samples.
-
-Usage::
+``backend='auto'`` takes faiss where it can work on the data's device, else torch. ``init='random'`` is the
+paper's "w/o K-means" ablation [paper Table III]: k random samples, no Lloyd iteration. ``init='kmeans++'`` (not
+in the paper; small, well-separated data and tests) seeds Lloyd with scikit-learn's ``kmeans_plusplus``.
 
     from protoclip.prototypes import kmeans
     res = kmeans(h, k=20_000, iters=20, backend="auto", seed=0)
     res.centroids, res.assignments, res.objective, res.sizes, res.n_empty, res.backend
-
-Benchmark: ``python bench/bench_kmeans.py``.
 """
 from __future__ import annotations
 
