@@ -1,33 +1,18 @@
 """The `teacher` stage: cache PCA-reduced external-teacher features of every training caption (Sec. IV-A3).
 
-The paper extracts RoBERTa-large features once, offline (the teacher is frozen), and reduces them from 1024
-to 64 dimensions by PCA. This stage does the same for ``cfg.teacher.name``:
+As the paper (RoBERTa-large, frozen, 1024 -> 64 dims by PCA), for ``cfg.teacher.name``: stream the manifest's
+training captions in order; encode them in chunks of ``chunk_size`` (``.partial/`` chunk files: a restarted run
+skips finished chunks); fit PCA (scikit-learn, no whitening, as faiss ``PCAMatrix``'s default in the official
+code) on a seeded sample, saved so a restart does not refit; project every chunk into ``data/teacher/<teacher>.npz``
+(``ids``, ``features`` [N, pca_dim], ``pca_mean``, ``pca_components``, ``explained_variance_ratio``) and a
+``.json`` (dims, explained variance, sample size, input sha256s, key). Memory does not grow with the corpus.
 
-1. stream the training captions of the manifest (``split == 'train'``), in manifest order;
-2. encode them in chunks of ``cfg.teacher.chunk_size`` captions, each saved to
-   ``layout.teacher_partial(<teacher>-<key>)/chunk_NNNNN.npy``; a restarted run skips finished chunks;
-3. fit PCA (scikit-learn, no whitening -- the official code uses faiss ``PCAMatrix`` with its default
-   eigen_power 0, i.e. also no whitening) on a seeded sample of at most ``pca_max_points_per_dim`` x D
-   training features (below), saved beside the chunks (``pca.npz``): a restarted run does not refit;
-4. project every chunk (read back block by block) and write ``data/teacher/<teacher>.npz`` member by member (``ids`` str
-   [N], ``features`` float32 [N, pca_dim], ``pca_mean`` [D], ``pca_components`` [pca_dim, D],
-   ``explained_variance_ratio`` [pca_dim]) and a ``.json`` beside it (teacher, raw/PCA dims, explained
-   variance, PCA sample size, manifest / caption / weights sha256, created time, key).
-
-Memory does not grow with the corpus: the captions are streamed, the raw features stay on disk, and the PCA is
-fitted on a bounded sample. The bound is faiss': ``PCAMatrix::train`` subsamples its input to
-``max_points_per_d * d_in`` vectors, ``max_points_per_d = 1000`` by default (faiss/VectorTransform.cpp, the
-PCAMatrix constructor and ``PCAMatrix::train`` calling ``fvecs_maybe_subsample``; faiss/utils/utils.cpp draws
-the subset by a seeded random permutation), and the official ProtoCLIP code trains ``faiss.PCAMatrix(1024, 64)``
-on all of its RoBERTa-large features (src/utils/RoBERTa.py, ``PCA()``), so its PCA saw at most 1,024,000
-captions. We draw the sample with numpy's generator seeded by ``teacher.seed`` (not faiss' permutation), sorted,
-and fit scikit-learn on it; a corpus no larger than the sample is fitted on every caption, exactly as before.
-The sample costs ``pca_max_points_per_dim * D^2 * 4`` bytes (4 GiB for RoBERTa-large's D = 1024, 0.56 GiB for
-MiniLM's 384); lower ``pca_max_points_per_dim`` on a small node.
-
-Projected features are not re-normalised (as in the official ``RoBERTa.py``); consumers normalise if they
-need to. A re-run whose key (teacher, weights hash, captions hash, pca_dim, PCA sample rule, max_length, seed)
-matches the existing ``.json`` does no work.
+The PCA sample is at most ``pca_max_points_per_dim * D`` captions: faiss' own bound (``PCAMatrix::train``
+subsamples to ``max_points_per_d = 1000`` x d_in), which the official ``faiss.PCAMatrix(1024, 64)`` applied, so
+its PCA saw at most 1,024,000 captions; ours draws it with numpy seeded by ``teacher.seed``, not faiss'
+permutation. It costs ``pca_max_points_per_dim * D^2 * 4`` bytes (4 GiB at D = 1024): lower it on a small
+node. Projected features are not re-normalised (as the official ``RoBERTa.py``). A re-run whose key (teacher,
+weights, captions, pca_dim, sample rule, max_length, seed) matches the ``.json`` does no work.
 
     protoclip teacher                                  # via the CLI, or:
     from protoclip.teacher.cache import run_teacher, load_teacher_features

@@ -5,13 +5,10 @@
     teacher = load_text_teacher("/models/my-encoder")      # any local transformers directory
     feats = teacher.encode(["a dog", "a truck"])           # float32 [2, hidden], L2-normalised rows
 
-Features are the mean of ``last_hidden_state`` over the real (attention-mask) tokens, then L2-normalised,
-as in the official ``src/utils/RoBERTa.py`` (mean over positions, F.normalize). The official script averaged
-over all 77 padded positions; we average over the attention mask only, so a caption's feature does not
-depend on how it was padded or batched.
-
-No download is ever attempted: names that are not local directories are looked up in the local Hugging Face
-cache only (``local_files_only=True``) and a clear error says how to fetch them when missing.
+Features: the mean of ``last_hidden_state``, L2-normalised, as the official ``src/utils/RoBERTa.py``, but over
+the attention mask rather than all 77 padded positions, so a caption's feature does not depend on padding or
+batching. Never downloads: names are looked up in the local Hugging Face cache only, with an error saying how
+to fetch them.
 """
 from __future__ import annotations
 
