@@ -4,26 +4,20 @@ circle, and the NEMD of each, per number of classes.
     protoclip toy-nemd --config config/config.yaml
     # -> results/toy/fig_pauc_toy.png, results/toy/pauc_toy.csv, results/toy/pauc_toy.md
 
-(``results/toy/``, not ``results/tables`` / ``results/figures``: those directories are the report stage's DVC
-outputs, and DVC outputs may not nest.)
+(``results/toy/``: the report's ``results/tables`` / ``figures`` are DVC outputs, which may not nest.)
 
-For every class count C in ``toy.n_classes`` (paper: 10..50) the data are ``make_blobs`` in 3-D (spec 3.4 [rec]),
-scaled by 1/center_box; a small MLP 3 -> 2 with l2-normalised output (points on the unit circle, as the paper's figure)
-is trained twice with the *same* loss modules as the trainer's PCL method (:mod:`protoclip.losses.pcl`,
-:mod:`protoclip.losses.pauc`, :mod:`protoclip.models.momentum`):
+For every class count C in ``toy.n_classes`` (paper: 10..50): ``make_blobs`` in 3-D (spec 3.4 [rec]) scaled by
+1/center_box; an MLP 3 -> 2 with l2-normalised output trained twice with the trainer's own loss modules:
 
 * PCL: momentum encoder + queue, InfoNCE for ``warmup_epochs``, then per epoch the E-step (k-means at
   K = {C, 2C} of the momentum features of the clean points, phi) and ProtoNCE with r = K_min / 2 negative
   prototypes [PCL Eq. 11, spec 4.7.5];
 * PAUC: the same plus alpha * align + beta * unif + gamma * corr on batch prototypes (spec 3.3).
 
-The two views of a point are ``x + N(0, (jitter * cluster_std)^2)`` (spec [rec]); the E-step uses the clean
-points (PCL's centre crop). After training, NEMD of the online embeddings over the GT blobs is computed with the
-evaluation suite's own :func:`protoclip.evaluate.metrics.nemd.nemd` (NEMD v1, spec 3.4, looked up at call time),
-with the Wang-Isola uniformity and the mean intra-class spread (spec 3.4.10: NEMD alone cannot tell collapse from
-coverage) and a kNN accuracy (same module as the suite's kNN; a held-out half of every blob).
-
-Runs in about a minute on 2 CPU cores with the default ``toy:`` config (numbers are what they are: no tuning).
+Views are ``x + N(0, (jitter * cluster_std)^2)`` (spec [rec]); the E-step uses the clean points (PCL's centre
+crop). Then NEMD v1 of the online embeddings over the GT blobs (the suite's
+:func:`protoclip.evaluate.metrics.nemd.nemd`), with Wang-Isola uniformity and mean intra-class spread (spec
+3.4.10: NEMD alone cannot tell collapse from coverage) and kNN accuracy on a held-out half of every blob.
 """
 from __future__ import annotations
 
