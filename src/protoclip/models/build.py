@@ -1,17 +1,12 @@
 """Build ProtoCLIP models and tokenizers by open_clip model name; never downloads weights.
 
 Any open_clip architecture works by name (the paper's RN50 and RN101, ViT-B-32, ...). Two CPU-sized configs
-ship in ``protoclip/models/configs/`` and are registered with open_clip on import:
+ship in ``protoclip/models/configs/`` and are registered with open_clip on import: ``tiny-rn`` (CLIP's
+ModifiedResNet, layers [1,1,1,1], width 32) and ``tiny-vit`` (patch 8, width 128, 4 layers), both 64 px,
+embed_dim 128, with a narrow CLIP text transformer (width 128, 4 layers, context 32, open_clip's BPE vocab).
 
-* ``tiny-rn``: ModifiedResNet (CLIP's RN: 3-conv stem, blur-pool, attention pooling), layers [1,1,1,1],
-  width 32, 64 px, embed_dim 128;
-* ``tiny-vit``: ViT, 64 px, patch 8, width 128, 4 layers (4 heads of width 32), embed_dim 128;
-
-both with a narrow CLIP text transformer (width 128, 4 layers, 4 heads, context 32, vocab 49408 so
-open_clip's BPE tokenizer works). One forward+backward at batch 128 takes about a second on 2 CPU cores.
-
-Activation: open_clip's configs use nn.GELU; OpenAI's RN50 (and the official ProtoCLIP code, which forced
-it) use QuickGELU. Training from scratch either works; pass e.g. ``RN50-quickgelu`` to get QuickGELU.
+Activation: open_clip's configs use nn.GELU; OpenAI's RN50 (and the official ProtoCLIP code, which forced it)
+use QuickGELU. Training from scratch either works; pass e.g. ``RN50-quickgelu`` to get QuickGELU.
 
     from protoclip.models import build_model, get_tokenizer
     model = build_model("tiny-rn")            # ProtoCLIPModel, random init

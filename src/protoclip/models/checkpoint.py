@@ -1,27 +1,20 @@
 """Save / load a trained ProtoCLIPModel as one self-describing file (``results/runs/<run>/model.pt``).
 
-The file is a plain dict saved with torch.save (loadable with ``weights_only=True``)::
+A plain dict saved with torch.save, loadable with ``weights_only=True`` (no pickled objects: the config is JSON
+text)::
 
     format: "protoclip-model/1", model_name, head_hidden, head_out, embed_dim, image_size, context_length,
-    head, class_tokens, state_dict, config_json (the run's resolved config, as JSON text),
-    eval_json (how evaluation uses the model: :class:`EvalSpec`, as JSON text)
+    head, class_tokens, state_dict, config_json (the run's resolved config), eval_json (:class:`EvalSpec`)
 
-``head`` and ``class_tokens`` rebuild the architecture of every training method (nCLIP heads, multi-token
-towers). ``eval_json`` is written at save time by the training method (``Method.eval_spec``), so evaluation
-reads the similarity and the image-only flag from the model file, never from a project config that may have
-changed since (:func:`read_eval_spec`).
-
-The config is stored as JSON text so that the file needs no pickled Python objects; Paths become strings
-and tuples become lists on the way back.
+``head`` and ``class_tokens`` rebuild every method's architecture; ``eval_json``, written by the training method,
+tells evaluation the similarity and the image-only flag from the model file, never from a config that may have
+changed since. A file that cannot be read back (empty, cut, foreign, weights that do not fit) raises
+:class:`ModelFileError` naming it (one line, exit 2).
 
     from protoclip.models import save_model, load_model
     save_model("results/runs/x/model.pt", model, {"model": "tiny-rn", ...}, eval_spec={...})
     model, config = load_model("results/runs/x/model.pt")   # model is in eval mode
     spec = read_eval_spec("results/runs/x/model.pt")          # EvalSpec(method, similarity, subspheres, image_only)
-
-A file that cannot be read back (empty, truncated by a kill or a full disk, another program's file, weights
-that do not fit the architecture it names) raises :class:`ModelFileError` naming the file: one line and exit 2
-through the ``protoclip`` CLI, not a traceback from inside torch.
 """
 from __future__ import annotations
 

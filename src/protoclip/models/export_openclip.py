@@ -6,24 +6,16 @@
     model, _, preprocess = open_clip.create_model_and_transforms("local-dir:results/export/clip_tiny_s0")
     tokenizer = open_clip.get_tokenizer("local-dir:results/export/clip_tiny_s0")
 
-The folder is open_clip's ``local-dir:`` / Hugging Face hub layout (open_clip 3.3.0 ``factory.py``:
-``_find_checkpoint_in_dir``, ``push_to_hf_hub.save_config_for_hf``):
+The folder is open_clip's ``local-dir:`` / hub layout: ``open_clip_model.safetensors`` (``model.clip``, both
+towers and ``logit_scale`` = 1/tau_CLIP; the projection heads and tau_Proto are left out, as no open_clip tool
+reads the prototype space) and ``open_clip_config.json`` (``model_cfg`` with the run's overrides,
+``preprocess_cfg`` of :func:`protoclip.data.transforms.eval_transform`, a ``protoclip`` block: run, method,
+source sha256, notes); the tokenizer is open_clip's BPE at ``model_cfg``'s context length.
 
-* ``open_clip_model.safetensors``: the state dict of the run's open_clip CLIP (``model.clip``: both towers,
-  ``logit_scale`` = the learned 1/tau_CLIP); the ProtoCLIP projection heads g^I, g^T and tau_Proto are left out
-  (they map into the prototype space, which no open_clip tool reads; zero-shot and retrieval use z);
-* ``open_clip_config.json``: ``model_cfg`` (the open_clip architecture config with the run's overrides: d_z,
-  text context length, input size), ``preprocess_cfg`` (the evaluation transform of
-  :func:`protoclip.data.transforms.eval_transform`: open_clip's defaults at the run's image size) and a
-  ``protoclip`` block (run, method, source model sha256, notes). The tokenizer is open_clip's BPE
-  ``SimpleTokenizer`` (shipped with open_clip), at the context length in ``model_cfg.text_cfg``.
-
-What open_clip can represent: a CLIP whose image-text score is the cosine of the two towers' embeddings. A run is
-exported when its evaluation similarity is that cosine (CLIP, ProtoCLIP, xCLIP, PAUC, ...). It stops with one line
-(:class:`ExportError`, exit 2) when the method scores pairs otherwise (nCLIP: the heads' cross-entropy) or its
-towers are not open_clip's (multi-class-token CLIP), since an open_clip model would give other numbers than the
-project's. An image-only method (PCL) is exported with a note: its text tower is untrained, so only the image
-tower's numbers (linear probe, kNN) mean anything.
+Only a CLIP scored by the cosine of its towers' embeddings is exported (CLIP, ProtoCLIP, xCLIP, PAUC, ...);
+nCLIP's cross-entropy score and multi-class-token towers stop with :class:`ExportError` (exit 2), since open_clip
+would give other numbers than the project's. An image-only method (PCL) is exported with a note: only its
+image tower's numbers mean anything.
 """
 from __future__ import annotations
 
