@@ -8,14 +8,15 @@ same number of DataLoader workers and batch size:
   members' byte offsets and sha256, one ``pread`` + hash check + decode per image) with our training augmentation
   (``protoclip.data.transforms.train_transform``: ``--augmentation``, the paper's ``protoclip`` by default) and
   the run's tokenizer, in a ``torch.utils.data.DataLoader`` over a random order (what an episode reads);
-* ``ours (crop only)``: the same with ``augmentation: none``, RandomResizedCrop(0.9-1) only: the same image
-  transform as open_clip's, so the like-for-like row;
+* ``open_clip_train``: ``open_clip_train.data.get_wds_dataset`` (shard shuffle, sample shuffle buffer,
+  ``decode("pilrgb")``) with ``open_clip.image_transform(size, is_train=True)`` and open_clip's tokenizer (its
+  tar reader without webdataset 1.0's end-of-shard markers, which open_clip_train 3.3 cannot read);
 * ``open_clip_train (protoclip)``: open_clip_train's pipeline with our transform instead of its preprocess: the
   like-for-like row for the paper's augmentation (``ours (protoclip) / open_clip_train (protoclip)``);
+* ``ours (crop only)``: ``ours`` with ``augmentation: none``, RandomResizedCrop(0.9-1) only: the same image
+  transform as open_clip's, so the like-for-like row;
 * ``ours, torchvision blur``: ``ours`` with the blur as torchvision computes it (the 2-D kernel; the data path
   before :mod:`protoclip.data.blur`);
-* ``open_clip_train``: ``open_clip_train.data.get_wds_dataset`` (shard shuffle, sample shuffle buffer,
-  ``decode("pilrgb")``) with ``open_clip.image_transform(size, is_train=True)`` and open_clip's tokenizer.
 
 Each pipeline's first batch (worker start, shuffle buffer fill) is not timed: images/s = the next ``--batches``
 batches' images / their wall time / workers. The pipelines run interleaved (``--rounds`` rounds of each, one
@@ -28,7 +29,7 @@ PIL's, and the ProtoCLIP blur as torchvision computes it vs :mod:`protoclip.data
 pixel difference). With CUDA, ``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG) on batches too.
 
     python bench/bench_decode.py --out bench/results/decode_cpu2_<date>.txt     # 224 px, 1 worker
-    python bench/bench_decode.py --workers 8 --batch 256 --images 8192           # a GPU machine's CPUs
+    python bench/bench_decode.py --workers 8 --batches 6 --images 2048 --shards 8  # a GPU machine's CPUs
     python bench/bench_decode.py --tiny                                          # seconds: CI smoke
 
 Shards go to ``--root`` (a temporary folder by default; kept there when given, regenerated if the sizes differ).
