@@ -78,6 +78,43 @@ def test_shipped_claims_load_for_every_config_and_name_existing_rows_and_columns
     assert by["f9_epoch_overhead"].direction == "none"  # strictly more work per epoch: no sign to test
 
 
+# the headline claims, each with the paper's line it is printed on (its quote checked below): (id, line); those
+# no run of this project can test read "not run" with the reason, the others name a target's rows and column
+HEADLINES = {
+    "protoclip.txt": [("cc_half_epochs_zeroshot", 303), ("cc_half_epochs_top5", 303),
+                      ("cc_half_epochs_retrieval_matched", 303), ("t11_linear_vs_simclr", 448),
+                      ("t11_retrieval_vs_simclr", 448), ("f7_clip_scales_zeroshot", 293),
+                      ("f7_clip_scales_linear", 293), ("f8_ami_stl10", 355), ("t3_ablations_beat_clip", 301),
+                      ("f6a_best_episode_size", 273), ("f6b_best_target_temperature", 275)],
+    "nclip-xclip.txt": [("xclip_linear_imagenet", 162), ("xclip_out_of_distribution", 126), ("xclip_flickr_r1", 154),
+                        ("xclip_memory", 31)],
+    "clip-temperature-multi-class-tokens.txt": [("temperature_uniformity", 293), ("temperature_distance_range", 303),
+                                                ("temperature_equilibrium", 314),
+                                                ("temperature_mscoco_exception", 479)],
+    "pcl-protonce.txt": [("pcl_low_resource", 30), ("pcl_warmup", 327)],
+    "pauc-nemd.txt": [("pauc_toy_nemd", 96), ("pauc_vs_byol", 175)],
+}
+NOT_RUN_HERE = {"t3_ablations_beat_clip", "f6a_best_episode_size", "f6b_best_target_temperature",
+                "xclip_out_of_distribution", "xclip_flickr_r1", "xclip_memory", "temperature_uniformity",
+                "temperature_distance_range", "temperature_equilibrium", "temperature_mscoco_exception",
+                "pcl_low_resource", "pcl_warmup", "pauc_toy_nemd", "pauc_vs_byol"}
+
+
+def test_headline_claims_are_declared_on_their_lines():
+    """Every headline claim is in the ledger on its paper's line; a claim no run here can test says why (and reads
+    "not run"), a tested one names a target and a rule able to fail (a direction, or a magnitude bound)."""
+    by = {c.id: c for c in shipped_claims()}
+    for source, claims in HEADLINES.items():
+        for cid, line in claims:
+            c = by[cid]
+            assert (c.source, c.line) == (source, line), cid
+            assert bool(c.unavailable) == (cid in NOT_RUN_HERE), cid
+            if not c.unavailable:
+                assert c.target and (c.direction != "none" or c.magnitude in ("at_least", "at_most")), cid
+    two = by["t5_knn_advantage"]  # two gains compared, as the sentence does
+    assert two.kind == "gain" and two.columns == ["K-NN 9 Avg.", "Linear 9 Avg."] and two.paper_value == 0.9
+
+
 @pytest.mark.skipif(not PAPER_TXT.exists(), reason="the paper texts are not on this machine")
 def test_every_claim_quotes_its_line_and_its_number_is_the_papers():
     """Each quote (and each `also` quote) is on the cited line of the paper's text; a number printed there (or
@@ -225,7 +262,7 @@ def planted(tmp_path, request):
         claim("planted_avg", "A", "B", ["avg"]),
         claim("identical", "A0", "A copy", ["digits"]),
         claim("reversed", "B", "A", ["digits"]),
-        claim("small", "A", "C", ["digits"]),
+        claim("small", "A", "C", ["digits"], paper_value=10.0),
         claim("one_seed", "A0", "B", ["digits"], paper_value=10.0, magnitude="equivalence", margin=5.0,
               margin_why="planted"),
         claim("count", "A", "B", SETS, kind="count", paper_value=3, magnitude="equivalence", margin=1.0,
@@ -349,6 +386,8 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert small.direction == NOT_RESOLVED and small.ours == pytest.approx(0.5)
     n = int(re.match(r"at our estimate \+0\.50: (\d+) seeds a side", small.needs).group(1))
     assert 4 <= n <= 200 and "80 % power" in small.needs, small.needs  # 3 a side already ran
+    # at the paper's +10 the power calculation says 2 a side; 3 ran without a verdict: the plan says 4
+    assert "at the paper's +10.00: 4 seeds a side (the plan's 2 already ran without a verdict)" in small.needs
     count = by["count"]  # 3 of 3 sets ahead: a sign test over 3 sets cannot reach 2.5 % (0.5^3 = 0.125)
     assert count.direction == NOT_RESOLVED and count.ours == 3 and count.lo == 3 and count.p == 0.125
     assert "ahead on 3, behind on 0" in count.measured

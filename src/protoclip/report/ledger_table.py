@@ -10,11 +10,15 @@ intervals resample what that number is computed from: the per-example results th
 metrics file (``<task>.examples.npz``: a hit per test image, a first-match rank per retrieval query) and, for
 the cost claims, the train logs' per-episode phase times (a share paired within each run: the phase's seconds
 over the training phase's, the same episodes); the seed level with a small-sample t correction
-(protoclip.claims.intervals). The rules: protoclip.claims.ledger (direction on the 95 % interval, magnitude by
-two one-sided tests on the 90 % interval against the paper's number with claims.yaml's margin, never decided
-off the paper's scale or from one seed a side). Ledger-wide: Holm's adjustment over the direction tests, and
-for each direction left not resolved, the seeds a side (and test examples) that would resolve it with 80 %
-power. A claim whose runs, data or per-example results are absent reads "not run" with the reason.
+(protoclip.claims.intervals); a clustering score adds its k-means initialisations' variance. The rules:
+protoclip.claims.ledger (direction on the 95 % interval, a count by the sign test over its sets, magnitude by two
+one-sided tests on the 90 % interval against the paper's number with claims.yaml's margin, never decided off the
+paper's scale or without the runs' own seed spread). Each side's score is held against its chance level (a side
+not above it: "at chance: not judged"). Ledger-wide (:func:`finish`): one seed a side takes the seed spread of
+its task and metric from the ledger's repeated runs, else its decisive direction reads "examples only: not
+decisive"; Holm within each paper's claims decides the verdict; for each direction left undecided, the seeds a
+side (and test examples) that would resolve it with 80 % power, at our estimate and at the paper's. A claim
+whose runs, data or per-example results are absent reads "not run" with the reason.
 
     engine = ClaimEngine(cfg, Results(cfg))
     rows = finish([engine.evaluate(c) for c in cfg.paper_claims()], engine.settings)
