@@ -273,3 +273,18 @@ def test_collect_starts_without_torch():
             "print(sorted(m for m in ('torch', 'open_clip', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_evaluation_without_probe_or_kmeans_leaves_sklearn_unimported():
+    """scikit-learn is imported where a linear probe or k-means runs, not with the metrics package: a kNN,
+    zero-shot or retrieval job does not pay for it (~1.7 CPU s per process on 2 cores). The kNN run here scores
+    test points equal to their training points: 100 %."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np; import protoclip.evaluate.metrics, protoclip.evaluate.adapters, "
+            "protoclip.evaluate.stage; from protoclip.evaluate.metrics import knn_classifier; "
+            "x = np.eye(2, dtype=np.float32).repeat(3, axis=0); y = np.array([0, 0, 0, 1, 1, 1]); "
+            "print(knn_classifier(x, y, x, y, k=3)['top1'], 'sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["100.0", "False"]

@@ -22,8 +22,6 @@ import logging
 from typing import Literal
 
 import numpy as np
-from sklearn.cluster import KMeans
-from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score
 
 from protoclip.evaluate.metrics._inputs import ArrayLike, features_np, l2_normalize_np, labels_np
 
@@ -67,6 +65,8 @@ def kmeans_runs(
     if backend == "sklearn":
         if spherical:
             raise ValueError("spherical k-means needs backend='faiss'")
+        from sklearn.cluster import KMeans  # here, not at import: an evaluation without k-means never loads it
+
         for init_seed in init_seeds(seed, n_init):
             km = KMeans(n_clusters=k, n_init=1, max_iter=max_iter, random_state=init_seed)
             pred = km.fit_predict(x).astype(np.int64)
@@ -125,6 +125,8 @@ def cluster_scores(
     if normalize:
         x = l2_normalize_np(x)
     runs = kmeans_runs(x, k, seed=seed, n_init=n_init, backend=backend)
+    from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score
+
     aris = np.array([adjusted_rand_score(y, pred) for _, pred in runs])
     amis = np.array([adjusted_mutual_info_score(y, pred) for _, pred in runs])
     best = int(np.argmin([obj for obj, _ in runs]))  # first of equal objectives, like sklearn

@@ -40,17 +40,17 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import train_test_split
-from threadpoolctl import threadpool_limits  # a scikit-learn dependency
 from tqdm import tqdm
 
 from protoclip.evaluate.metrics._inputs import ArrayLike, features_np, labels_np, probe_tensors, same_dim
+
+if TYPE_CHECKING:  # scikit-learn is imported where a probe runs: an evaluation without one never loads it
+    from sklearn.linear_model import LogisticRegression
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,9 @@ Init = tuple[np.ndarray, np.ndarray]  # (coef_, intercept_) of an earlier fit
 def _fit_logreg(x: np.ndarray, y: np.ndarray, C: float, max_iter: int, seed: int,
                 init: Init | None = None) -> LogisticRegression:
     # lbfgs, multinomial; with ``init`` L-BFGS starts from that solution (sklearn's warm_start reads coef_)
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
     clf = LogisticRegression(C=C, max_iter=max_iter, random_state=seed, warm_start=init is not None)
     if init is not None:
         clf.coef_, clf.intercept_ = init[0].copy(), init[1].copy()
@@ -83,6 +86,8 @@ def split_validation(y: np.ndarray, val_fraction: float, seed: int) -> tuple[np.
     _, counts = np.unique(y, return_counts=True)
     n_val = max(1, int(round(val_fraction * len(y))))
     stratify = y if counts.min() >= 2 and n_val >= len(counts) and len(y) - n_val >= len(counts) else None
+    from sklearn.model_selection import train_test_split
+
     fit_idx, val_idx = train_test_split(idx, test_size=n_val, random_state=seed, stratify=stratify)
     return np.sort(fit_idx), np.sort(val_idx)
 
@@ -180,6 +185,8 @@ def linear_probe(
         fits[e] = (clf.coef_, clf.intercept_)
         pbar.update(1)
         return float((clf.predict(xtr[val_idx]) == ytr[val_idx]).mean())
+
+    from threadpoolctl import threadpool_limits  # a scikit-learn dependency
 
     with threadpool_limits(threads):
         best_C, tried = search_C(val_accuracy, C_grid, steps_per_decade)
