@@ -1,20 +1,16 @@
 """MoCo's momentum (key) encoder and feature queue, as PCL uses them [pcl-protonce.txt Sec. 3.3, 4; MoCo v2].
 
 * :class:`ImageEncoder` is PCL's online encoder, h = normalize(g^I(f^I(x))), over a ProtoCLIPModel's own modules.
-* :class:`MomentumEncoder` wraps a deep copy of the online encoder whose parameters never receive gradients
-  (``requires_grad=False``, forward under ``no_grad``) and follow the online ones by an exponential moving
-  average ``theta' <- m theta' + (1 - m) theta`` with m = 0.999 [PCL Sec. 3.3; MoCo Eq. 2], called once per
-  step *before* the keys are computed (MoCo's ``_momentum_update_key_encoder`` at the start of ``forward``).
-  Buffers (BatchNorm running statistics) are not averaged: as in MoCo the key encoder keeps its own, updated
-  by its own forward passes.
-* :class:`FeatureQueue` holds the r most recent keys [r, d]: :meth:`FeatureQueue.enqueue` writes a batch at the
-  pointer and advances it modulo r (MoCo's ``_dequeue_and_enqueue``: the oldest keys are overwritten first);
-  unlike MoCo a batch may straddle the end (wrap-around), so r need not be a multiple of the batch size. It is
-  initialised with random unit vectors (MoCo: ``normalize(randn)``) from its own seeded generator. Under DDP the
-  caller all-gathers the keys first (MoCo's ``concat_all_gather``) so that every rank's queue is the same.
+* :class:`MomentumEncoder`: a deep copy of the online encoder without gradients, following it by
+  ``theta' <- m theta' + (1 - m) theta`` with m = 0.999 [PCL Sec. 3.3; MoCo Eq. 2], once per step *before* the
+  keys are computed (as MoCo's ``forward``). Buffers (BatchNorm statistics) are not averaged: as in MoCo the key
+  encoder keeps its own.
+* :class:`FeatureQueue`: the r most recent keys [r, d], the oldest overwritten first (MoCo's
+  ``_dequeue_and_enqueue``); unlike MoCo a batch may wrap around the end, so r need not be a multiple of the batch
+  size. Initialised with random unit vectors from its own seeded generator; under DDP the caller all-gathers the
+  keys first so every rank's queue is the same.
 
-Both are ``nn.Module``\\ s, so their state (the key encoder's weights, the queue and its pointer) goes into a
-checkpoint with ``state_dict()`` and a resumed run continues bit-identically.
+Both are ``nn.Module``\\ s: their state goes into a checkpoint and a resumed run continues bit-identically.
 
     key_enc = MomentumEncoder(online_encoder, momentum=0.999)
     queue = FeatureQueue(size=1024, dim=128, seed=0)
