@@ -58,7 +58,7 @@ def dvc_commit_stages(names: list[str]) -> None:
     """``dvc commit --force <names>`` in one pass over dvc.yaml / dvc.lock (dvc 3.67, pinned).
 
     Not the CLI: it commits target by target, re-reading dvc.yaml and rewriting dvc.lock for each, which is slow
-    with this project's ~200 stages. This is DVC's own ``dvc.repo.commit.commit`` loop (``stage.save()``,
+    with hundreds of stages. This is DVC's own ``dvc.repo.commit.commit`` loop (``stage.save()``,
     ``stage.commit()``, one ``dump_stages`` per file) over stages loaded once from the repo index, without
     writing DVC's run cache (``.dvc/cache/runs``, a memo that lets ``dvc repro`` restore outputs of a stage run
     before; nothing here reads it). tests/e2e/test_dvc_roundtrip.py checks that ``dvc status`` is clean after it.

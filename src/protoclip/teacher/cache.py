@@ -212,7 +212,7 @@ def fit_pca(features: np.ndarray, dim: int, seed: int = 0) -> PCA:
     ``covariance_eigh`` (eigendecomposition of the D x D covariance) when N >= D -- exact, deterministic and
     cheap for millions of captions -- else a full SVD. Component signs are fixed by scikit-learn's svd_flip.
     """
-    from sklearn.decomposition import PCA  # here: the train stage reads caches through this module (100 MB of RSS)
+    from sklearn.decomposition import PCA  # here: the train stage reads caches through this module, not scikit-learn
 
     n, d = features.shape
     if not 1 <= dim <= min(n, d):
