@@ -97,7 +97,8 @@ def overlay(root: Path) -> dict:
         "prepare": {"image_size": 32, "num_workers": 1,
                     "user_data": [dict(u, path=data[u["name"]]) for u in paper["prepare"]["user_data"]]},
         "teacher": {"pca_dim": 16},
-        "experiments": [e for e in paper["experiments"] if not e.endswith(RELATED_EXPERIMENTS)],
+        # relative to the overlay's folder (the project), as every path an overlay lists
+        "experiments": [f"config/{e}" for e in paper["experiments"] if not e.endswith(RELATED_EXPERIMENTS)],
         "train_force": {"model": "tiny-rn", "image_size": 32, "embed_dim": None, "epochs": 1, "episode_size": 48,
                         "batch_size": 16, "warmup_samples": 16, "head_hidden": 64, "head_out": 32, "gpu": False,
                         "num_workers": 0, "kmeans": {"iters": 5}},
