@@ -269,6 +269,7 @@ def planted(tmp_path, request):
               margin_why="planted"),
         claim("count_small", "A", "C", SETS, kind="count"),
         claim("count_reversed", "B", "A", SETS, kind="count"),
+        claim("count_floor", "A", "Floor", SETS, kind="count"),  # floor at chance on every set
         claim("no_examples", "A", "No keep", ["digits"]),
         claim("zs_one_seed", "A0", "B", ["ZS digits"]),  # one seed a side, no repeated zero-shot runs anywhere
         claim("above_floor", "A", "Floor", ["digits"]),  # the baseline at chance (10 classes: 10 %)
@@ -392,7 +393,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert count.direction == NOT_RESOLVED and count.ours == 3 and count.lo == 3 and count.p == 0.125
     assert "ahead on 3, behind on 0" in count.measured
     assert "3 of 3 significant on the paper's side and 0 on the other" in count.measured
-    assert count.needs.startswith("unreachable here: 3 sets")
+    assert count.needs.startswith("unreachable here: 3 sets") and "the paper's own 3 of 3 gives p = 0.12" in count.needs
     # the count's bounds: sets significant on the paper's side (Holm over the sets), N less those on the other
     small, rev = by["count_small"], by["count_reversed"]
     assert (small.lo, small.hi, small.direction) == (0, 3, NOT_RESOLVED)
@@ -404,6 +405,9 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert gain.direction == REPRODUCED and back.direction == CONTRADICTED
     assert (gain.lo, gain.hi) == pytest.approx((-back.hi, -back.lo), rel=1e-9) and 0 < gain.lo < 5 < gain.hi
     assert "gains +15.00 and +10.00" in gain.measured
+    cf = by["count_floor"]  # every set has a side at chance: no set carries a sign
+    assert cf.direction == ledger.AT_CHANCE and cf.count_signs == (0, 0) and "every set has a side" in cf.reason
+    assert "at chance, no sign: digits, fashion_mnist, heldout_pairs" in cf.measured
     ari = by["ari"]  # ARI resampled over the test images with their fixed assignments, inits' spread added
     assert ari.direction == REPRODUCED and ari.unit == "score (ARI, AMI, NEMD)" and ari.lo > 0.3
     assert "k-means initialisations' spread included" in ari.seed_note
@@ -441,8 +445,8 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     md = files["md"].read_text()
     assert "+10.00 [" in md and f"{len(rows)} distinct claims, 3 not run" in md
     # the first line counts decisive rows only: the not-decisive and at-chance ones apart
-    assert ("direction (16 tested): 8 decisive (6 reproduced, 2 contradicted, Holm within each paper), "
-            "6 not resolved, 1 examples only: not decisive, 1 at chance: not judged") in md
+    assert ("direction (17 tested): 8 decisive (6 reproduced, 2 contradicted, Holm within each paper), "
+            "6 not resolved, 1 examples only: not decisive, 2 at chance: not judged") in md
     assert "m = 5: [5, 15]" in md and "what it would take" in md
     # each margin beside the seed spread measured here, its runs named
     assert "(m = 5: [5, 15]); the seed spread here: linear top1 of a on digits (3 seeds), c on digits (3 seeds)" in md

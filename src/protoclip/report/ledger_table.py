@@ -485,12 +485,15 @@ class ClaimEngine:
         Dror et al. (2017): each set's own one-sided test (its interval: seeds with the t correction, examples
         bootstrapped), Holm over the sets; the lower bound is the number of sets significant on the paper's side,
         the upper bound N minus those significant on the other side (valid under any dependence between sets,
-        e.g. shared seeds). At 2.5 % a side for the 95 % interval, 5 % for the 90 %."""
+        e.g. shared seeds). At 2.5 % a side for the 95 % interval, 5 % for the 90 %. A set where either side is
+        not above chance by its interval carries no sign: it is left out of the sign test (and named)."""
         columns, diffs, _ = self._columns(claim, target, base_a, base_b, runs_a, runs_b)
         sign = _sign(claim)
-        p_same, p_other, units = [], [], 0
+        p_same, p_other, units, floor = [], [], 0, []
         for (col, sets), diff in zip(columns, diffs):
-            est, n, pa, pb, *_ = self.column_parts(runs_a, runs_b, col, sets)
+            est, n, pa, pb, sides, *_ = self.column_parts(runs_a, runs_b, col, sets)
+            if not all(side.above for side in sides):
+                floor.append(" + ".join(sets))
             on = " + ".join(sets)
             row.families.update({f"{base_a} on {on}": pa, f"{base_b} on {on}": pb})
             row.set_estimates.append((est, diff))
@@ -499,7 +502,8 @@ class ClaimEngine:
             units += n
         row.units, n_sets = units, len(columns)
         row.ours = float(sum(sign * d > 0 for d in diffs))
-        row.count_signs = (int(sum(sign * d > 0 for d in diffs)), int(sum(sign * d < 0 for d in diffs)))
+        judged = [d for d, (_, sets) in zip(diffs, columns) if " + ".join(sets) not in floor]
+        row.count_signs = (int(sum(sign * d > 0 for d in judged)), int(sum(sign * d < 0 for d in judged)))
         row.task_metric, row.seeds_run = (columns[0][0].task, columns[0][0].metric), min(len(runs_a), len(runs_b))
         adj_same, adj_other = holm(p_same), holm(p_other)
 
@@ -512,11 +516,16 @@ class ClaimEngine:
         row.measured = (f"{first.task} {first.metric} on {n_sets} sets; ahead on {ahead}, behind on {behind} "
                         f"(sign test p = {ledger.sign_test(ahead, behind):.2g}); {int(lo)} of {n_sets} significant on "
                         f"the paper's side and {n_sets - int(hi)} on the other, each on its own after Holm over the "
-                        "sets (the interval printed)")
+                        "sets (the interval printed)") + (
+            f"; at chance, no sign: {', '.join(floor)}" if floor else "")
         seeded = len(runs_a) > 1 and len(runs_b) > 1
         row.seed_note = "" if seeded else ledger.ONE_SEED if max(len(runs_a), len(runs_b)) == 1 else \
             "one family has one seed: its seed spread taken from the other"
         self._judge(row, seeded, lo, hi, lo90, hi90)
+        if len(floor) == n_sets:
+            row.direction = row.magnitude = ledger.AT_CHANCE
+            row.p, row.magnitude_why = None, ""
+            row.reason = f"every set has a side not above chance by its 95 % interval ({', '.join(floor)})"
 
     def _cost(self, claim: ClaimConfig, runs_a: list[str], runs_b: list[str], row: LedgerRow) -> None:
         """Share (paired within each run: a phase's seconds over the training phase's, the same episodes),
@@ -731,12 +740,16 @@ def _count_needs(row: LedgerRow, rows: list[LedgerRow]) -> str:
     """What would resolve a count: the sets ahead on the paper's side that the sign test needs at 2.5 % (ties
     dropped), against those ahead now; "unreachable" where even every set ahead cannot reach it (N < 6)."""
     ahead, behind = row.count_signs
-    n = ahead + behind
+    n, c = ahead + behind, row.claim
     need = next((k for k in range(n + 1) if ledger.sign_test(k, n - k) < HOLM_ALPHA), None)
+    own = ""
+    if c.paper_value is not None:  # what the paper's own count gives under the same test
+        k, total = int(c.paper_value), len(c.columns)
+        own = f"; the paper's own {k} of {total} gives p = {ledger.sign_test(k, total - k):.2g}"
     if need is None:
         return (f"unreachable here: {n} sets with a sign cannot reach one-sided 2.5 % even all ahead "
-                f"(0.5^{n} = {0.5 ** n:.3g}); the paper's own count is over {len(row.claim.columns)} sets")
-    return f"{need} of {n} sets ahead on the paper's side (sign test at one-sided 2.5 %); {ahead} now"
+                f"(0.5^{n} = {0.5 ** n:.3g}){own}")
+    return f"{need} of {n} sets ahead on the paper's side (sign test at one-sided 2.5 %); {ahead} now{own}"
 
 
 def ledger_frame(rows: list[LedgerRow]) -> pd.DataFrame:
