@@ -37,6 +37,7 @@ def eval_project(tmp_path: Path, datasets: dict) -> ProjectConfig:
     cfg.paths = PathsConfig(data_dir=tmp_path / "data", results_dir=tmp_path / "results",
                             mlflow_uri=f"sqlite:///{tmp_path}/mlflow.db")
     cfg.evaluate = EvaluateConfig(datasets=datasets, batch_size=8, device="cpu", tsne_max_points=200)
+    cfg._runs = {RUN: ({"method": "clip"}, "<test>")}  # the run evaluated (its model file decides how)
     return cfg
 
 
@@ -50,7 +51,6 @@ def project(tmp_path):
         "coco": EvalDatasetConfig(kind="coco", path=str(tmp_path / "no_coco")),
     }
     cfg = eval_project(tmp_path, datasets)
-    cfg._runs = {RUN: ({"method": "clip"}, "<test>")}  # the run evaluated (its model file decides how)
     layout = Layout.from_config(cfg)
     digits_npz(layout)
     eval_manifest(layout)
