@@ -1,4 +1,5 @@
-"""One adapter per evaluation task: what it reads of a set's features and which metric function it calls.
+"""One adapter per evaluation task (named by its :class:`protoclip.tasks.Task`): what it reads of a set's features
+and which metric function it calls.
 
 =========== ============================================ ====================================================
 task        features (paper section)                      metric function

@@ -1,17 +1,15 @@
-"""Validation while training: the model's zero-shot accuracy (optionally kNN, retrieval) on a held-out set every
-few episodes, as open_clip's ``--zeroshot-frequency`` does, so that the MLflow UI's chart view compares runs
-while they train.
+"""Validation while training: the model's scores on a held-out set every few episodes (the tasks of
+:data:`protoclip.tasks.TASKS` marked ``validation``: zero-shot, optionally kNN and retrieval), as open_clip's
+``--zeroshot-frequency``, so that MLflow's chart view compares runs while they train.
 
     validator = build_validator(cfg, tcfg, model.image_size, tokenizer)   # None: off, or why not is logged
     model = train(..., validator=validator)     # -> val/<task>/<metric> in the episode records and MLflow
 
-The numbers are those ``protoclip evaluate`` computes (the same task functions on the same features,
-:mod:`protoclip.evaluate.adapters`), on a fixed seeded subsample of at most ``validation.max_images`` images per split,
-decoded and transformed once when training starts (held in memory: 500 images are 6 MB at 32 px, 300 MB at
-224 px): one validation is one forward pass over those images and the prompts (and, for retrieval, the captions). Monitoring only: no early stop or selection reads them. Run on the main process, in
-eval mode under ``torch.inference_mode``, every RNG saved and restored around it (python, numpy, torch:
-protoclip.train.checkpoint.rng_state): the training's random streams, its
-BatchNorm statistics and therefore its weights are those of a run without validation.
+The numbers are those ``protoclip evaluate`` computes (the same adapters on the same features), on a fixed seeded
+subsample of at most ``validation.max_images`` images per split, decoded and transformed once when training starts
+and held in memory. Monitoring only: no early stop or selection reads them. It runs on the main process in eval
+mode under ``torch.inference_mode`` with every RNG saved and restored around it, so the training's random streams,
+its BatchNorm statistics and therefore its weights are those of a run without validation.
 """
 from __future__ import annotations
 
