@@ -20,7 +20,8 @@ from protoclip.claims.ledger import CONTRADICTED, NOT_RESOLVED, NOT_RUN, NOT_TES
 from protoclip.project import load_config
 from protoclip.errors import ConfigError
 from protoclip.files.layout import Layout
-from protoclip.report.ledger_table import ClaimEngine, chance_of, log_ledger, metric_units, rule_text, run_ledger
+from protoclip.report.ledger_table import (ClaimEngine, chance_of, init_variance, log_ledger, metric_units,
+                                           rule_text, run_ledger)
 from protoclip.report.paper_tables import build_table
 from protoclip.report.values import Results
 from testkit import REPO
@@ -542,6 +543,15 @@ def test_retrieval_units_give_the_metrics_files_recalls():
     assert metric_units("clustering", "ari", {}) is None and metric_units("knn", "top5", {"top1": ranks}) is None
     # a recall's chance: k of the 25 images (an image's captions are one target)
     assert chance_of("retrieval", "text_to_image_R@5", examples, {}) == (pytest.approx(20.0), "25 candidates")
+
+
+def test_init_variance_is_the_sample_variance_of_the_initialisations():
+    """metrics.json keeps numpy's std (ddof 0) over n_init initialisations: the ledger's term is their sample
+    variance (ddof 1) on n_init - 1 df; no spread written (one initialisation, an older file): no term."""
+    aris = np.array([0.61, 0.58, 0.66, 0.60, 0.63, 0.55, 0.64, 0.59, 0.62, 0.57])
+    var, df = init_variance({"n_init": 10, "ari": 0.61, "ari_std": float(aris.std())}, "ari")
+    assert var == pytest.approx(float(np.var(aris, ddof=1)), rel=1e-12) and df == 9
+    assert init_variance({"ari": 0.61}, "ari") is None and init_variance({"n_init": 1, "ari_std": 0.0}, "ari") is None
 
 
 def test_clustering_interval_holds_the_kmeans_initialisations(planted):
