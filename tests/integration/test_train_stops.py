@@ -174,10 +174,18 @@ def test_a_failed_retrain_from_scratch_leaves_no_old_model(tmp_path, resume):
     assert "old" not in layout.mlflow_run_file("proto").read_text()  # the new MLflow run's id
 
 
-def test_a_resumable_checkpoint_is_kept_when_the_run_fails_before_training(tmp_path):
+@pytest.mark.parametrize("keep_finished", [True, False])
+def test_a_resumable_checkpoint_is_kept_when_the_run_fails_before_training(tmp_path, keep_finished):
+    """Also where finished runs' checkpoints are removed (the offline default): an unfinished run keeps its own."""
+    import yaml
+
     from protoclip.train.stage import run_train
 
-    cfg = load_config(_project(tmp_path))
+    path = _project(tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    doc["paths"]["keep_finished_checkpoints"] = keep_finished
+    path.write_text(yaml.safe_dump(doc))
+    cfg = load_config(path)
     layout = Layout.from_config(cfg)
     old = _plant_old_outputs(layout, "proto", resume_key(to_dict(cfg.run("proto"))))
     with pytest.raises(ConfigError, match="teacher cache"):
