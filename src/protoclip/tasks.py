@@ -76,6 +76,8 @@ def register(task: Task) -> Task:
     """Add ``task`` to :data:`TASKS` (a task defined outside this table: a plug-in, a test's toy task)."""
     if task.name in TASKS:
         raise ValueError(f"evaluation task {task.name!r} is already registered")
+    if not task.name.isidentifier() or task.name == "tasks":  # it names files beside an evaluation's tasks.json
+        raise ValueError(f"evaluation task name {task.name!r}: letters, digits and '_', and not 'tasks'")
     TASKS[task.name] = task
     return task
 

@@ -78,6 +78,10 @@ def test_a_task_registered_once_is_planned_evaluated_and_reported(toy_task, proj
 def test_a_task_marked_for_validation_runs_while_training(toy_task, project):
     cfg, layout = project
     ValidationConfig(tasks=["label_stats"]).validate()
+    with pytest.raises(ValueError, match="already registered"):  # one declaration per name
+        register(Task("label_stats", ("mean_label",), label_stats))
+    with pytest.raises(ValueError, match="not 'tasks'"):  # <task>.json sits beside the evaluation's tasks.json
+        register(Task("tasks", ("mean_label",), label_stats))
     other = register(Task("label_stats_eval_only", ("mean_label",), label_stats))
     try:
         with pytest.raises(ValueError, match=r"non-empty list of zeroshot, knn, retrieval, label_stats,"):
