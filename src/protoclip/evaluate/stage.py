@@ -3,21 +3,15 @@ or the released open_clip checkpoint its ``pretrained`` section names (evaluated
 
     protoclip evaluate --config config/config.yaml --run protoclip_tiny_s0 [--task knn] [--dataset digits]
 
-Per set: plan the tasks (:mod:`protoclip.evaluate.plan`: which run, and why the others do not), extract the
-set's features once (:mod:`protoclip.evaluate.features`, cached), run each task's adapter
-(:mod:`protoclip.evaluate.adapters`), write the results. The workflow runs one job per (run, set) (``--dataset``).
-
-It writes ``results/runs/<run>/eval/<set>/<task>.json`` (metrics, run, dataset, task, sizes, feature kind,
-provenance, and the probe subsample when ``max_train`` / ``max_test`` cut the set's splits) and, for the tasks
-that score test examples (zero-shot, linear, kNN, retrieval), ``<task>.examples.npz``: each test image's hit or
-each query's rank of its first match, from which those numbers are computed (the claims ledger's bootstrap reads
-them, protoclip.files.records). It logs the numbers into the run's MLflow run as ``eval/<task>/<set>/<metric>``, draws
-t-SNE plots to ``eval/<set>/tsne.png`` and records what each task did in ``eval/<set>/tasks.json``: the folder's
-completion marker (protoclip.files.completion), deleted when an evaluation of the set starts and written last with the
-sha256 of every file it vouches for, so that a folder killed half-way is never read as complete. A task that does
-not run has a status (protoclip.tasks.TaskStatus): not applicable, too small, or the set's data missing, which
-its metrics file carries where a table cell must say why. ``protoclip evaluate`` without ``--dataset`` also
-writes the run's ``metrics.json`` (:mod:`protoclip.evaluate.collect`).
+Per set: plan the tasks (:mod:`protoclip.evaluate.plan`), extract the set's features once
+(:mod:`protoclip.evaluate.features`, cached), run each task's adapter (:mod:`protoclip.evaluate.adapters`) and
+write ``results/runs/<run>/eval/<set>/<task>.json`` (plus ``<task>.examples.npz`` for a task that keeps
+per-example results, which the claims ledger resamples), log the numbers to the run's MLflow run as
+``eval/<task>/<set>/<metric>``, and write ``tasks.json`` last: the folder's completion marker
+(:mod:`protoclip.files.completion`), so that a folder killed half-way is never read as complete. A task that does
+not run has a :class:`protoclip.tasks.TaskStatus`, which its metrics file carries where a table cell must say why.
+The workflow runs one job per (run, set) (``--dataset``); without ``--dataset`` the command also writes the run's
+``metrics.json`` (:mod:`protoclip.evaluate.collect`).
 """
 from __future__ import annotations
 
