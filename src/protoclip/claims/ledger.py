@@ -52,7 +52,8 @@ RULES = {
                "contradicted; else not resolved",
     "at_least": "the bound L = paper - m: the 90 % interval's lower end >= L: reproduced; its upper end < L: "
                 "contradicted; else not resolved",
-    "gate": "a magnitude is never decided from runs at a scale the paper did not use, nor from one seed a side",
+    "gate": "a magnitude is never decided from runs at a scale the paper did not use, nor without the runs' own "
+            "seed spread (one seed a side, or a spread combined from other runs)",
     "holm": "the verdict is Holm's: each direction test's one-sided p-value on the side its interval points to, "
             "adjusted over the claims of one paper (the family); reproduced / contradicted only when the adjusted "
             "p < 0.025",
