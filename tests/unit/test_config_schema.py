@@ -74,7 +74,7 @@ BAD = [  # (override of config/config.yaml, words of the loader's error, the key
     ({"bogus": 1}, "unknown key 'bogus'", "unknown key 'bogus'"),
     ({"train": {"nclip": {"lambda3": 1.0}}}, "unknown key 'train.nclip.lambda3'", "unknown key 'train.nclip.lambda3'"),
     ({"prepare": {"seed": "abc"}}, "'prepare.seed' must be int", "'prepare.seed' must be an integer"),
-    ({"train": {"precision": "fp16"}}, "'train.precision' must be", "'train.precision'"),
+    ({"train": {"precision": "fp8"}}, "'train.precision' must be", "'train.precision'"),
     ({"evaluate": {"datasets": {"x": {"path": "/x"}}}}, "kind", "'evaluate.datasets.x'"),
     ({"prepare": {"user_data": [{"name": "a", "format": "parquet", "path": "/a"}]}}, "'prepare.user_data[0].format'",
      "'prepare.user_data.0.format'"),
