@@ -395,9 +395,11 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert "ahead on 3, behind on 0" in count.measured
     assert "3 of 3 significant on the paper's side and 0 on the other" in count.measured
     assert count.needs.startswith("unreachable here: 3 sets") and "the paper's own 3 of 3 gives p = 0.12" in count.needs
-    # the count's bounds: sets significant on the paper's side (Holm over the sets), N less those on the other
+    # the count's interval: the sets ahead under the sets' resamples (+0.5 points each, seed sd ~0.9: uncertain
+    # on every set, so wide); printed beside it, the sets significant on their own after Holm over the sets
     small, rev = by["count_small"], by["count_reversed"]
-    assert (small.lo, small.hi, small.direction) == (0, 3, NOT_RESOLVED)
+    assert small.direction == NOT_RESOLVED and small.ours == 3 and small.lo <= 1 and small.hi == 3
+    assert "0 of 3 significant on the paper's side and 0 on the other" in small.measured
     assert (rev.lo, rev.hi, rev.direction) == (0, 0, NOT_RESOLVED) and rev.count_signs == (0, 3)
     # two gains compared: (kNN a - b) - (linear a - b) = 15 - 10; each run's two scores resampled on the same
     # images; the seeds' spread is that of the per-run differences (5, 5, 5: none)
