@@ -362,7 +362,8 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert same.direction == NOT_RESOLVED and same.ours == 0.0
     assert (same.lo, same.hi) == pytest.approx((-half, half), rel=1e-9)
     assert same.seed_note == ("seed spread combined from linear top1 of a on digits (3 seeds), c on digits (3 "
-                              "seeds): pooled seed sd 0.86, 4 df")
+                              "seeds): pooled seed sd 0.86, 4 df; rows planted, reversed, small, count, count_small, "
+                              "count_reversed, count_floor, above_floor")  # the ledger rows those runs are in
     # no paper number, our estimate not on its side: planned at the 1-point floor, never below the seeds run
     assert "at our estimate 0.00: not on the paper's side of 0" in same.needs, same.needs
     n = int(re.search(r"the paper prints no number; at \+1\.00: (\d+) seeds a side", same.needs).group(1))

@@ -685,11 +685,13 @@ def task_spread(row: LedgerRow, rows: list[LedgerRow]) -> tuple[float, int, str]
     if row.task_metric is None:
         return None
     fams: dict[str, np.ndarray] = {}
+    where: dict[str, list[str]] = {}  # family -> the ledger rows it appears in
     for r in rows:
         if r.task_metric == row.task_metric:
             for name, values in r.families.items():
                 if len(values) > 1:
                     fams.setdefault(name, values)
+                    where.setdefault(name, []).append(r.claim.id)
     own = {name.split(" on ", 1)[1] for name in row.families}
     fams = {n: v for n, v in fams.items() if n.split(" on ", 1)[1] in own} or fams
     var, dof = pooled_seed_variance(fams.values())
@@ -697,7 +699,8 @@ def task_spread(row: LedgerRow, rows: list[LedgerRow]) -> tuple[float, int, str]
         return None
     task, metric = row.task_metric
     names = ", ".join(f"{n} ({len(v)} seeds)" for n, v in fams.items())
-    return var, dof, f"{task} {metric} of {names}: pooled seed sd {math.sqrt(var):.2f}, {dof} df"
+    ids = ", ".join(dict.fromkeys(i for n in fams for i in where[n]))
+    return var, dof, f"{task} {metric} of {names}: pooled seed sd {math.sqrt(var):.2f}, {dof} df; rows {ids}"
 
 
 def _plan(row: LedgerRow, est: Estimate, effect: float, fallback: float | None) -> str:
