@@ -223,7 +223,8 @@ SETS = ["digits", "fashion_mnist", "heldout_pairs"]
 
 def claim(cid: str, a: str, b: str, columns: list[str], direction: str = "positive", **kw) -> dict:
     """A planted claim: a direction only unless a magnitude test is given."""
-    return {"id": cid, "paper": kw.pop("paper", "planted"), "source": "none.txt", "line": 1, "where": "planted", "quote": "-",
+    return {"id": cid, "paper": kw.pop("paper", "planted"), "source": "none.txt", "line": 1, "where": "planted",
+            "quote": "-",
             "paper_value": kw.pop("paper_value", None), "paper_text": "-", "target": kw.pop("target", "table_T"),
             "a": a, "b": b, "columns": columns, "direction": direction, "magnitude": kw.pop("magnitude", "none"),
             **kw}
