@@ -64,7 +64,8 @@ from protoclip.train.checkpoint import (check_state_finite, kept_checkpoint, res
 from protoclip.train.config import TrainConfig
 from protoclip.train.distributed import (DistInfo, barrier, broadcast_object, destroy, env_world, gather_object,
                                         init_from_env, seed_rank, sync_buffers)
-from protoclip.train.episode import episode_loader, episode_size_for, sample_episode
+from protoclip.train.episode import episode_size_for
+from protoclip.train.loader import RunLoader
 from protoclip.train.methods.base import EpisodeData, Method, build_method
 from protoclip.train.schedule import Schedule, early_stop_update, per_rank_batch, trained_batches_per_episode
 from protoclip.train.step_log import NonFiniteLossError, StepWindow
@@ -232,8 +233,19 @@ class Session:
     resume_key: dict
     # protoclip.train.validation.Validator (its due(), and its call on the model -> val/* numbers) or None
     validator: Any = None
+    loader: RunLoader | None = None  # the run's one DataLoader: both passes of every episode (run_loader)
     scaler: torch.amp.GradScaler | None = None  # precision: fp16 (build_scaler)
     channels_last: bool = False  # images in channels_last (a ResNet tower on CUDA, channels_last_)
+
+
+def run_loader(cfg: TrainConfig, dataset: Dataset, sched: Schedule, info: DistInfo, device: torch.device
+               ) -> RunLoader:
+    """The run's one DataLoader (:mod:`protoclip.train.loader`): this rank's batches of both passes of every
+    episode, its workers started once. ``extract_batch_size`` is global like ``batch_size`` (null: twice it)."""
+    extract = cfg.extract_batch_size if cfg.extract_batch_size is not None else 2 * cfg.batch_size
+    return RunLoader(dataset, episode_size=sched.episode_size, seed=cfg.seed, batch_size=sched.batch_size,
+                     extract_batch_size=per_rank_batch(extract, info.world_size), num_workers=cfg.num_workers,
+                     info=info, device=device, n_episodes=sched.n_episodes)
 
 
 def setup_device(name: str) -> tuple[torch.device, DistInfo]:
@@ -318,10 +330,9 @@ def episode_record(episode: int, step: int, n_steps: int, sums: dict[str, float]
 def run_episode(s: Session, episode: int, step: int) -> tuple[dict[str, Any], int, Any]:
     """Sample episode ``episode``, let the method prepare it, train on its batches from global step ``step``.
     Returns the episode record, the next global step and the episode's prototypes."""
-    M, m = len(s.dataset), s.sched.episode_size
-    indices = sample_episode(M, m, s.cfg.seed, episode)
-    loader = episode_loader(s.dataset, indices, s.info, s.sched.batch_size, s.cfg.num_workers, s.device)
-    data = EpisodeData(s.dataset, indices, loader, s.info, s.device, s.autocast, s.teacher, s.use_teacher)
+    indices = s.loader.indices(episode)
+    data = EpisodeData(s.dataset, indices, s.loader.pass_of(episode, "extract"), s.info, s.device, s.autocast,
+                       s.teacher, s.use_teacher)
     try:
         prototypes, stats, times = s.method.begin_episode(s.model, data, episode)
     except NonFiniteFeaturesError as err:  # weights broke in the last step of the previous episode
@@ -332,7 +343,8 @@ def run_episode(s: Session, episode: int, step: int) -> tuple[dict[str, Any], in
     n_steps = 0
     window = StepWindow(s.cfg.log_every_steps, s.cfg.log_every, s.tlog.append, s.checkpoint, s.device,
                         overflow_skips=s.scaler is not None)
-    for images, tokens, pos in tqdm(loader, desc=f"episode {episode}", leave=False, disable=not s.info.is_main):
+    for images, tokens, pos in tqdm(s.loader.pass_of(episode, "train"), desc=f"episode {episode}", leave=False,
+                                    disable=not s.info.is_main):
         if len(pos) < 2:  # BatchNorm (heads, ResNet) cannot train on one sample; the same on every rank
             log.warning("episode %d: skipping a final batch of 1 item", episode)
             continue
@@ -343,7 +355,8 @@ def run_episode(s: Session, episode: int, step: int) -> tuple[dict[str, Any], in
         n_steps += 1
     window.flush(sums)  # the episode's last steps, before its record and checkpoint
     sync_buffers(s.model, s.info)  # identical BatchNorm statistics in every rank's checkpoint / final model
-    times = {**times, "train": time.perf_counter() - t0}
+    # data_wait: the first-batch waits of the episode's passes (they overlap the phases, so not one of them)
+    times = {**times, "train": time.perf_counter() - t0, "data_wait": s.loader.take_wait()}
     return episode_record(episode, step, n_steps, sums, stats, times), step, prototypes
 
 
@@ -501,9 +514,12 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
                 use_teacher=cfg.reads_teacher() and teacher is not None, info=info, device=device,
                 autocast=autocast, tlog=tlog, tracker=tracker or Tracker(),
                 checkpoint=files.checkpoint, resume_key=key, validator=validator, scaler=scaler,
-                channels_last=channels_last)
+                channels_last=channels_last, loader=run_loader(cfg, dataset, sched, info, device))
     log_start(s, progress, config, files.config, resumed=state is not None)
-    run_episodes(s, progress, stop_after_episodes)
+    try:
+        run_episodes(s, progress, stop_after_episodes)
+    finally:
+        s.loader.close()  # the workers end with the training (or its error)
     tlog.publish()  # train_log.jsonl = the checkpoint's log, whatever happened to the output file meanwhile
     destroy(info)  # the process group ends with the training (a no-op for one process)
     return model
