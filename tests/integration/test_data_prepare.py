@@ -376,3 +376,25 @@ def test_max_pairs_keeps_a_seeded_subset_independent_of_order(tmp_path):
     assert kept(project(names, 5, seed=4))[0] != want5  # another seed, another subset (known for these ids)
     with pytest.raises(ValueError, match="max_pairs"):
         PrepareConfig(user_data=[UserDataConfig(name="x", format="csv", path="x.csv", max_pairs=0)]).validate()
+
+
+def test_a_corpus_the_user_has_not_got_is_skipped_and_the_others_prepared(tmp_path, caplog):
+    """The paper config names every corpus; a clone with some of them prepares those and skips the others (their
+    runs are skipped, ProjectConfig.runs_without_data): an absent CSV as an absent set of shards."""
+    user = tmp_path / "user"
+    for i in range(3):
+        make_png(user / f"w{i}.png", "red", "circle", 30 + i)
+    (user / "pairs.csv").write_text("filepath,caption\n" + "\n".join(f"w{i}.png,a red circle {i}" for i in range(3)))
+    cfg = ProjectConfig(paths=PathsConfig(data_dir=tmp_path / "data", results_dir=tmp_path / "results"),
+                        prepare=PrepareConfig(image_size=8, num_workers=1, offline_sources=[], eval_sets=[],
+                                              heldout_fraction=0.0, user_data=[
+                                                  UserDataConfig(name="have", format="csv", path=str(user / "pairs.csv")),
+                                                  UserDataConfig(name="imagenet", format="csv",
+                                                                 path=str(tmp_path / "absent" / "train.csv")),
+                                                  UserDataConfig(name="shards", format="wds",
+                                                                 path=str(tmp_path / "absent" / "{0..1}.tar"))]))
+    with caplog.at_level("WARNING"):
+        prepare.run_prepare(cfg)
+    df = pd.read_parquet(Layout.from_config(cfg).manifest)
+    assert sorted(df["id"]) == [f"have/w{i}.png" for i in range(3)]
+    assert any("user data 'imagenet' skipped: imagenet: no file of" in r.getMessage() for r in caplog.records)

@@ -192,6 +192,9 @@ def scan_all_user_data(p: PrepareConfig, spill: _Spill, scratch: Path
     malformed: dict[str, list[Malformed]] = {}
     for u in p.user_data:
         drops[u.name], malformed[u.name], before = collections.Counter(), [], spill.rows
+        if (absent := userdata.absent_reason(u)) is not None:  # a corpus the user has not got: its runs are
+            log.warning("user data '%s' skipped: %s", u.name, absent)  # skipped (ProjectConfig.runs_without_data)
+            continue
         for packed in userdata.packed_batches(u, drops[u.name], (p.seed, p.heldout_fraction), p.num_workers,
                                               scratch, malformed[u.name]):
             spill.add(packed)

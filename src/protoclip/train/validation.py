@@ -163,6 +163,9 @@ def build_validator(cfg: ProjectConfig, tcfg: TrainConfig, image_size: int, toke
         tasks = [t for t in tasks if not_applicable(t, ds) is None]
         if not tasks:
             why = f"{name} gives none of the tasks {vcfg.tasks} (labels, prompt templates, a train split, captions)"
+        elif len(ds.test) == 0 or (any(TASKS[t].captions for t in tasks)
+                                   and (ds.captions is None or len(ds.captions.images) < 2)):
+            why = f"{name} is too small to score ({len(ds.test)} test images)"  # a held-out slice of a tiny corpus
     elif ds is not None:
         why = f"{name} is not a labelled set"
     if why is not None:
