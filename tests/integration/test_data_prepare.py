@@ -398,3 +398,6 @@ def test_a_corpus_the_user_has_not_got_is_skipped_and_the_others_prepared(tmp_pa
     df = pd.read_parquet(Layout.from_config(cfg).manifest)
     assert sorted(df["id"]) == [f"have/w{i}.png" for i in range(3)]
     assert any("user data 'imagenet' skipped: imagenet: no file of" in r.getMessage() for r in caplog.records)
+    cfg.prepare.user_data = cfg.prepare.user_data[1:]  # nothing there to prepare: the absence is an error
+    with pytest.raises(FileNotFoundError, match="train.csv"):
+        prepare.run_prepare(cfg)

@@ -190,10 +190,15 @@ def scan_all_user_data(p: PrepareConfig, spill: _Spill, scratch: Path
     """Scan every user data set into ``spill``; (drops, malformed CSV records) per data set."""
     drops: dict[str, collections.Counter] = {}
     malformed: dict[str, list[Malformed]] = {}
+    # A corpus the user has not got is skipped (its runs are: ProjectConfig.runs_without_data) while something else
+    # is there to prepare; with nothing else, its absence is the error it reads as (a wrong path).
+    absent = {u.name: why for u in p.user_data if (why := userdata.absent_reason(u)) is not None}
+    if len(absent) == len(p.user_data) and not p.offline_sources:
+        absent = {}
     for u in p.user_data:
         drops[u.name], malformed[u.name], before = collections.Counter(), [], spill.rows
-        if (absent := userdata.absent_reason(u)) is not None:  # a corpus the user has not got: its runs are
-            log.warning("user data '%s' skipped: %s", u.name, absent)  # skipped (ProjectConfig.runs_without_data)
+        if u.name in absent:
+            log.warning("user data '%s' skipped: %s", u.name, absent[u.name])
             continue
         for packed in userdata.packed_batches(u, drops[u.name], (p.seed, p.heldout_fraction), p.num_workers,
                                               scratch, malformed[u.name]):
