@@ -40,10 +40,13 @@ def overlay(root: Path, cc: str, config_dir: str = "config/") -> dict:
     return {
         "paths": {"data_dir": "data", "results_dir": "results", "mlflow_uri": "sqlite:///results/mlflow.db",
                   "mlflow_log_models": False, "keep_finished_checkpoints": False},
-        "prepare": {"image_size": 224, "num_workers": 4,
+        # one small evaluation set (scikit-learn's digits, built offline) so that the evaluate stage runs on CUDA too
+        # (the paper's sets are user-provided); heldout pairs enough for validation while training
+        "prepare": {"image_size": 224, "num_workers": 4, "heldout_fraction": 0.05, "eval_sets": ["digits"],
                     "user_data": [dict(u, path=data[u["name"]]) for u in paper["prepare"]["user_data"]
                                   if u["name"] in data]},
         "teacher": {"pca_dim": 16},
+        "evaluate": {"datasets": {"digits": {"kind": "offline"}}},
         "experiments": [config_dir + e for e in EXPERIMENTS],
         "gpus": {"jobs_per_gpu": JOBS_PER_GPU},
         "train_force": {"model": "RN50", "image_size": 224, "epochs": 1, "episode_size": 1024, "batch_size": 128,
