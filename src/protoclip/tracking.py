@@ -38,6 +38,7 @@ from protoclip.config.protocols import Project
 log = logging.getLogger(__name__)
 
 MODEL_ARTIFACTS = "model"  # artifact folder of a training run's weights, the source of its registered versions
+REFERENCE_MODEL_TYPE = "protoclip-model-pt"  # model_type of the external LoggedModel a reference version points to
 # MLflow 3 UI: experiments of this kind open on the runs table (mlflow/server/js: ExperimentKind enum)
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
@@ -61,6 +62,11 @@ class Tracker:
     def log_model(self, folder: str | Path, name: str, tags: dict[str, str], description: str = "") -> str | None:
         """Log ``folder`` as the run's ``model`` artifacts and register them as a new version of model ``name``
         tagged ``tags``; returns the version (None: nothing logged)."""
+        return None
+
+    def register_reference(self, name: str, tags: dict[str, str], description: str = "") -> str | None:
+        """Register a new version of model ``name`` tagged ``tags`` that holds no copy of the weights (they stay
+        where ``tags`` say); returns the version (None: nothing registered)."""
         return None
 
 
@@ -135,14 +141,30 @@ class MlflowTracker(Tracker):
         """The folder as artifacts ``model/`` of this run, and a version of registered model ``name`` whose
         source is ``runs:/<run id>/model`` (so ``models:/<name>/<version>`` downloads that folder)."""
         self._mlflow.log_artifacts(str(folder), artifact_path=MODEL_ARTIFACTS)
+        self._registered_model(name, description)
+        version = self._client.create_model_version(name, f"runs:/{self.run_id}/{MODEL_ARTIFACTS}", run_id=self.run_id,
+                                                    tags=tags, description=description or None)
+        return str(version.version)
+
+    def register_reference(self, name: str, tags: dict[str, str], description: str = "") -> str | None:
+        """An MLflow external LoggedModel of this run (``mlflow.create_external_model``: its artifacts live outside
+        MLflow, which stores only a small ``MLmodel`` stub marking it external), tagged ``tags``, registered as a
+        version of model ``name`` whose source is ``models:/<model id>``: the version's page and tags are there,
+        downloading it gives the stub, no weights."""
+        experiment_id = self._client.get_run(self.run_id).info.experiment_id
+        model = self._mlflow.create_external_model(name=name, source_run_id=self.run_id, tags=tags,
+                                                   model_type=REFERENCE_MODEL_TYPE, experiment_id=experiment_id)
+        self._registered_model(name, description)
+        version = self._client.create_model_version(name, f"models:/{model.model_id}", run_id=self.run_id, tags=tags,
+                                                    description=description or None, model_id=model.model_id)
+        return str(version.version)
+
+    def _registered_model(self, name: str, description: str) -> None:
         try:
             self._client.create_registered_model(name, description=description or None)
         except self._mlflow.exceptions.MlflowException as err:  # a retrained run: a new version of its model
             if err.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
                 raise
-        version = self._client.create_model_version(name, f"runs:/{self.run_id}/{MODEL_ARTIFACTS}", run_id=self.run_id,
-                                                    tags=tags, description=description or None)
-        return str(version.version)
 
 
 @contextmanager

@@ -2,11 +2,13 @@
 `protoclip evaluate` gives the final model), MLflow's system metrics, its weights and open_clip export as artifacts
 and a registered model version tagged with its provenance, which open_clip loads and which computes what the
 project's model computes (the one copy of the weights in MLflow: model.pt stays in the run's folder); validation leaves the training's weights as they are; the config switches turn the
-model artifacts and system metrics off."""
+model artifacts and system metrics off; in reference mode the version holds no copy of the weights, naming model.pt
+by path and sha256 instead."""
 from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,15 +29,16 @@ RUN = {"method": "clip", "teacher": None, "model": "tiny-rn", "head_hidden": 32,
 LABELS = ["animals/cat", "food", "vehicles/car"]
 
 
-def project(tmp_path, name: str = "config.yaml", paths: dict | None = None):
+def project(tmp_path, name: str = "config.yaml", paths: dict | None = None, relative: bool = False):
     """36 training and 12 held-out pairs under 3 coarse labels; run ``clip`` validates after every 2nd episode
-    (zero-shot and kNN), run ``quiet`` is the same run without validation."""
+    (zero-shot and kNN), run ``quiet`` is the same run without validation. ``relative``: paths relative to
+    ``tmp_path`` (the test then works there)."""
     return tiny_project(tmp_path, {
         "paths": {"mlflow_experiment": "exp", **(paths or {})}, "prepare": {"eval_sets": []},
         "evaluate": {"datasets": {"heldout_pairs": {"kind": "offline"}}}, "train": RUN,
         "runs": {"clip": {"validation": {"every_episodes": 2, "tasks": ["zeroshot", "knn"]}},
                  "quiet": {"validation": {"every_episodes": 0}}}},
-        config_name=name, n=48, heldout=12, size=32, labels=LABELS)
+        config_name=name, n=48, heldout=12, size=32, labels=LABELS, relative=relative)
 
 
 def store(cfg):
@@ -190,3 +193,63 @@ def test_a_model_open_clip_cannot_represent_is_registered_as_model_pt_alone(tmp_
     (version,) = c.search_model_versions("name = 'nclip_run'")
     assert version.tags["protoclip.open_clip"].startswith("no: run 'nclip_run' (nclip) scores image-text pairs by")
     assert version.tags["protoclip.data_digest"] == "d" and version.source == f"runs:/{run_id}/model"
+
+
+def test_reference_mode_registers_a_version_naming_model_pt_and_stores_no_weights(tmp_path, monkeypatch):
+    """``paths.mlflow_log_models: reference``: the run's version (an external LoggedModel of the run) carries
+    model.pt's path relative to the project and its sha256 (computed here from the file), and says in its
+    description how to get the open_clip form; nothing under the store's artifact folder is a weights file."""
+    import mlflow
+
+    from protoclip.train.stage import run_train
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(project(tmp_path, paths={"mlflow_log_models": "reference", "mlflow_system_metrics": False},
+                              relative=True))
+    assert cfg.paths.mlflow_model_mode == "reference"
+    run_train(cfg, "quiet")
+    layout = Layout.from_config(cfg)
+    sha = hashlib.sha256(layout.model("quiet").read_bytes()).hexdigest()
+    run = training_run(cfg, "quiet")
+    c = store(cfg)
+
+    (version,) = c.search_model_versions("name = 'quiet'")
+    assert str(version.version) == "1" and version.run_id == run.info.run_id
+    assert version.tags["protoclip.model_sha256"] == sha == run.data.tags["protoclip.model_sha256"]
+    assert version.tags["protoclip.model_path"] == "results/runs/quiet/model.pt"
+    assert version.tags["protoclip.run"] == "quiet"
+    export = "protoclip export --config config.yaml --run quiet"
+    assert version.tags["protoclip.open_clip"] == export
+    assert "results/runs/quiet/model.pt" in version.description and sha in version.description
+    assert export in version.description
+    # the source is the run's external LoggedModel, which MLflow marks as such
+    assert version.source.startswith("models:/m-")
+    logged = c.get_logged_model(version.source[len("models:/"):])
+    assert logged.source_run_id == run.info.run_id and logged.tags["mlflow.model.isExternal"] == "true"
+    assert logged.tags["protoclip.model_sha256"] == sha
+
+    # no weights in MLflow: the run has no model artifacts, the store's artifact folder no weights file, and the
+    # version downloads as MLflow's stub alone
+    assert c.list_artifacts(run.info.run_id, "model") == []
+    artifacts = tmp_path / "results" / "mlartifacts"
+    files = [p for p in artifacts.rglob("*") if p.is_file()]
+    assert files and not [p for p in files if p.suffix in (".pt", ".safetensors", ".bin", ".pth")]
+    assert sum(p.stat().st_size for p in files) < 1_000_000 < layout.model("quiet").stat().st_size
+    folder = mlflow.artifacts.download_artifacts("models:/quiet/1", dst_path=str(tmp_path / "download"))
+    assert not [p for p in Path(folder).rglob("*") if p.suffix in (".pt", ".safetensors")]
+
+    # a retrained run adds a version of the same model
+    run_train(cfg, "quiet")
+    assert sorted(int(v.version) for v in c.search_model_versions("name = 'quiet'")) == [1, 2]
+
+
+def test_mlflow_log_models_takes_true_false_copy_reference_and_names_the_allowed_values_otherwise(tmp_path):
+    from protoclip.errors import ConfigError
+
+    modes = {True: "copy", "copy": "copy", "reference": "reference", False: None}
+    for value, mode in modes.items():
+        cfg = load_config(tiny_project(tmp_path, {"paths": {"mlflow_log_models": value}}, n=4))
+        assert cfg.paths.mlflow_model_mode == mode
+    for value in ("refs", 1, None):
+        with pytest.raises(ConfigError, match=r"'paths.mlflow_log_models' must be bool \| 'copy' \| 'reference'"):
+            load_config(tiny_project(tmp_path, {"paths": {"mlflow_log_models": value}}, n=4))

@@ -79,6 +79,8 @@ BAD = [  # (override of config/config.yaml, words of the loader's error, the key
     ({"prepare": {"user_data": [{"name": "a", "format": "parquet", "path": "/a"}]}}, "'prepare.user_data[0].format'",
      "'prepare.user_data.0.format'"),
     ({"train": {"betas": [0.9]}}, "'train.betas' must have 2 values", "'train.betas'"),
+    ({"paths": {"mlflow_log_models": "refs"}}, "'paths.mlflow_log_models' must be bool | 'copy' | 'reference'",
+     "'paths.mlflow_log_models'"),
 ]
 
 

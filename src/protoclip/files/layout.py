@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 
@@ -66,15 +66,22 @@ class PathsConfig:
     # on a cluster a tracking server, http://host:port (docs/mlflow.md, "MLflow on a cluster")
     mlflow_uri: str = "sqlite:///results/mlflow.db"
     mlflow_experiment: str = "protoclip-repro"
-    # one copy of each training run's weights (its open_clip export where open_clip can represent the model, else
-    # model.pt) as artifacts of its MLflow run, registered as a version of the model named after the run; false for
-    # a store that cannot hold them (about the model file per run)
-    mlflow_log_models: bool = True
+    # each training run registered as a version of the MLflow model named after the run: copy (or true) logs one
+    # copy of its weights (its open_clip export where open_clip can represent the model, else model.pt) as the
+    # version's files; reference stores none (the version names model.pt by path and sha256); false registers nothing
+    mlflow_log_models: bool | Literal["copy", "reference"] = True
     # MLflow's system metrics (CPU, memory, disk, network; GPU with nvidia-ml-py, the gpu extra) in training runs
     mlflow_system_metrics: bool = True
     # a finished run's checkpoints/last.pt (weights, optimizer moments, RNG: ~3x model.pt), its resume point; false
     # removes it once model.pt is written, for a project short of disk (model.pt and the logs stay)
     keep_finished_checkpoints: bool = True
+
+    @property
+    def mlflow_model_mode(self) -> Literal["copy", "reference"] | None:
+        """How a training run's model goes to MLflow: ``mlflow_log_models`` with true read as 'copy', None for false."""
+        if self.mlflow_log_models is True:
+            return "copy"
+        return self.mlflow_log_models or None
 
     def validate(self) -> None:
         # the config is a tracked file: credentials go to MLflow's own environment variables instead

@@ -11,8 +11,9 @@ and ``external_weight > 0``, the teacher cache ``data/teacher/<teacher>.npz``. W
 (last.pt, the log it continues, the MLflow run id). MLflow is reached only through
 :func:`protoclip.tracking.training_run`: besides params and episode metrics, the run gets the validation curves
 (:mod:`protoclip.train.validation`, ``train.validation``), provenance tags and, unless ``paths.mlflow_log_models`` is
-false, one copy of the weights (the open_clip export, or ``model.pt`` where open_clip cannot represent the model) as
-artifacts registered as a version of the model named after the run (:func:`log_model`).
+false, a version of the model named after the run: with ``copy`` (or true) it holds one copy of the weights (the
+open_clip export, or ``model.pt`` where open_clip cannot represent the model; :func:`log_model`), with ``reference``
+none, naming ``model.pt`` by path and sha256 (:func:`register_model_reference`).
 
 First the stage takes the run's lock (:mod:`protoclip.jobs.run_lock`: one process trains a run at a time; a second
 waits, saying which process holds it), removes temp files that a killed earlier run of it left beside its
@@ -141,8 +142,11 @@ def train_run(cfg: ProjectConfig, tcfg: TrainConfig, config: dict, state: dict |
         tracker.set_tags(tags)
         for path in (layout.run_config(run), layout.train_log(run)):
             tracker.log_artifact(path)
-        if cfg.paths.mlflow_log_models and tracker.run_id:
+        mode = cfg.paths.mlflow_model_mode
+        if mode == "copy" and tracker.run_id:
             log_model(tracker, out, run, tags)
+        elif mode == "reference" and tracker.run_id:
+            register_model_reference(tracker, out, run, tags, config_file=project_path(Path(cfg.source)))
         log.info("run %s: model written to %s", run, out)
         if not cfg.paths.keep_finished_checkpoints and layout.checkpoint(run).exists():
             layout.checkpoint(run).unlink()
@@ -186,6 +190,36 @@ def log_model(tracker: Tracker, model_path: Path, run: str, tags: dict[str, str]
                                        if open_clip == "local-dir" else "model.pt"))
     if version is not None:
         log.info("run %s: model registered in MLflow as models:/%s/%s", run, run, version)
+    return version
+
+
+def project_path(path: Path) -> str:
+    """``path`` as the project names it: relative to the working folder (the project's root, where the stages run)
+    when it lies below it, else absolute; POSIX separators."""
+    import os
+
+    absolute = Path(os.path.abspath(path))
+    try:
+        return absolute.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return absolute.as_posix()
+
+
+def register_model_reference(tracker: Tracker, model_path: Path, run: str, tags: dict[str, str],
+                             config_file: str = "config/config.yaml") -> str | None:
+    """A version of the model named after the run that holds no copy of the weights (``paths.mlflow_log_models:
+    reference``): its tags ``protoclip.model_path`` (``model.pt`` relative to the project) and
+    ``protoclip.model_sha256`` name the file, and its description says so and how to get the open_clip form."""
+    path = project_path(model_path)
+    export = f"protoclip export --config {config_file} --run {run}"
+    version = tracker.register_reference(
+        run, {**tags, "protoclip.run": run, "protoclip.model_path": path, "protoclip.open_clip": export},
+        description=f"protoclip training run '{run}': no files in MLflow; the weights are {path} (sha256 "
+                    f"{tags.get('protoclip.model_sha256', '?')}); `{export}` writes their open_clip form where "
+                    "open_clip can represent the model")
+    if version is not None:
+        log.info("run %s: model registered in MLflow as models:/%s/%s (a reference to %s, no copy)", run, run,
+                 version, path)
     return version
 
 
