@@ -13,7 +13,7 @@ from PIL import Image
 from torchvision import transforms as T
 
 from protoclip.data.pairs import ImageTextDataset, load_manifest
-from protoclip.data.transforms import eval_transform, train_transform
+from protoclip.data.transforms import eval_transform, normalize_batch, train_transform
 from testkit.data import make_png
 
 
@@ -45,17 +45,18 @@ def test_train_transform_parameters(kind, scale, jitter_p, blur_p, kernel_224):
                         and isinstance(s.transforms[0], T.GaussianBlur))
             assert blur.p == blur_p and blur.transforms[0].kernel_size == (kernel, kernel)
             assert blur.transforms[0].sigma == pytest.approx((0.1 * size / 224, sigma_max))
-    norm = steps(tf)[-1]
-    assert isinstance(norm, T.Normalize) and tuple(norm.mean) == OPENAI_DATASET_MEAN
+    assert isinstance(steps(tf)[-1], T.PILToTensor)  # uint8 out; normalize_batch on the device
 
 
 def test_transforms_shapes_and_normalisation():
     white = Image.new("RGBA", (50, 30), (255, 255, 255, 255))
     expected = (1.0 - torch.tensor(OPENAI_DATASET_MEAN)) / torch.tensor(OPENAI_DATASET_STD)
-    for tf in (train_transform(32, "protoclip"), train_transform(32, "none"), train_transform(32, "simclr"),
-               eval_transform(32)):
+    for tf in (train_transform(32, "protoclip"), train_transform(32, "none"), train_transform(32, "simclr")):
         x = tf(white)
-        assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+        assert x.shape == (3, 32, 32) and x.dtype == torch.uint8  # normalised on the device (normalize_batch)
+    x = normalize_batch(train_transform(32, "none")(white)[None])[0]
+    assert x.dtype == torch.float32 and torch.allclose(x.mean(dim=(1, 2)), expected, atol=1e-6)
+    assert eval_transform(32)(white).dtype == torch.float32
     x = eval_transform(32)(white)
     assert torch.allclose(x.mean(dim=(1, 2)), expected, atol=1e-4)  # white stays white: no jitter at eval
     with pytest.raises(ValueError, match="unknown augmentation"):

@@ -31,8 +31,10 @@ Blur at other sizes than 224 px: the kernel (21 px at 224 in the authors' code, 
 SimCLR) and sigma range scale with ``image_size / 224`` so that a 64 px CPU run gets the same relative blur
 (kernel forced odd and >= 3). The blur is torchvision's GaussianBlur, computed in two 1-D passes for kernels of
 9 px and more (:mod:`protoclip.data.blur`: same draws and kernel, a few values in 10^5 one level apart; the
-32/64 px runs' kernels keep torchvision's own computation). All end with ToTensor and open_clip's
-OPENAI_DATASET_MEAN/STD normalisation.
+32/64 px runs' kernels keep torchvision's own computation). All end with ``PILToTensor``: training images leave
+the DataLoader workers as uint8 CHW tensors and are normalised on the device by :func:`normalize_batch` (open_clip's
+OPENAI_DATASET_MEAN/STD; the same numbers as ToTensor + Normalize), so workers do no float work and a quarter of
+the bytes travel through shared memory, pinning and the host-to-device copy.
 The colour-jitter and grayscale steps are open_clip's own ``color_jitter`` / ``gray_scale`` (probability
 wrappers); ``eval_transform`` is open_clip's ``image_transform(is_train=False)`` (resize shortest side +
 centre crop). Images are converted to RGB first.
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 from typing import Callable, Literal
 
+import torch
 from open_clip.transform import (OPENAI_DATASET_MEAN, OPENAI_DATASET_STD, _convert_to_rgb, color_jitter, gray_scale,
                                  image_transform)
 from torchvision import transforms as T
@@ -85,8 +88,26 @@ def train_transform(image_size: int, kind: Kind = "protoclip") -> Callable:
     elif kind not in CROP_ONLY:
         steps += [T.RandomHorizontalFlip(), color_jitter(*JITTER[kind], p=JITTER_P[kind]), gray_scale(p=GRAY_P),
                   gaussian_blur(image_size, kind)]
-    steps += [T.ToTensor(), T.Normalize(OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)]
+    steps += [T.PILToTensor()]  # uint8 CHW; normalize_batch on the device
     return T.Compose(steps)
+
+
+_MEAN = torch.tensor(OPENAI_DATASET_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
+_STD = torch.tensor(OPENAI_DATASET_STD, dtype=torch.float32).view(1, 3, 1, 1)
+_SCALE = torch.full((1, 1, 1, 1), 255.0, dtype=torch.float32)
+
+
+def normalize_batch(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images ``[..., 3, H, W]`` (``train_transform``'s output, batched) -> float32 normalised like ToTensor +
+    Normalize(OPENAI_DATASET_MEAN/STD), on the images' device and in their memory format; float images (already
+    normalised, e.g. ``eval_transform``'s) are returned unchanged.
+
+    The divisor 255 is a tensor on the images' device, not a Python number: CUDA divides by a host scalar as a
+    multiplication by its reciprocal, which differs from ToTensor's division in the last bit for some values."""
+    if images.is_floating_point():
+        return images
+    dev = images.device
+    return images.float().div(_SCALE.to(dev)).sub(_MEAN.to(dev)).div(_STD.to(dev))
 
 
 def eval_transform(image_size: int) -> Callable:
@@ -94,5 +115,5 @@ def eval_transform(image_size: int) -> Callable:
     return image_transform(image_size, is_train=False)
 
 
-__all__ = ["Kind", "train_transform", "eval_transform", "gaussian_blur", "CROP_SCALE", "CROP_ONLY", "JITTER_P",
+__all__ = ["Kind", "train_transform", "normalize_batch", "eval_transform", "gaussian_blur", "CROP_SCALE", "CROP_ONLY", "JITTER_P",
            "BLUR_P"]

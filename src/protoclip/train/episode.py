@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from protoclip.data.transforms import normalize_batch
 from protoclip.train.distributed import DistInfo, all_gather_cat
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def extract_features(model: torch.nn.Module, loader: DataLoader, episode_size: i
     try:
         for images, tokens, pos in tqdm(loader, desc=desc, leave=False, disable=not info.is_main):
             with autocast():
-                out = model(images.to(device, non_blocking=True), tokens.to(device, non_blocking=True))
+                out = model(normalize_batch(images.to(device, non_blocking=True)), tokens.to(device, non_blocking=True))
             feats_i.append(out["h_image"].float())
             feats_t.append(out["h_text"].float())
             poss.append(pos.to(device))

@@ -158,6 +158,17 @@ def to_device(x, device: torch.device, memory_format: torch.memory_format = torc
     return x.to(device, non_blocking=True, memory_format=memory_format)
 
 
+def device_images(x, device: torch.device, memory_format: torch.memory_format = torch.preserve_format):
+    """Training images (a uint8 batch from the training transform, or a list/tuple of them for multi-view
+    methods) on ``device``, normalised there (:func:`protoclip.data.transforms.normalize_batch`); float images
+    pass through unchanged."""
+    from protoclip.data.transforms import normalize_batch
+
+    if isinstance(x, (list, tuple)):
+        return type(x)(device_images(v, device, memory_format) for v in x)
+    return normalize_batch(x.to(device, non_blocking=True, memory_format=memory_format))
+
+
 class TrainForward(torch.nn.Module):
     """The method's forward (model outputs + exponentiated logit scales), keeping only the outputs the loss uses.
 
@@ -297,7 +308,7 @@ def train_step(s: Session, images, tokens, pos: torch.Tensor, prototypes: Any, s
     # statistics of the image encoder keep updating in train mode
     lr, image_lr = s.sched.lr(step), s.sched.image_lr(step)
     set_lrs(s.optimizer, lr, image_lr)
-    images = to_device(images, s.device, torch.channels_last if s.channels_last else torch.preserve_format)
+    images = device_images(images, s.device, torch.channels_last if s.channels_last else torch.preserve_format)
     tokens = to_device(tokens, s.device)
     with s.autocast():
         out = s.net(images, tokens)

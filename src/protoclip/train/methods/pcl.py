@@ -175,6 +175,7 @@ class PCLMethod(Method):
         import torch.nn.functional as F
         from tqdm.auto import tqdm
 
+        from protoclip.data.transforms import normalize_batch
         from protoclip.train.distributed import all_gather_cat, sync_buffers
 
         sync_buffers(self._key, data.info)
@@ -186,7 +187,8 @@ class PCLMethod(Method):
                 for images, _tokens, pos in tqdm(data.loader, desc=f"pcl E-step {episode}", leave=False,
                                                  disable=not data.info.is_main):
                     with data.autocast():
-                        feats.append(self._key(images[2].to(data.device, non_blocking=True)).float())
+                        x = normalize_batch(images[2].to(data.device, non_blocking=True))  # float: unchanged
+                        feats.append(self._key(x).float())
                     poss.append(pos.to(data.device))
         finally:
             self._key.train(was)
