@@ -75,20 +75,25 @@ log = logging.getLogger(__name__)
 IMAGE_GROUPS = ("image_decay", "image_no_decay")  # groups whose LR locked-image tuning zeroes
 
 
+def resolved_precision(precision: str, device: torch.device) -> str:
+    """What ``precision`` computes in on ``device``: ``fp16``, ``bf16`` (``auto`` on CUDA) or ``fp32``."""
+    if precision == "fp16":
+        if device.type != "cuda":
+            raise ConfigError(f"precision: fp16 runs on CUDA only (autocast + GradScaler), the device is {device}")
+        return "fp16"
+    return "bf16" if precision == "bf16" or (precision == "auto" and device.type == "cuda") else "fp32"
+
+
 def autocast_factory(precision: str, device: torch.device) -> Callable[[], ContextManager]:
     """bf16 autocast on CUDA for ``auto``/``bf16``; fp16 autocast for ``fp16`` (CUDA only, with the GradScaler
     of :func:`build_scaler`); fp32 (no autocast) on CPU or for ``fp32``.
 
     bf16 needs no GradScaler (same exponent range as fp32); fp16 does (gradients underflow without one).
     """
-    if precision == "fp16":
-        if device.type != "cuda":
-            raise ConfigError(f"precision: fp16 runs on CUDA only (autocast + GradScaler), the device is {device}")
-        return lambda: torch.autocast(device_type="cuda", dtype=torch.float16)
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    if use_bf16:
-        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(resolved_precision(precision, device))
+    if dtype is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -430,8 +435,10 @@ def log_start(s: Session, progress: Progress, config: dict, config_path: Path, r
     """``config.yaml``, the log's ``start`` (or, resumed, ``resume``) record (provenance, resolved schedule and
     world size) and the MLflow params, at every (re)start."""
     world = world_record(s.cfg, s.info)
-    log.info("run %s: %d process(es), batch %d per process, global batch %d", s.run, world["world_size"],
-             world["per_rank_batch"], world["global_batch"])
+    log.info("run %s: %s on %s, %s%s; %d process(es), batch %d per process, global batch %d", s.run,
+             s.cfg.model, s.device, resolved_precision(s.cfg.precision, s.device),
+             ", channels_last" if s.channels_last else "", world["world_size"], world["per_rank_batch"],
+             world["global_batch"])
     prov = provenance(s.cfg.seed)
     if s.info.is_main:
         write_config(config_path, config)
