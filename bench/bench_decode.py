@@ -7,12 +7,17 @@ same number of DataLoader workers and batch size:
 * ``ours``: :class:`protoclip.data.pairs.ImageTextDataset` as the trainer builds it (manifest rows with the
   members' byte offsets and sha256, one ``pread`` + hash check + decode per image) with our training augmentation
   (``protoclip.data.transforms.train_transform``: ``--augmentation``, the paper's ``protoclip`` by default) and
-  the run's tokenizer, in a ``torch.utils.data.DataLoader`` over a random order (what an episode reads);
+  the run's tokenizer, in a ``torch.utils.data.DataLoader`` over a random order (what an episode reads); its
+  batches are uint8 (the trainer normalises them on the device);
+* ``ours (protoclip), float out``: ``ours`` with the transform ending in ToTensor + Normalize, float32 batches:
+  the data path before uint8 batches (``ours (protoclip) / ours (protoclip), float out``: the change's gain);
 * ``open_clip_train``: ``open_clip_train.data.get_wds_dataset`` (shard shuffle, sample shuffle buffer,
   ``decode("pilrgb")``) with ``open_clip.image_transform(size, is_train=True)`` and open_clip's tokenizer (its
-  tar reader without webdataset 1.0's end-of-shard markers, which open_clip_train 3.3 cannot read);
-* ``open_clip_train (protoclip)``: open_clip_train's pipeline with our transform instead of its preprocess: the
-  like-for-like row for the paper's augmentation (``ours (protoclip) / open_clip_train (protoclip)``);
+  tar reader without webdataset 1.0's end-of-shard markers, which open_clip_train 3.3 cannot read); float32
+  normalised batches, as open_clip_train has them;
+* ``open_clip_train (protoclip)``: open_clip_train's pipeline with our augmentation instead of its preprocess, ending
+  in ToTensor + Normalize as open_clip's does: the like-for-like row for the paper's augmentation
+  (``ours (protoclip) / open_clip_train (protoclip)``);
 * ``ours (crop only)``: ``ours`` with ``augmentation: none``, RandomResizedCrop(0.9-1) only: the same image
   transform as open_clip's, so the like-for-like row;
 * ``ours, torchvision blur``: ``ours`` with the blur as torchvision computes it (the 2-D kernel; the data path
@@ -124,8 +129,18 @@ def make_shards(root: Path, images: int, shards: int, source: tuple[int, int], s
     return f"{root}/{{00000..{shards - 1:05d}}}.tar", pd.DataFrame(rows)
 
 
+def float_out(transform):
+    """``transform`` (ending in PILToTensor: uint8) ending in ToTensor + Normalize instead: float32 normalised images,
+    what open_clip's preprocess returns (and our data path before uint8 batches)."""
+    from open_clip.transform import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+    from torchvision import transforms as T
+
+    assert isinstance(transform.transforms[-1], T.PILToTensor)
+    return T.Compose(transform.transforms[:-1] + [T.ToTensor(), T.Normalize(OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)])
+
+
 def ours_loader(df: pd.DataFrame, size: int, augmentation: str, batch: int, workers: int, seed: int,
-                torchvision_blur: bool = False):
+                torchvision_blur: bool = False, float_images: bool = False):
     from torch.utils.data import DataLoader, Subset
     from torchvision import transforms as T
 
@@ -139,6 +154,8 @@ def ours_loader(df: pd.DataFrame, size: int, augmentation: str, batch: int, work
             if isinstance(step, T.RandomApply) and isinstance(step.transforms[0], T.GaussianBlur):
                 b = step.transforms[0]
                 step.transforms[0] = T.GaussianBlur(b.kernel_size, b.sigma)
+    if float_images:
+        transform = float_out(transform)
     ds = ImageTextDataset(df, transform, get_tokenizer("RN50"))
     order = np.random.default_rng(seed).permutation(len(ds)).tolist()  # an episode's draw: a random order
     return DataLoader(Subset(ds, order), batch_size=batch, shuffle=False, num_workers=workers, drop_last=True,
@@ -161,28 +178,30 @@ def open_clip_loader(pattern: str, images: int, size: int, batch: int, workers: 
     args = types.SimpleNamespace(train_data=pattern, train_num_samples=images, train_data_upsampling_factors=None,
                                  dataset_resampled=False, seed=seed, batch_size=batch, workers=workers, world_size=1)
     preprocess = open_clip.image_transform(size, is_train=True)  # what create_model_and_transforms returns
-    if augmentation is not None:  # our training transform inside open_clip_train's pipeline
+    if augmentation is not None:  # our augmentation inside open_clip_train's pipeline, float out as open_clip's
         from protoclip.data.transforms import train_transform
 
-        preprocess = train_transform(size, augmentation)
+        preprocess = float_out(train_transform(size, augmentation))
     return get_wds_dataset(args, preprocess, is_train=True, epoch=0, tokenizer=open_clip.get_tokenizer("RN50")).dataloader
 
 
-def images_per_s(loader, batches: int, batch: int, workers: int) -> tuple[float, float]:
-    """(images/s per worker over ``batches`` batches after the first, seconds to the first batch)."""
+def images_per_s(loader, batches: int, batch: int, workers: int) -> tuple[float, float, torch.dtype]:
+    """(images/s per worker over ``batches`` batches after the first, seconds to the first batch, the images'
+    dtype)."""
     t0 = time.perf_counter()
     it = iter(loader)
     next(it)
     first = time.perf_counter() - t0
     t1 = time.perf_counter()
-    got = 0
+    got, dtype = 0, None
     for _ in range(batches):
         images = next(it)[0]
+        dtype = images.dtype
         assert images.shape[0] == batch
         got += images.shape[0]
     wall = time.perf_counter() - t1
     del it
-    return got / wall / max(1, workers), first
+    return got / wall / max(1, workers), first, dtype
 
 
 def micro(jpgs: list[bytes], size: int, rounds: int) -> list[str]:
@@ -307,24 +326,30 @@ def main(argv: list[str] | None = None) -> int:
                                                                  a.seed),
                      f"open_clip_train ({a.augmentation})": lambda: open_clip_loader(
                          pattern, a.images, a.image_size, a.batch, a.workers, a.seed, a.augmentation),
+                     f"ours ({a.augmentation}), float out": lambda: ours_loader(
+                         df, a.image_size, a.augmentation, a.batch, a.workers, a.seed, float_images=True),
                      "ours (crop only)": lambda: ours_loader(df, a.image_size, "none", a.batch, a.workers, a.seed),
                      "ours, torchvision blur": lambda: ours_loader(df, a.image_size, a.augmentation, a.batch,
                                                                    a.workers, a.seed, torchvision_blur=True)}
         if a.augmentation == "none" or a.tiny:
             del pipelines["ours (crop only)"], pipelines["ours, torchvision blur"]
+            del pipelines[f"ours ({a.augmentation}), float out"]
             del pipelines[f"open_clip_train ({a.augmentation})"]
         rates: dict[str, list[float]] = {k: [] for k in pipelines}
         for r in range(a.rounds):
             for name, make in pipelines.items():
-                ips, first = images_per_s(make(), a.batches, a.batch, a.workers)
+                ips, first, dtype = images_per_s(make(), a.batches, a.batch, a.workers)
                 rates[name].append(ips)
-                say(f"round {r + 1}: {name:30s} {ips:7.1f} images/s per worker (first batch {first:.1f} s)")
+                say(f"round {r + 1}: {name:30s} {ips:7.1f} images/s per worker (first batch {first:.1f} s, "
+                    f"{str(dtype).removeprefix('torch.')})")
         say("images/s per worker (median of rounds):")
         for name, v in rates.items():
             say(f"  {name:30s} {statistics.median(v):7.1f}  (min {min(v):.1f}, max {max(v):.1f})")
         pairs = [(n, "open_clip_train") for n in rates if not n.startswith("open_clip_train")]
         if f"open_clip_train ({a.augmentation})" in rates:  # the same transform in both pipelines
             pairs.append((f"ours ({a.augmentation})", f"open_clip_train ({a.augmentation})"))
+        if f"ours ({a.augmentation}), float out" in rates:  # uint8 batches vs the float ones before
+            pairs.append((f"ours ({a.augmentation})", f"ours ({a.augmentation}), float out"))
         for name, ref in pairs:
             ratio = [x / y for x, y in zip(rates[name], rates[ref])]
             say(f"ratio {name} / {ref} per round: {' '.join(f'{x:.2f}' for x in ratio)}; "

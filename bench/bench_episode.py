@@ -30,7 +30,8 @@ WORDS = "red green blue cat dog car tree house sun moon boat bird small large ol
 
 
 class SyntheticPairs(Dataset):
-    """n images made on the fly from a per-item seed (no storage) and random 5-word captions."""
+    """n uint8 images (as the training transform gives them) made on the fly from a per-item seed (no storage) and
+    random 5-word captions."""
 
     def __init__(self, n: int, image_size: int, tokenizer, seed: int = 0):
         rng = np.random.default_rng(seed)
@@ -42,7 +43,8 @@ class SyntheticPairs(Dataset):
 
     def __getitem__(self, i: int):
         g = torch.Generator().manual_seed(i)
-        return torch.randn(3, self.size, self.size, generator=g), self.tokens[i], f"s{i:07d}"
+        image = torch.randint(0, 256, (3, self.size, self.size), generator=g, dtype=torch.uint8)
+        return image, self.tokens[i], f"s{i:07d}"
 
 
 def run(method: str, args, dataset, out: Path) -> dict:

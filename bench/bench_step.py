@@ -1,12 +1,14 @@
 """Our CLIP training step vs open_clip's own, measured side by side in one run (issue 12).
 
 * ``ours``: protoclip's real trainer (:func:`protoclip.train.loop.train`, ``method: clip``) on in-memory pairs
-  (a tensor data set read by a DataLoader, ``num_workers`` 0): time per optimizer step from the episodes'
-  ``time/train`` in ``train_log.jsonl`` (episode 0 dropped: allocator and cuDNN warm-up).
+  (a tensor data set of uint8 images, as the training transform gives them, read by a DataLoader, ``num_workers``
+  0; normalised on the device by the trainer): time per optimizer step from the episodes' ``time/train`` in
+  ``train_log.jsonl`` (episode 0 dropped: allocator and cuDNN warm-up).
 * ``open_clip``: the same architecture built by open_clip alone, ``open_clip.loss.ClipLoss`` and
-  ``torch.optim.AdamW`` with open_clip_train's weight-decay groups and logit-scale clamp, over the same
-  DataLoader (``open_clip_train``'s ``train_one_epoch`` body without its logging), and once more on
-  pre-stacked tensors already on the device (``open_clip (tensors)``: the compute-only bound).
+  ``torch.optim.AdamW`` with open_clip_train's weight-decay groups and logit-scale clamp, over the same images
+  float normalised (what open_clip's preprocess gives) in the same kind of DataLoader (``open_clip_train``'s
+  ``train_one_epoch`` body without its logging), and once more on pre-stacked tensors already on the device
+  (``open_clip (tensors)``: the compute-only bound).
 * ``ours (shards)``: our trainer reading PNG images from webdataset shards (``shard.tar::member`` manifest
   paths, our ``ImageTextDataset`` + the ProtoCLIP augmentation) with ``--workers`` DataLoader workers. The
   fraction of step time spent waiting for data is ``1 - t(in-memory) / t(shards)``.
@@ -45,11 +47,21 @@ WORDS = "red green blue cat dog car tree house sun moon boat bird small large ol
 
 
 class TensorPairs(Dataset):
-    """n fixed random images and captions held in memory: ``[i] -> (image, tokens, id)``."""
+    """n fixed random images and captions held in memory: ``[i] -> (image, tokens, id)``. The images are uint8, as
+    our training transform gives them (the trainer normalises on the device); ``normalised``: the same images as
+    float32 normalised (open_clip's preprocess output, what open_clip_train's step takes)."""
 
-    def __init__(self, n: int, image_size: int, tokenizer, seed: int = 0):
+    def __init__(self, n: int, image_size: int, tokenizer, seed: int = 0, normalised: bool = False):
+        from protoclip.data.transforms import normalize_batch
+
         g = torch.Generator().manual_seed(seed)
-        self.images = torch.randn(n, 3, image_size, image_size, generator=g)
+        images = torch.randint(0, 256, (n, 3, image_size, image_size), generator=g, dtype=torch.uint8)
+        if normalised:  # in chunks: no float temporaries of the whole set
+            out = torch.empty(images.shape, dtype=torch.float32)
+            for i in range(0, n, 256):
+                out[i:i + 256] = normalize_batch(images[i:i + 256])
+            images = out
+        self.images = images
         rng = np.random.default_rng(seed)
         self.tokens = tokenizer([" ".join(rng.choice(WORDS, size=5)) for _ in range(n)])
         self.ids = [f"s{i:07d}" for i in range(n)]
@@ -187,7 +199,8 @@ def main() -> None:
     tok = get_tokenizer(args.model)
     size = build_model(args.model, head_hidden=0).image_size
     n = 3 * args.batch * args.steps  # 3 episodes of `steps` steps: 1 epoch
-    mem = TensorPairs(n, size, tok)
+    mem = TensorPairs(n, size, tok)  # uint8, as our data path gives them
+    mem_float = TensorPairs(n, size, tok, normalised=True)  # the same images, float normalised: open_clip's input
     times: dict[str, list[float]] = {"ours": [], "open_clip": [], "open_clip (tensors)": [], "ours (shards)": []}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -195,8 +208,8 @@ def main() -> None:
         shards = ImageTextDataset(write_shards(tmp / "shards", n, size), train_transform(size, "protoclip"), tok)
         for r in range(args.repeats):
             times["ours"].append(ours(args, mem, tmp / f"m{r}", f"mem{r}", workers=0))
-            times["open_clip"].append(theirs(args, mem, device, from_loader=True))
-            times["open_clip (tensors)"].append(theirs(args, mem, device, from_loader=False))
+            times["open_clip"].append(theirs(args, mem_float, device, from_loader=True))
+            times["open_clip (tensors)"].append(theirs(args, mem_float, device, from_loader=False))
             times["ours (shards)"].append(ours(args, shards, tmp / f"s{r}", f"shards{r}", workers=args.workers))
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     prec = "bf16 autocast" if device.type == "cuda" else "fp32"
