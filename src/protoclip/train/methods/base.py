@@ -146,7 +146,9 @@ class Method:
     def train_transform(cls, cfg: TrainConfig, image_size: int) -> Callable:
         """PIL image -> what the batch's ``images`` holds. A method that needs several views per item returns
         a tuple of tensors here (e.g. :class:`protoclip.train.methods.base.MultiView`); the default collate
-        then gives ``images`` as a list of [B, 3, H, W] tensors, which the loop moves to the device as is."""
+        then gives ``images`` as a list of [B, 3, H, W] tensors. The loop moves each to the device and normalises the
+        uint8 ones there (:func:`protoclip.data.transforms.normalize_batch`; float views pass unchanged), so
+        :meth:`forward` gets float images."""
         from protoclip.data.transforms import train_transform
 
         return train_transform(image_size, cfg.augmentation)
