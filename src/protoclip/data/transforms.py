@@ -115,5 +115,5 @@ def eval_transform(image_size: int) -> Callable:
     return image_transform(image_size, is_train=False)
 
 
-__all__ = ["Kind", "train_transform", "normalize_batch", "eval_transform", "gaussian_blur", "CROP_SCALE", "CROP_ONLY", "JITTER_P",
-           "BLUR_P"]
+__all__ = ["Kind", "train_transform", "normalize_batch", "eval_transform", "gaussian_blur", "CROP_SCALE", "CROP_ONLY",
+           "JITTER_P", "BLUR_P"]
