@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -152,8 +153,9 @@ class MlflowTracker(Tracker):
         version of model ``name`` whose source is ``models:/<model id>``: the version's page and tags are there,
         downloading it gives the stub, no weights."""
         experiment_id = self._client.get_run(self.run_id).info.experiment_id
-        model = self._mlflow.create_external_model(name=name, source_run_id=self.run_id, tags=tags,
-                                                   model_type=REFERENCE_MODEL_TYPE, experiment_id=experiment_id)
+        model = self._mlflow.create_external_model(name=logged_model_name(name), source_run_id=self.run_id,
+                                                   tags=tags, model_type=REFERENCE_MODEL_TYPE,
+                                                   experiment_id=experiment_id)
         self._registered_model(name, description)
         version = self._client.create_model_version(name, f"models:/{model.model_id}", run_id=self.run_id, tags=tags,
                                                     description=description or None, model_id=model.model_id)
@@ -165,6 +167,12 @@ class MlflowTracker(Tracker):
         except self._mlflow.exceptions.MlflowException as err:  # a retrained run: a new version of its model
             if err.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
                 raise
+
+
+def logged_model_name(name: str) -> str:
+    """``name`` as MLflow accepts it for a LoggedModel, which refuses ``/ : . % " '`` (a registered model's name
+    may hold them: runs such as ``f7_clip_subset_0.5`` keep their own name there): each replaced by ``_``."""
+    return re.sub(r"[/:.%\"']", "_", name)
 
 
 @contextmanager

@@ -243,6 +243,21 @@ def test_reference_mode_registers_a_version_naming_model_pt_and_stores_no_weight
     assert sorted(int(v.version) for v in c.search_model_versions("name = 'quiet'")) == [1, 2]
 
 
+def test_reference_mode_registers_a_run_whose_name_mlflow_refuses_for_a_logged_model(tmp_path):
+    """MLflow refuses '.' in a LoggedModel's name but not in a registered model's (the offline default's
+    f7_clip_subset_0.5 stopped `make run` on it): the version keeps the run's name, its LoggedModel a safe one."""
+    from protoclip.tracking import training_run as open_training_run
+
+    cfg = load_config(project(tmp_path, paths={"mlflow_log_models": "reference", "mlflow_system_metrics": False}))
+    name = "f7_clip_subset_0.5"
+    with open_training_run(cfg, name, None, []) as tracker:
+        assert tracker.register_reference(name, {"protoclip.run": name}) == "1"
+    c = store(cfg)
+    (version,) = c.search_model_versions(f"name = '{name}'")
+    logged = c.get_logged_model(version.source[len("models:/"):])
+    assert logged.name == "f7_clip_subset_0_5" and logged.tags["protoclip.run"] == name
+
+
 def test_mlflow_log_models_takes_true_false_copy_reference_and_names_the_allowed_values_otherwise(tmp_path):
     from protoclip.errors import ConfigError
 
