@@ -50,6 +50,7 @@ import yaml
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
+from protoclip.data.transforms import normalize_batch
 from protoclip.files.atomic import write_text
 from protoclip.errors import ConfigError
 from protoclip.config.strict import to_dict
@@ -167,8 +168,6 @@ def device_images(x, device: torch.device, memory_format: torch.memory_format = 
     """Training images (a uint8 batch from the training transform, or a list/tuple of them for multi-view
     methods) on ``device``, normalised there (:func:`protoclip.data.transforms.normalize_batch`); float images
     pass through unchanged."""
-    from protoclip.data.transforms import normalize_batch
-
     if isinstance(x, (list, tuple)):
         return type(x)(device_images(v, device, memory_format) for v in x)
     return normalize_batch(x.to(device, non_blocking=True, memory_format=memory_format))
