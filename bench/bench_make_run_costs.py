@@ -12,11 +12,12 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import re
 from datetime import datetime
 from pathlib import Path
+
+from compare_make_runs import job_seconds, rule_of  # bench/ is the script's own folder
 
 
 def stamp(line: str) -> datetime | None:
@@ -53,11 +54,8 @@ def main() -> None:
                 logging += (t - saved).total_seconds() % 86400
                 n_log += 1
     jobs: dict[str, float] = {}
-    for tsv in (root / "benchmarks").glob("*.tsv"):
-        rows = list(csv.DictReader(tsv.open(), delimiter="\t"))
-        if rows:
-            rule = tsv.stem.split("_")[0]
-            jobs[rule] = jobs.get(rule, 0.0) + float(rows[-1]["s"])
+    for job, (wall, _cpu) in job_seconds(root).items():
+        jobs[rule_of(job)] = jobs.get(rule_of(job), 0.0) + wall
     total = sum(jobs.values())
     print(f"project: {root.resolve()}  ({n_runs} runs)")
     print("job-seconds by rule (benchmarks/*.tsv): " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(jobs.items()))

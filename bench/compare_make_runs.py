@@ -11,15 +11,23 @@ import csv
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 
 def job_seconds(project: Path) -> dict[str, tuple[float, float]]:
-    """{job (the benchmark file's stem): (wall s, cpu_time s)}."""
+    """{job (the benchmark file's stem, e.g. ``train_clip_tiny_s0``): (wall s, cpu_time s)} of every job with a
+    benchmark record (its last row: Snakemake writes one per repeat)."""
     out = {}
     for f in sorted((project / "benchmarks").glob("*.tsv")):
         rows = list(csv.DictReader(f.open(), delimiter="\t"))
         if rows:
-            out[f.stem] = (float(rows[0]["s"]), float(rows[0]["cpu_time"]))
+            out[f.stem] = (float(rows[-1]["s"]), float(rows[-1]["cpu_time"]))
     return out
+
+
+def rule_of(job: str) -> str:
+    """The rule a benchmark's job name starts with (``evaluate_<run>_<set>`` -> ``evaluate``)."""
+    return job.split("_")[0]
 
 
 def main() -> None:
@@ -29,12 +37,11 @@ def main() -> None:
     args = ap.parse_args()
     a, b = job_seconds(args.a), job_seconds(args.b)
     both = sorted(set(a) & set(b))
-    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
+    sums: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(5))  # jobs, wall A, wall B, cpu A, cpu B
     for job in both:
-        for key in (job.split("_")[0], "all"):
-            s = sums[key]
-            s[0] += 1
-            s[1], s[2], s[3], s[4] = s[1] + a[job][0], s[2] + b[job][0], s[3] + a[job][1], s[4] + b[job][1]
+        row = np.array([1, a[job][0], b[job][0], a[job][1], b[job][1]])
+        sums[rule_of(job)] += row
+        sums["all"] += row
     print(f"jobs finished on both sides: {len(both)} (A only {len(set(a) - set(b))}, B only {len(set(b) - set(a))})")
     print(f"{'rule':10s} {'jobs':>4s} {'wall A':>8s} {'wall B':>8s} {'B/A':>5s} {'cpu A':>8s} {'cpu B':>8s} {'B/A':>5s}")
     for key, (n, wa, wb, ca, cb) in sorted(sums.items()):
