@@ -4,7 +4,14 @@ Every source builder (tuxpaint, openclipart, emoji) produces :class:`Candidate` 
 turns them into ``layout.prepared/images/<source>/...png`` files of ``image_size`` px in a process
 pool (``num_workers``; 1 = in-process) with a tqdm bar. A candidate that cannot be read or rendered
 is not fatal: its result carries a drop reason (``missing_file``, ``empty_file``,
-``undecodable_image``, ``no_glyph``) that the prepare report counts.
+``undecodable_image``, ``no_glyph``, ``svg_text``) that the prepare report counts.
+
+SVGs with text elements are dropped [svg_text]: cairo draws their glyphs with whatever font fontconfig
+substitutes for the one asked (clip art asks for fonts such as "Arial Black" that no package here ships), and
+the pixels then depend on the machine's fonts and on which texts the same process drew before (cairo's font
+caches; a process pool hands out the files in a different order each run), so the prepared corpus would
+differ from one run to the next. Detected by tag name in the bytes (``text``, ``flowRoot``, any namespace
+prefix); a tag inside a comment also counts, which errs towards dropping.
 
 Images are fitted inside the square keeping their aspect ratio and padded with white (clip art has
 no natural crop; cropping would cut the drawn object), with alpha composited onto white.
@@ -14,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +36,7 @@ log = logging.getLogger(__name__)
 
 Kind = Literal["raster", "svg", "emoji"]
 EMOJI_FONT_SIZE = 109  # the only bitmap strike of NotoColorEmoji's CBDT table (136x128 px glyphs)
+SVG_TEXT = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?(?:text|flowRoot)[\s/>]")  # SVG text elements (module doc)
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,8 @@ def render_candidate(c: Candidate, out_dir: str, size: int) -> Rendered:
             data = p.read_bytes()
             if not data:
                 return Rendered(c.id, "", "", "empty_file")
+            if c.kind == "svg" and SVG_TEXT.search(data):
+                return Rendered(c.id, "", "", "svg_text")
             img = render_svg(data, size) if c.kind == "svg" else open_image_bytes(data)
         img = fit_square(img, size)
     except Exception as err:  # noqa: BLE001  PIL/cairo raise many types for bad files; all mean "cannot decode"
@@ -179,5 +190,5 @@ def render_all(cands: Iterable[Candidate], out_dir: str | Path, size: int, num_w
                          leave=False))
 
 
-__all__ = ["Candidate", "Rendered", "EMOJI_FONT_SIZE", "to_rgb_on_white", "fit_square", "open_image_bytes",
-           "render_svg", "render_emoji", "render_candidate", "render_all"]
+__all__ = ["Candidate", "Rendered", "EMOJI_FONT_SIZE", "SVG_TEXT", "to_rgb_on_white", "fit_square",
+           "open_image_bytes", "render_svg", "render_emoji", "render_candidate", "render_all"]
