@@ -103,6 +103,32 @@ def test_image_text_dataset_items(tiny_manifest):
     assert batch[0].shape == (5, 3, 16, 16) and batch[1].shape == (5, 8) and len(batch[2]) == 5
 
 
+def test_captions_tokenized_once_for_small_frames_per_item_for_large(tiny_manifest):
+    """A frame up to ``token_cache_rows`` rows is tokenized in one call at construction and never again (a run's
+    every epoch reads the same tokens); above it, once per item (memory flat). Same tokens both ways, for
+    open_clip's tokenizer too."""
+    import open_clip
+
+    df = load_manifest(tiny_manifest)
+    calls = []
+
+    def counting(texts):
+        calls.append(len(texts))
+        return fake_tokenizer(texts)
+
+    cached = ImageTextDataset(df, eval_transform(16), counting)
+    assert calls == [40]
+    first = [cached[i][1] for i in range(40)] + [cached[i][1] for i in range(40)]  # two epochs
+    assert calls == [40]
+    calls.clear()
+    per_item = ImageTextDataset(df, eval_transform(16), counting, token_cache_rows=39)
+    assert calls == [] and all(torch.equal(per_item[i][1], first[i]) for i in range(40)) and calls == [1] * 40
+    assert all(t.dtype == torch.long for t in first)
+    tok = open_clip.get_tokenizer("RN50")
+    a, b = ImageTextDataset(df, eval_transform(16), tok), ImageTextDataset(df, eval_transform(16), tok, 0)
+    assert all(torch.equal(a.tokens(i), b.tokens(i)) and a.tokens(i).shape == (77,) for i in range(40))
+
+
 def test_image_text_dataset_reads_tar_members_with_open_clip_tokenizer(tmp_path):
     import open_clip
 

@@ -103,14 +103,21 @@ class StringColumn:
         return [self[i] for i in range(len(self))]
 
 
+TOKEN_CACHE_ROWS = 250_000  # frames up to this size keep their captions' tokens (77 MB as int32); larger: per item
+
+
 class ImageTextDataset(Dataset):
     """``ds[i] -> (transform(image), tokens LongTensor[context_length], id)`` over a manifest frame.
 
     Optional columns: ``offset`` / ``size`` (where a tar member's bytes lie; read with one ``pread``) and
     ``sha256`` (checked on every read: a changed image stops the stage, see ``protoclip.data.reading``).
+    Captions are tokenized once, in one batch, where the frame has at most ``token_cache_rows`` rows (int32, 77
+    tokens: 308 bytes a row, shared with forked workers), instead of again every epoch; larger frames (user data
+    of millions of pairs) tokenize per item so that memory stays flat. The tokens are the same either way.
     """
 
-    def __init__(self, df: pd.DataFrame, transform: Callable, tokenizer: Callable):
+    def __init__(self, df: pd.DataFrame, transform: Callable, tokenizer: Callable,
+                 token_cache_rows: int = TOKEN_CACHE_ROWS):
         missing = {"id", "path", "caption"} - set(df.columns)
         if missing:
             raise ValueError(f"manifest frame lacks columns {sorted(missing)}")
@@ -123,6 +130,8 @@ class ImageTextDataset(Dataset):
         self.sizes = df["size"].to_numpy(np.int64) if "size" in df.columns else np.full(n, -1, np.int64)
         self.transform = transform
         self.tokenizer = tokenizer
+        self._tokens = (torch.as_tensor(tokenizer(df["caption"].tolist())).to(torch.int32)
+                        if 0 < n <= token_cache_rows else None)
         self._tars = TarCache()
 
     def __len__(self) -> int:
@@ -135,9 +144,14 @@ class ImageTextDataset(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, str]:
         image = self.transform(self.image(i))
+        return image, self.tokens(i), self.ids[i]
+
+    def tokens(self, i: int) -> torch.Tensor:
+        """Row ``i``'s caption tokens, LongTensor[context_length]."""
+        if self._tokens is not None:
+            return self._tokens[i].long()
         tokens = self.tokenizer([self.captions[i]])
-        tokens = torch.as_tensor(tokens[0] if getattr(tokens, "ndim", 1) == 2 else tokens, dtype=torch.long)
-        return image, tokens, self.ids[i]
+        return torch.as_tensor(tokens[0] if getattr(tokens, "ndim", 1) == 2 else tokens, dtype=torch.long)
 
 
 __all__ = ["load_manifest", "release_unused_memory", "manifest_sources", "read_image", "StringColumn", "ImageTextDataset"]
