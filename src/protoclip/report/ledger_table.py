@@ -53,6 +53,7 @@ from protoclip.claims.config import ClaimConfig, ClaimsConfig
 from protoclip.claims.intervals import Estimate, combine, holm, pooled_seed_variance
 from protoclip.files.layout import Layout
 from protoclip.report.paper_targets import ColumnConfig, ReportProject, TargetConfig, first_configured
+from protoclip.report.tables import rst_escape
 from protoclip.report.values import Results, episode_times
 from protoclip.tasks import task_names
 
@@ -864,14 +865,10 @@ def write_ledger(cfg: ReportProject, rows: list[LedgerRow]) -> dict[str, Path]:
         "paper": r.claim.paper_value, "margin": r.claim.margin, "p_holm": r.p_holm, "verdict": r.verdict,
         "direction": r.direction, "magnitude": r.magnitude} for r in rows})
     forest_plot(rows, png)
-    write_text(rst, _rst(f"Claims ledger: each claim's paper number (red diamond) and its margin (red band) "
+    write_text(rst, rst_escape(f"Claims ledger: each claim's paper number (red diamond) and its margin (red band) "
                          f"beside our estimate with its 95 % (thin) and 90 % (thick) intervals, one panel per "
                          f"unit. {summary}. {rule_text(cfg)}") + "\n")
     return {"md": md, "csv": csv, "tex": tex, "html": htm, "json": js, "png": png, "rst": rst}
-
-
-def _rst(text: str) -> str:
-    return re.sub(r"([\\`*|_<>\[\]])", r"\\\1", " ".join(text.split()))
 
 
 COLORS = {ledger.REPRODUCED: "#2a9d4b", ledger.CONTRADICTED: "#c0392b", ledger.NOT_RESOLVED: "#7f7f7f",
