@@ -866,8 +866,8 @@ def write_ledger(cfg: ReportProject, rows: list[LedgerRow]) -> dict[str, Path]:
         "direction": r.direction, "magnitude": r.magnitude} for r in rows})
     forest_plot(rows, png)
     write_text(rst, rst_escape(f"Claims ledger: each claim's paper number (red diamond) and its margin (red band) "
-                         f"beside our estimate with its 95 % (thin) and 90 % (thick) intervals, one panel per "
-                         f"unit. {summary}. {rule_text(cfg)}") + "\n")
+                               f"beside our estimate with its 95 % (thin) and 90 % (thick) intervals, one panel per "
+                               f"unit. {summary}. {rule_text(cfg)}") + "\n")
     return {"md": md, "csv": csv, "tex": tex, "html": htm, "json": js, "png": png, "rst": rst}
 
 
