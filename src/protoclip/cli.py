@@ -13,6 +13,7 @@
     protoclip launch   --config config/config.yaml --gpus 2 -- <command>   # a command on 2 free GPUs
     protoclip birdsnap --src /data/birdsnap --out data/external/birdsnap   # Birdsnap's lists -> class folders
     protoclip ucf101   --src /data/ucf101 --out data/external/ucf101       # UCF101 test videos -> middle frames
+    protoclip forkserver -- snakemake --cores all   # train / evaluate jobs as forks of one warm process
     protoclip schema   [--check]   # the config's JSON Schema (workflow/schemas/) and config/README.md, generated
 
 This module parses the command line, loads the config, places GPU jobs (protoclip.jobs.launch) and turns a
@@ -28,7 +29,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from protoclip.jobs import launch
+from protoclip.jobs import forkserver, launch
 from protoclip.project import load_config
 from protoclip.errors import UserError
 from protoclip.jobs.gpu_slots import SlotError
@@ -66,6 +67,8 @@ COMMANDS: dict[str, Command] = {
                         "folder)", config=False),
     "ucf101": Command("protoclip.data.paper_evalsets", "UCF101 videos -> the middle frame of each, in class folders "
                       "(kind: folder)", config=False),
+    "forkserver": Command("protoclip.jobs.forkserver", "run a command (snakemake) whose `protoclip train` / "
+                          "`evaluate` jobs start as forks of one process that imported torch once", config=False),
     "schema": Command("protoclip.dag.schema", "write the config's JSON Schema and config/README.md from the "
                       "config classes", config=False),
 }
@@ -123,10 +126,12 @@ def progress_for_logs(stream=None) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     stage = _parser().parse_args(argv[:1]).stage
+    launch.follow_job()  # a workflow job's command ends with its job (PROTOCLIP_JOB_PID), not after it
+    if (code := forkserver.delegate(argv)) is not None:  # run as a fork of `protoclip forkserver`'s process
+        return code
     parser, module = command_parser(stage)
     args = parser.parse_args(argv[1:])
     args.stage, args.argv = stage, argv  # torchrun restarts `train` with the same argv
-    launch.follow_job()  # a workflow job's command ends with its job (PROTOCLIP_JOB_PID), not after it
     progress_for_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:

@@ -1,0 +1,289 @@
+"""A fork server for a workflow's CPU jobs: torch, open_clip and MLflow are imported once, and each ``protoclip
+train`` / ``evaluate`` job runs as a fork of that process instead of a fresh interpreter.
+
+    protoclip forkserver -- snakemake --cores all --resources gpu=0    # what `make run` runs
+
+The wrapped command runs with ``PROTOCLIP_FORKSERVER`` naming the server's socket; a ``protoclip`` command of
+:data:`FORKED` that finds it hands its argv, working directory, environment and standard streams (the descriptors
+themselves, ``SCM_RIGHTS``) to the server, which forks; the command then waits for the fork's exit status and
+exits with it, forwarding SIGINT / SIGTERM / SIGHUP, and the fork kills itself when the command ends (killed with
+its job). The job's process stays in the job's process tree; its work runs in the fork. Without the variable, or
+when the server does not answer, a command runs as it always does. When the wrapped command exits, the server
+stops and exits with its status.
+
+What a fork shares with the server: the modules of :data:`PRELOAD` and everything they read at import time (the
+server sets ``TQDM_MININTERVAL`` as for a job's log first, :func:`protoclip.cli.progress_for_logs`). The thread
+count is the job's: ``OMP_NUM_THREADS`` is read by the OpenMP runtime once per process, so the fork applies it
+with ``torch.set_num_threads`` (the default when unset: the server's, i.e. a fresh process's). The server never
+touches CUDA, so a fork may. Snakemake's ``benchmark:`` files see the job's process tree: their wall times stay
+right, their CPU and memory columns then cover the waiting command only.
+"""
+from __future__ import annotations
+
+import array
+import atexit
+import importlib
+import json
+import os
+import select
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+ENV = "PROTOCLIP_FORKSERVER"  # the server's socket, in the wrapped command's environment
+FORKED = ("train", "evaluate")  # the many jobs of a workflow whose start-up is mostly these imports
+PRELOAD = ("torch", "open_clip", "mlflow", "sklearn.linear_model", "protoclip.cli", "protoclip.tracking",
+           "protoclip.train.stage", "protoclip.evaluate.stage", "protoclip.evaluate.features")
+ENTRY = "protoclip.cli:main"  # what a fork runs with the job's argv
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_MAX_REQUEST = 1 << 20  # argv + cwd + environment, JSON
+
+
+# --------------------------------------------------------------------------- the job's side
+def delegate(argv: list[str], env: dict | None = None) -> int | None:
+    """Run ``protoclip <argv>`` as a fork of the server ``PROTOCLIP_FORKSERVER`` names; its exit code, or None
+    when this command does not go there (not in :data:`FORKED`, no variable, no server answering)."""
+    env = os.environ if env is None else env
+    path = env.get(ENV, "")
+    if not path or not argv or argv[0] not in FORKED:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        request = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(env)}).encode()
+        socket.send_fds(conn, [len(request).to_bytes(4, "big") + request], [0, 1, 2])
+        reply = conn.makefile("r")
+        pid = int(reply.readline())
+    except (OSError, ValueError) as err:
+        print(f"protoclip: fork server {path} not answering ({err}): running in this process", file=sys.stderr)
+        conn.close()
+        return None
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, frame: _kill(pid, signum))
+    line = reply.readline()  # the server writes the fork's status when it has ended
+    conn.close()
+    if not line:
+        print("protoclip: the fork server went away before the job ended", file=sys.stderr)
+        return 1
+    return exit_code(int(line))
+
+
+def exit_code(status: int) -> int:
+    """A shell's exit code for ``os.waitstatus_to_exitcode``'s value: -N (killed by signal N) -> 128 + N."""
+    return 128 - status if status < 0 else status
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+# --------------------------------------------------------------------------- the server
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    """One request: (argv, cwd, env) and the job's three standard descriptors."""
+    head, fds, _, _ = socket.recv_fds(conn, 4, 3)
+    size = int.from_bytes(head, "big") if len(head) == 4 else 0
+    if len(fds) != 3 or not 0 < size <= _MAX_REQUEST:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("malformed request")
+    body = b""
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ValueError("truncated request")
+        body += chunk
+    return json.loads(body), fds
+
+
+def _run_fork(request: dict, fds: list[int], client_pid: int, entry: str) -> None:
+    """In the fork: become the job (streams, directory, environment, threads, signals), run it, exit. Never
+    returns."""
+    code = 1
+    try:
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        for sig in (*FORWARDED, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update({k: v for k, v in request["env"].items() if k not in (ENV, "PROTOCLIP_JOB_PID")})
+        _apply_threads(os.environ)
+        _follow(client_pid)
+        sys.argv = ["protoclip", *request["argv"]]
+        module, _, name = entry.partition(":")
+        code = getattr(importlib.import_module(module), name)(request["argv"])
+    except SystemExit as err:
+        code = err.code
+    except BaseException:  # noqa: BLE001 - as an interpreter would: the traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    _exit(code)
+
+
+def _apply_threads(env) -> None:
+    """The job's thread count, as a fresh process would take it from ``OMP_NUM_THREADS`` (see the docstring)."""
+    torch = sys.modules.get("torch")
+    value = env.get("OMP_NUM_THREADS", "")
+    if torch is not None and value.isdigit() and int(value) > 0:
+        torch.set_num_threads(int(value))
+
+
+def _follow(client_pid: int) -> None:
+    """End this fork (SIGKILL, as the job's kill would have) when the command that asked for it ends: its job
+    cancelled, Snakemake killed. The pidfd is opened here, while the command is known to wait for this fork."""
+    try:
+        pidfd = os.pidfd_open(client_pid)
+    except ProcessLookupError:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def watch() -> None:
+        select.select([pidfd], [], [])  # readable when the process has ended
+        print(f"protoclip: the command that started this job (pid {client_pid}) ended: stopping", file=sys.stderr,
+              flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="protoclip-forkserver-client", daemon=True).start()
+
+
+def _exit(code) -> None:
+    """Leave as the interpreter would at the end of a script (other threads joined, atexit functions, streams
+    flushed), then ``os._exit``: the server's frames below this one must not run in the fork."""
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    try:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code & 0xFF)
+
+
+class Server:
+    """Accepts requests on ``path``, forks a job for each, writes back each job's pid and then its status."""
+
+    def __init__(self, path: Path, entry: str = ENTRY):
+        self.path, self.entry = Path(path), entry
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(self.path))
+        self.listener.listen(64)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, ("accept", None))
+        self.jobs: dict[int, socket.socket] = {}
+
+    def serve_until(self, proc: subprocess.Popen) -> int:
+        """Serve until ``proc`` (the wrapped command) ends; its exit code."""
+        pidfd = os.pidfd_open(proc.pid)
+        self.selector.register(pidfd, selectors.EVENT_READ, ("command", None))
+        try:
+            while True:
+                for key, _ in self.selector.select():
+                    kind, data = key.data
+                    if kind == "accept":
+                        self._accept()
+                    elif kind == "job":
+                        self._reap(key.fd, data)
+                    else:
+                        return proc.wait()
+        finally:
+            self.selector.unregister(pidfd)
+            os.close(pidfd)
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        client_pid = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        client_pid = array.array("i", client_pid)[0]
+        try:
+            request, fds = _receive(conn)
+        except (OSError, ValueError) as err:
+            print(f"protoclip forkserver: request refused: {err}", file=sys.stderr)
+            conn.close()
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self.listener.close()
+            _run_fork(request, fds, client_pid, self.entry)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.jobs[pidfd] = conn
+        self.selector.register(pidfd, selectors.EVENT_READ, ("job", pid))
+        self._send(conn, pid)
+
+    def _reap(self, pidfd: int, pid: int) -> None:
+        _, status = os.waitpid(pid, 0)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        conn = self.jobs.pop(pidfd)
+        self._send(conn, os.waitstatus_to_exitcode(status))
+        conn.close()
+
+    @staticmethod
+    def _send(conn: socket.socket, value: int) -> None:
+        try:
+            conn.sendall(f"{value}\n".encode())
+        except OSError:  # the command is gone; its fork follows it (_follow)
+            pass
+
+    def close(self) -> None:
+        self.selector.close()
+        self.listener.close()
+        for conn in self.jobs.values():
+            conn.close()
+
+
+def preload(modules=PRELOAD) -> None:
+    """Import what the forks share; the environment first as a job's log gets it (see the module docstring)."""
+    from protoclip.cli import LOG_PROGRESS_INTERVAL
+
+    os.environ.setdefault("TQDM_MININTERVAL", LOG_PROGRESS_INTERVAL)
+    for name in modules:
+        importlib.import_module(name)
+
+
+def run(command: list[str], modules=PRELOAD, entry: str = ENTRY) -> int:
+    """Preload, start ``command`` with ``PROTOCLIP_FORKSERVER`` set, serve its jobs until it ends; its exit code."""
+    if not command:
+        raise ValueError("no command to run (protoclip forkserver -- <command>)")
+    preload(modules)
+    # not a TemporaryDirectory: its clean-up at exit would run in every fork (atexit functions are inherited)
+    folder = Path(tempfile.mkdtemp(prefix="protoclip-forkserver-"))
+    server = Server(folder / "socket", entry)
+    # Ctrl-C reaches the command and its jobs (one process group); the server waits for the command to end
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = subprocess.Popen(command, env={**os.environ, ENV: str(server.path)},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        return server.serve_until(proc)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        server.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- `protoclip forkserver`
+def add_arguments(p, name: str) -> None:
+    p.add_argument("command", nargs="+", help="the command to run with the server (after --)")
+
+
+def main(args) -> int:
+    return run(args.command)

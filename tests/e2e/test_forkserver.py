@@ -1,0 +1,136 @@
+"""`protoclip forkserver`: a job forked from the warm server is the job a fresh process runs (same weights, same
+log, its own directory, environment, streams and exit code), its start-up is paid once, and it ends with the
+command that asked for it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from protoclip.jobs import forkserver
+from testkit import REPO
+from testkit.training import tiny_project
+
+RUN = {"method": "clip", "teacher": None, "model": "tiny-rn", "head_hidden": 32, "head_out": 16, "epochs": 1.0,
+       "episode_size": 16, "batch_size": 8, "warmup_episodes": 1, "lock_image_epoch": None, "num_workers": 0,
+       "device": "cpu", "data": ["offline"], "image_size": 32}
+# the command's own CPU seconds (its children's, waited for), printed after it: a fresh `protoclip train` spends
+# seconds importing torch; one whose job runs in a fork of the server spends a fraction of one
+CPU_OF = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+          "u = resource.getrusage(resource.RUSAGE_CHILDREN); print(u.ru_utime + u.ru_stime); sys.exit(code)")
+
+
+def env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "OMP_NUM_THREADS": "1"}
+
+
+def protoclip(*args: str) -> list[str]:
+    return [sys.executable, "-m", "protoclip.cli", *args]
+
+
+def project(root: Path, **run) -> Path:
+    """A tiny project with paths relative to ``root`` (so a job must run in the directory it was started in)."""
+    return tiny_project(root, {"paths": {"mlflow_experiment": "fs"}, "prepare": {"eval_sets": []},
+                               "train": {**RUN, **run}, "runs": {"r": {}, "r2": {}}}, relative=True, n=16, size=32)
+
+
+def steps(root: Path) -> list[dict]:
+    lines = (root / "results/runs/r/train_log.jsonl").read_text().splitlines()
+    return [{k: v for k, v in r.items() if not k.startswith("time/")}
+            for r in map(json.loads, lines) if r["kind"] == "step"]
+
+
+def test_a_forked_training_equals_a_fresh_process(tmp_path):
+    for side in ("fresh", "forked"):
+        project(tmp_path / side)
+    train = protoclip("train", "--config", "config.yaml", "--run", "r")
+    fresh = subprocess.run([sys.executable, "-c", CPU_OF, *train], cwd=tmp_path / "fresh", env=env(),
+                           capture_output=True, text=True, timeout=600)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    # the server with 2 threads, the job with 1 (a fresh process's OpenMP would read 1)
+    forked = subprocess.run(protoclip("forkserver", "--", "env", "OMP_NUM_THREADS=1", sys.executable, "-c", CPU_OF,
+                                      *train),
+                            cwd=tmp_path / "forked", env={**env(), "OMP_NUM_THREADS": "2"}, capture_output=True,
+                            text=True, timeout=600)
+    assert forked.returncode == 0, forked.stderr[-3000:]
+    assert "not answering" not in forked.stderr
+    assert "run r: tiny-rn on cpu" in forked.stderr  # the job's log reached the command's stderr
+    # the job ran in the fork: the command itself did not import torch
+    assert float(fresh.stdout.split()[-1]) > 2.0 and float(forked.stdout.split()[-1]) < 1.0, (fresh.stdout,
+                                                                                             forked.stdout)
+    a = torch.load(tmp_path / "fresh/results/runs/r/model.pt", map_location="cpu", weights_only=False)
+    b = torch.load(tmp_path / "forked/results/runs/r/model.pt", map_location="cpu", weights_only=False)
+    sa, sb = a.get("state_dict", a), b.get("state_dict", b)
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert steps(tmp_path / "fresh") == steps(tmp_path / "forked") != []
+    start = [json.loads(line) for line in (tmp_path / "forked/results/runs/r/train_log.jsonl").read_text()
+             .splitlines()][0]
+    assert start["provenance"]["threads"] == "1"  # the job's OMP_NUM_THREADS, not the server's
+
+
+def test_a_forked_job_keeps_its_exit_code_and_ends_with_its_command(tmp_path):
+    root = tmp_path / "p"
+    project(root, epochs=400.0)  # long enough to be stopped
+    (root / "bad.yaml").write_text("nonsense_section: {}\n")
+    script = tmp_path / "jobs.sh"
+    script.write_text(f"""
+cd {root}
+"$PY" -m protoclip.cli evaluate --config bad.yaml --run r 2> bad.err; echo $? > bad.rc
+for job in "TERM r" "KILL r2"; do
+    set -- $job
+    "$PY" -m protoclip.cli train --config config.yaml --run $2 2> $1.err & client=$!
+    while ! grep -q '"kind": "step"' results/runs/$2/train_log.jsonl 2> /dev/null; do sleep 0.2; done
+    kill -$1 $client; wait $client; echo $? > $1.rc
+done
+""")
+    server = subprocess.Popen(protoclip("forkserver", "--", "bash", str(script)), env={**env(), "PY": sys.executable},
+                              stderr=subprocess.PIPE, text=True)
+    forks_seen = set()
+    try:
+        while server.poll() is None:  # the forks: the server's children other than the command
+            kids = psutil.Process(server.pid).children()
+            forks_seen |= {k.pid for k in kids if k.name() not in ("bash",)}
+            time.sleep(0.1)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    _, err = server.communicate(timeout=60)
+    assert server.returncode == 0, err[-3000:]
+    assert (root / "bad.rc").read_text().strip() == "2"
+    assert "nonsense_section" in (root / "bad.err").read_text()  # bad.yaml read from the job's directory
+    # SIGTERM: forwarded to the fork, which it ends; SIGKILL ends the command, and the fork follows it
+    assert (root / "TERM.rc").read_text().strip() == str(128 + signal.SIGTERM)
+    assert "ended: stopping" not in (root / "TERM.err").read_text()
+    assert (root / "KILL.rc").read_text().strip() == str(128 + signal.SIGKILL)
+    assert "ended: stopping" in (root / "KILL.err").read_text()
+    assert len(forks_seen) >= 2
+    deadline = time.time() + 15
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in forks_seen):
+        assert time.time() < deadline, "a fork outlived the command that started it"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("argv, environ", [
+    (["evaluate", "--run", "r"], {}),  # no server
+    (["report"], {forkserver.ENV: "/nonexistent/socket"}),  # not a forked command
+])
+def test_a_command_runs_in_its_own_process_where_no_fork_applies(argv, environ):
+    assert forkserver.delegate(argv, environ) is None
+
+
+def test_a_command_whose_server_is_gone_runs_in_its_own_process(tmp_path, capsys):
+    assert forkserver.delegate(["train", "--run", "r"], {forkserver.ENV: str(tmp_path / "socket")}) is None
+    assert "not answering" in capsys.readouterr().err
+
+
+def test_exit_codes_are_a_shells():
+    assert [forkserver.exit_code(s) for s in (0, 2, -signal.SIGTERM)] == [0, 2, 143]
