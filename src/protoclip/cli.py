@@ -108,21 +108,6 @@ def command_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
     return p, module
 
 
-LOG_PROGRESS_INTERVAL = "30"  # seconds between progress-bar updates when stderr is a log file, not a terminal
-
-
-def progress_for_logs(stream=None) -> bool:
-    """When ``stream`` (stderr) is not a terminal (a Snakemake rule's ``| tee`` log, a SLURM log), tqdm bars
-    update every 30 s instead of ten times a second, so a rule log holds a few progress lines, not thousands
-    of carriage-return frames (tqdm >= 4.66 reads ``TQDM_*`` defaults from the environment; an explicit
-    ``TQDM_MININTERVAL`` wins). Returns whether it applied."""
-    stream = sys.stderr if stream is None else stream
-    if getattr(stream, "isatty", lambda: False)():
-        return False
-    os.environ.setdefault("TQDM_MININTERVAL", LOG_PROGRESS_INTERVAL)
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     stage = _parser().parse_args(argv[:1]).stage
@@ -132,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser, module = command_parser(stage)
     args = parser.parse_args(argv[1:])
     args.stage, args.argv = stage, argv  # torchrun restarts `train` with the same argv
-    progress_for_logs()
+    launch.progress_for_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
         args.cfg = load_config(args.config) if COMMANDS[stage].config else None

@@ -213,7 +213,7 @@ def test_progress_bars_update_every_30s_in_log_files(monkeypatch):
     import subprocess
     import sys
 
-    from protoclip.cli import progress_for_logs
+    from protoclip.jobs.launch import progress_for_logs
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -221,7 +221,7 @@ def test_progress_bars_update_every_30s_in_log_files(monkeypatch):
 
     monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
     assert not progress_for_logs(Tty()) and "TQDM_MININTERVAL" not in os.environ
-    snippet = ("from protoclip.cli import progress_for_logs; progress_for_logs(); import time; from tqdm import tqdm\n"
+    snippet = ("from protoclip.jobs.launch import progress_for_logs; progress_for_logs(); import time; from tqdm import tqdm\n"
                "for _ in tqdm(range(20)): time.sleep(0.02)")  # 0.4 s of work, the bar on stderr (a pipe here)
 
     def frames(**env) -> int:

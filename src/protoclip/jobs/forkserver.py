@@ -12,7 +12,7 @@ when the server does not answer, a command runs as it always does. When the wrap
 stops and exits with its status.
 
 What a fork shares with the server: the modules of :data:`PRELOAD` and everything they read at import time (the
-server sets ``TQDM_MININTERVAL`` as for a job's log first, :func:`protoclip.cli.progress_for_logs`). The thread
+server sets ``TQDM_MININTERVAL`` as for a job's log first, :func:`protoclip.jobs.launch.progress_for_logs`). The thread
 count is the job's: ``OMP_NUM_THREADS`` is read by the OpenMP runtime once per process, so the fork applies it
 with ``torch.set_num_threads`` (the default when unset: the server's, i.e. a fresh process's). The server never
 touches CUDA, so a fork may. Snakemake's ``benchmark:`` files see the job's process tree: their wall times stay
@@ -253,7 +253,7 @@ class Server:
 
 def preload(modules=PRELOAD) -> None:
     """Import what the forks share; the environment first as a job's log gets it (see the module docstring)."""
-    from protoclip.cli import LOG_PROGRESS_INTERVAL
+    from protoclip.jobs.launch import LOG_PROGRESS_INTERVAL
 
     os.environ.setdefault("TQDM_MININTERVAL", LOG_PROGRESS_INTERVAL)
     for name in modules:

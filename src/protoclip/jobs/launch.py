@@ -15,7 +15,7 @@ runs any command the same way:
 
 Each GPU job logs where it was placed in one line. :func:`follow_job` ends a command with its job
 (``PROTOCLIP_JOB_PID``, set by the train rule), so a killed Snakemake never leaves a trainer running beside the
-rerun's.
+rerun's, and :func:`progress_for_logs` slows a job log's progress bars to a line every 30 s.
 """
 from __future__ import annotations
 
@@ -63,6 +63,21 @@ def teacher_gpus(cfg: PlacedProject) -> int:
 # the thread counts Snakemake exports for a job (snakemake.shell: each = the rule's threads)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+LOG_PROGRESS_INTERVAL = "30"  # seconds between progress-bar updates when stderr is a log file, not a terminal
+
+
+def progress_for_logs(stream=None) -> bool:
+    """When ``stream`` (stderr) is not a terminal (a Snakemake rule's ``| tee`` log, a SLURM log), tqdm bars
+    update every 30 s instead of ten times a second, so a rule log holds a few progress lines, not thousands
+    of carriage-return frames (tqdm >= 4.66 reads ``TQDM_*`` defaults from the environment; an explicit
+    ``TQDM_MININTERVAL`` wins). Returns whether it applied."""
+    stream = sys.stderr if stream is None else stream
+    if getattr(stream, "isatty", lambda: False)():
+        return False
+    os.environ.setdefault("TQDM_MININTERVAL", LOG_PROGRESS_INTERVAL)
+    return True
 
 
 def rank_threads(env: dict, ranks: int) -> dict:
