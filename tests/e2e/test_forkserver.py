@@ -94,11 +94,16 @@ done
 """)
     server = subprocess.Popen(protoclip("forkserver", "--", "bash", str(script)), env={**env(), "PY": sys.executable},
                               stderr=subprocess.PIPE, text=True)
-    forks_seen = set()
+    forks_seen, names = set(), set()
     try:
         while server.poll() is None:  # the forks: the server's children other than the command
-            kids = psutil.Process(server.pid).children()
-            forks_seen |= {k.pid for k in kids if k.name() not in ("bash",)}
+            for kid in psutil.Process(server.pid).children():
+                try:
+                    if kid.name() != "bash":
+                        forks_seen.add(kid.pid)
+                        names.add(kid.name())
+                except psutil.NoSuchProcess:
+                    pass
             time.sleep(0.1)
     finally:
         if server.poll() is None:
@@ -112,7 +117,7 @@ done
     assert "ended: stopping" not in (root / "TERM.err").read_text()
     assert (root / "KILL.rc").read_text().strip() == str(128 + signal.SIGKILL)
     assert "ended: stopping" in (root / "KILL.err").read_text()
-    assert len(forks_seen) >= 2
+    assert len(forks_seen) >= 2 and "train (fork)" in names, names  # `ps` names a fork by its job
     deadline = time.time() + 15
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in forks_seen):
         assert time.time() < deadline, "a fork outlived the command that started it"

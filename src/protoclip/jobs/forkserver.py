@@ -44,6 +44,7 @@ PRELOAD = ("torch", "open_clip", "mlflow", "sklearn.linear_model", "protoclip.cl
 ENTRY = "protoclip.cli:main"  # what a fork runs with the job's argv
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _MAX_REQUEST = 1 << 20  # argv + cwd + environment, JSON
+PR_SET_NAME = 15  # linux/prctl.h
 
 
 # --------------------------------------------------------------------------- the job's side
@@ -120,6 +121,7 @@ def _run_fork(request: dict, fds: list[int], client_pid: int, entry: str) -> Non
         os.environ.clear()
         os.environ.update({k: v for k, v in request["env"].items() if k not in (ENV, "PROTOCLIP_JOB_PID")})
         _apply_threads(os.environ)
+        _name(f"{request['argv'][0]} (fork)")
         _follow(client_pid)
         sys.argv = ["protoclip", *request["argv"]]
         module, _, name = entry.partition(":")
@@ -138,6 +140,13 @@ def _apply_threads(env) -> None:
     value = env.get("OMP_NUM_THREADS", "")
     if torch is not None and value.isdigit() and int(value) > 0:
         torch.set_num_threads(int(value))
+
+
+def _name(name: str) -> None:
+    """The name ``ps`` / ``top`` show for this fork (its command line stays the server's)."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def _follow(client_pid: int) -> None:
