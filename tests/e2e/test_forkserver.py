@@ -85,6 +85,7 @@ def test_a_forked_job_keeps_its_exit_code_and_ends_with_its_command(tmp_path):
     script.write_text(f"""
 cd {root}
 "$PY" -m protoclip.cli evaluate --config bad.yaml --run r 2> bad.err; echo $? > bad.rc
+SLURM_JOB_ID=4242 "$PY" -m protoclip.cli evaluate --config bad.yaml --run r 2> slurm.err; echo $? > slurm.rc
 for job in "TERM r" "KILL r2"; do
     set -- $job
     "$PY" -m protoclip.cli train --config config.yaml --run $2 2> $1.err & client=$!
@@ -112,6 +113,10 @@ done
     assert server.returncode == 0, err[-3000:]
     assert (root / "bad.rc").read_text().strip() == "2"
     assert "nonsense_section" in (root / "bad.err").read_text()  # bad.yaml read from the job's directory
+    # a SLURM job's process is not forked outside its allocation: it runs itself, to the same end
+    assert (root / "slurm.rc").read_text().strip() == "2"
+    assert "SLURM_JOB_ID is 4242, the server's unset: running in this process" in (root / "slurm.err").read_text()
+    assert "nonsense_section" in (root / "slurm.err").read_text()
     # SIGTERM: forwarded to the fork, which it ends; SIGKILL ends the command, and the fork follows it
     assert (root / "TERM.rc").read_text().strip() == str(128 + signal.SIGTERM)
     assert "ended: stopping" not in (root / "TERM.err").read_text()

@@ -7,9 +7,10 @@ The wrapped command runs with ``PROTOCLIP_FORKSERVER`` naming the server's socke
 :data:`FORKED` that finds it hands its argv, working directory, environment and standard streams (the descriptors
 themselves, ``SCM_RIGHTS``) to the server, which forks; the command then waits for the fork's exit status and
 exits with it, forwarding SIGINT / SIGTERM / SIGHUP, and the fork kills itself when the command ends (killed with
-its job). The job's process stays in the job's process tree; its work runs in the fork. Without the variable, or
-when the server does not answer, a command runs as it always does. When the wrapped command exits, the server
-stops and exits with its status.
+its job). The job's process stays in the job's process tree; its work runs in the fork. Without the variable,
+when the server does not answer, or for a job of a SLURM allocation the server is not in (a fork would run outside
+the allocation), a command runs as it always does. When the wrapped command exits, the server stops and exits
+with its status.
 
 What a fork shares with the server: the modules of :data:`PRELOAD` and everything they read at import time (the
 server sets ``TQDM_MININTERVAL`` as for a job's log first, :func:`protoclip.jobs.launch.progress_for_logs`). The thread
@@ -61,11 +62,14 @@ def delegate(argv: list[str], env: dict | None = None) -> int | None:
         request = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(env)}).encode()
         socket.send_fds(conn, [len(request).to_bytes(4, "big") + request], [0, 1, 2])
         reply = conn.makefile("r")
-        pid = int(reply.readline())
-    except (OSError, ValueError) as err:
-        print(f"protoclip: fork server {path} not answering ({err}): running in this process", file=sys.stderr)
+        answer = reply.readline().strip()
+    except OSError as err:
+        answer = f"not answering ({err})"
+    if not answer.isdigit():
+        print(f"protoclip: fork server {path} {answer or 'not answering'}: running in this process", file=sys.stderr)
         conn.close()
         return None
+    pid = int(answer)
     for sig in FORWARDED:
         signal.signal(sig, lambda signum, frame: _kill(pid, signum))
     line = reply.readline()  # the server writes the fork's status when it has ended
@@ -104,6 +108,15 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
             raise ValueError("truncated request")
         body += chunk
     return json.loads(body), fds
+
+
+def refusal(env: dict) -> str | None:
+    """Why a job with environment ``env`` must not run as a fork of this server (None: it may). A SLURM job's
+    process belongs to its allocation (its cgroup, its accounting): a fork of the server would run outside it."""
+    job, own = env.get("SLURM_JOB_ID"), os.environ.get("SLURM_JOB_ID")
+    if job != own:
+        return f"refused: the job's SLURM_JOB_ID is {job or 'unset'}, the server's {own or 'unset'}"
+    return None
 
 
 def _run_fork(request: dict, fds: list[int], client_pid: int, entry: str) -> None:
@@ -225,6 +238,12 @@ class Server:
             print(f"protoclip forkserver: request refused: {err}", file=sys.stderr)
             conn.close()
             return
+        if (refused := refusal(request["env"])) is not None:
+            for fd in fds:
+                os.close(fd)
+            self._send(conn, refused)
+            conn.close()
+            return
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -247,7 +266,7 @@ class Server:
         conn.close()
 
     @staticmethod
-    def _send(conn: socket.socket, value: int) -> None:
+    def _send(conn: socket.socket, value: int | str) -> None:
         try:
             conn.sendall(f"{value}\n".encode())
         except OSError:  # the command is gone; its fork follows it (_follow)
