@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +65,8 @@ def test_a_forked_training_equals_a_fresh_process(tmp_path):
     assert forked.returncode == 0, forked.stderr[-3000:]
     assert "not answering" not in forked.stderr
     assert "run r: tiny-rn on cpu" in forked.stderr  # the job's log reached the command's stderr
+    used = re.search(r"ran as a fork of the fork server \(pid \d+\): ([\d.]+) CPU s, peak (\d+) MiB", forked.stderr)
+    assert used and float(used[1]) > 0.5 and int(used[2]) > 100, forked.stderr[-2000:]  # the fork's, not the command's
     # the job ran in the fork: the command itself did not import torch
     assert float(fresh.stdout.split()[-1]) > 2.0 and float(forked.stdout.split()[-1]) < 1.0, (fresh.stdout,
                                                                                              forked.stdout)

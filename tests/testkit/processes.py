@@ -14,13 +14,14 @@ BIN = Path(sys.executable).parent  # the venv's console scripts: protoclip, snak
 
 def project_env(**extra: str) -> dict:
     """``os.environ`` for a child that runs this checkout: its src first on PYTHONPATH, the venv's bin first on PATH,
-    one BLAS / OpenMP thread (2 shared cores), hubs offline, and no GPU list or job pid inherited from the caller."""
+    one BLAS / OpenMP thread (2 shared cores), hubs offline, and no GPU list, job pid or fork server inherited from the
+    caller."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
     env["PATH"] = str(BIN) + os.pathsep + env.get("PATH", "")
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MPLBACKEND="Agg", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", DVC_NO_ANALYTICS="1")
-    for name in ("CUDA_VISIBLE_DEVICES", "PROTOCLIP_JOB_PID"):
+    for name in ("CUDA_VISIBLE_DEVICES", "PROTOCLIP_JOB_PID", "PROTOCLIP_FORKSERVER"):
         env.pop(name, None)
     env.update(extra)
     return env

@@ -17,7 +17,7 @@ server sets ``TQDM_MININTERVAL`` as for a job's log first, :func:`protoclip.jobs
 count is the job's: ``OMP_NUM_THREADS`` is read by the OpenMP runtime once per process, so the fork applies it
 with ``torch.set_num_threads`` (the default when unset: the server's, i.e. a fresh process's). The server never
 touches CUDA, so a fork may. Snakemake's ``benchmark:`` files see the job's process tree: their wall times stay
-right, their CPU and memory columns then cover the waiting command only.
+right, their CPU and memory columns then cover the waiting command only; the job's log ends with the fork's.
 """
 from __future__ import annotations
 
@@ -77,7 +77,10 @@ def delegate(argv: list[str], env: dict | None = None) -> int | None:
     if not line:
         print("protoclip: the fork server went away before the job ended", file=sys.stderr)
         return 1
-    return exit_code(int(line))
+    status, cpu_s, peak_mib = line.split()
+    print(f"protoclip: ran as a fork of the fork server (pid {pid}): {cpu_s} CPU s, peak {peak_mib} MiB resident",
+          file=sys.stderr)
+    return exit_code(int(status))
 
 
 def exit_code(status: int) -> int:
@@ -258,11 +261,13 @@ class Server:
         self._send(conn, pid)
 
     def _reap(self, pidfd: int, pid: int) -> None:
-        _, status = os.waitpid(pid, 0)
+        _, status, usage = os.wait4(pid, 0)
         self.selector.unregister(pidfd)
         os.close(pidfd)
         conn = self.jobs.pop(pidfd)
-        self._send(conn, os.waitstatus_to_exitcode(status))
+        # its status, then what it used (the job's log says it: Snakemake's benchmark sees the command only)
+        self._send(conn, f"{os.waitstatus_to_exitcode(status)} {usage.ru_utime + usage.ru_stime:.1f} "
+                         f"{usage.ru_maxrss // 1024}")
         conn.close()
 
     @staticmethod
