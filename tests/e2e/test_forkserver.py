@@ -87,6 +87,8 @@ def test_a_forked_job_keeps_its_exit_code_and_ends_with_its_command(tmp_path):
     script = tmp_path / "jobs.sh"
     script.write_text(f"""
 cd {root}
+"$PY" -c "import os, socket; s = socket.socket(socket.AF_UNIX); s.connect(os.environ['PROTOCLIP_FORKSERVER']); \
+s.sendall(b'no descriptors'); s.close()"
 "$PY" -m protoclip.cli evaluate --config bad.yaml --run r 2> bad.err; echo $? > bad.rc
 SLURM_JOB_ID=4242 "$PY" -m protoclip.cli evaluate --config bad.yaml --run r 2> slurm.err; echo $? > slurm.rc
 for job in "TERM r" "KILL r2"; do
@@ -116,6 +118,8 @@ done
     assert server.returncode == 0, err[-3000:]
     assert (root / "bad.rc").read_text().strip() == "2"
     assert "nonsense_section" in (root / "bad.err").read_text()  # bad.yaml read from the job's directory
+    # ... by a fork, although a malformed request came first (refused, the server serves on)
+    assert "ran as a fork" in (root / "bad.err").read_text() and "malformed request" in err
     # a SLURM job's process is not forked outside its allocation: it runs itself, to the same end
     assert (root / "slurm.rc").read_text().strip() == "2"
     assert "SLURM_JOB_ID is 4242, the server's unset: running in this process" in (root / "slurm.err").read_text()

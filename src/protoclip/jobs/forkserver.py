@@ -104,13 +104,18 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
         for fd in fds:
             os.close(fd)
         raise ValueError("malformed request")
-    body = b""
-    while len(body) < size:
-        chunk = conn.recv(size - len(body))
-        if not chunk:
-            raise ValueError("truncated request")
-        body += chunk
-    return json.loads(body), fds
+    try:
+        body = b""
+        while len(body) < size:
+            chunk = conn.recv(size - len(body))
+            if not chunk:
+                raise ValueError("truncated request")
+            body += chunk
+        return json.loads(body), fds
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def refusal(env: dict) -> str | None:
