@@ -139,6 +139,7 @@ def global_clip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         terms = obj.terms(None, {"z_image": zi_r, "z_text": zt_r, "logit_scale": torch.tensor(10.0)}, None, None)
         terms["clip"].backward()
         torch.save({"loss": terms["clip"].detach(), "gi": zi_r.grad, "gt": zt_r.grad}, f"{out_dir}/clip{rank}.pt")
+        dist.barrier()  # as the trainer does: no rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
 
@@ -164,6 +165,7 @@ def global_nclip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         torch.save({"terms": {k: v.detach() for k, v in terms.items()}, "gi": hi_r.grad, "gt": ht_r.grad,
                     "stats": loss.last_stats},
                    f"{out_dir}/nclip{rank}.pt")
+        dist.barrier()  # as global_clip_worker
     finally:
         dist.destroy_process_group()
 
