@@ -29,14 +29,18 @@ pytest_plugins = ["testkit.evaluation"]  # its `project` fixture
 TIERS = ("unit", "integration", "e2e")
 
 
-# Tests on xdist workers (`make test`: --dist loadgroup) that share a session fixture's service share a
-# worker, by file: the SLURM cluster's (the paper miniature's second test runs on it) and the tracking server's.
+# Tests on xdist workers (`make test`: --dist loadgroup) that share a session fixture's service, or a file, share a
+# worker, by file: the SLURM cluster's (the paper miniature's second test runs on it), the tracking server's, and
+# the repository's resolved Snakemake config.
 # Scheduled by file here because pytest-xdist 3.8.0's own loadgroup marks a test through a node id field pytest
 # 9.2 no longer reads (xdist_group markers then group nothing); a test file that uses one of these fixtures must
 # be listed.
 GROUPS = {
     "slurm": ("tests/e2e/test_slurm_cluster.py", "tests/e2e/test_paper_miniature.py"),
     "tracking-server": ("tests/e2e/test_tracking_server.py",),
+    # Snakemake on the repository itself: each run with --config or two config files rewrites the one resolved
+    # config (.snakemake/protoclip/config.yaml) that the test then reads
+    "repo-snakemake": ("tests/e2e/test_workflow.py",),
 }
 GROUP_OF_FIXTURE = {"slurm_cluster": "slurm", "mlflow_server": "tracking-server"}
 # Started first, on different workers (longest first: the suite ends when its longest worker does): the SLURM
