@@ -38,6 +38,8 @@ import threading
 import traceback
 from pathlib import Path
 
+from protoclip.jobs.launch import JOB_PID, LOG_PROGRESS_INTERVAL
+
 ENV = "PROTOCLIP_FORKSERVER"  # the server's socket, in the wrapped command's environment
 FORKED = ("train", "evaluate")  # the many jobs of a workflow whose start-up is mostly these imports
 PRELOAD = ("torch", "open_clip", "mlflow", "sklearn.linear_model", "protoclip.cli", "protoclip.tracking",
@@ -140,7 +142,7 @@ def _run_fork(request: dict, fds: list[int], client_pid: int, entry: str) -> Non
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.chdir(request["cwd"])
         os.environ.clear()
-        os.environ.update({k: v for k, v in request["env"].items() if k not in (ENV, "PROTOCLIP_JOB_PID")})
+        os.environ.update({k: v for k, v in request["env"].items() if k not in (ENV, JOB_PID)})
         _apply_threads(os.environ)
         _name(f"{request['argv'][0]} (fork)")
         _follow(client_pid)
@@ -291,8 +293,6 @@ class Server:
 
 def preload(modules=PRELOAD) -> None:
     """Import what the forks share; the environment first as a job's log gets it (see the module docstring)."""
-    from protoclip.jobs.launch import LOG_PROGRESS_INTERVAL
-
     os.environ.setdefault("TQDM_MININTERVAL", LOG_PROGRESS_INTERVAL)
     for name in modules:
         importlib.import_module(name)
