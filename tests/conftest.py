@@ -44,7 +44,7 @@ GROUPS = {
 }
 GROUP_OF_FIXTURE = {"slurm_cluster": "slurm", "mlflow_server": "tracking-server"}
 # Started first, on different workers (longest first: the suite ends when its longest worker does): the SLURM
-# group (~13 min with the paper miniature) and the offline default's DAG (~14 min).
+# group (~13 min with the paper miniature) and the offline default's DAG (~8 min under the fork server).
 LONGEST = ("slurm", "tests/e2e/test_pipeline_ci.py")
 
 

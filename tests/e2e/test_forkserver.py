@@ -18,11 +18,8 @@ import torch
 
 from protoclip.jobs import forkserver
 from testkit import REPO
-from testkit.training import tiny_project
+from testkit.training import TINY_CLIP_RUN, tiny_project
 
-RUN = {"method": "clip", "teacher": None, "model": "tiny-rn", "head_hidden": 32, "head_out": 16, "epochs": 1.0,
-       "episode_size": 16, "batch_size": 8, "warmup_episodes": 1, "lock_image_epoch": None, "num_workers": 0,
-       "device": "cpu", "data": ["offline"], "image_size": 32}
 # the command's own CPU seconds (its children's, waited for), printed after it: a fresh `protoclip train` spends
 # seconds importing torch; one whose job runs in a fork of the server spends a fraction of one
 CPU_OF = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
@@ -41,7 +38,7 @@ def protoclip(*args: str) -> list[str]:
 def project(root: Path, **run) -> Path:
     """A tiny project with paths relative to ``root`` (so a job must run in the directory it was started in)."""
     return tiny_project(root, {"paths": {"mlflow_experiment": "fs"}, "prepare": {"eval_sets": []},
-                               "train": {**RUN, **run}, "runs": {"r": {}, "r2": {}}}, relative=True, n=16, size=32)
+                               "train": {**TINY_CLIP_RUN, **run}, "runs": {"r": {}, "r2": {}}}, relative=True, n=16, size=32)
 
 
 def steps(root: Path) -> list[dict]:

@@ -22,8 +22,8 @@ false``, for disk):
 The DAG runs as `make run` runs it, under ``protoclip forkserver``. The numbers mean nothing; the test checks that
 every declared table and figure is produced, with our numbers (where its runs are trained) and the paper's, that a
 second run has nothing to do, and that the HTML report has the targets. Chromium rendering of the report is tested
-in tests/test_report_html.py. Cost (95 jobs): measured 27 min wall on the shared 2-core dev machine under a load of
-~5 (22 min user + 4 min sys CPU), so about 13-14 min on 2 idle cores.
+in tests/test_report_html.py. Cost (95 jobs): 8.3 min in a clean-clone `.ci/run` on the 2-core dev machine (23.4 min
+when every job was a fresh process).
 """
 from __future__ import annotations
 

@@ -20,13 +20,9 @@ import yaml
 from protoclip.project import load_config
 from testkit import REPO
 from testkit.mlflow_ui import CHROMIUM, NO_CHROMIUM, MlflowUI
-from testkit.training import tiny_project
+from testkit.training import TINY_CLIP_RUN, tiny_project
 
 TABLE_FILTER = "tags.`protoclip.target.table_V` = '1'"  # the README's filter
-
-RUN = {"method": "clip", "teacher": None, "model": "tiny-rn", "head_hidden": 32, "head_out": 16, "epochs": 1.0,
-       "episode_size": 16, "batch_size": 8, "warmup_episodes": 1, "lock_image_epoch": None, "num_workers": 0,
-       "device": "cpu", "data": ["offline"], "image_size": 32}
 COLUMN = {"label": "kNN", "task": "knn", "metric": "top1", "offline": ["digits"]}
 
 
@@ -44,7 +40,7 @@ def project(tmp_path: Path) -> Path:
                    "rows": [{"label": "CLIP", "run": "clip_a"}]},
         "runs": {"clip_a": {}}}))
     return tiny_project(tmp_path, {"paths": {"mlflow_experiment": "exp"}, "prepare": {"eval_sets": []},
-                                   "train": RUN, "experiments": ["experiments/table_V.yaml", "experiments/fig_x.yaml"],
+                                   "train": TINY_CLIP_RUN, "experiments": ["experiments/table_V.yaml", "experiments/fig_x.yaml"],
                                    "runs": {"lonely": {}}}, n=16, size=32)
 
 

@@ -240,6 +240,13 @@ def tiny_project(root: Path, config: dict, *, teacher: str | None = None, relati
     return path
 
 
+# a CLIP run of tiny-rn at 32 px on the offline pairs, one epoch in episodes of 16: what a `protoclip train` subprocess
+# of the end-to-end tests trains in seconds
+TINY_CLIP_RUN = {"method": "clip", "teacher": None, "model": "tiny-rn", "head_hidden": 32, "head_out": 16,
+                 "epochs": 1.0, "episode_size": 16, "batch_size": 8, "warmup_episodes": 1, "lock_image_epoch": None,
+                 "num_workers": 0, "device": "cpu", "data": ["offline"], "image_size": 32}
+
+
 STAGE_RUN = {"model": "tiny-rn", "head_hidden": 32, "head_out": 16, "epochs": 1.0, "episode_size": 32,
        "batch_size": 16, "warmup_episodes": 1, "lock_image_epoch": None, "num_workers": 0, "device": "cpu",
        "kmeans": {"backend": "torch", "images_per_prototype": 4, "iters": 3}}
