@@ -4,6 +4,7 @@ prefetch, a resume nor the worker count."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +129,46 @@ def test_with_workers_batches_depend_on_neither_prefetch_resume_nor_worker_count
     second.close()
     # the augmentation draws differ between passes and episodes (the seed key holds both)
     assert not torch.equal(oracle[1][0][0], oracle[2][0][0])
+
+
+def test_the_workers_read_on_into_the_next_pass_and_restart_only_when_the_pattern_changes(tmp_path, monkeypatch):
+    """With workers the passes are one stream: with one batch of episode 0's training pass taken (of three), the
+    workers already read items of episode 1 (the prefetch, 2 batches x 2 workers, reaches past the pass); a run
+    whose episodes keep their pattern starts one iterator, a pattern change (an episode that begins extracting, as
+    PCL's after its InfoNCE-only episodes) one more; the batches are those of a loader per pass all the same."""
+    import protoclip.train.loader as loader_module
+    from torch.utils.data import DataLoader
+
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    real_seed = loader_module.seed_item
+
+    def spy(key):  # runs in the (forked) workers: leaves "<episode>-<pass index>"
+        Path(seen, f"{key[1]}-{key[2]}").touch()
+        real_seed(key)
+    monkeypatch.setattr(loader_module, "seed_item", spy)
+    starts = []
+    real_iter = DataLoader.__iter__
+    monkeypatch.setattr(DataLoader, "__iter__", lambda self: starts.append(1) or real_iter(self))
+
+    data = RandomPairs(n=30)
+    loader = make(data, workers=2)
+    it = iter(loader.pass_of(0, "train"))
+    first = next(it)
+    deadline = time.monotonic() + 60
+    while not (seen / "1-1").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (seen / "1-1").exists(), sorted(p.name for p in seen.iterdir())
+    passes = [(1, "train"), (2, "extract"), (2, "train")]
+    got = [[first, *it]] + read(loader, passes)
+    loader.close()
+    assert len(starts) == 2  # (0, train) began a stream of train passes; episode 2 began extracting: a restart
+    oracle = []
+    for episode, pass_ in [(0, "train"), *passes]:
+        fresh = make(data, workers=1)
+        oracle += read(fresh, [(episode, pass_)])
+        fresh.close()
+    assert_same_batches(got, oracle)
 
 
 def test_a_run_starts_its_workers_once_and_a_resumed_run_trains_the_same_weights(tmp_path):

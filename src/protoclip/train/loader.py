@@ -3,8 +3,8 @@
 An episode (:mod:`protoclip.train.episode`) is read in up to two passes over its items, in episode order:
 ``extract`` (a method's work before the steps, e.g. ProtoCLIP's h^I, h^T for k-means, in batches of
 ``train.extract_batch_size``) and ``train`` (the optimizer steps, ``train.batch_size``). :class:`EpisodeBatches`
-is the DataLoader's batch sampler: set to (episode, pass), it yields this rank's share of the episode
-(:func:`~protoclip.train.episode.rank_positions`) in batches of that pass's size. :class:`RunLoader` holds the one
+is the DataLoader's batch sampler: set to a sequence of (episode, pass), it yields this rank's share of each
+episode (:func:`~protoclip.train.episode.rank_positions`) in batches of each pass's size. :class:`RunLoader` holds the one
 DataLoader, with ``persistent_workers`` when ``num_workers > 0`` (the workers start once per run, or once per
 resumed segment, instead of twice per episode), and hands out each pass as an iterable of
 ``(images, tokens, positions)`` batches::
@@ -16,12 +16,12 @@ resumed segment, instead of twice per episode), and hands out each pass as an it
     wait = loader.take_wait()  # seconds waited for the first batch of each pass since the last call
     loader.close()
 
-Prefetch (with workers): the pass most likely to come next starts as soon as the current one is exhausted, so
-that the workers decode its first batches while the main process works: the training pass when the extraction
-pass ends (during k-means and PBT), the next episode's first pass (of the kind this episode began with) when the
-training pass ends (during the checkpoint and validation). A pass asked for that is not the one started ahead
-restarts the loader's epoch on the right one (the batches decoded ahead are dropped): a guess costs time, never
-correctness.
+Prefetch (with workers): one iterator reads the passes of the rest of the run as one stream (this pass, then
+every later one as the latest episode began: extract + train, or train only), so the workers never stop at a pass
+boundary: while the main process ends a pass, runs k-means and PBT, checkpoints or validates, they already decode
+the next pass's first batches (up to the DataLoader's prefetch). A pass asked for that is not the stream's next one
+(a method whose episodes change pattern, a pass left part-way) restarts the stream at it (the batches decoded
+ahead are dropped): a guess costs time, never correctness.
 
 Augmentation draws. Without workers the items are read in the main process, in order, drawing from its global
 RNGs as a DataLoader made per pass does (the checkpoint saves those RNGs, so a resumed run is exact). Workers that
@@ -31,6 +31,7 @@ then a pure function of those four numbers, whatever the worker count, the prefe
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 import random
@@ -79,11 +80,12 @@ class RunItems(Dataset):
 
 
 class EpisodeBatches(Sampler):
-    """Batch sampler over :class:`RunItems`: the batches of one pass of one episode on this rank.
+    """Batch sampler over :class:`RunItems`: the batches of a sequence of passes on this rank.
 
-    :meth:`set_pass` selects (episode, pass); an iterator taken after it yields lists of item keys, this rank's
-    episode positions in order (a DistributedSampler split without shuffling: the episode draw is random
-    already) in batches of the pass's size. ``seed_items``: whether the keys carry a per-item seed key."""
+    :meth:`set_passes` selects the (episode, pass) sequence; an iterator taken after it yields, pass after pass,
+    lists of item keys: this rank's episode positions in order (a DistributedSampler split without shuffling: the
+    episode draw is random already) in batches of the pass's size. ``seed_items``: whether the keys carry a per-item
+    seed key."""
 
     def __init__(self, dataset_size: int, episode_size: int, seed: int, info: DistInfo,
                  batch_sizes: dict[str, int], seed_items: bool):
@@ -92,28 +94,32 @@ class EpisodeBatches(Sampler):
         self.dataset_size, self.episode_size, self.seed = dataset_size, episode_size, seed
         self.batch_sizes, self.seed_items = dict(batch_sizes), seed_items
         self.positions = rank_positions(episode_size, info)
-        self.episode, self.pass_ = 0, "train"
-        self._drawn: tuple[int, np.ndarray] | None = None  # (episode, its indices): the last draw
+        self.passes: list[tuple[int, str]] = [(0, "train")]
+        self._drawn: dict[int, np.ndarray] = {}  # episode -> its indices: the last two draws (a stream spans two)
 
     def indices(self, episode: int) -> np.ndarray:
         """The episode's dataset indices (:func:`~protoclip.train.episode.sample_episode`), training order."""
-        if self._drawn is None or self._drawn[0] != episode:
-            self._drawn = (episode, sample_episode(self.dataset_size, self.episode_size, self.seed, episode))
-        return self._drawn[1]
+        if episode not in self._drawn:
+            if len(self._drawn) >= 2:
+                del self._drawn[min(self._drawn)]
+            self._drawn[episode] = sample_episode(self.dataset_size, self.episode_size, self.seed, episode)
+        return self._drawn[episode]
 
-    def set_pass(self, episode: int, pass_: str) -> None:
-        if pass_ not in PASSES:
-            raise ValueError(f"pass must be one of {PASSES}, got {pass_!r}")
-        self.episode, self.pass_ = episode, pass_
+    def set_passes(self, passes: list[tuple[int, str]]) -> None:
+        bad = [p for _, p in passes if p not in PASSES]
+        if bad or not passes:
+            raise ValueError(f"passes must be a non-empty list of (episode, one of {PASSES}), got {passes!r}")
+        self.passes = list(passes)
 
     def n_batches(self, pass_: str) -> int:
         return math.ceil(len(self.positions) / self.batch_sizes[pass_])
 
     def __len__(self) -> int:
-        return self.n_batches(self.pass_)
+        return sum(self.n_batches(p) for _, p in self.passes)
 
     def __iter__(self) -> Iterator[list]:
-        return self._batches(self.episode, self.pass_)  # bound now: a later set_pass cannot change this pass
+        passes = list(self.passes)  # bound now: a later set_passes cannot change this iterator
+        return (batch for episode, pass_ in passes for batch in self._batches(episode, pass_))
 
     def _batches(self, episode: int, pass_: str) -> Iterator[list]:
         indices, size = self.indices(episode), self.batch_sizes[pass_]
@@ -139,8 +145,7 @@ class Pass:
 class RunLoader:
     """The run's one DataLoader over ``dataset`` (items ``(image, tokens, id)``), serving :class:`Pass` es
     (see the module docstring). ``batch_size`` / ``extract_batch_size``: this rank's batch of each pass;
-    ``n_episodes``: the schedule's episodes (nothing is prefetched past the last). :meth:`close` stops the
-    workers."""
+    ``n_episodes``: the schedule's episodes (nothing is read past the last). :meth:`close` stops the workers."""
 
     def __init__(self, dataset: Dataset, *, episode_size: int, seed: int, batch_size: int, extract_batch_size: int,
                  num_workers: int, info: DistInfo, device: torch.device, n_episodes: int):
@@ -154,8 +159,9 @@ class RunLoader:
             pin_memory=device.type == "cuda", persistent_workers=self.workers,
             generator=torch.Generator().manual_seed(seed) if self.workers else None)
         self._it: Iterator | None = None
-        self._ahead: tuple[int, str] | None = None  # the (episode, pass) started ahead and not read from yet
-        self._first: dict[int, str] = {}  # episode -> the kind of its first pass (the guess for the next one)
+        self._queue: collections.deque[tuple[int, str]] = collections.deque()  # the passes self._it yields next
+        self._pattern: tuple[str, ...] = ("train",)  # the passes of an episode, as the latest episode began
+        self._episode = -1  # the episode read last
         self._wait = 0.0
 
     def indices(self, episode: int) -> np.ndarray:
@@ -172,31 +178,49 @@ class RunLoader:
         wait, self._wait = self._wait, 0.0
         return wait
 
+    def plan(self, episode: int, pass_: str) -> list[tuple[int, str]]:
+        """The passes expected from (episode, pass_) to the run's end: the rest of this episode, then every later
+        episode as the latest one began (extract + train, or train only)."""
+        rest = [(episode, p) for p in self._pattern[self._pattern.index(pass_):]] if pass_ in self._pattern \
+            else [(episode, pass_)]
+        return rest + [(e, p) for e in range(episode + 1, self.n_episodes) for p in self._pattern]
+
     def _start(self, episode: int, pass_: str) -> Iterator:
+        """The iterator whose next batches are (episode, pass_)'s: the running stream when it is at that pass,
+        else a new one (persistent workers: the same processes, a new epoch; what was read ahead is dropped)."""
         if self.loader is None:
             raise RuntimeError("the run's loader is closed")
-        if self._ahead != (episode, pass_):
-            self.batches.set_pass(episode, pass_)
-            if not self.workers:
-                # each DataLoader iterator draws a base seed from the global RNG; a pass read through a tqdm.auto
-                # bar takes two (one in the bar's constructor, one when iterated): the same two draws here keep
-                # the main process's stream, so runs without workers draw the augmentations a loader per pass drew
-                iter(self.loader)
-            self._it = iter(self.loader)  # persistent workers: the same processes, a new epoch
-        self._ahead = None
+        if not self.workers:  # one pass per iterator, read in this process as a loader per pass reads it
+            self.batches.set_passes([(episode, pass_)])
+            # each DataLoader iterator draws a base seed from the global RNG; a pass read through a tqdm.auto bar
+            # takes two (one in the bar's constructor, one when iterated): the same two draws here keep the main
+            # process's stream, so runs without workers draw the augmentations a loader per pass drew
+            iter(self.loader)
+            self._queue = collections.deque([(episode, pass_)])
+            self._it = iter(self.loader)
+        elif not self._queue or self._queue[0] != (episode, pass_) or self._it is None:
+            self._queue = collections.deque(self.plan(episode, pass_))
+            self.batches.set_passes(list(self._queue))
+            self._it = iter(self.loader)
         return self._it
 
     def _read(self, episode: int, pass_: str):
-        self._first.setdefault(episode, pass_)
+        if episode != self._episode:  # a new episode: its first pass says how the next ones will begin
+            self._episode, self._pattern = episode, PASSES if pass_ == "extract" else ("train",)
         t0 = time.perf_counter()
-        for i, batch in enumerate(self._start(episode, pass_)):
-            if i == 0:
-                self._wait += time.perf_counter() - t0
-            yield batch
-        nxt = (episode, "train") if pass_ == "extract" else (episode + 1, self._first.get(episode, pass_))
-        if self.workers and nxt[0] < self.n_episodes and self.loader is not None:
-            self.batches.set_pass(*nxt)
-            self._it, self._ahead = iter(self.loader), nxt
+        it, n, taken = self._start(episode, pass_), self.batches.n_batches(pass_), 0
+        try:
+            for _ in range(n):
+                batch = next(it)
+                if not taken:
+                    self._wait += time.perf_counter() - t0
+                taken += 1
+                yield batch
+        finally:
+            if taken == n:  # the stream is at the next pass
+                self._queue.popleft()
+            else:  # left part-way (an error, a break): start afresh at the next pass asked
+                self._queue.clear()
 
     def close(self) -> None:
         """Stop the worker processes (the loader serves no more passes)."""
