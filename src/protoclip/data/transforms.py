@@ -92,9 +92,28 @@ def train_transform(image_size: int, kind: Kind = "protoclip") -> Callable:
     return T.Compose(steps)
 
 
-_MEAN = torch.tensor(OPENAI_DATASET_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
-_STD = torch.tensor(OPENAI_DATASET_STD, dtype=torch.float32).view(1, 3, 1, 1)
-_SCALE = torch.full((1, 1, 1, 1), 255.0, dtype=torch.float32)
+_CONSTANTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """255, mean and std as float32 tensors on ``device``, made once per device: a host-to-device copy from
+    pageable memory waits for the device, which a copy per batch would make it do every step."""
+    if device not in _CONSTANTS:
+        _CONSTANTS[device] = (torch.full((1, 1, 1, 1), 255.0, dtype=torch.float32, device=device),
+                              torch.tensor(OPENAI_DATASET_MEAN, dtype=torch.float32, device=device).view(1, 3, 1, 1),
+                              torch.tensor(OPENAI_DATASET_STD, dtype=torch.float32, device=device).view(1, 3, 1, 1))
+    return _CONSTANTS[device]
+
+
+def to_unit(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images -> float32 in [0, 1], as ToTensor divides (:func:`normalize_batch`'s first half)."""
+    return images.float().div(_constants(images.device)[0])
+
+
+def normalize_unit(x: torch.Tensor) -> torch.Tensor:
+    """float32 images in [0, 1] -> Normalize(OPENAI_DATASET_MEAN/STD) (:func:`normalize_batch`'s second half)."""
+    _, mean, std = _constants(x.device)
+    return x.sub(mean).div(std)
 
 
 def normalize_batch(images: torch.Tensor) -> torch.Tensor:
@@ -106,8 +125,7 @@ def normalize_batch(images: torch.Tensor) -> torch.Tensor:
     multiplication by its reciprocal, which differs from ToTensor's division in the last bit for some values."""
     if images.is_floating_point():
         return images
-    dev = images.device
-    return images.float().div(_SCALE.to(dev)).sub(_MEAN.to(dev)).div(_STD.to(dev))
+    return normalize_unit(to_unit(images))
 
 
 def eval_transform(image_size: int) -> Callable:
@@ -115,5 +133,5 @@ def eval_transform(image_size: int) -> Callable:
     return image_transform(image_size, is_train=False)
 
 
-__all__ = ["Kind", "train_transform", "normalize_batch", "eval_transform", "gaussian_blur", "CROP_SCALE", "CROP_ONLY",
-           "JITTER_P", "BLUR_P"]
+__all__ = ["Kind", "train_transform", "normalize_batch", "normalize_unit", "to_unit", "eval_transform", "gaussian_blur",
+           "CROP_SCALE", "CROP_ONLY", "JITTER_P", "BLUR_P"]
