@@ -22,6 +22,10 @@ same number of DataLoader workers and batch size:
   transform as open_clip's, so the like-for-like row;
 * ``ours, torchvision blur``: ``ours`` with the blur as torchvision computes it (the 2-D kernel; the data path
   before :mod:`protoclip.data.blur`);
+* ``ours (<augmentation>), colour on the device``: ``ours`` with ``train.augment_on: device``, the workers cropping
+  and flipping only (``ours (<augmentation>), colour on the device / ours (<augmentation>)``: what the workers gain);
+  the colour steps' own cost is then the device's, timed after the rounds on a batch of ``--batch`` images
+  (:class:`protoclip.data.device_augment.DeviceAugment`; with CUDA on the GPU, else on one CPU thread);
 
 Each pipeline's first batch (worker start, shuffle buffer fill) is not timed: images/s = the next ``--batches``
 batches' images / their wall time / workers. The pipelines run interleaved (``--rounds`` rounds of each, one
@@ -63,6 +67,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_shards import VOCAB, _add  # noqa: E402
+
+from protoclip.data.device_augment import ORDER  # noqa: E402
 
 TINY = {"images": 48, "shards": 2, "source": (80, 60), "size": 32, "batch": 8, "batches": 2, "rounds": 1,
         "workers": 1, "micro": 8}
@@ -140,7 +146,7 @@ def float_out(transform):
 
 
 def ours_loader(df: pd.DataFrame, size: int, augmentation: str, batch: int, workers: int, seed: int,
-                torchvision_blur: bool = False, float_images: bool = False):
+                torchvision_blur: bool = False, float_images: bool = False, photometric: str = "workers"):
     from torch.utils.data import DataLoader, Subset
     from torchvision import transforms as T
 
@@ -148,7 +154,7 @@ def ours_loader(df: pd.DataFrame, size: int, augmentation: str, batch: int, work
     from protoclip.data.transforms import train_transform
     from protoclip.models import get_tokenizer
 
-    transform = train_transform(size, augmentation)
+    transform = train_transform(size, augmentation, photometric)
     if torchvision_blur:  # the blur as torchvision computes it (2-D kernel): the data path before blur.py
         for step in transform.transforms:
             if isinstance(step, T.RandomApply) and isinstance(step.transforms[0], T.GaussianBlur):
@@ -183,6 +189,30 @@ def open_clip_loader(pattern: str, images: int, size: int, batch: int, workers: 
 
         preprocess = float_out(train_transform(size, augmentation))
     return get_wds_dataset(args, preprocess, is_train=True, epoch=0, tokenizer=open_clip.get_tokenizer("RN50")).dataloader
+
+
+def device_augment_cost(kind: str, size: int, batch: int, rounds: int) -> str:
+    """Milliseconds per batch of ``DeviceAugment`` (the colour steps of ``augment_on: device``) on the GPU if there
+    is one, else on this process's one CPU thread: median of ``rounds`` x 5 timed batches after a warm-up."""
+    from protoclip.data.device_augment import DeviceAugment
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    aug = DeviceAugment(kind, size)
+    x = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=dev)
+    aug(x, (0,))
+    times = []
+    for i in range(rounds * 5):
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        aug(x, (i,))
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    ms = statistics.median(times) * 1e3
+    return (f"device augmentation ({kind}, colour on the device): {ms:.1f} ms per batch of {batch} at {size} px on "
+            f"{dev.type}{'' if dev.type == 'cuda' else ' (one thread; the GPU is what it is for)'}, "
+            f"{ms / batch:.3f} ms an image")
 
 
 def images_per_s(loader, batches: int, batch: int, workers: int) -> tuple[float, float, torch.dtype]:
@@ -329,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"ours ({a.augmentation}), float out": lambda: ours_loader(
                          df, a.image_size, a.augmentation, a.batch, a.workers, a.seed, float_images=True),
                      "ours (crop only)": lambda: ours_loader(df, a.image_size, "none", a.batch, a.workers, a.seed),
+                     f"ours ({a.augmentation}), colour on the device": lambda: ours_loader(
+                         df, a.image_size, a.augmentation, a.batch, a.workers, a.seed, photometric="device"),
                      "ours, torchvision blur": lambda: ours_loader(df, a.image_size, a.augmentation, a.batch,
                                                                    a.workers, a.seed, torchvision_blur=True)}
         if a.augmentation == "none" or a.tiny:
@@ -350,10 +382,14 @@ def main(argv: list[str] | None = None) -> int:
             pairs.append((f"ours ({a.augmentation})", f"open_clip_train ({a.augmentation})"))
         if f"ours ({a.augmentation}), float out" in rates:  # uint8 batches vs the float ones before
             pairs.append((f"ours ({a.augmentation})", f"ours ({a.augmentation}), float out"))
+        if f"ours ({a.augmentation}), colour on the device" in rates:  # what the workers gain
+            pairs.append((f"ours ({a.augmentation}), colour on the device", f"ours ({a.augmentation})"))
         for name, ref in pairs:
             ratio = [x / y for x, y in zip(rates[name], rates[ref])]
             say(f"ratio {name} / {ref} per round: {' '.join(f'{x:.2f}' for x in ratio)}; "
                 f"min {min(ratio):.2f}x, median {statistics.median(ratio):.2f}x")
+        if a.augmentation in ORDER:
+            say(device_augment_cost(a.augmentation, a.image_size, a.batch, a.rounds))
         if a.micro:
             jpgs = []
             for path, off, size in df[["path", "offset", "size"]].head(a.micro).itertuples(index=False):

@@ -9,45 +9,17 @@ import dataclasses
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
-from torch.utils.data import Dataset
 
-from protoclip.data.transforms import normalize_batch
 from protoclip.files.layout import Layout
-from protoclip.models import get_tokenizer
 from protoclip.train.config import PAUCConfig
 from protoclip.train.loop import train
 from protoclip.train.methods.base import method_class
 from protoclip.train.methods.pcl import PCLConfig
-from testkit.training import WORDS, one_thread, tiny_config, tiny_model
+from testkit.training import PilPairs, one_thread, tiny_config, tiny_model
 
 _threads = pytest.fixture(autouse=True)(one_thread)
-
-
-class PilPairs(Dataset):
-    """n random RGB images of assorted sizes with captions, through ``transform``; ``worker_normalise`` turns each
-    uint8 view into the float one in the worker (the float pipeline)."""
-
-    def __init__(self, transform, n: int = 64, worker_normalise: bool = False, seed: int = 0):
-        rng = np.random.default_rng(seed)
-        self.images = [Image.fromarray(rng.integers(0, 256, (int(rng.integers(40, 90)), int(rng.integers(40, 90)), 3),
-                                                    dtype=np.uint8)) for _ in range(n)]
-        self.tokens = get_tokenizer("tiny-rn")([" ".join(rng.choice(WORDS, size=3)) for _ in range(n)])
-        self.transform, self.worker_normalise = transform, worker_normalise
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def _float(self, x: torch.Tensor) -> torch.Tensor:
-        return normalize_batch(x[None])[0] if self.worker_normalise else x
-
-    def __getitem__(self, i: int):
-        x = self.transform(self.images[i])
-        x = tuple(self._float(v) for v in x) if isinstance(x, tuple) else self._float(x)
-        return x, self.tokens[i], f"s{i:04d}"
 
 
 def weights(cfg, root: Path, worker_normalise: bool) -> dict[str, torch.Tensor]:

@@ -46,6 +46,37 @@ class RandomPairs(Dataset):
         return self.images[i] + noise, self.tokens[i], self.ids[i]
 
 
+class PilPairs(Dataset):
+    """n random RGB images of assorted sizes with captions, through ``transform``; ``worker_normalise`` turns each
+    uint8 view into the float one in the worker (the float pipeline)."""
+
+    def __init__(self, transform, n: int = 64, worker_normalise: bool = False, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.images = [Image.fromarray(rng.integers(0, 256, (int(rng.integers(40, 90)), int(rng.integers(40, 90)), 3),
+                                                    dtype=np.uint8)) for _ in range(n)]
+        self.tokens = _tokenizer()([" ".join(rng.choice(WORDS, size=3)) for _ in range(n)])
+        self.transform, self.worker_normalise = transform, worker_normalise
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def _float(self, x: torch.Tensor) -> torch.Tensor:
+        from protoclip.data.transforms import normalize_batch
+
+        return normalize_batch(x[None])[0] if self.worker_normalise else x
+
+    def __getitem__(self, i: int):
+        x = self.transform(self.images[i])
+        x = tuple(self._float(v) for v in x) if isinstance(x, tuple) else self._float(x)
+        return x, self.tokens[i], f"s{i:04d}"
+
+
+def _tokenizer():
+    from protoclip.models import get_tokenizer
+
+    return get_tokenizer("tiny-rn")
+
+
 def tiny_config(**overrides) -> TrainConfig:
     """A CPU-sized run: tiny-rn, episode 32, batch 16, 2 epochs of 64 items = 4 episodes x 2 steps."""
     loss = overrides.pop("loss", {})

@@ -65,22 +65,33 @@ BLUR_KERNEL_224 = {"simclr": 23, "protoclip": 21, "mocov2": 23}
 BLUR_SIGMA_224 = (0.1, 2.0)  # SimCLR, MoCo v2 and torchvision's GaussianBlur default (the authors' code)
 
 
-def gaussian_blur(image_size: int, kind: Kind) -> T.RandomApply:
-    """The blur step of ``kind`` at ``image_size`` px (kernel and sigma scaled from 224 px, see module doc)."""
+def blur_params(image_size: int, kind: Kind) -> tuple[int, tuple[float, float]]:
+    """The blur of ``kind`` at ``image_size`` px: kernel (odd, >= 3) and sigma range, scaled from 224 px."""
     scale = image_size / 224
     kernel = max(3, int(round(BLUR_KERNEL_224[kind] * scale)) | 1)
-    sigma = (BLUR_SIGMA_224[0] * scale, BLUR_SIGMA_224[1] * scale)
+    return kernel, (BLUR_SIGMA_224[0] * scale, BLUR_SIGMA_224[1] * scale)
+
+
+def gaussian_blur(image_size: int, kind: Kind) -> T.RandomApply:
+    """The blur step of ``kind`` at ``image_size`` px (kernel and sigma scaled from 224 px, see module doc)."""
+    kernel, sigma = blur_params(image_size, kind)
     return T.RandomApply([GaussianBlur(kernel, sigma=sigma)], p=BLUR_P[kind])
 
 
-def train_transform(image_size: int, kind: Kind = "protoclip") -> Callable:
-    """Training augmentation ``kind`` at ``image_size`` px (see module docstring)."""
+def train_transform(image_size: int, kind: Kind = "protoclip", photometric: str = "workers") -> Callable:
+    """Training augmentation ``kind`` at ``image_size`` px (see module docstring). ``photometric="device"``: the
+    crop and flip only; the colour jitter, greyscale and blur run batched on the training device
+    (:class:`protoclip.data.device_augment.DeviceAugment`, ``train.augment_on: device``)."""
     if kind not in CROP_SCALE:
         raise ValueError(f"unknown augmentation kind {kind!r} (known: {', '.join(CROP_SCALE)})")
+    if photometric not in ("workers", "device"):
+        raise ValueError(f"photometric must be 'workers' or 'device', got {photometric!r}")
     steps: list = [_convert_to_rgb,
                    T.RandomResizedCrop(image_size, scale=CROP_SCALE[kind],
                                        interpolation=T.InterpolationMode.BICUBIC)]
-    if kind == "mocov2":  # MoCo v2's order: crop, jitter, grayscale, blur, flip
+    if photometric == "device":  # the flip commutes with the colour steps and the symmetric blur (device_augment)
+        steps += [] if kind in CROP_ONLY else [T.RandomHorizontalFlip()]
+    elif kind == "mocov2":  # MoCo v2's order: crop, jitter, grayscale, blur, flip
         steps += [color_jitter(*JITTER[kind], p=JITTER_P[kind]), gray_scale(p=GRAY_P), gaussian_blur(image_size, kind),
                   T.RandomHorizontalFlip()]
     elif kind == "mocov1":  # MoCo v1's order: crop, grayscale, jitter, flip
@@ -134,4 +145,4 @@ def eval_transform(image_size: int) -> Callable:
 
 
 __all__ = ["Kind", "train_transform", "normalize_batch", "normalize_unit", "to_unit", "eval_transform", "gaussian_blur",
-           "CROP_SCALE", "CROP_ONLY", "JITTER_P", "BLUR_P"]
+           "blur_params", "CROP_SCALE", "CROP_ONLY", "JITTER_P", "BLUR_P"]

@@ -175,6 +175,10 @@ class TrainConfig:
     lock_image_epoch: float | None = 16.0  # image-encoder LR -> 0 from this epoch (LiT); null = never
     # Sec. IV-B3, Table XI; mocov2 / mocov1: PCL v2 / v1 and PAUC; crop50: nCLIP; crop80: the temperature paper
     augmentation: Literal["protoclip", "none", "simclr", "mocov2", "mocov1", "crop50", "crop80"] = "protoclip"
+    # where the augmentation's colour jitter, greyscale and blur run: in the DataLoader workers (PIL, per image) or
+    # batched on the training device after the workers' crop and flip (protoclip.data.device_augment: the same
+    # steps and draws' distribution, computed in float; frees the workers of about a quarter of their work)
+    augment_on: Literal["workers", "device"] = "workers"
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     loss: LossConfig = field(default_factory=LossConfig)

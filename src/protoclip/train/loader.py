@@ -16,6 +16,11 @@ resumed segment, instead of twice per episode), and hands out each pass as an it
     wait = loader.take_wait()  # seconds waited for the first batch of each pass since the last call
     loader.close()
 
+With ``augment`` (``train.augment_on: device``, :class:`protoclip.data.device_augment.DeviceAugment`) a pass yields
+its images on the device, augmented there and normalised: each uint8 view of a batch with the key (episode, pass
+index, the batch's first position, view), so the draws, like the workers' per-item seeds, do not depend on the
+worker count, the prefetch or a resume.
+
 Prefetch (with workers): one iterator reads the passes of the rest of the run as one stream (this pass, then
 every later one as the latest episode began: extract + train, or train only), so the workers never stop at a pass
 boundary: while the main process ends a pass, runs k-means and PBT, checkpoints or validates, they already decode
@@ -37,7 +42,7 @@ import math
 import random
 import struct
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -148,8 +153,10 @@ class RunLoader:
     ``n_episodes``: the schedule's episodes (nothing is read past the last). :meth:`close` stops the workers."""
 
     def __init__(self, dataset: Dataset, *, episode_size: int, seed: int, batch_size: int, extract_batch_size: int,
-                 num_workers: int, info: DistInfo, device: torch.device, n_episodes: int):
+                 num_workers: int, info: DistInfo, device: torch.device, n_episodes: int,
+                 augment: Callable[[torch.Tensor, tuple[int, ...]], torch.Tensor] | None = None):
         self.workers, self.n_episodes = num_workers > 0, n_episodes
+        self.augment, self.device, self.seed = augment, device, seed
         self.batches = EpisodeBatches(len(dataset), episode_size, seed, info,
                                       {"extract": extract_batch_size, "train": batch_size}, seed_items=self.workers)
         # with workers, the iterator's base seed comes from a generator of its own: the worker seeds do not matter
@@ -215,12 +222,26 @@ class RunLoader:
                 if not taken:
                     self._wait += time.perf_counter() - t0
                 taken += 1
-                yield batch
+                yield batch if self.augment is None else self._on_device(batch, episode, pass_)
         finally:
             if taken == n:  # the stream is at the next pass
                 self._queue.popleft()
             else:  # left part-way (an error, a break): start afresh at the next pass asked
                 self._queue.clear()
+
+    def _on_device(self, batch, episode: int, pass_: str):
+        """``(images, tokens, positions)`` with the images (each view) on the device, augmented and normalised."""
+        images, tokens, pos = batch
+        key = (self.seed, episode, PASSES.index(pass_), int(pos[0]))  # positions are on the host: no device read
+
+        def one(view: torch.Tensor, v: int) -> torch.Tensor:
+            return self.augment(view.to(self.device, non_blocking=True), (*key, v))
+
+        if isinstance(images, (list, tuple)):
+            images = type(images)(one(view, v) for v, view in enumerate(images))
+        else:
+            images = one(images, 0)
+        return images, tokens, pos
 
     def close(self) -> None:
         """Stop the worker processes (the loader serves no more passes)."""

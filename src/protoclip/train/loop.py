@@ -253,14 +253,19 @@ class Session:
     channels_last: bool = False  # images in channels_last (a ResNet tower on CUDA, channels_last_)
 
 
-def run_loader(cfg: TrainConfig, dataset: Dataset, sched: Schedule, info: DistInfo, device: torch.device
-               ) -> RunLoader:
+def run_loader(cfg: TrainConfig, dataset: Dataset, sched: Schedule, info: DistInfo, device: torch.device,
+               image_size: int) -> RunLoader:
     """The run's one DataLoader (:mod:`protoclip.train.loader`): this rank's batches of both passes of every
     episode, its workers started once. ``extract_batch_size`` is global like ``batch_size`` (null: twice it)."""
     extract = cfg.extract_batch_size if cfg.extract_batch_size is not None else 2 * cfg.batch_size
+    augment = None
+    if cfg.augment_on == "device":
+        from protoclip.data.device_augment import DeviceAugment
+
+        augment = DeviceAugment(cfg.augmentation, image_size)
     return RunLoader(dataset, episode_size=sched.episode_size, seed=cfg.seed, batch_size=sched.batch_size,
                      extract_batch_size=per_rank_batch(extract, info.world_size), num_workers=cfg.num_workers,
-                     info=info, device=device, n_episodes=sched.n_episodes)
+                     info=info, device=device, n_episodes=sched.n_episodes, augment=augment)
 
 
 def setup_device(name: str) -> tuple[torch.device, DistInfo]:
@@ -531,7 +536,8 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
                 use_teacher=cfg.reads_teacher() and teacher is not None, info=info, device=device,
                 autocast=autocast, tlog=tlog, tracker=tracker or Tracker(),
                 checkpoint=files.checkpoint, resume_key=key, validator=validator, scaler=scaler,
-                channels_last=channels_last, loader=run_loader(cfg, dataset, sched, info, device))
+                channels_last=channels_last,
+                loader=run_loader(cfg, dataset, sched, info, device, model.image_size))
     log_start(s, progress, config, files.config, resumed=state is not None)
     try:
         run_episodes(s, progress, stop_after_episodes)

@@ -148,10 +148,11 @@ class Method:
         a tuple of tensors here (e.g. :class:`protoclip.train.methods.base.MultiView`); the default collate
         then gives ``images`` as a list of [B, 3, H, W] tensors. The loop moves each to the device and normalises the
         uint8 ones there (:func:`protoclip.data.transforms.normalize_batch`; float views pass unchanged), so
-        :meth:`forward` gets float images."""
+        :meth:`forward` gets float images. With ``augment_on: device`` the uint8 views are crops and flips only:
+        the loader applies the rest on the device (:mod:`protoclip.data.device_augment`)."""
         from protoclip.data.transforms import train_transform
 
-        return train_transform(image_size, cfg.augmentation)
+        return train_transform(image_size, cfg.augmentation, cfg.augment_on)
 
     # ---- per step ----
     def outputs(self) -> set[str]:

@@ -110,7 +110,7 @@ class PCLMethod(Method):
     def train_transform(cls, cfg: TrainConfig, image_size: int) -> Callable:
         from protoclip.data.transforms import eval_transform, train_transform
 
-        aug = train_transform(image_size, cfg.augmentation)
+        aug = train_transform(image_size, cfg.augmentation, cfg.augment_on)
         return MultiView(aug, aug, eval_transform(image_size))  # query view, key view, centre crop (E-step)
 
     def _setup(self, model: nn.Module, device: torch.device) -> None:

@@ -1,0 +1,158 @@
+"""The photometric part of a training augmentation on the training device, batched (``train.augment_on: device``).
+
+The DataLoader workers then decode, crop and flip only (:func:`protoclip.data.transforms.train_transform` with
+``photometric="device"``) and hand over uint8 images; :class:`DeviceAugment` applies the kind's colour jitter,
+greyscale and Gaussian blur to the whole batch on the device, with a draw per image, and normalises it. It is the
+same augmentation as the workers' (:mod:`protoclip.data.transforms`: the same probabilities, ranges, kernel sizes and
+order), computed as torchvision computes it on float tensors, with two differences from the PIL path:
+
+* the values stay float between the steps (PIL rounds to uint8 after each), and greyscale and the jitter's grey
+  reference use torchvision's tensor weights (0.2989, 0.587, 0.114; PIL: 299/587/114 per mille);
+* the draws come from a host generator seeded by the batch's key (:func:`key_seed` of (seed, episode, pass, first
+  position, view)), so a batch's augmentation is a pure function of its key, the same on any device: resume-exact
+  and independent of the worker count, as the workers' per-item seeds are (:mod:`protoclip.train.loader`).
+
+The horizontal flip stays in the workers for every kind: it commutes with the pointwise colour steps and with a
+symmetric Gaussian kernel under reflect padding, so MoCo v2's flip-last order is unchanged. Nothing is read back from
+the device: drawn on the host, the images a step touches are known there, and each step runs on those images only
+(``index_select`` / ``index_copy`` with indices sent from pinned memory), about a fifth of the batch per step for
+the paper's augmentation.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+
+import torch
+from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
+
+from protoclip.data.transforms import (BLUR_P, CROP_SCALE, GRAY_P, JITTER, JITTER_P, Kind, blur_params,
+                                       normalize_batch, normalize_unit, to_unit)
+
+# the photometric steps of each kind, in its order (transforms.train_transform); crop-only kinds have none
+ORDER: dict[str, tuple[str, ...]] = {"protoclip": ("jitter", "gray", "blur"), "simclr": ("jitter", "gray", "blur"),
+                                     "mocov2": ("jitter", "gray", "blur"), "mocov1": ("gray", "jitter")}
+GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # torchvision's tensor rgb_to_grayscale
+
+
+def key_seed(key: tuple[int, ...]) -> int:
+    """A 63-bit seed from a tuple of ints (BLAKE2b), for a device generator."""
+    digest = hashlib.blake2b(struct.pack(f"<{len(key)}q", *key), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _blend(a: torch.Tensor, b: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``_blend`` on float images with a ratio per image ([B, 1, 1, 1])."""
+    return (a * ratio + b * (1.0 - ratio)).clamp_(0.0, 1.0)
+
+
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    r, g, b = x.unbind(dim=-3)
+    return (r * GRAY_WEIGHTS[0] + g * GRAY_WEIGHTS[1] + b * GRAY_WEIGHTS[2]).unsqueeze(-3)
+
+
+def adjust_brightness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    return _blend(x, torch.zeros_like(x), f)
+
+
+def adjust_contrast(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    return _blend(x, _gray(x).mean(dim=(-3, -2, -1), keepdim=True), f)
+
+
+def adjust_saturation(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    return _blend(x, _gray(x), f)
+
+
+def adjust_hue(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    h, s, v = _rgb_to_hsv(x).unbind(dim=-3)
+    h = (h + f.view(-1, 1, 1)).remainder(1.0)
+    return _hsv_to_rgb(torch.stack((h, s, v), dim=-3))
+
+
+def gaussian_blur(x: torch.Tensor, kernel: int, sigma: torch.Tensor) -> torch.Tensor:
+    """Each image ``x[i]`` blurred with torchvision's normalised Gaussian of ``sigma[i]`` (``kernel`` px, odd,
+    reflect border) as two 1-D passes, one grouped convolution per axis over the batch's channels."""
+    b, c, h, w = x.shape
+    half = (kernel - 1) * 0.5
+    t = torch.linspace(-half, half, steps=kernel, dtype=x.dtype, device=x.device)
+    pdf = torch.exp(-0.5 * (t.view(1, -1) / sigma.view(-1, 1)).pow(2))
+    k1 = (pdf / pdf.sum(dim=1, keepdim=True)).repeat_interleave(c, dim=0)  # [B*C, k]
+    pad = kernel // 2
+    y = torch.nn.functional.pad(x.reshape(1, b * c, h, w), (pad, pad, pad, pad), mode="reflect")
+    y = torch.nn.functional.conv2d(y, k1.view(b * c, 1, kernel, 1), groups=b * c)
+    y = torch.nn.functional.conv2d(y, k1.view(b * c, 1, 1, kernel), groups=b * c)
+    return y.view(b, c, h, w)
+
+
+JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)  # ColorJitter's fn_idx order
+
+
+@dataclass(frozen=True)
+class DeviceAugment:
+    """``augment(images, key)``: uint8 ``[B, 3, H, W]`` on the device -> float32, augmented (``kind``'s
+    photometric steps at ``image_size``) and normalised (:func:`normalize_batch`); float images (already
+    normalised, e.g. an evaluation view) pass unchanged. ``key``: ints naming the batch (see module doc)."""
+
+    kind: Kind
+    image_size: int
+
+    def __post_init__(self):
+        if self.kind not in CROP_SCALE:
+            raise ValueError(f"unknown augmentation kind {self.kind!r} (known: {', '.join(CROP_SCALE)})")
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        return ORDER.get(self.kind, ())
+
+    def __call__(self, images: torch.Tensor, key: tuple[int, ...]) -> torch.Tensor:
+        if images.is_floating_point() or not self.steps:
+            return normalize_batch(images)
+        # one draw per image and column on the host: jitter applied, b, c, s, h, the jitter order (4), grey, blur,
+        # sigma. Drawn there, the images each step touches are known without reading the device back
+        u = torch.rand((images.shape[0], 12), generator=torch.Generator().manual_seed(key_seed(key)))
+        x = to_unit(images)  # an image no step touches ends as normalize_batch's, bit for bit
+        for step in self.steps:
+            if step == "jitter":
+                x = self._jitter(x, u)
+            elif step == "gray":
+                x = _on(x, u[:, 9] < GRAY_P, lambda sub, _: _gray(sub).expand_as(sub).contiguous())
+            else:
+                kernel, (lo, hi) = blur_params(self.image_size, self.kind)
+                x = _on(x, u[:, 10] < BLUR_P[self.kind], lambda sub, s: gaussian_blur(sub, kernel, s),
+                        lo + (hi - lo) * u[:, 11])
+        return normalize_unit(x)
+
+    def _jitter(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """ColorJitter with probability ``JITTER_P``: factors uniform in [max(0, 1 - v), 1 + v] (hue [-v, v]),
+        the four adjustments in a random order per image (argsort of uniform draws: a uniform permutation)."""
+        bri, con, sat, hue = JITTER[self.kind]
+        on = u[:, 0] < JITTER_P[self.kind]
+        lo = torch.tensor([max(0.0, 1 - bri), max(0.0, 1 - con), max(0.0, 1 - sat), -hue])
+        hi = torch.tensor([1 + bri, 1 + con, 1 + sat, hue])
+        factors = lo + (hi - lo) * u[:, 1:5]  # [B, 4]
+        order = torch.argsort(u[:, 5:9], dim=1)  # [B, 4]: the adjustment at each slot
+        for slot in range(4):
+            for op, fn in enumerate(JITTER_OPS):
+                shape = (-1,) if op == 3 else (-1, 1, 1, 1)
+                x = _on(x, on & (order[:, slot] == op), lambda sub, f, fn=fn, shape=shape: fn(sub, f.view(shape)),
+                        factors[:, op])
+        return x
+
+
+def _on(x: torch.Tensor, mask: torch.Tensor, fn, values: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` with ``fn(x[mask], values[mask])`` in the images ``mask`` (a host bool tensor) selects; the indices and
+    values travel to the device from pinned memory without waiting for it."""
+    idx = mask.nonzero().flatten()
+    if idx.numel() == 0:
+        return x
+    vals = values[idx] if values is not None else None
+    if x.is_cuda:
+        idx, vals = idx.pin_memory(), vals.pin_memory() if vals is not None else None
+    idx = idx.to(x.device, non_blocking=True)
+    vals = vals.to(x.device, non_blocking=True) if vals is not None else None
+    return x.index_copy(0, idx, fn(x.index_select(0, idx), vals))
+
+
+__all__ = ["DeviceAugment", "ORDER", "JITTER_OPS", "key_seed", "gaussian_blur", "adjust_brightness", "adjust_contrast",
+           "adjust_saturation", "adjust_hue"]

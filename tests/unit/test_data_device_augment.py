@@ -1,0 +1,120 @@
+"""The photometric augmentation on the device (protoclip.data.device_augment): each batched step equals
+torchvision's own function applied image by image with that image's factor; a batch replays as torchvision applies
+its draws in the kind's order; the draws are a function of the key; the probabilities are the kind's; the workers'
+side keeps only the crop and the flip."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision import transforms as T
+from torchvision.transforms.v2 import functional as F
+
+from protoclip.data.device_augment import (DeviceAugment, adjust_brightness, adjust_contrast, adjust_hue,
+                                           adjust_saturation, gaussian_blur, key_seed)
+from protoclip.data.transforms import (BLUR_P, GRAY_P, JITTER, JITTER_P, blur_params, normalize_batch,
+                                       train_transform)
+
+
+def images(n: int, size: int = 12, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def test_each_adjustment_equals_torchvisions_per_image():
+    x = images(5).float() / 255
+    f = torch.tensor([0.2, 0.7, 1.0, 1.3, 1.8])
+    h = torch.tensor([-0.2, -0.05, 0.0, 0.1, 0.2])
+    for ours, theirs, fac in ((adjust_brightness, F.adjust_brightness, f), (adjust_contrast, F.adjust_contrast, f),
+                              (adjust_saturation, F.adjust_saturation, f), (adjust_hue, F.adjust_hue, h)):
+        arg = fac if ours is adjust_hue else fac.view(-1, 1, 1, 1)
+        got = ours(x, arg)
+        want = torch.stack([theirs(x[i], float(fac[i])) for i in range(len(x))])
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=0, msg=ours.__name__)
+
+
+def test_blur_equals_torchvisions_gaussian_blur_per_image():
+    x = images(4, size=20).float() / 255
+    sigma = torch.tensor([0.1, 0.6, 1.3, 2.0])
+    got = gaussian_blur(x, 7, sigma)
+    want = torch.stack([F.gaussian_blur(x[i], [7, 7], [float(s), float(s)]) for i, s in enumerate(sigma)])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def replay(kind: str, image_size: int, batch: torch.Tensor, key: tuple[int, ...]) -> tuple[torch.Tensor, dict]:
+    """What DeviceAugment must give, image by image with torchvision's functions, from the documented draws:
+    columns 0 jitter applied (< p), 1-4 the factors, 5-8 the order (argsort), 9 grey (< p), 10 blur (< p), 11 sigma."""
+    u = torch.rand((len(batch), 12), generator=torch.Generator().manual_seed(key_seed(key)))
+    bri, con, sat, hue = JITTER[kind]
+    lo = torch.tensor([max(0.0, 1 - bri), max(0.0, 1 - con), max(0.0, 1 - sat), -hue])
+    hi = torch.tensor([1 + bri, 1 + con, 1 + sat, hue])
+    fns = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+    order = ("gray", "jitter") if kind == "mocov1" else ("jitter", "gray", "blur")
+    kernel, (smin, smax) = blur_params(image_size, kind) if "blur" in order else (0, (0.0, 0.0))
+    seen = {"jitter": 0, "gray": 0, "blur": 0}
+    out = []
+    for i, img in enumerate(batch.float() / 255):
+        for step in order:
+            if step == "jitter" and u[i, 0] < JITTER_P[kind]:
+                factors = lo + (hi - lo) * u[i, 1:5]
+                for op in torch.argsort(u[i, 5:9]).tolist():
+                    img = fns[op](img, float(factors[op]))
+                seen["jitter"] += 1
+            elif step == "gray" and u[i, 9] < GRAY_P:
+                img = F.rgb_to_grayscale(img, num_output_channels=3)
+                seen["gray"] += 1
+            elif step == "blur" and u[i, 10] < BLUR_P[kind]:
+                s = float(smin + (smax - smin) * u[i, 11])
+                img = F.gaussian_blur(img, [kernel, kernel], [s, s])
+                seen["blur"] += 1
+        out.append(img)
+    return normalize_batch((torch.stack(out) * 255).round().to(torch.uint8)), seen
+
+
+@pytest.mark.parametrize("kind", ["protoclip", "simclr", "mocov1"])
+def test_a_batch_replays_as_torchvision_applies_its_draws(kind):
+    batch, key = images(48, size=24), (3, 1, 0, 16, 0)
+    got = DeviceAugment(kind, 64)(batch, key)
+    want, seen = replay(kind, 64, batch, key)
+    assert all(seen[s] > 0 for s in (("gray", "jitter") if kind == "mocov1" else seen)), seen  # every branch ran
+    # the replay rounds to uint8 to reuse normalize_batch: half a level, times 1 / std (< 4) after normalising
+    torch.testing.assert_close(got, want, atol=0.5 / 255 * 4 + 1e-5, rtol=0)
+
+
+def test_draws_are_a_function_of_the_key_and_untouched_images_are_normalize_batchs():
+    aug, batch = DeviceAugment("protoclip", 64), images(32)
+    a, b, c = aug(batch, (0, 1, 0, 0, 0)), aug(batch, (0, 1, 0, 0, 0)), aug(batch, (0, 2, 0, 0, 0))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    plain = normalize_batch(batch)
+    same = [torch.equal(a[i], plain[i]) for i in range(len(batch))]
+    assert any(same) and not all(same)  # (0.8^3 of the images draw no step)
+    assert torch.equal(DeviceAugment("none", 64)(batch, (0,)), plain)  # crop-only kinds: normalising only
+    floats = plain.clone()
+    assert DeviceAugment("protoclip", 64)(floats, (0,)) is floats  # an evaluation view passes unchanged
+
+
+def test_grey_probability_is_the_kinds():
+    """ProtoCLIP's greyscale runs after the jitter (which never makes an image exactly grey) and before the blur
+    (which keeps it grey): the grey fraction of 2000 colour images estimates GRAY_P (0.2; 4 standard errors)."""
+    n = 2000
+    batch = images(n, size=8, seed=1)
+    out = DeviceAugment("protoclip", 64)(batch, (1, 2, 3))
+    mean = torch.tensor((0.48145466, 0.4578275, 0.40821073)).view(1, 3, 1, 1)
+    std = torch.tensor((0.26862954, 0.26130258, 0.27577711)).view(1, 3, 1, 1)
+    unit = out * std + mean
+    grey = ((unit[:, 0] - unit[:, 1]).abs().amax(dim=(1, 2)) < 1e-4) & ((unit[:, 1] - unit[:, 2]).abs().amax(
+        dim=(1, 2)) < 1e-4)
+    se = (GRAY_P * (1 - GRAY_P) / n) ** 0.5
+    assert abs(grey.float().mean().item() - GRAY_P) < 4 * se
+
+
+def test_the_workers_keep_only_the_crop_and_the_flip():
+    kinds = {"protoclip": [T.RandomResizedCrop, T.RandomHorizontalFlip, T.PILToTensor],
+             "mocov2": [T.RandomResizedCrop, T.RandomHorizontalFlip, T.PILToTensor],
+             "none": [T.RandomResizedCrop, T.PILToTensor]}
+    for kind, want in kinds.items():
+        steps = train_transform(64, kind, "device").transforms
+        assert [type(s) for s in steps[1:]] == want, kind
+        assert steps[1].scale == train_transform(64, kind).transforms[1].scale
+    with pytest.raises(ValueError, match="photometric"):
+        train_transform(64, "protoclip", "gpu")
+    with pytest.raises(ValueError, match="unknown augmentation"):
+        DeviceAugment("simclr2", 64)
