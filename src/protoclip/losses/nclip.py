@@ -32,7 +32,7 @@ def global_batch_mean(p: torch.Tensor, world_size: int = 1) -> tuple[torch.Tenso
     from torch.distributed.nn import all_reduce
 
     total = all_reduce(p.sum(0))
-    count = torch.tensor([float(p.shape[0])], device=p.device)
+    count = torch.full((1,), float(p.shape[0]), device=p.device)  # made there: a copy from the host would wait
     torch.distributed.all_reduce(count)
     return total / count, count[0]  # the count stays on the device (no host read per step)
 

@@ -106,7 +106,7 @@ def extract_features(model: torch.nn.Module, loader: DataLoader, episode_size: i
                 out = model(normalize_batch(images.to(device, non_blocking=True)), tokens.to(device, non_blocking=True))
             feats_i.append(out["h_image"].float())
             feats_t.append(out["h_text"].float())
-            poss.append(pos.to(device))
+            poss.append(pos.to(device, non_blocking=True))
     finally:
         model.train(was_training)
     h_i, h_t, pos = torch.cat(feats_i), torch.cat(feats_t), torch.cat(poss)

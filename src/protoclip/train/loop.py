@@ -321,7 +321,7 @@ def train_step(s: Session, images, tokens, pos: torch.Tensor, prototypes: Any, s
     tokens = to_device(tokens, s.device)
     with s.autocast():
         out = s.net(images, tokens)
-    terms = s.method.terms(s.model, out, pos.to(s.device), prototypes)
+    terms = s.method.terms(s.model, out, pos.to(s.device, non_blocking=True), prototypes)
     loss = s.method.total(terms)
     head, loss_bad = window.loss_flag(terms, loss, s.info)
     s.optimizer.zero_grad(set_to_none=True)

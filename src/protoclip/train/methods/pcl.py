@@ -189,7 +189,7 @@ class PCLMethod(Method):
                     with data.autocast():
                         x = normalize_batch(images[2].to(data.device, non_blocking=True))  # float: unchanged
                         feats.append(self._key(x).float())
-                    poss.append(pos.to(data.device))
+                    poss.append(pos.to(data.device, non_blocking=True))
         finally:
             self._key.train(was)
         f, pos = all_gather_cat(torch.cat(feats), data.info), all_gather_cat(torch.cat(poss), data.info)
