@@ -12,6 +12,10 @@
 * ``ours (shards)``: our trainer reading PNG images from webdataset shards (``shard.tar::member`` manifest
   paths, our ``ImageTextDataset`` + the ProtoCLIP augmentation) with ``--workers`` DataLoader workers. The
   fraction of step time spent waiting for data is ``1 - t(in-memory) / t(shards)``.
+* on CUDA, a census of synchronising calls: one more run of ``ours`` (in memory) under
+  ``torch.cuda.set_sync_debug_mode("warn")``, counting the warnings (every call that waits for the device) and
+  where they come from; a step makes none, so the count should not grow with the steps (the episode ends read the
+  step records back, issue 42).
 * ``ours (shards, colour on device)``: the same with ``train.augment_on: device`` (the workers crop and flip; the
   colour jitter, greyscale and blur run batched on the device, :mod:`protoclip.data.device_augment`), its data wait
   counted the same way (the device's augmentation work included).
@@ -110,6 +114,25 @@ def ours(args, dataset: Dataset, out: Path, tag: str, workers: int, augment_on: 
     recs = [json.loads(line) for line in layout.train_log(tag).read_text().splitlines()]
     eps = [r for r in recs if r.get("kind") == "episode"][1:]
     return sum(r["time/train"] for r in eps) / sum(r["n_steps"] for r in eps)
+
+
+def sync_census(args, dataset: Dataset, out: Path) -> list[str]:
+    """Lines: the synchronising CUDA calls of one ``ours`` run (3 episodes of ``--steps`` steps), by call site."""
+    import collections
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            ours(args, dataset, out, "sync", workers=0)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    sites = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
+    lines = [f"synchronising CUDA calls in one run of 3 episodes x {args.steps} steps (ours, in memory): {len(syncs)}"]
+    lines += [f"  {n:5d}  {site}" for site, n in sites.most_common(12)]
+    return lines
 
 
 def open_clip_step_fn(args, device: torch.device):
@@ -219,6 +242,7 @@ def main() -> None:
             times["ours (shards)"].append(ours(args, shards, tmp / f"s{r}", f"shards{r}", workers=args.workers))
             times["ours (shards, colour on device)"].append(
                 ours(args, shards_dev, tmp / f"d{r}", f"device{r}", workers=args.workers, augment_on="device"))
+        census = sync_census(args, mem, tmp / "sync") if device.type == "cuda" else []
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     prec = "bf16 autocast" if device.type == "cuda" else "fp32"
     print(f"\nCLIP training step: {args.model} {size}px, batch {args.batch}, {prec}, on {dev}; "
@@ -234,6 +258,8 @@ def main() -> None:
         wait = max(0.0, 1.0 - med["ours"] / med[k])
         print(f"ours reading shards with {args.workers} workers, {where}: {100 * wait:.0f}% of step time waiting "
               f"for data (target <= 5%)")
+    for line in census:
+        print(line)
 
 
 if __name__ == "__main__":

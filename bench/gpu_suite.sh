@@ -2,7 +2,8 @@
 # The GPU measurements, in one script to run first whenever a GPU machine is at hand (at most 600 s of GPU
 # time; each part has its own time limit so that one slow part leaves the others their turn):
 #   1. the CLIP step, ours vs open_clip's (bench_step.py), RN50 and ViT-B-32 at 224 px, batch 512, bf16, with
-#      the data wait of our trainer reading shards with 8 workers;
+#      the data wait of our trainer reading shards with 8 workers (colour augmentation in the workers, and on the
+#      GPU: train.augment_on: device) and a census of the synchronising CUDA calls of a run;
 #   2. the data path, ours vs open_clip_train's webdataset pipeline (bench_decode.py: images/s per worker at
 #      224 px on 400x300 JPEG shards, 8 workers; nvJPEG decode on the GPU);
 #   3. the episode, ProtoCLIP / CLIP time per episode (bench_episode.py, RN50 224 px, m = 16384, batch 512);
@@ -19,7 +20,8 @@
 # issue 42 judges: decode (its 6 batches a worker are too short to read on 16 cores) and kmeans (measured on the
 # H100 and the H200) run only when named. The limits come from the H100 runs of the suite (results/*_h100_*: the
 # three benches ~80 s each, the smoke with its 9 evaluate jobs over 240 s); where one call may take 600 s, run it
-# as two: GPU_SUITE_PARTS="step_rn50 step_vitb32 episode" (~260 s), then "smoke".
+# as two: GPU_SUITE_PARTS="step_rn50 step_vitb32 episode" (~260 s before the augment_on: device row and the sync
+# census were added, 2026-11-28; their limits grew by 40 s each), then "smoke".
 #
 #   bash bench/gpu_suite.sh              # on the GPU machine, from the repository root
 #   bash bench/gpu_suite.sh --cpu-smoke  # anywhere: seconds
@@ -65,9 +67,9 @@ part() {  # part <name> <time limit s> <command...>: run it, keep its output und
     tail -n 4 "$file" | sed 's/^/    /'
 }
 
-part step_rn50 120 "$PY" bench/bench_step.py --model RN50 --batch 512 --steps 6 --repeats 1 --workers 8 \
+part step_rn50 160 "$PY" bench/bench_step.py --model RN50 --batch 512 --steps 6 --repeats 1 --workers 8 \
     --head-hidden 2048
-part step_vitb32 100 "$PY" bench/bench_step.py --model ViT-B-32 --batch 512 --steps 6 --repeats 1 --workers 8 \
+part step_vitb32 140 "$PY" bench/bench_step.py --model ViT-B-32 --batch 512 --steps 6 --repeats 1 --workers 8 \
     --head-hidden 2048
 part decode 45 "$PY" bench/bench_decode.py --workers 8 --batch 32 --batches 6 --images 2048 --shards 8 \
     --micro 64 --note "GPU machine's CPUs; images/s per worker, interleaved rounds"
