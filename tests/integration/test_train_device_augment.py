@@ -1,14 +1,18 @@
 """``train.augment_on: device``: the workers crop and flip, the loader applies the colour steps on the device
 (protoclip.data.device_augment). A tiny ProtoCLIP run on real images trains the same weights with one worker, two
 workers, and cut after an episode and resumed; it differs from the run augmented in the workers; a three-view
-method (PCL: two augmented views, one float centre crop) trains with it."""
+method (PCL: two augmented views, one float centre crop) trains with it. ``train.decode_on: device`` (the workers
+read the files, the device decodes, crops and flips): the same exactness on JPEG files; the combinations it cannot
+run are refused."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import random
 
 import pytest
 import torch
+from PIL import Image
 
 from protoclip.files.layout import Layout
 from protoclip.train.loop import train
@@ -18,8 +22,28 @@ from testkit.training import PilPairs, last_state, one_thread, tiny_config, tiny
 _threads = pytest.fixture(autouse=True)(one_thread)
 
 
+class JpegPairs(PilPairs):
+    """PilPairs stored as JPEG files (quality 90): a transform that ``takes_bytes`` gets the file, others the
+    decoded picture, as ImageTextDataset does."""
+
+    def __init__(self, transform, n: int = 48):
+        super().__init__(transform, n=n)
+        self.files = []
+        for img in self.images:
+            buf = io.BytesIO()
+            img.save(buf, format="JPEG", quality=90)
+            self.files.append(buf.getvalue())
+        self.images = [Image.open(io.BytesIO(f)).convert("RGB") for f in self.files]
+
+    def __getitem__(self, i: int):
+        if getattr(self.transform, "takes_bytes", False):
+            return self.transform(self.files[i]), self.tokens[i], f"s{i:04d}"
+        return super().__getitem__(i)
+
+
 def run(tmp_path, name: str, cfg, cut: int | None = None) -> dict[str, torch.Tensor]:
-    data = PilPairs(method_class(cfg.method).train_transform(cfg, 64), n=48)
+    pairs = JpegPairs if cfg.decode_on == "device" else PilPairs
+    data = pairs(method_class(cfg.method).train_transform(cfg, 64), n=48)
     layout = Layout(tmp_path / "data", tmp_path / name)
     random.seed(cfg.seed)
     model = train(tiny_model(cfg), data, cfg, layout.train_files("r"), stop_after_episodes=cut)
@@ -51,3 +75,23 @@ def test_a_three_view_method_trains_with_device_augmentation(tmp_path):
     cfg = dataclasses.replace(cfg, sections={**cfg.sections, "pcl": pcl}, pauc=PAUCConfig())
     state = run(tmp_path, "pcl", cfg)
     assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def test_device_decoding_is_exact_across_workers_and_resume(tmp_path):
+    cfg = tiny_config(episode_size=16, batch_size=8, epochs=1.0, augment_on="device", decode_on="device",
+                      num_workers=1)
+    one = run(tmp_path, "one", cfg)
+    two = run(tmp_path, "two", dataclasses.replace(cfg, num_workers=2))
+    cut = run(tmp_path, "cut", dataclasses.replace(cfg, num_workers=2), cut=1)
+    for k in one:
+        assert torch.equal(one[k], two[k]) and torch.equal(one[k], cut[k]), k
+    workers = run(tmp_path, "workers", dataclasses.replace(cfg, decode_on="workers"))
+    assert any(not torch.equal(one[k], workers[k]) for k in one if one[k].is_floating_point())
+
+
+def test_device_decoding_is_refused_where_it_cannot_run():
+    with pytest.raises(ValueError, match="augment_on: device"):
+        tiny_config(decode_on="device").validate()
+    with pytest.raises(ValueError, match="one-view"):
+        tiny_config(method="pcl", augmentation="mocov2", lock_image_epoch=None, augment_on="device",
+                    decode_on="device").validate()

@@ -118,3 +118,68 @@ def test_the_workers_keep_only_the_crop_and_the_flip():
         train_transform(64, "protoclip", "gpu")
     with pytest.raises(ValueError, match="unknown augmentation"):
         DeviceAugment("simclr2", 64)
+
+
+def jpegs(n: int, seed: int = 0) -> tuple[list[bytes], list]:
+    """n smooth colour pictures of assorted sizes as JPEG files (quality 95) and as Pillow decodes them."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    blobs, pils = [], []
+    for _ in range(n):
+        h, w = int(rng.integers(40, 90)), int(rng.integers(40, 90))
+        yy, xx = np.mgrid[0:h, 0:w]
+        arr = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) * 127 // (w + h) + rng.integers(0, 128)], -1)
+        buf = io.BytesIO()
+        Image.fromarray(arr.astype(np.uint8)).save(buf, format="JPEG", quality=95)
+        blobs.append(buf.getvalue())
+        pils.append(Image.open(io.BytesIO(blobs[-1])).convert("RGB"))
+    return blobs, pils
+
+
+def test_crop_params_are_torchvisions_draws_from_a_generator():
+    from protoclip.data.device_augment import crop_params
+
+    for seed in range(40):
+        for h, w, scale in ((300, 400, (0.5, 1.0)), (64, 48, (0.08, 1.0)), (20, 400, (0.9, 1.0))):  # last: fallback
+            torch.manual_seed(seed)
+            want = T.RandomResizedCrop.get_params(torch.zeros(3, h, w), list(scale), [3 / 4, 4 / 3])
+            assert crop_params(h, w, scale, torch.Generator().manual_seed(seed)) == want
+
+
+def test_device_decode_gives_pillows_pixels_and_decodes_other_formats_on_the_host():
+    import io
+
+    import numpy as np
+
+    from protoclip.data.device_augment import decode_images
+
+    blobs, pils = jpegs(6)
+    buf = io.BytesIO()
+    pils[0].save(buf, format="PNG")
+    out = decode_images(blobs + [buf.getvalue()], torch.device("cpu"))
+    for img, pil in zip(out, pils + [pils[0]]):
+        assert img.dtype == torch.uint8 and torch.equal(img, torch.from_numpy(np.asarray(pil)).permute(2, 0, 1))
+
+
+def test_decode_crop_is_the_workers_crop_and_flip_with_the_keys_draws():
+    """The workers' crop + flip (train_transform(..., "device"): PIL) drawing from the global generator seeded as
+    decode_crop seeds its own draws the same crops and flips: the two differ only by the resize (torchvision's
+    antialiased bicubic on tensors vs Pillow's), a level or two on smooth pictures."""
+    from protoclip.data.device_augment import key_seed
+
+    blobs, pils = jpegs(12, seed=1)
+    aug, key = DeviceAugment("protoclip", 32), (0, 3, 1, 8, 0)
+    got = aug.decode_crop(blobs, key, torch.device("cpu"))
+    torch.manual_seed(key_seed((*key, 1)))
+    worker = train_transform(32, "protoclip", "device")
+    want = torch.stack([worker(p) for p in pils])
+    assert got.shape == want.shape == (12, 3, 32, 32) and got.dtype == torch.uint8
+    diff = (got.float() - want.float()).abs()
+    assert diff.mean() < 1.5 and diff.amax() <= 12
+    flipped = torch.stack([worker(p) for p in pils])  # other draws: other crops, so the comparison can tell
+    assert (got.float() - flipped.float()).abs().mean() > 3 * diff.mean()
+    assert torch.equal(got, aug.decode_crop(blobs, key, torch.device("cpu")))  # a function of the key

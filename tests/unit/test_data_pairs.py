@@ -103,6 +103,25 @@ def test_image_text_dataset_items(tiny_manifest):
     assert batch[0].shape == (5, 3, 16, 16) and batch[1].shape == (5, 8) and len(batch[2]) == 5
 
 
+def test_a_bytes_transform_gets_the_checked_file_undecoded(tiny_manifest):
+    """decode_on: device's workers (EncodedImage): the stored file, checked against the manifest's sha256, and a
+    batch of them as a tuple of bytes; a changed file stops the read as for a decoded one."""
+    from pathlib import Path
+
+    from protoclip.data.reading import ImageReadError
+    from protoclip.data.transforms import EncodedImage
+
+    df = load_manifest(tiny_manifest)
+    ds = ImageTextDataset(df, EncodedImage(), fake_tokenizer)
+    data, tok, sid = ds[3]
+    assert data == Path(df.loc[3, "path"]).read_bytes() and sid == df.loc[3, "id"]
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
+    assert [bytes(b) for b in batch[0]] == [Path(p).read_bytes() for p in df["path"][:4]]
+    Path(df.loc[5, "path"]).write_bytes(Path(df.loc[6, "path"]).read_bytes())  # another picture's file
+    with pytest.raises(ImageReadError, match="changed since"):
+        ds[5]
+
+
 def test_captions_tokenized_once_for_small_frames_per_item_for_large(tiny_manifest):
     """A frame up to ``token_cache_rows`` rows is tokenized in one call at construction and never again (a run's
     every epoch reads the same tokens); above it, once per item (memory flat). Same tokens both ways, for

@@ -21,14 +21,23 @@ the paper's augmentation.
 from __future__ import annotations
 
 import hashlib
+import logging
+import math
 import struct
 from dataclasses import dataclass
 
 import torch
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms import functional as TF
 from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
 
-from protoclip.data.transforms import (BLUR_P, CROP_SCALE, GRAY_P, JITTER, JITTER_P, Kind, blur_params,
-                                       normalize_batch, normalize_unit, to_unit)
+from protoclip.data.transforms import (BLUR_P, CROP_ONLY, CROP_SCALE, GRAY_P, JITTER, JITTER_P, EncodedImage, Kind,
+                                       blur_params, normalize_batch, normalize_unit, to_unit)
+
+log = logging.getLogger(__name__)
+JPEG_MAGIC = b"\xff\xd8"  # a JPEG file's first bytes (SOI marker)
+CROP_RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's default aspect range
 
 # the photometric steps of each kind, in its order (transforms.train_transform); crop-only kinds have none
 ORDER: dict[str, tuple[str, ...]] = {"protoclip": ("jitter", "gray", "blur"), "simclr": ("jitter", "gray", "blur"),
@@ -88,6 +97,50 @@ def gaussian_blur(x: torch.Tensor, kernel: int, sigma: torch.Tensor) -> torch.Te
 JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)  # ColorJitter's fn_idx order
 
 
+def crop_params(height: int, width: int, scale: tuple[float, float], gen: torch.Generator,
+                ratio: tuple[float, float] = CROP_RATIO) -> tuple[int, int, int, int]:
+    """torchvision's ``RandomResizedCrop.get_params`` (top, left, height, width), the same draws in the same order
+    from ``gen`` instead of the global generator: ten tries of an area in ``scale`` and a log-uniform aspect in
+    ``ratio``, else the central crop."""
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=gen).item()
+        aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=gen)).item()
+        w, h = int(round(math.sqrt(target_area * aspect))), int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            i = int(torch.randint(0, height - h + 1, size=(1,), generator=gen).item())
+            j = int(torch.randint(0, width - w + 1, size=(1,), generator=gen).item())
+            return i, j, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def decode_images(blobs: list[bytes], device: torch.device) -> list[torch.Tensor]:
+    """Image files -> RGB uint8 [3, H, W] tensors on ``device``: the JPEGs in one batched
+    ``torchvision.io.decode_jpeg`` there (nvJPEG on CUDA, libjpeg-turbo on the CPU: Pillow's pixels), any other
+    format (PNG, ...) decoded on the host and copied (a warning says how many)."""
+    data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
+    jpeg = [i for i, b in enumerate(blobs) if bytes(b[:2]) == JPEG_MAGIC]
+    out: list[torch.Tensor | None] = [None] * len(blobs)
+    if jpeg:
+        for i, img in zip(jpeg, decode_jpeg([data[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)):
+            out[i] = img
+    others = [i for i in range(len(blobs)) if out[i] is None]
+    if others:
+        log.warning("decode_on: device: %d of %d images of a batch are not JPEG; decoded on the host", len(others),
+                    len(blobs))
+        for i in others:
+            out[i] = decode_image(data[i], mode=ImageReadMode.RGB).to(device, non_blocking=True)
+    return out  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class DeviceAugment:
     """``augment(images, key)``: uint8 ``[B, 3, H, W]`` on the device -> float32, augmented (``kind``'s
@@ -104,6 +157,22 @@ class DeviceAugment:
     @property
     def steps(self) -> tuple[str, ...]:
         return ORDER.get(self.kind, ())
+
+    def decode_crop(self, blobs: list[bytes], key: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """Image files -> uint8 [B, 3, S, S] on ``device``: decoded there (:func:`decode_images`), each cropped as
+        the workers' RandomResizedCrop (the kind's scale, bicubic, antialiased: torchvision's tensor resize, close
+        to Pillow's) and flipped with probability 1/2 (kinds with a flip), the draws from a host generator seeded
+        by ``key`` (:func:`crop_params`)."""
+        gen = torch.Generator().manual_seed(key_seed((*key, 1)))
+        size = [self.image_size, self.image_size]
+        out = []
+        for img in decode_images(blobs, device):
+            top, left, h, w = crop_params(img.shape[-2], img.shape[-1], CROP_SCALE[self.kind], gen)
+            img = TF.resized_crop(img, top, left, h, w, size, InterpolationMode.BICUBIC, antialias=True)
+            if self.kind not in CROP_ONLY and torch.rand(1, generator=gen).item() < 0.5:
+                img = img.flip(-1)
+            out.append(img)
+        return torch.stack(out)
 
     def __call__(self, images: torch.Tensor, key: tuple[int, ...]) -> torch.Tensor:
         if images.is_floating_point() or not self.steps:
@@ -154,5 +223,5 @@ def _on(x: torch.Tensor, mask: torch.Tensor, fn, values: torch.Tensor | None = N
     return x.index_copy(0, idx, fn(x.index_select(0, idx), vals))
 
 
-__all__ = ["DeviceAugment", "ORDER", "JITTER_OPS", "key_seed", "gaussian_blur", "adjust_brightness", "adjust_contrast",
+__all__ = ["DeviceAugment", "EncodedImage", "ORDER", "JITTER_OPS", "crop_params", "decode_images", "key_seed", "gaussian_blur", "adjust_brightness", "adjust_contrast",
            "adjust_saturation", "adjust_hue"]

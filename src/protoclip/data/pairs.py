@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from protoclip.errors import ConfigError
-from protoclip.data.reading import SEP, TarCache, read_image  # noqa: F401  (re-exported)
+from protoclip.data.reading import SEP, TarCache, read_checked, read_image  # noqa: F401  (re-exported)
 from protoclip.data.manifest import absolute_paths, manifest_sources, read_manifest
 from protoclip.files.layout import Layout
 
@@ -143,8 +143,15 @@ class ImageTextDataset(Dataset):
                           self.sha256[i] if self.sha256 is not None else None)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, str]:
+        if getattr(self.transform, "takes_bytes", False):  # decoded on the training device (train.decode_on)
+            return self.transform(self.stored(i)), self.tokens(i), self.ids[i]
         image = self.transform(self.image(i))
         return image, self.tokens(i), self.ids[i]
+
+    def stored(self, i: int) -> bytes:
+        """Row ``i``'s image file as stored (checked against the manifest's sha256), not decoded."""
+        return read_checked(self.paths[i], self._tars, int(self.offsets[i]), int(self.sizes[i]),
+                            self.sha256[i] if self.sha256 is not None else None)
 
     def tokens(self, i: int) -> torch.Tensor:
         """Row ``i``'s caption tokens, LongTensor[context_length]."""

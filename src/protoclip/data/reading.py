@@ -125,6 +125,12 @@ def read_image(path: str, tars: TarCache | None = None, offset: int = -1, size: 
     ``sha256`` (the manifest's hash of the image bytes): the bytes read must have it. Any failure raises
     :class:`ImageReadError` naming the path (see the module docstring for why nothing is skipped).
     """
+    return decode_image(read_checked(path, tars, offset, size, sha256), path)
+
+
+def read_checked(path: str, tars: TarCache | None = None, offset: int = -1, size: int = -1,
+                 sha256: str | None = None) -> bytes:
+    """:func:`read_image`'s bytes before decoding: read, and checked against ``sha256`` when given."""
     try:
         data = read_bytes(path, tars, offset, size)
     except (OSError, EOFError, tarfile.TarError) as err:
@@ -136,7 +142,7 @@ def read_image(path: str, tars: TarCache | None = None, offset: int = -1, size: 
     if sha256 and hashlib.sha256(data).hexdigest() != sha256:
         raise ImageReadError(f"{path}: the image changed since `protoclip prepare` (sha256 differs from the "
                              "manifest's); rerun prepare")
-    return decode_image(data, path)
+    return data
 
 
 def decode_image(data: bytes, path: str) -> Image.Image:
@@ -149,4 +155,5 @@ def decode_image(data: bytes, path: str) -> Image.Image:
         raise ImageReadError(f"{path}: cannot decode the image ({type(err).__name__}: {err})") from None
 
 
-__all__ = ["SEP", "MAX_OPEN_SHARDS", "ImageReadError", "TarCache", "decode_image", "read_bytes", "read_image"]
+__all__ = ["SEP", "MAX_OPEN_SHARDS", "ImageReadError", "TarCache", "decode_image", "read_bytes", "read_checked",
+           "read_image"]

@@ -78,14 +78,33 @@ def gaussian_blur(image_size: int, kind: Kind) -> T.RandomApply:
     return T.RandomApply([GaussianBlur(kernel, sigma=sigma)], p=BLUR_P[kind])
 
 
-def train_transform(image_size: int, kind: Kind = "protoclip", photometric: str = "workers") -> Callable:
+class EncodedImage:
+    """The workers' transform under ``train.decode_on: device``: the stored image file's bytes, untouched
+    (:class:`protoclip.data.pairs.ImageTextDataset` hands them over undecoded to a transform that ``takes_bytes``);
+    the batch is decoded, cropped and flipped on the device by
+    :meth:`protoclip.data.device_augment.DeviceAugment.decode_crop`."""
+
+    takes_bytes = True
+
+    def __call__(self, data: bytes) -> bytes:
+        return data
+
+
+def train_transform(image_size: int, kind: Kind = "protoclip", photometric: str = "workers",
+                    decode: str = "workers") -> Callable:
     """Training augmentation ``kind`` at ``image_size`` px (see module docstring). ``photometric="device"``: the
     crop and flip only; the colour jitter, greyscale and blur run batched on the training device
-    (:class:`protoclip.data.device_augment.DeviceAugment`, ``train.augment_on: device``)."""
+    (:class:`protoclip.data.device_augment.DeviceAugment`, ``train.augment_on: device``). ``decode="device"``
+    (with ``photometric="device"``, ``train.decode_on: device``): nothing but the stored bytes
+    (:class:`EncodedImage`); decoding, crop and flip run on the device too."""
     if kind not in CROP_SCALE:
         raise ValueError(f"unknown augmentation kind {kind!r} (known: {', '.join(CROP_SCALE)})")
-    if photometric not in ("workers", "device"):
-        raise ValueError(f"photometric must be 'workers' or 'device', got {photometric!r}")
+    if photometric not in ("workers", "device") or decode not in ("workers", "device"):
+        raise ValueError(f"photometric and decode must be 'workers' or 'device', got {photometric!r}, {decode!r}")
+    if decode == "device":
+        if photometric != "device":
+            raise ValueError("decode on the device needs the photometric steps there too (photometric='device')")
+        return EncodedImage()
     steps: list = [_convert_to_rgb,
                    T.RandomResizedCrop(image_size, scale=CROP_SCALE[kind],
                                        interpolation=T.InterpolationMode.BICUBIC)]
@@ -144,5 +163,5 @@ def eval_transform(image_size: int) -> Callable:
     return image_transform(image_size, is_train=False)
 
 
-__all__ = ["Kind", "train_transform", "normalize_batch", "normalize_unit", "to_unit", "eval_transform", "gaussian_blur",
+__all__ = ["Kind", "EncodedImage", "train_transform", "normalize_batch", "normalize_unit", "to_unit", "eval_transform", "gaussian_blur",
            "blur_params", "CROP_SCALE", "CROP_ONLY", "JITTER_P", "BLUR_P"]

@@ -179,6 +179,9 @@ class TrainConfig:
     # batched on the training device after the workers' crop and flip (protoclip.data.device_augment: the same
     # steps and draws' distribution, computed in float; frees the workers of about a quarter of their work)
     augment_on: Literal["workers", "device"] = "workers"
+    # where the images are decoded, cropped and flipped: in the workers, or on the training device (with
+    # augment_on: device; the workers read the files only; JPEGs in one batched decode_jpeg there, nvJPEG on CUDA)
+    decode_on: Literal["workers", "device"] = "workers"
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -259,6 +262,9 @@ class TrainConfig:
         if self.precision == "fp16" and (self.n_gpus() == 0 or self.device == "cpu"):
             raise ValueError("precision: fp16 (autocast + GradScaler) runs on CUDA only: set `gpu: true`, or "
                              "precision: fp32 / auto on the CPU")
+        if self.decode_on == "device" and self.augment_on != "device":
+            raise ValueError("decode_on: device decodes, crops and flips on the device, so the rest of the "
+                             "augmentation runs there too: set augment_on: device")
         if self.checkpoint_interval_s < 0:
             raise ValueError(f"checkpoint_interval_s must be >= 0, got {self.checkpoint_interval_s}")
         if self.warmup_episodes < 0 or self.weight_decay < 0 or (self.warmup_samples or 0) < 0:

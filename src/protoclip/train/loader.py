@@ -19,7 +19,8 @@ resumed segment, instead of twice per episode), and hands out each pass as an it
 With ``augment`` (``train.augment_on: device``, :class:`protoclip.data.device_augment.DeviceAugment`) a pass yields
 its images on the device, augmented there and normalised: each uint8 view of a batch with the key (episode, pass
 index, the batch's first position, view), so the draws, like the workers' per-item seeds, do not depend on the
-worker count, the prefetch or a resume.
+worker count, the prefetch or a resume; a batch of stored files (``train.decode_on: device``) is decoded, cropped
+and flipped there first.
 
 Prefetch (with workers): one iterator reads the passes of the rest of the run as one stream (this pass, then
 every later one as the latest episode began: extract + train, or train only), so the workers never stop at a pass
@@ -237,7 +238,10 @@ class RunLoader:
         def one(view: torch.Tensor, v: int) -> torch.Tensor:
             return self.augment(view.to(self.device, non_blocking=True), (*key, v))
 
-        if isinstance(images, (list, tuple)):
+        if isinstance(images, (list, tuple)) and images and isinstance(images[0], (bytes, bytearray)):
+            # stored files (decode_on: device): decoded, cropped and flipped here first
+            images = self.augment(self.augment.decode_crop(list(images), (*key, 0), self.device), (*key, 0))
+        elif isinstance(images, (list, tuple)):
             images = type(images)(one(view, v) for v, view in enumerate(images))
         else:
             images = one(images, 0)

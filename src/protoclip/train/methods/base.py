@@ -152,7 +152,7 @@ class Method:
         the loader applies the rest on the device (:mod:`protoclip.data.device_augment`)."""
         from protoclip.data.transforms import train_transform
 
-        return train_transform(image_size, cfg.augmentation, cfg.augment_on)
+        return train_transform(image_size, cfg.augmentation, cfg.augment_on, cfg.decode_on)
 
     # ---- per step ----
     def outputs(self) -> set[str]:

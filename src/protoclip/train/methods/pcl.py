@@ -95,6 +95,8 @@ class PCLMethod(Method):
         super().check_config(cfg)
         if cfg.lock_image_epoch is not None:
             raise ValueError("method 'pcl' trains only the image encoder: set lock_image_epoch: null")
+        if cfg.decode_on == "device":  # its third view is an evaluation crop, decoded in the workers
+            raise ValueError("method 'pcl' reads three views of an image: decode_on: device is for one-view methods")
 
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         super().__init__(cfg, info)
