@@ -25,7 +25,9 @@ same number of DataLoader workers and batch size:
 * ``ours (<augmentation>), colour on the device``: ``ours`` with ``train.augment_on: device``, the workers cropping
   and flipping only (``ours (<augmentation>), colour on the device / ours (<augmentation>)``: what the workers gain);
   the colour steps' own cost is then the device's, timed after the rounds on a batch of ``--batch`` images
-  (:class:`protoclip.data.device_augment.DeviceAugment`; with CUDA on the GPU, else on one CPU thread);
+  (:class:`protoclip.data.device_augment.DeviceAugment`; with CUDA on the GPU, else on one CPU thread), and so is
+  the whole of ``train.decode_on: device`` (the shards' files decoded, cropped, flipped and coloured there: the
+  workers then only read files);
 
 Each pipeline's first batch (worker start, shuffle buffer fill) is not timed: images/s = the next ``--batches``
 batches' images / their wall time / workers. The pipelines run interleaved (``--rounds`` rounds of each, one
@@ -191,28 +193,43 @@ def open_clip_loader(pattern: str, images: int, size: int, batch: int, workers: 
     return get_wds_dataset(args, preprocess, is_train=True, epoch=0, tokenizer=open_clip.get_tokenizer("RN50")).dataloader
 
 
-def device_augment_cost(kind: str, size: int, batch: int, rounds: int) -> str:
-    """Milliseconds per batch of ``DeviceAugment`` (the colour steps of ``augment_on: device``) on the GPU if there
-    is one, else on this process's one CPU thread: median of ``rounds`` x 5 timed batches after a warm-up."""
+def device_augment_cost(kind: str, size: int, batch: int, rounds: int, jpgs: list[bytes] | None = None) -> str:
+    """Milliseconds per batch of ``DeviceAugment`` on the GPU if there is one, else on this process's one CPU
+    thread (median of ``rounds`` x 5 timed batches after a warm-up): the colour steps of ``augment_on: device`` on
+    uint8 crops, or with ``jpgs`` (files) the whole of ``decode_on: device``: decode, crop, flip and colour."""
     from protoclip.data.device_augment import DeviceAugment
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     aug = DeviceAugment(kind, size)
     x = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=dev)
-    aug(x, (0,))
+    blobs = [jpgs[i % len(jpgs)] for i in range(batch)] if jpgs else None
+
+    def one(i: int) -> None:
+        aug(aug.decode_crop(blobs, (i,), dev) if blobs else x, (i,))
+    one(0)
     times = []
     for i in range(rounds * 5):
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        aug(x, (i,))
+        one(i)
         if dev.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     ms = statistics.median(times) * 1e3
-    return (f"device augmentation ({kind}, colour on the device): {ms:.1f} ms per batch of {batch} at {size} px on "
+    what = "decode, crop, flip and colour on the device" if jpgs else "colour on the device"
+    return (f"device augmentation ({kind}, {what}): {ms:.1f} ms per batch of {batch} at {size} px on "
             f"{dev.type}{'' if dev.type == 'cuda' else ' (one thread; the GPU is what it is for)'}, "
             f"{ms / batch:.3f} ms an image")
+
+
+def read_jpgs(df: pd.DataFrame, n: int) -> list[bytes]:
+    """The first ``n`` JPEG files of the shards (manifest rows: shard path, member offset and size)."""
+    out = []
+    for path, off, size in df[["path", "offset", "size"]].head(n).itertuples(index=False):
+        with open(path.split("::")[0], "rb") as f:
+            out.append(os.pread(f.fileno(), int(size), int(off)))
+    return out
 
 
 def images_per_s(loader, batches: int, batch: int, workers: int) -> tuple[float, float, torch.dtype]:
@@ -239,7 +256,6 @@ def micro(jpgs: list[bytes], size: int, rounds: int) -> list[str]:
     from torchvision import transforms as T
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    from protoclip.data.blur import GaussianBlur
     from protoclip.data.transforms import BLUR_KERNEL_224, BLUR_SIGMA_224, gaussian_blur
 
     def pil(j):
@@ -390,12 +406,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"min {min(ratio):.2f}x, median {statistics.median(ratio):.2f}x")
         if a.augmentation in ORDER:
             say(device_augment_cost(a.augmentation, a.image_size, a.batch, a.rounds))
+            say(device_augment_cost(a.augmentation, a.image_size, a.batch, a.rounds, jpgs=read_jpgs(df, a.batch)))
         if a.micro:
-            jpgs = []
-            for path, off, size in df[["path", "offset", "size"]].head(a.micro).itertuples(index=False):
-                with open(path.split("::")[0], "rb") as f:
-                    jpgs.append(os.pread(f.fileno(), int(size), int(off)))
-            for s in micro(jpgs, a.image_size, a.rounds):
+            for s in micro(read_jpgs(df, a.micro), a.image_size, a.rounds):
                 say(s)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,16 +9,20 @@
   float normalised (what open_clip's preprocess gives) in the same kind of DataLoader (``open_clip_train``'s
   ``train_one_epoch`` body without its logging), and once more on pre-stacked tensors already on the device
   (``open_clip (tensors)``: the compute-only bound).
-* ``ours (shards)``: our trainer reading PNG images from webdataset shards (``shard.tar::member`` manifest
+* ``ours (shards)``: our trainer reading JPEG images from webdataset shards (``shard.tar::member`` manifest
   paths, our ``ImageTextDataset`` + the ProtoCLIP augmentation) with ``--workers`` DataLoader workers. The
-  fraction of step time spent waiting for data is ``1 - t(in-memory) / t(shards)``.
+  fraction of step time spent waiting for data is ``1 - t(in-memory) / t(shards)``. The shards hold 400x300
+  JPEGs at quality 90 (CC3M's size as img2dataset stores it; bench_decode.py's pictures, 512 distinct ones cycled);
+  before 2026-11-28 they held PNG squares at the training size, cheaper to decode.
 * on CUDA, a census of synchronising calls: one more run of ``ours`` (in memory) under
   ``torch.cuda.set_sync_debug_mode("warn")``, counting the warnings (every call that waits for the device) and
   where they come from; a step makes none, so the count should not grow with the steps (the episode ends read the
   step records back, issue 42).
 * ``ours (shards, colour on device)``: the same with ``train.augment_on: device`` (the workers crop and flip; the
   colour jitter, greyscale and blur run batched on the device, :mod:`protoclip.data.device_augment`), its data wait
-  counted the same way (the device's augmentation work included).
+  counted the same way (the device's augmentation work included);
+* ``ours (shards, decode on device)``: and ``train.decode_on: device``: the workers read the files, the device
+  decodes them (nvJPEG on CUDA), crops, flips and augments.
 
 The methods are interleaved (``--repeats`` rounds of each) in one process so that a busy machine slows them
 alike; the ratios are what to read, the absolute numbers depend on the machine's load.
@@ -42,7 +46,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from protoclip.files.layout import Layout
@@ -80,33 +83,37 @@ class TensorPairs(Dataset):
         return self.images[i], self.tokens[i], self.ids[i]
 
 
-def write_shards(root: Path, n: int, size: int, per_shard: int = 256, seed: int = 0) -> pd.DataFrame:
-    """n PNG images (coloured boxes on white, ``size`` px) in webdataset tars; a manifest frame of their paths."""
+def write_shards(root: Path, n: int, per_shard: int = 256, distinct: int = 512, seed: int = 0) -> pd.DataFrame:
+    """n 400x300 JPEGs (``distinct`` pictures of bench_decode.py, cycled) in webdataset tars; a manifest frame of
+    their paths."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_decode import pictures
+
+    jpgs = pictures(min(n, distinct), (400, 300), seed)
     rng = np.random.default_rng(seed)
     rows = []
     for s in range(math.ceil(n / per_shard)):
         shard = root / f"{s:05d}.tar"
         with tarfile.open(shard, "w") as tar:
             for i in range(s * per_shard, min(n, (s + 1) * per_shard)):
-                a = np.full((size, size, 3), 255, np.uint8)
-                x, y = rng.integers(0, size // 2, 2)
-                a[y:y + size // 3, x:x + size // 3] = rng.integers(0, 255, 3)
-                buf = io.BytesIO()
-                Image.fromarray(a).save(buf, format="PNG")
-                info = tarfile.TarInfo(f"{i:07d}.png")
-                info.size = len(buf.getvalue())
-                tar.addfile(info, io.BytesIO(buf.getvalue()))
-                rows.append({"id": f"{i:07d}", "path": f"{shard}::{i:07d}.png",
+                data = jpgs[i % len(jpgs)]
+                info = tarfile.TarInfo(f"{i:07d}.jpg")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+                rows.append({"id": f"{i:07d}", "path": f"{shard}::{i:07d}.jpg",
                              "caption": " ".join(rng.choice(WORDS, size=5))})
     return pd.DataFrame(rows)
 
 
-def ours(args, dataset: Dataset, out: Path, tag: str, workers: int, augment_on: str = "workers") -> float:
+def ours(args, dataset: Dataset, out: Path, tag: str, workers: int, augment_on: str = "workers",
+         decode_on: str = "workers") -> float:
     """Seconds per optimizer step of protoclip's trainer (CLIP), mean over episodes 1.."""
     cfg = TrainConfig(name=tag, method="clip", model=args.model, teacher=None, head_hidden=args.head_hidden,
                       epochs=1.0, episode_size=args.batch * args.steps, batch_size=args.batch, warmup_episodes=1,
                       lock_image_epoch=None, num_workers=workers, device=args.device, precision="auto", seed=0,
-                      loss=LossConfig(external_weight=0.0), augment_on=augment_on)
+                      loss=LossConfig(external_weight=0.0), augment_on=augment_on, decode_on=decode_on)
     torch.manual_seed(0)
     model = build_model(cfg.model, head_hidden=cfg.head_hidden, head_out=cfg.head_out)
     layout = Layout(out / "data", out / "results")
@@ -228,13 +235,14 @@ def main() -> None:
     mem = TensorPairs(n, size, tok)  # uint8, as our data path gives them
     mem_float = TensorPairs(n, size, tok, normalised=True)  # the same images, float normalised: open_clip's input
     times: dict[str, list[float]] = {"ours": [], "open_clip": [], "open_clip (tensors)": [], "ours (shards)": [],
-                                     "ours (shards, colour on device)": []}
+                                     "ours (shards, colour on device)": [], "ours (shards, decode on device)": []}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "shards").mkdir()
-        manifest = write_shards(tmp / "shards", n, size)
+        manifest = write_shards(tmp / "shards", n)
         shards = ImageTextDataset(manifest, train_transform(size, "protoclip"), tok)
         shards_dev = ImageTextDataset(manifest, train_transform(size, "protoclip", "device"), tok)
+        shards_raw = ImageTextDataset(manifest, train_transform(size, "protoclip", "device", "device"), tok)
         for r in range(args.repeats):
             times["ours"].append(ours(args, mem, tmp / f"m{r}", f"mem{r}", workers=0))
             times["open_clip"].append(theirs(args, mem_float, device, from_loader=True))
@@ -242,6 +250,9 @@ def main() -> None:
             times["ours (shards)"].append(ours(args, shards, tmp / f"s{r}", f"shards{r}", workers=args.workers))
             times["ours (shards, colour on device)"].append(
                 ours(args, shards_dev, tmp / f"d{r}", f"device{r}", workers=args.workers, augment_on="device"))
+            times["ours (shards, decode on device)"].append(
+                ours(args, shards_raw, tmp / f"j{r}", f"decode{r}", workers=args.workers, augment_on="device",
+                     decode_on="device"))
         census = sync_census(args, mem, tmp / "sync") if device.type == "cuda" else []
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     prec = "bf16 autocast" if device.type == "cuda" else "fp32"
@@ -254,7 +265,7 @@ def main() -> None:
     print(f"ours vs open_clip (same DataLoader): {med['open_clip'] / med['ours']:.2f}x open_clip's speed "
           f"(target >= 1.0)")
     for k, where in (("ours (shards)", "colour in the workers"), ("ours (shards, colour on device)",
-                                                                  "colour on the device")):
+                     "colour on the device"), ("ours (shards, decode on device)", "decoded on the device")):
         wait = max(0.0, 1.0 - med["ours"] / med[k])
         print(f"ours reading shards with {args.workers} workers, {where}: {100 * wait:.0f}% of step time waiting "
               f"for data (target <= 5%)")

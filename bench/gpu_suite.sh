@@ -21,7 +21,7 @@
 # H100 and the H200) run only when named. The limits come from the H100 runs of the suite (results/*_h100_*: the
 # three benches ~80 s each, the smoke with its 9 evaluate jobs over 240 s); where one call may take 600 s, run it
 # as two: GPU_SUITE_PARTS="step_rn50 step_vitb32 episode" (~260 s before the augment_on: device row and the sync
-# census were added, 2026-11-28; their limits grew by 40 s each), then "smoke".
+# census were added, 2026-11-28; their limits grew by 60 s each), then "smoke".
 #
 #   bash bench/gpu_suite.sh              # on the GPU machine, from the repository root
 #   bash bench/gpu_suite.sh --cpu-smoke  # anywhere: seconds
@@ -67,9 +67,9 @@ part() {  # part <name> <time limit s> <command...>: run it, keep its output und
     tail -n 4 "$file" | sed 's/^/    /'
 }
 
-part step_rn50 160 "$PY" bench/bench_step.py --model RN50 --batch 512 --steps 6 --repeats 1 --workers 8 \
+part step_rn50 180 "$PY" bench/bench_step.py --model RN50 --batch 512 --steps 6 --repeats 1 --workers 8 \
     --head-hidden 2048
-part step_vitb32 140 "$PY" bench/bench_step.py --model ViT-B-32 --batch 512 --steps 6 --repeats 1 --workers 8 \
+part step_vitb32 160 "$PY" bench/bench_step.py --model ViT-B-32 --batch 512 --steps 6 --repeats 1 --workers 8 \
     --head-hidden 2048
 part decode 45 "$PY" bench/bench_decode.py --workers 8 --batch 32 --batches 6 --images 2048 --shards 8 \
     --micro 64 --note "GPU machine's CPUs; images/s per worker, interleaved rounds"
