@@ -26,7 +26,6 @@ import atexit
 import importlib
 import json
 import os
-import select
 import selectors
 import shutil
 import signal
@@ -38,7 +37,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from protoclip.jobs.launch import JOB_PID, LOG_PROGRESS_INTERVAL
+from protoclip.jobs.launch import JOB_PID, LOG_PROGRESS_INTERVAL, stop, watch_processes
 
 ENV = "PROTOCLIP_FORKSERVER"  # the server's socket, in the wrapped command's environment
 FORKED = ("train", "evaluate")  # the many jobs of a workflow whose start-up is mostly these imports
@@ -174,19 +173,9 @@ def _name(name: str) -> None:
 
 def _follow(client_pid: int) -> None:
     """End this fork (SIGKILL, as the job's kill would have) when the command that asked for it ends: its job
-    cancelled, Snakemake killed. The pidfd is opened here, while the command is known to wait for this fork."""
-    try:
-        pidfd = os.pidfd_open(client_pid)
-    except ProcessLookupError:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    def watch() -> None:
-        select.select([pidfd], [], [])  # readable when the process has ended
-        print(f"protoclip: the command that started this job (pid {client_pid}) ended: stopping", file=sys.stderr,
-              flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="protoclip-forkserver-client", daemon=True).start()
+    cancelled, Snakemake killed. Watched from here, while the command is known to wait for this fork."""
+    watch_processes([client_pid], lambda pid: stop(f"the command that started this job (pid {pid}) ended"),
+                    "protoclip-forkserver-client")
 
 
 def _exit(code) -> None:

@@ -199,38 +199,50 @@ def ancestors(pid: int) -> list[int]:
     return out
 
 
+def stop(why: str) -> None:
+    """Say ``why`` and SIGKILL this process, as the kill of its job would have (torchrun ranks die with it)."""
+    print(f"protoclip: {why}: stopping", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _end_with_job(pid: int) -> None:
-    print(f"protoclip: the job's process {pid} ended (the job was cancelled, its shell or Snakemake killed): "
-          "stopping", file=sys.stderr, flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)  # as the kill of the job would have; torchrun ranks die with this one
+    stop(f"the job's process {pid} ended (the job was cancelled, its shell or Snakemake killed)")
 
 
-def _watch(pids: list[int]) -> None:
-    """Block until one of ``pids`` ends, then end this process (thread body). Uses pidfds (Linux >= 5.3): no
-    polling, and a pid reused by another process cannot be mistaken for the watched one; polls /proc once a
-    second where pidfds are not available."""
+def watch_processes(pids: list[int], on_end, name: str, ancestors_only: bool = False) -> None:
+    """Call ``on_end(pid)`` (it stops this process) from a daemon thread when one of ``pids`` ends. Uses pidfds
+    (Linux >= 5.3): no polling, and a pid reused by another process cannot be mistaken for the watched one; polls
+    /proc once a second where pidfds are not available. ``ancestors_only``: the pids are this process's ancestors,
+    so one that ended before its pidfd was open is seen missing from the chain."""
     fds: dict[int, int] = {}
     try:
         for pid in pids:
             fds[os.pidfd_open(pid)] = pid
     except ProcessLookupError:
-        _end_with_job(pid)
+        on_end(pid)
     except (OSError, AttributeError):  # no pidfd_open here (old kernel, seccomp): poll
         for fd in fds:
             os.close(fd)
+
+        def poll_proc() -> None:
+            while True:
+                gone = [p for p in pids if not Path(f"/proc/{p}").exists()]
+                if gone:
+                    on_end(gone[0])
+                time.sleep(1.0)
+        threading.Thread(target=poll_proc, name=name, daemon=True).start()
+        return
+    if ancestors_only and ancestors(os.getpid())[:len(pids)] != pids:  # one ended before its pidfd was open
+        on_end(next(p for p in pids if p not in ancestors(os.getpid())))
+
+    def wait() -> None:
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)  # a pidfd becomes readable when its process exits
         while True:
-            gone = [p for p in pids if not Path(f"/proc/{p}").exists()]
-            if gone:
-                _end_with_job(gone[0])
-            time.sleep(1.0)
-    if ancestors(os.getpid())[:len(pids)] != pids:  # one ended before its pidfd was open
-        _end_with_job(next(p for p in pids if p not in ancestors(os.getpid())))
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)  # a pidfd becomes readable when its process exits
-    while True:
-        for fd, _event in poller.poll():
-            _end_with_job(fds[fd])
+            for fd, _event in poller.poll():
+                on_end(fds[fd])
+    threading.Thread(target=wait, name=name, daemon=True).start()
 
 
 def follow_job(env: dict | None = None) -> list[int]:
@@ -252,7 +264,7 @@ def follow_job(env: dict | None = None) -> list[int]:
     _set_parent_death_signal()
     if os.getppid() != watched[0]:  # the parent died before the signal was set
         _end_with_job(watched[0])
-    threading.Thread(target=_watch, args=(watched,), name="protoclip-follow-job", daemon=True).start()
+    watch_processes(watched, _end_with_job, "protoclip-follow-job", ancestors_only=True)
     return watched
 
 
