@@ -53,15 +53,20 @@ def run(tmp_path, name: str, cfg, cut: int | None = None) -> dict[str, torch.Ten
     return model.state_dict()
 
 
-def test_device_augmentation_is_exact_across_workers_and_resume(tmp_path):
-    cfg = tiny_config(episode_size=16, batch_size=8, epochs=1.0, augment_on="device", num_workers=1)  # 3 episodes
+@pytest.mark.parametrize("decode_on", ["workers", "device"])
+def test_the_device_path_is_exact_across_workers_and_resume(tmp_path, decode_on):
+    """Colour on the device (decode_on: workers), and decoding too (device): one worker, two, and two cut after an
+    episode and resumed train the same weights; the path really differs from the one before it."""
+    cfg = tiny_config(episode_size=16, batch_size=8, epochs=1.0, augment_on="device", decode_on=decode_on,
+                      num_workers=1)  # 48 pairs: 3 episodes
     one = run(tmp_path, "one", cfg)
     two = run(tmp_path, "two", dataclasses.replace(cfg, num_workers=2))
     cut = run(tmp_path, "cut", dataclasses.replace(cfg, num_workers=2), cut=1)
     for k in one:
         assert torch.equal(one[k], two[k]) and torch.equal(one[k], cut[k]), k
-    workers = run(tmp_path, "workers", dataclasses.replace(cfg, augment_on="workers"))
-    assert any(not torch.equal(one[k], workers[k]) for k in one if one[k].is_floating_point())
+    before = {"decode_on": "workers"} if decode_on == "device" else {"augment_on": "workers"}
+    other = run(tmp_path, "before", dataclasses.replace(cfg, **before))
+    assert any(not torch.equal(one[k], other[k]) for k in one if one[k].is_floating_point())
 
 
 def test_a_three_view_method_trains_with_device_augmentation(tmp_path):
@@ -75,18 +80,6 @@ def test_a_three_view_method_trains_with_device_augmentation(tmp_path):
     cfg = dataclasses.replace(cfg, sections={**cfg.sections, "pcl": pcl}, pauc=PAUCConfig())
     state = run(tmp_path, "pcl", cfg)
     assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
-
-
-def test_device_decoding_is_exact_across_workers_and_resume(tmp_path):
-    cfg = tiny_config(episode_size=16, batch_size=8, epochs=1.0, augment_on="device", decode_on="device",
-                      num_workers=1)
-    one = run(tmp_path, "one", cfg)
-    two = run(tmp_path, "two", dataclasses.replace(cfg, num_workers=2))
-    cut = run(tmp_path, "cut", dataclasses.replace(cfg, num_workers=2), cut=1)
-    for k in one:
-        assert torch.equal(one[k], two[k]) and torch.equal(one[k], cut[k]), k
-    workers = run(tmp_path, "workers", dataclasses.replace(cfg, decode_on="workers"))
-    assert any(not torch.equal(one[k], workers[k]) for k in one if one[k].is_floating_point())
 
 
 def test_device_decoding_is_refused_where_it_cannot_run():
