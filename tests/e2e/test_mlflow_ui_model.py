@@ -15,12 +15,9 @@ import pytest
 
 from protoclip.project import load_config
 from testkit.mlflow_ui import CHROMIUM, NO_CHROMIUM, MlflowUI
-from testkit.training import tiny_project
+from testkit.training import TINY_CLIP_RUN, tiny_project
 
-RUN = {"method": "clip", "teacher": None, "model": "tiny-rn", "head_hidden": 32, "head_out": 16, "epochs": 2.0,
-       "episode_size": 16, "batch_size": 8, "warmup_episodes": 1, "lock_image_epoch": None, "num_workers": 0,
-       "device": "cpu", "data": ["offline"], "image_size": 32,
-       "validation": {"every_episodes": 1, "tasks": ["zeroshot", "knn"]}}
+RUN = {**TINY_CLIP_RUN, "epochs": 2.0, "validation": {"every_episodes": 1, "tasks": ["zeroshot", "knn"]}}
 
 
 def trained_store(root: Path):

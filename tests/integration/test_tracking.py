@@ -10,13 +10,11 @@ import pytest
 from protoclip.project import load_config
 from protoclip.files.hashing import sha256_file
 from protoclip.files.layout import Layout
-from testkit.training import one_thread, tiny_project
+from testkit.training import TINY_CLIP_RUN, one_thread, tiny_project
 
 _threads = pytest.fixture(autouse=True)(one_thread)
 
-RUN = {"method": "clip", "teacher": None, "model": "tiny-rn", "head_hidden": 32, "head_out": 16, "epochs": 1.0,
-       "episode_size": 16, "batch_size": 8, "warmup_episodes": 1, "lock_image_epoch": None, "num_workers": 0,
-       "device": "cpu", "data": ["offline"]}
+RUN = dict(TINY_CLIP_RUN)
 
 
 def project(tmp_path: Path, lr: float) -> Path:

@@ -19,13 +19,11 @@ import yaml
 from protoclip.project import load_config
 from protoclip.files.layout import Layout
 from protoclip.files.records import read_train_log
-from testkit.training import one_thread, tiny_project
+from testkit.training import TINY_CLIP_RUN, one_thread, tiny_project
 
 _threads = pytest.fixture(autouse=True)(one_thread)
 
-RUN = {"method": "clip", "teacher": None, "model": "tiny-rn", "head_hidden": 32, "head_out": 16, "epochs": 2.0,
-       "episode_size": 16, "batch_size": 8, "warmup_episodes": 1, "lock_image_epoch": None, "num_workers": 0,
-       "device": "cpu", "data": ["offline"], "image_size": 32}
+RUN = {**TINY_CLIP_RUN, "epochs": 2.0}
 LABELS = ["animals/cat", "food", "vehicles/car"]
 
 
