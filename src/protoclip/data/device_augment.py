@@ -1,10 +1,14 @@
-"""The photometric part of a training augmentation on the training device, batched (``train.augment_on: device``).
+"""A training augmentation on the training device, batched (``train.augment_on`` / ``train.decode_on: device``).
 
-The DataLoader workers then decode, crop and flip only (:func:`protoclip.data.transforms.train_transform` with
-``photometric="device"``) and hand over uint8 images; :class:`DeviceAugment` applies the kind's colour jitter,
-greyscale and Gaussian blur to the whole batch on the device, with a draw per image, and normalises it. It is the
-same augmentation as the workers' (:mod:`protoclip.data.transforms`: the same probabilities, ranges, kernel sizes and
-order), computed as torchvision computes it on float tensors, with two differences from the PIL path:
+With ``augment_on: device`` the DataLoader workers decode, crop and flip only
+(:func:`protoclip.data.transforms.train_transform` with ``photometric="device"``) and hand over uint8 images;
+:class:`DeviceAugment` applies the kind's colour jitter, greyscale and Gaussian blur on the device, with a draw per
+image, and normalises the batch. With ``decode_on: device`` as well the workers hand over the stored files and
+:meth:`DeviceAugment.decode_crop` decodes (JPEGs in one batched ``torchvision.io.decode_jpeg``: nvJPEG on CUDA;
+torchvision 0.29 deprecates its decoders for TorchCodec's, and the pinned 0.29.1 still has them), crops and flips
+first. It is the same augmentation as the workers' (:mod:`protoclip.data.transforms`: the same probabilities,
+ranges, kernel sizes and order), computed as torchvision computes it on tensors, with these differences from the
+PIL path (the crop's resize too: antialiased bicubic on tensors, within a level or two of Pillow's):
 
 * the values stay float between the steps (PIL rounds to uint8 after each), and greyscale and the jitter's grey
   reference use torchvision's tensor weights (0.2989, 0.587, 0.114; PIL: 299/587/114 per mille);
@@ -12,7 +16,7 @@ order), computed as torchvision computes it on float tensors, with two differenc
   position, view)), so a batch's augmentation is a pure function of its key, the same on any device: resume-exact
   and independent of the worker count, as the workers' per-item seeds are (:mod:`protoclip.train.loader`).
 
-The horizontal flip stays in the workers for every kind: it commutes with the pointwise colour steps and with a
+The horizontal flip is drawn with the crop for every kind (in the workers, or in ``decode_crop``): it commutes with the pointwise colour steps and with a
 symmetric Gaussian kernel under reflect padding, so MoCo v2's flip-last order is unchanged. Nothing is read back from
 the device: drawn on the host, the images a step touches are known there, and each step runs on those images only
 (``index_select`` / ``index_copy`` with indices sent from pinned memory), about a fifth of the batch per step for
@@ -46,7 +50,7 @@ GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # torchvision's tensor rgb_to_grayscale
 
 
 def key_seed(key: tuple[int, ...]) -> int:
-    """A 63-bit seed from a tuple of ints (BLAKE2b), for a device generator."""
+    """A 63-bit seed from a tuple of ints (BLAKE2b), for a generator."""
     digest = hashlib.blake2b(struct.pack(f"<{len(key)}q", *key), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
