@@ -10,17 +10,18 @@
 #   4. the paper smoke on CUDA (gpu_smoke.py: config/paper.yaml + the smoke overlay at RN50 / 224 px, gpu: true,
 #      2000 synthetic pairs, scikit-learn's digits as the evaluation set; prepare -> teacher -> train -> evaluate ->
 #      report through Snakemake);
+#   0. device_tests: the device augmentation's tests on CUDA (same values as on the CPU; nvJPEG vs libjpeg-turbo);
 #   5. k-means at the paper's episode size (bench_kmeans.py --gpu-only: m = 200k, K = 20k, d = 128, 20 iterations;
 #      its CPU backends, minutes at that size, are in results/kmeans_paper_h200_2026-11-27.txt).
 # Outputs: bench/results/<part>_<gpu name>_<date>.txt (the GPU as nvidia-smi names it), and a summary line per
 # part on stdout. Without a GPU it prints one line and exits 0. `--cpu-smoke` (or GPU_SUITE_CPU_SMOKE=1) runs the
 # parts that run on a CPU at tiny sizes instead (the decode bench, the smoke overlay's validation), writing under
 # $GPU_SUITE_OUT (default: a temporary folder), so that the script cannot rot unnoticed (tests/unit/test_gpu_suite.py).
-# GPU_SUITE_PARTS="step_rn50 smoke" runs the parts named only (a rerun of what failed); by default the four that
-# issue 42 judges: decode (its 6 batches a worker are too short to read on 16 cores) and kmeans (measured on the
-# H100 and the H200) run only when named. The limits come from the H100 runs of the suite (results/*_h100_*: the
+# GPU_SUITE_PARTS="step_rn50 smoke" runs the parts named only (a rerun of what failed); by default the device
+# tests (seconds; they need pytest there) and the four that issue 42 judges: decode (its 6 batches a worker are too
+# short to read on 16 cores) and kmeans (measured on the H100 and the H200) run only when named. The limits come from the H100 runs of the suite (results/*_h100_*: the
 # three benches ~80 s each, the smoke with its 9 evaluate jobs over 240 s); where one call may take 600 s, run it
-# as two: GPU_SUITE_PARTS="step_rn50 step_vitb32 episode" (~260 s before the augment_on: device row and the sync
+# as two: GPU_SUITE_PARTS="device_tests step_rn50 step_vitb32 episode" (~260 s before the device rows and the sync
 # census were added, 2026-11-28; their limits grew by 60 s each), then "smoke".
 #
 #   bash bench/gpu_suite.sh              # on the GPU machine, from the repository root
@@ -56,7 +57,7 @@ status=0
 part() {  # part <name> <time limit s> <command...>: run it, keep its output under bench/results, say how it ended
     local name=$1 limit=$2
     shift 2
-    case " ${GPU_SUITE_PARTS:-step_rn50 step_vitb32 episode smoke} " in *" $name "*) ;; *) return 0 ;; esac  # GPU_SUITE_PARTS="smoke ...": those only
+    case " ${GPU_SUITE_PARTS:-device_tests step_rn50 step_vitb32 episode smoke} " in *" $name "*) ;; *) return 0 ;; esac  # GPU_SUITE_PARTS="smoke ...": those only
     local file="$res/${name}_${gpu}_${day}.txt"
     { echo "# $*"; echo "# $(date -u '+%Y-%m-%d %H:%M') UTC, $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1), $(nproc) CPUs, commit $(git rev-parse --short HEAD 2> /dev/null)"; } > "$file"
     local t0=$SECONDS
@@ -67,6 +68,7 @@ part() {  # part <name> <time limit s> <command...>: run it, keep its output und
     tail -n 4 "$file" | sed 's/^/    /'
 }
 
+part device_tests 60 "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_data_device_augment.py
 part step_rn50 180 "$PY" bench/bench_step.py --model RN50 --batch 512 --steps 6 --repeats 1 --workers 8 \
     --head-hidden 2048
 part step_vitb32 160 "$PY" bench/bench_step.py --model ViT-B-32 --batch 512 --steps 6 --repeats 1 --workers 8 \

@@ -183,3 +183,17 @@ def test_decode_crop_is_the_workers_crop_and_flip_with_the_keys_draws():
     flipped = torch.stack([worker(p) for p in pils])  # other draws: other crops, so the comparison can tell
     assert (got.float() - flipped.float()).abs().mean() > 3 * diff.mean()
     assert torch.equal(got, aug.decode_crop(blobs, key, torch.device("cpu")))  # a function of the key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (bench/gpu_suite.sh runs it on a GPU machine)")
+def test_on_cuda_the_same_augmentation_and_decoding_as_on_the_cpu():
+    """The host draws are the device's: on CUDA the colour steps give the CPU's values (float rounding apart), and
+    nvJPEG + the crop give the CPU's decode + crop within a level or two (nvJPEG's IDCT is not libjpeg-turbo's)."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    aug, batch, key = DeviceAugment("protoclip", 64), images(48, size=24), (5, 0, 1, 0, 0)
+    torch.testing.assert_close(aug(batch.to(cuda), key).cpu(), aug(batch, key), atol=1e-4, rtol=0)
+    blobs, _ = jpegs(16, seed=2)
+    on_gpu = aug.decode_crop(blobs, key, cuda)
+    assert on_gpu.device.type == "cuda"
+    diff = (on_gpu.cpu().float() - aug.decode_crop(blobs, key, cpu).float()).abs()
+    assert diff.mean() < 1.0 and diff.amax() <= 16
