@@ -16,8 +16,9 @@ PIL path (the crop's resize too: antialiased bicubic on tensors, within a level 
   position, view)), so a batch's augmentation is a pure function of its key, the same on any device: resume-exact
   and independent of the worker count, as the workers' per-item seeds are (:mod:`protoclip.train.loader`).
 
-The horizontal flip is drawn with the crop for every kind (in the workers, or in ``decode_crop``): it commutes with the pointwise colour steps and with a
-symmetric Gaussian kernel under reflect padding, so MoCo v2's flip-last order is unchanged. Nothing is read back from
+The horizontal flip is drawn with the crop for every kind (in the workers, or in ``decode_crop``): it commutes with
+the pointwise colour steps and with a symmetric Gaussian kernel under reflect padding, so MoCo v2's flip-last order
+is unchanged. Nothing is read back from
 the device: drawn on the host, the images a step touches are known there, and each step runs on those images only
 (``index_select`` / ``index_copy`` with indices sent from pinned memory), about a fifth of the batch per step for
 the paper's augmentation.
@@ -34,7 +35,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
-from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
+from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_grayscale_image, _rgb_to_hsv
 
 from protoclip.data.transforms import (BLUR_P, CROP_ONLY, CROP_SCALE, GRAY_P, JITTER, JITTER_P, EncodedImage, Kind,
                                        blur_params, normalize_batch, normalize_unit, to_unit)
@@ -46,13 +47,13 @@ CROP_RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's default aspect range
 # the photometric steps of each kind, in its order (transforms.train_transform); crop-only kinds have none
 ORDER: dict[str, tuple[str, ...]] = {"protoclip": ("jitter", "gray", "blur"), "simclr": ("jitter", "gray", "blur"),
                                      "mocov2": ("jitter", "gray", "blur"), "mocov1": ("gray", "jitter")}
-GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # torchvision's tensor rgb_to_grayscale
 
 
 def key_seed(key: tuple[int, ...]) -> int:
-    """A 63-bit seed from a tuple of ints (BLAKE2b), for a generator."""
+    """A 64-bit seed from a tuple of ints (BLAKE2b of their int64 bytes): the batches' generators here and the
+    workers' per-item seeds (:func:`protoclip.train.loader.seed_item`)."""
     digest = hashlib.blake2b(struct.pack(f"<{len(key)}q", *key), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    return int.from_bytes(digest, "little")
 
 
 def _blend(a: torch.Tensor, b: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
@@ -61,8 +62,8 @@ def _blend(a: torch.Tensor, b: torch.Tensor, ratio: torch.Tensor) -> torch.Tenso
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
-    r, g, b = x.unbind(dim=-3)
-    return (r * GRAY_WEIGHTS[0] + g * GRAY_WEIGHTS[1] + b * GRAY_WEIGHTS[2]).unsqueeze(-3)
+    """torchvision's tensor greyscale (0.2989 R + 0.587 G + 0.114 B), one channel."""
+    return _rgb_to_grayscale_image(x, num_output_channels=1, preserve_dtype=False)
 
 
 def adjust_brightness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
@@ -227,5 +228,5 @@ def _on(x: torch.Tensor, mask: torch.Tensor, fn, values: torch.Tensor | None = N
     return x.index_copy(0, idx, fn(x.index_select(0, idx), vals))
 
 
-__all__ = ["DeviceAugment", "EncodedImage", "ORDER", "JITTER_OPS", "crop_params", "decode_images", "key_seed", "gaussian_blur", "adjust_brightness", "adjust_contrast",
-           "adjust_saturation", "adjust_hue"]
+__all__ = ["DeviceAugment", "EncodedImage", "ORDER", "JITTER_OPS", "crop_params", "decode_images", "key_seed",
+           "gaussian_blur", "adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue"]

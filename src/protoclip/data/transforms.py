@@ -163,5 +163,5 @@ def eval_transform(image_size: int) -> Callable:
     return image_transform(image_size, is_train=False)
 
 
-__all__ = ["Kind", "EncodedImage", "train_transform", "normalize_batch", "normalize_unit", "to_unit", "eval_transform", "gaussian_blur",
-           "blur_params", "CROP_SCALE", "CROP_ONLY", "JITTER_P", "BLUR_P"]
+__all__ = ["Kind", "EncodedImage", "train_transform", "normalize_batch", "normalize_unit", "to_unit", "eval_transform",
+           "gaussian_blur", "blur_params", "CROP_SCALE", "CROP_ONLY", "JITTER_P", "BLUR_P"]

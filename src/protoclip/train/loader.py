@@ -4,8 +4,8 @@ An episode (:mod:`protoclip.train.episode`) is read in up to two passes over its
 ``extract`` (a method's work before the steps, e.g. ProtoCLIP's h^I, h^T for k-means, in batches of
 ``train.extract_batch_size``) and ``train`` (the optimizer steps, ``train.batch_size``). :class:`EpisodeBatches`
 is the DataLoader's batch sampler: set to a sequence of (episode, pass), it yields this rank's share of each
-episode (:func:`~protoclip.train.episode.rank_positions`) in batches of each pass's size. :class:`RunLoader` holds the one
-DataLoader, with ``persistent_workers`` when ``num_workers > 0`` (the workers start once per run, or once per
+episode (:func:`~protoclip.train.episode.rank_positions`) in batches of each pass's size. :class:`RunLoader` holds
+the one DataLoader, with ``persistent_workers`` when ``num_workers > 0`` (the workers start once per run, or once per
 resumed segment, instead of twice per episode), and hands out each pass as an iterable of
 ``(images, tokens, positions)`` batches::
 
@@ -38,17 +38,16 @@ then a pure function of those four numbers, whatever the worker count, the prefe
 from __future__ import annotations
 
 import collections
-import hashlib
 import math
 import random
-import struct
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from protoclip.data.device_augment import DeviceAugment, key_seed
 from protoclip.train.distributed import DistInfo
 from protoclip.train.episode import rank_positions, sample_episode
 
@@ -58,10 +57,10 @@ PASSES = ("extract", "train")  # an episode's passes over its items; the index i
 def seed_item(key: tuple[int, int, int, int]) -> None:
     """Seed this process's python, numpy and torch (CPU) RNGs from ``(seed, episode, pass index, position)``.
 
-    The seed is a 64-bit BLAKE2b hash of the key (a few microseconds; ``torch.manual_seed`` would also visit every
-    accelerator's generator, ~0.5 ms an item, and a worker's transforms draw from the CPU generator only)."""
-    digest = hashlib.blake2b(struct.pack("<4q", *key), digest_size=8).digest()
-    s = int.from_bytes(digest, "little")
+    The seed is a 64-bit BLAKE2b hash of the key (:func:`~protoclip.data.device_augment.key_seed`; a few
+    microseconds; ``torch.manual_seed`` would also visit every accelerator's generator, ~0.5 ms an item, and a
+    worker's transforms draw from the CPU generator only)."""
+    s = key_seed(key)
     random.seed(s)
     np.random.seed(s % 2**32)
     torch.default_generator.manual_seed(s)
@@ -155,7 +154,7 @@ class RunLoader:
 
     def __init__(self, dataset: Dataset, *, episode_size: int, seed: int, batch_size: int, extract_batch_size: int,
                  num_workers: int, info: DistInfo, device: torch.device, n_episodes: int,
-                 augment: Callable[[torch.Tensor, tuple[int, ...]], torch.Tensor] | None = None):
+                 augment: DeviceAugment | None = None):
         self.workers, self.n_episodes = num_workers > 0, n_episodes
         self.augment, self.device, self.seed = augment, device, seed
         self.batches = EpisodeBatches(len(dataset), episode_size, seed, info,
@@ -249,7 +248,7 @@ class RunLoader:
 
     def close(self) -> None:
         """Stop the worker processes (the loader serves no more passes)."""
-        it, self._it, self._ahead = self._it, None, None
+        it, self._it = self._it, None
         if self.loader is not None and self.workers and it is not None:
             it._shutdown_workers()  # at once, rather than whenever the iterator is collected
         self.loader = None
