@@ -68,7 +68,7 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_shards import VOCAB, _add  # noqa: E402
+from synthetic_shards import VOCAB, _add, pictures  # noqa: E402
 
 from protoclip.data.device_augment import ORDER  # noqa: E402
 
@@ -76,32 +76,8 @@ TINY = {"images": 48, "shards": 2, "source": (80, 60), "size": 32, "batch": 8, "
         "workers": 1, "micro": 8}
 
 
-def pictures(n: int, source: tuple[int, int], seed: int) -> list[bytes]:
-    """``n`` natural-looking JPEGs of ``source`` (w, h) px, quality 90: random crops (40-100 % of the side),
-    flips and colour shifts of scikit-learn's two sample photographs, a fifth of them in portrait."""
-    from sklearn.datasets import load_sample_images
-
-    photos = [Image.fromarray(a) for a in load_sample_images().images]
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        photo = photos[i % len(photos)]
-        w, h = photo.size
-        f = rng.uniform(0.4, 1.0)
-        cw, ch = int(w * f), int(h * f)
-        x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-        size = source if rng.random() >= 0.2 else source[::-1]
-        img = photo.crop((x, y, x + cw, y + ch)).resize(size, Image.BICUBIC)
-        if rng.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        a = np.asarray(img, np.float32) * rng.uniform(0.7, 1.3, 3)
-        buf = io.BytesIO()
-        Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
-        out.append(buf.getvalue())
-    return out
-
-
-def make_shards(root: Path, images: int, shards: int, source: tuple[int, int], seed: int = 0) -> tuple[str, pd.DataFrame]:
+def make_shards(root: Path, images: int, shards: int, source: tuple[int, int],
+                seed: int = 0) -> tuple[str, pd.DataFrame]:
     """Write the shards (unless ``done.json`` matches) and return their brace pattern and our manifest rows
     (id, ``shard.tar::member`` path, caption, sha256, offset, size: what ``prepare`` stores)."""
     root.mkdir(parents=True, exist_ok=True)
@@ -190,7 +166,8 @@ def open_clip_loader(pattern: str, images: int, size: int, batch: int, workers: 
         from protoclip.data.transforms import train_transform
 
         preprocess = float_out(train_transform(size, augmentation))
-    return get_wds_dataset(args, preprocess, is_train=True, epoch=0, tokenizer=open_clip.get_tokenizer("RN50")).dataloader
+    tokenizer = open_clip.get_tokenizer("RN50")
+    return get_wds_dataset(args, preprocess, is_train=True, epoch=0, tokenizer=tokenizer).dataloader
 
 
 def device_augment_cost(kind: str, size: int, batch: int, rounds: int, jpgs: list[bytes] | None = None) -> str:

@@ -12,7 +12,7 @@
 * ``ours (shards)``: our trainer reading JPEG images from webdataset shards (``shard.tar::member`` manifest
   paths, our ``ImageTextDataset`` + the ProtoCLIP augmentation) with ``--workers`` DataLoader workers. The
   fraction of step time spent waiting for data is ``1 - t(in-memory) / t(shards)``. The shards hold 400x300
-  JPEGs at quality 90 (CC3M's size as img2dataset stores it; bench_decode.py's pictures, 512 distinct ones cycled);
+  JPEGs at quality 90 (CC3M's size as img2dataset stores it; synthetic_shards.py's pictures, 512 distinct ones cycled);
   before 2026-11-28 they held PNG squares at the training size, cheaper to decode.
 * on CUDA, a census of synchronising calls: one more run of ``ours`` (in memory) under
   ``torch.cuda.set_sync_debug_mode("warn")``, counting the warnings (every call that waits for the device) and
@@ -38,6 +38,7 @@ import io
 import json
 import math
 import statistics
+import sys
 import tarfile
 import tempfile
 import time
@@ -48,10 +49,13 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from protoclip.files.layout import Layout
-from protoclip.models import build_model, get_tokenizer
-from protoclip.train.config import LossConfig, TrainConfig
-from protoclip.train.loop import train
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic_shards import pictures  # noqa: E402
+
+from protoclip.files.layout import Layout  # noqa: E402
+from protoclip.models import build_model, get_tokenizer  # noqa: E402
+from protoclip.train.config import LossConfig, TrainConfig  # noqa: E402
+from protoclip.train.loop import train  # noqa: E402
 
 WORDS = "red green blue cat dog car tree house sun moon boat bird small large old new".split()
 
@@ -84,13 +88,8 @@ class TensorPairs(Dataset):
 
 
 def write_shards(root: Path, n: int, per_shard: int = 256, distinct: int = 512, seed: int = 0) -> pd.DataFrame:
-    """n 400x300 JPEGs (``distinct`` pictures of bench_decode.py, cycled) in webdataset tars; a manifest frame of
+    """n 400x300 JPEGs (``distinct`` of synthetic_shards.pictures, cycled) in webdataset tars; a manifest frame of
     their paths."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_decode import pictures
-
     jpgs = pictures(min(n, distinct), (400, 300), seed)
     rng = np.random.default_rng(seed)
     rows = []

@@ -36,6 +36,31 @@ VOCAB = ("red green blue yellow purple orange black white small large old new ti
          "a the of with on in near under over beside and two three many some").split()
 
 
+def pictures(n: int, source: tuple[int, int], seed: int) -> list[bytes]:
+    """``n`` natural-looking JPEGs of ``source`` (w, h) px, quality 90: random crops (40-100 % of the side),
+    flips and colour shifts of scikit-learn's two sample photographs, a fifth of them in portrait."""
+    from sklearn.datasets import load_sample_images
+
+    photos = [Image.fromarray(a) for a in load_sample_images().images]
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        photo = photos[i % len(photos)]
+        w, h = photo.size
+        f = rng.uniform(0.4, 1.0)
+        cw, ch = int(w * f), int(h * f)
+        x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+        size = source if rng.random() >= 0.2 else source[::-1]
+        img = photo.crop((x, y, x + cw, y + ch)).resize(size, Image.BICUBIC)
+        if rng.random() < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        a = np.asarray(img, np.float32) * rng.uniform(0.7, 1.3, 3)
+        buf = io.BytesIO()
+        Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
 def picture_pool(size: int, seed: int = 0) -> list[bytes]:
     """POOL distinct JPEGs: a random background, 1-3 random shapes (quality 90, as img2dataset's default 95)."""
     rng = np.random.default_rng(seed)
