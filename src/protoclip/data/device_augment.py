@@ -18,10 +18,9 @@ PIL path (the crop's resize too: antialiased bicubic on tensors, within a level 
 
 The horizontal flip is drawn with the crop for every kind (in the workers, or in ``decode_crop``): it commutes with
 the pointwise colour steps and with a symmetric Gaussian kernel under reflect padding, so MoCo v2's flip-last order
-is unchanged. Nothing is read back from
-the device: drawn on the host, the images a step touches are known there, and each step runs on those images only
-(``index_select`` / ``index_copy`` with indices sent from pinned memory), about a fifth of the batch per step for
-the paper's augmentation.
+is unchanged. Nothing is read back from the device: drawn on the host, the images a step touches are known there,
+and each step runs on those images only (``index_select`` / ``index_copy`` with indices sent from pinned memory),
+about a fifth of the batch per step for the paper's augmentation.
 """
 from __future__ import annotations
 
