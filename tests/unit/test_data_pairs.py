@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import random
 import tarfile
 
 import numpy as np
@@ -147,6 +148,39 @@ def test_captions_tokenized_once_for_small_frames_per_item_for_large(tiny_manife
     a, b = ImageTextDataset(df, eval_transform(16), tok), ImageTextDataset(df, eval_transform(16), tok, 0)
     assert all(torch.equal(a.tokens(i), b.tokens(i)) and a.tokens(i).shape == (77,) for i in range(40))
 
+
+
+def test_an_image_cache_decodes_a_row_once_within_its_budget_and_the_items_stay_the_same(tiny_manifest,
+                                                                                         monkeypatch):
+    """With ``image_cache_bytes`` a row is read and decoded once however many passes read it, while the
+    augmentation still draws on every read: two passes from one seed give the tensors of the uncached dataset
+    (a transform that changed the kept image would show in the second pass). Rows past the budget are read
+    every time."""
+    from protoclip.data import pairs
+
+    df = load_manifest(tiny_manifest)
+    reads = []
+    real = pairs.read_image
+    monkeypatch.setattr(pairs, "read_image", lambda path, *a: reads.append(path) or real(path, *a))
+    tf = train_transform(16, "protoclip")
+
+    def two_passes(ds):
+        random.seed(0)  # open_clip's colour jitter and greyscale draw from `random`
+        torch.manual_seed(0)
+        return [ds[i][0] for _ in range(2) for i in range(40)]
+
+    plain = two_passes(ImageTextDataset(df, tf, fake_tokenizer))
+    assert len(reads) == 80
+    reads.clear()
+    assert all(torch.equal(a, b) for a, b in zip(two_passes(ImageTextDataset(df, tf, fake_tokenizer,
+                                                                          image_cache_bytes=2**30)), plain))
+    assert len(reads) == 40
+    sizes = [w * h * 3 for w, h in (Image.open(p).size for p in df["path"])]
+    reads.clear()
+    ten = ImageTextDataset(df, tf, fake_tokenizer, image_cache_bytes=sum(sizes[:10]))
+    assert all(torch.equal(a, b) for a, b in zip(two_passes(ten), plain))
+    assert len(reads) == 40 + 30 and ten._images.nbytes == sum(sizes[:10]) and sorted(ten._images.rows) == list(
+        range(10))
 
 def test_image_text_dataset_reads_tar_members_with_open_clip_tokenizer(tmp_path):
     import open_clip

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 
 from protoclip.errors import ConfigError
@@ -106,18 +107,50 @@ class StringColumn:
 TOKEN_CACHE_ROWS = 250_000  # frames up to this size keep their captions' tokens (77 MB as int32); larger: per item
 
 
+class ImageCache:
+    """Decoded RGB images kept by row, their uint8 pixels in one buffer of ``max_bytes`` (its pages taken as they
+    are written, so memory grows by what is kept, without the fragments of one allocation per image), first come
+    first kept (no eviction: with random episodes every row is as likely to come back). 0 keeps none. A read
+    gets a new PIL image of the kept pixels, so no transform can change what the next read sees."""
+
+    def __init__(self, max_bytes: int = 0):
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.rows: dict[int, tuple[int, int, int]] = {}  # row -> (offset, height, width)
+        self._pixels: np.ndarray | None = None
+
+    def get(self, i: int) -> Image.Image | None:
+        if (at := self.rows.get(i)) is None:
+            return None
+        offset, h, w = at
+        return Image.fromarray(self._pixels[offset: offset + h * w * 3].reshape(h, w, 3))
+
+    def put(self, i: int, image: Image.Image) -> None:
+        size = image.width * image.height * 3
+        if not self.max_bytes or self.nbytes + size > self.max_bytes:
+            return
+        if self._pixels is None:
+            self._pixels = np.empty(self.max_bytes, np.uint8)
+        self._pixels[self.nbytes: self.nbytes + size] = np.asarray(image).reshape(-1)
+        self.rows[i] = (self.nbytes, image.height, image.width)
+        self.nbytes += size
+
+
 class ImageTextDataset(Dataset):
     """``ds[i] -> (transform(image), tokens LongTensor[context_length], id)`` over a manifest frame.
 
     Optional columns: ``offset`` / ``size`` (where a tar member's bytes lie; read with one ``pread``) and
-    ``sha256`` (checked on every read: a changed image stops the stage, see ``protoclip.data.reading``).
+    ``sha256`` (checked whenever the file is read: a changed image stops the stage, see ``protoclip.data.reading``).
     Captions are tokenized once, in one batch, where the frame has at most ``token_cache_rows`` rows (int32, 77
     tokens: 308 bytes a row, shared with forked workers), instead of again every epoch; larger frames (user data
     of millions of pairs) tokenize per item so that memory stays flat. The tokens are the same either way.
+    ``image_cache_bytes``: decoded images kept in this process (:class:`ImageCache`), so that a corpus that fits
+    is read, checked and decoded once per run instead of once per pass; the transforms (and their random draws)
+    still run on every read, on a copy, so the items are the same either way.
     """
 
     def __init__(self, df: pd.DataFrame, transform: Callable, tokenizer: Callable,
-                 token_cache_rows: int = TOKEN_CACHE_ROWS):
+                 token_cache_rows: int = TOKEN_CACHE_ROWS, image_cache_bytes: int = 0):
         missing = {"id", "path", "caption"} - set(df.columns)
         if missing:
             raise ValueError(f"manifest frame lacks columns {sorted(missing)}")
@@ -133,14 +166,19 @@ class ImageTextDataset(Dataset):
         self._tokens = (torch.as_tensor(tokenizer(df["caption"].tolist())).to(torch.int32)
                         if 0 < n <= token_cache_rows else None)
         self._tars = TarCache()
+        self._images = ImageCache(image_cache_bytes)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def image(self, i: int):
         """Row ``i``'s image (RGB PIL), before the transform."""
-        return read_image(self.paths[i], self._tars, int(self.offsets[i]), int(self.sizes[i]),
-                          self.sha256[i] if self.sha256 is not None else None)
+        image = self._images.get(i)
+        if image is None:
+            image = read_image(self.paths[i], self._tars, int(self.offsets[i]), int(self.sizes[i]),
+                               self.sha256[i] if self.sha256 is not None else None)
+            self._images.put(i, image)
+        return image
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, str]:
         if getattr(self.transform, "takes_bytes", False):  # decoded on the training device (train.decode_on)
@@ -161,4 +199,5 @@ class ImageTextDataset(Dataset):
         return torch.as_tensor(tokens[0] if getattr(tokens, "ndim", 1) == 2 else tokens, dtype=torch.long)
 
 
-__all__ = ["load_manifest", "release_unused_memory", "manifest_sources", "read_image", "StringColumn", "ImageTextDataset"]
+__all__ = ["ImageCache", "ImageTextDataset", "StringColumn", "load_manifest", "manifest_sources", "read_image",
+           "release_unused_memory"]

@@ -108,7 +108,8 @@ def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_s
     if len(df) == 0:
         raise ConfigError(f"run '{tcfg.name}': no training pairs for sources {tcfg.data} in {layout.manifest}")
     df = subsample_pairs(df, tcfg.subset_fraction, tcfg.seed)
-    dataset = ImageTextDataset(df, method_class(tcfg.method).train_transform(tcfg, image_size), tokenizer)
+    dataset = ImageTextDataset(df, method_class(tcfg.method).train_transform(tcfg, image_size), tokenizer,
+                               image_cache_bytes=tcfg.image_cache_mb * 2**20)
     del df
     release_unused_memory()  # the manifest read's pages, before the training (and its forked workers) start
     return dataset, dataset.ids  # the ids as the dataset's flat column, not a Python string per pair
