@@ -65,6 +65,26 @@ def assert_same_batches(a: list, b: list) -> None:
             assert torch.equal(qa, qb) and torch.equal(ta, tb) and torch.equal(ia, ib)
 
 
+
+def test_an_image_cache_leaves_the_batches_of_worker_processes_unchanged(tiny_manifest):
+    """``train.image_cache_mb``: each of two persistent workers keeps the images it decoded; three episodes' two
+    passes give the batches of the same loader without the cache."""
+    from protoclip.data.pairs import ImageTextDataset, load_manifest
+    from protoclip.data.transforms import train_transform
+
+    df = load_manifest(tiny_manifest)
+
+    def batches(cache_bytes: int) -> list:
+        data = ImageTextDataset(df, train_transform(16, "protoclip"), lambda texts: torch.zeros(len(texts), 8),
+                                image_cache_bytes=cache_bytes)
+        loader = make(data, workers=2)
+        try:
+            return read(loader, [(e, p) for e in range(3) for p in ("extract", "train")])
+        finally:
+            loader.close()
+
+    assert_same_batches(batches(0), batches(2**20))
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_batches_are_the_episode_draw_split_by_rank_in_each_pass_size(world):
     data = IdPairs(n=30)
