@@ -65,7 +65,6 @@ def assert_same_batches(a: list, b: list) -> None:
             assert torch.equal(qa, qb) and torch.equal(ta, tb) and torch.equal(ia, ib)
 
 
-
 def test_an_image_cache_leaves_the_batches_of_worker_processes_unchanged(tiny_manifest):
     """``train.image_cache_mb``: each of two persistent workers keeps the images it decoded; three episodes' two
     passes give the batches of the same loader without the cache."""
@@ -84,6 +83,7 @@ def test_an_image_cache_leaves_the_batches_of_worker_processes_unchanged(tiny_ma
             loader.close()
 
     assert_same_batches(batches(0), batches(2**20))
+
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_batches_are_the_episode_draw_split_by_rank_in_each_pass_size(world):

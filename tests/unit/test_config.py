@@ -27,7 +27,6 @@ def test_shipped_config_is_valid_and_defines_runs():
     assert proto.episode_size == 1024 and proto.weight_decay == 0.5 and proto.loss.tau_y == 0.01
 
 
-
 def test_the_offline_default_extracts_at_the_training_batch_and_the_paper_at_twice():
     """The offline default's extraction pass takes the training batch (on one CPU thread a larger one is no
     faster, and its features keep the rounding of the training-size batches); the paper runs leave it null:
@@ -36,6 +35,7 @@ def test_the_offline_default_extracts_at_the_training_batch_and_the_paper_at_twi
     assert all(offline.run(n).extract_batch_size == offline.run(n).batch_size for n in offline.run_names())
     paper = load_config(REPO / "config" / "paper.yaml")
     assert all(paper.run(n).extract_batch_size is None for n in paper.run_names())
+
 
 def test_unknown_key_names_key_and_file(tmp_path):
     path = write(tmp_path, {"prepare": {"image_sise": 64}})

@@ -149,7 +149,6 @@ def test_captions_tokenized_once_for_small_frames_per_item_for_large(tiny_manife
     assert all(torch.equal(a.tokens(i), b.tokens(i)) and a.tokens(i).shape == (77,) for i in range(40))
 
 
-
 def test_an_image_cache_decodes_a_row_once_within_its_budget_and_the_items_stay_the_same(tiny_manifest,
                                                                                          monkeypatch):
     """With ``image_cache_bytes`` a row is read and decoded once however many passes read it, while the
@@ -181,6 +180,7 @@ def test_an_image_cache_decodes_a_row_once_within_its_budget_and_the_items_stay_
     assert all(torch.equal(a, b) for a, b in zip(two_passes(ten), plain))
     assert len(reads) == 40 + 30 and ten._images.nbytes == sum(sizes[:10]) and sorted(ten._images.rows) == list(
         range(10))
+
 
 def test_image_text_dataset_reads_tar_members_with_open_clip_tokenizer(tmp_path):
     import open_clip
