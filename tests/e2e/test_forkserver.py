@@ -77,6 +77,25 @@ def test_a_forked_training_equals_a_fresh_process(tmp_path):
     assert start["provenance"]["threads"] == "1"  # the job's OMP_NUM_THREADS, not the server's
 
 
+def test_a_forked_job_imports_no_heavy_module_the_server_could_have(tmp_path):
+    # what a fork does after the server's preload, in one process: a training (MLflow's SQLite store included);
+    # the modules it imports itself are what each of a workflow's jobs pays again
+    project(tmp_path)
+    job = ("import json, sys; from protoclip.jobs import forkserver; forkserver.preload(); before = set(sys.modules); "
+           "from protoclip.cli import main; code = main(['train', '--config', 'config.yaml', '--run', 'r']); "
+           "print(json.dumps(sorted(set(sys.modules) - before))); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", job], cwd=tmp_path, env=env(), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "results/mlflow.db").is_file()  # the job did open the SQLite store
+    imported = json.loads(done.stdout.splitlines()[-1])
+    # the store's modules (SQLAlchemy, MLflow's table models: about a second per job) and the libraries the jobs
+    # compute with; what a job may still import is light (GitPython for MLflow's git tag, a new store's migrations)
+    heavy = ("sqlalchemy", "mlflow.store.tracking.sqlalchemy_store", "mlflow.store.tracking.dbmodels",
+             "mlflow.store.model_registry.dbmodels", "torch.nn", "open_clip", "sklearn", "scipy")
+    assert [m for m in imported if m.startswith(heavy)] == [], imported
+
+
 def test_a_forked_job_keeps_its_exit_code_and_ends_with_its_command(tmp_path):
     root = tmp_path / "p"
     project(root, epochs=400.0)  # long enough to be stopped

@@ -41,8 +41,13 @@ from protoclip.jobs.launch import JOB_PID, LOG_PROGRESS_INTERVAL, stop, watch_pr
 
 ENV = "PROTOCLIP_FORKSERVER"  # the server's socket, in the wrapped command's environment
 FORKED = ("train", "evaluate")  # the many jobs of a workflow whose start-up is mostly these imports
-PRELOAD = ("torch", "open_clip", "mlflow", "sklearn.linear_model", "protoclip.cli", "protoclip.tracking",
-           "protoclip.train.stage", "protoclip.evaluate.stage", "protoclip.evaluate.features")
+# MLflow imports its SQLite store (SQLAlchemy, its table models, alembic) when a job opens its client, not with
+# ``mlflow``: a second or two of every job's start without the store modules here
+PRELOAD = ("torch", "open_clip", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
+           "mlflow.store.model_registry.sqlalchemy_store", "mlflow.tracing.processor.base_mlflow",
+           "sqlalchemy.dialects.sqlite", "sklearn.linear_model", "sklearn.cluster", "protoclip.cli", "protoclip.tracking",
+           "protoclip.train.stage", "protoclip.evaluate.stage", "protoclip.evaluate.features",
+           "protoclip.evaluate.metrics")
 ENTRY = "protoclip.cli:main"  # what a fork runs with the job's argv
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _MAX_REQUEST = 1 << 20  # argv + cwd + environment, JSON
