@@ -30,7 +30,6 @@ import sys
 from dataclasses import dataclass
 
 from protoclip.jobs import forkserver, launch
-from protoclip.project import load_config
 from protoclip.errors import UserError
 from protoclip.jobs.gpu_slots import SlotError
 
@@ -120,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     launch.progress_for_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
+        from protoclip.project import load_config  # here: a command handed to the fork server never needs it
+
         args.cfg = load_config(args.config) if COMMANDS[stage].config else None
         return module.main(args) or 0
     except SlotError as err:

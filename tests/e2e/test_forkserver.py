@@ -96,6 +96,16 @@ def test_a_forked_job_imports_no_heavy_module_the_server_could_have(tmp_path):
     assert [m for m in imported if m.startswith(heavy)] == [], imported
 
 
+def test_the_command_that_hands_a_job_to_the_server_imports_only_the_standard_library():
+    # every job of a workflow starts this command before its fork: numpy, yaml or the config alone cost it 0.1 s
+    code = ("import sys; before = set(sys.modules); import protoclip.cli; "
+            "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))")
+    done = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    imported = set(done.stdout.split())
+    assert "protoclip" in imported and imported - {"protoclip"} <= set(sys.stdlib_module_names), imported
+
+
 def test_a_forked_job_keeps_its_exit_code_and_ends_with_its_command(tmp_path):
     root = tmp_path / "p"
     project(root, epochs=400.0)  # long enough to be stopped

@@ -27,9 +27,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from protoclip.jobs.gpu_slots import GpuSlotsConfig, Held, SlotError, acquire, effective_policy, visible_ids
-from protoclip.config.protocols import PlacedProject, RunSettings
+
+if TYPE_CHECKING:  # annotations only: the command a fork server serves imports this module before it hands over
+    from protoclip.config.protocols import PlacedProject, RunSettings
 
 CVD = "CUDA_VISIBLE_DEVICES"
 LAUNCHER_PID = "PROTOCLIP_LAUNCHER_PID"  # set for the ranks run_ranks starts: the process holding their slots
