@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 # the HTML report of every table and figure (results/report.html; rebuilt only when the tables changed).
 # On success the Snakefile's `onsuccess` records every output in dvc.lock (`dvc commit`): commit dvc.lock,
 # `dvc push` to share data and results.
-# The train and evaluate jobs start as forks of one process that imported torch, open_clip and MLflow once
+# The train, evaluate and collect jobs start as forks of one process that imported torch, open_clip and MLflow once
 # (`protoclip forkserver`, src/protoclip/jobs/forkserver.py): the same results, seconds less per job.
 # `make run FORKSERVER=` starts every job as a fresh process.
 FORKSERVER ?= protoclip forkserver --

@@ -88,10 +88,13 @@ def test_ci_dag_produces_every_target_then_has_nothing_to_do(tmp_path):
     cfg_file = make_project(root)
     args = ("--cores", "2", "--resources", "gpu=0", "--configfile", str(cfg_file.relative_to(root)))
     t0 = time.monotonic()
-    # as `make run` runs the DAG: its train and evaluate jobs as forks of one warm process (protoclip forkserver);
+    # as `make run` runs the DAG: its train, evaluate and collect jobs as forks of one warm process (forkserver);
     # the other end-to-end tests run their jobs as fresh processes
     run([sys.executable, "-m", "protoclip.cli", "forkserver", "--", sys.executable, "-m", "snakemake", *args], root)
     print(f"snakemake on the CI DAG: {time.monotonic() - t0:.0f} s")
+    for kind in ("train", "evaluate", "collect"):  # protoclip.jobs.forkserver.FORKED, each job's log says so
+        logs = sorted((root / "logs").glob(f"{kind}_*.log"))
+        assert logs and all("ran as a fork of the fork server" in log.read_text() for log in logs), kind
     check_project(root, cfg_file, args)
 
 

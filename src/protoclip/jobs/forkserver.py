@@ -1,5 +1,5 @@
 """A fork server for a workflow's CPU jobs: torch, open_clip and MLflow are imported once, and each ``protoclip
-train`` / ``evaluate`` job runs as a fork of that process instead of a fresh interpreter.
+train`` / ``evaluate`` / ``collect`` job runs as a fork of that process instead of a fresh interpreter.
 
     protoclip forkserver -- snakemake --cores all --resources gpu=0    # what `make run` runs
 
@@ -40,14 +40,14 @@ from pathlib import Path
 from protoclip.jobs.launch import JOB_PID, LOG_PROGRESS_INTERVAL, stop, watch_processes
 
 ENV = "PROTOCLIP_FORKSERVER"  # the server's socket, in the wrapped command's environment
-FORKED = ("train", "evaluate")  # the many jobs of a workflow whose start-up is mostly these imports
+FORKED = ("train", "evaluate", "collect")  # the many jobs of a workflow whose start-up is mostly these imports
 # MLflow imports its SQLite store (SQLAlchemy, its table models, alembic) when a job opens its client, not with
 # ``mlflow``: a second or two of every job's start without the store modules here
 PRELOAD = ("torch", "open_clip", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
            "mlflow.store.model_registry.sqlalchemy_store", "mlflow.tracing.processor.base_mlflow",
            "sqlalchemy.dialects.sqlite", "sklearn.linear_model", "sklearn.cluster", "protoclip.cli", "protoclip.tracking",
            "protoclip.train.stage", "protoclip.evaluate.stage", "protoclip.evaluate.features",
-           "protoclip.evaluate.metrics")
+           "protoclip.evaluate.metrics", "protoclip.evaluate.collect")
 ENTRY = "protoclip.cli:main"  # what a fork runs with the job's argv
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _MAX_REQUEST = 1 << 20  # argv + cwd + environment, JSON
