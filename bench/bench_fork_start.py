@@ -1,8 +1,8 @@
 """What a job forked from `protoclip forkserver` still pays at its start: the imports its first MLflow client needs.
 
 Each round starts two fresh interpreters, each importing one preload list as the server does: the server's
-(``protoclip.jobs.forkserver.PRELOAD``) and the list without MLflow's SQLite store modules (``--without``; the
-server's list before they were added). Each then opens an MLflow client on one SQLite store, as every train and
+(``protoclip.jobs.forkserver.PRELOAD``) and that list without MLflow's SQLite store modules and the others
+added with them (``WITHOUT``: the server's list before 1943e55, but for the collect stage added later). Each then opens an MLflow client on one SQLite store, as every train and
 evaluate job does, and prints the CPU and wall seconds of that step alone (the preload is the server's, paid once
 per workflow). Rounds alternate the two lists. Also timed: importing ``protoclip.cli``, the command that hands a
 job to the server (it runs once per job before the fork).
@@ -54,9 +54,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "mlflow.db")
         once(JOB, db, ",".join(PRELOAD))  # the store's tables created once, as the workflow's first job does
-        times: dict[str, list[tuple[float, float]]] = {"server's PRELOAD": [], "--without the store": []}
+        times: dict[str, list[tuple[float, float]]] = {"server's PRELOAD": [], "WITHOUT the store": []}
         for r in range(args.rounds):
-            for name, mods in (("server's PRELOAD", PRELOAD), ("--without the store", WITHOUT))[::1 - 2 * (r % 2)]:
+            for name, mods in (("server's PRELOAD", PRELOAD), ("WITHOUT the store", WITHOUT))[::1 - 2 * (r % 2)]:
                 times[name].append(once(JOB, db, ",".join(mods)))
         client = [once(CLIENT) for _ in range(args.rounds)]
     print(f"opening the MLflow client in a forked job, {args.rounds} rounds (CPU s / wall s, median):")

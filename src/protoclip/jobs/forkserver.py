@@ -45,8 +45,8 @@ FORKED = ("train", "evaluate", "collect")  # the many jobs of a workflow whose s
 # ``mlflow``: a second or two of every job's start without the store modules here
 PRELOAD = ("torch", "open_clip", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
            "mlflow.store.model_registry.sqlalchemy_store", "mlflow.tracing.processor.base_mlflow",
-           "sqlalchemy.dialects.sqlite", "sklearn.linear_model", "sklearn.cluster", "protoclip.cli", "protoclip.tracking",
-           "protoclip.train.stage", "protoclip.evaluate.stage", "protoclip.evaluate.features",
+           "sqlalchemy.dialects.sqlite", "sklearn.linear_model", "sklearn.cluster", "protoclip.cli",
+           "protoclip.tracking", "protoclip.train.stage", "protoclip.evaluate.stage", "protoclip.evaluate.features",
            "protoclip.evaluate.metrics", "protoclip.evaluate.collect")
 ENTRY = "protoclip.cli:main"  # what a fork runs with the job's argv
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
