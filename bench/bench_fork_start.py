@@ -1,11 +1,11 @@
 """What a job forked from `protoclip forkserver` still pays at its start: the imports its first MLflow client needs.
 
 Each round starts two fresh interpreters, each importing one preload list as the server does: the server's
-(``protoclip.jobs.forkserver.PRELOAD``) and that list without MLflow's SQLite store modules and the others
-added with them (``WITHOUT``: the server's list before 1943e55, but for the collect stage added later). Each then opens an MLflow client on one SQLite store, as every train and
-evaluate job does, and prints the CPU and wall seconds of that step alone (the preload is the server's, paid once
-per workflow). Rounds alternate the two lists. Also timed: importing ``protoclip.cli``, the command that hands a
-job to the server (it runs once per job before the fork).
+(``protoclip.jobs.forkserver.PRELOAD``) and that list without MLflow's SQLite store modules and the others added
+with them (``WITHOUT``: the server's list before 1943e55, but for the collect stage added later). Each then opens an
+MLflow client on one SQLite store, as every train and evaluate job does, and prints the CPU and wall seconds of
+that step alone (the preload is the server's, paid once per workflow). Rounds alternate the two lists. Also timed:
+importing ``protoclip.cli``, the command that hands a job to the server (it runs once per job before the fork).
 
     python bench/bench_fork_start.py            # 3 rounds
 """
