@@ -254,6 +254,21 @@ def recorded(tmp_path) -> Path:
     return root
 
 
+def test_the_report_takes_every_core_of_the_call_and_the_other_local_cpu_jobs_one(tmp_path):
+    """The report is the DAG's last job (its claims ledger splits AMI resamples over its threads): locally it
+    gets the call's --cores; training and evaluation on CPU keep one thread each."""
+    root = workflow_copy(tmp_path / "project")
+    (root / "config").mkdir()
+    (root / "config" / "config.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
+    dry = snakemake(root, "-n", "--forceall", "--cores", "3")
+    threads = {}
+    for block in re.split(r"\n(?=rule \w+:)", dry)[1:]:
+        found = re.search(r"^    threads: (\d+)$", block, flags=re.M)
+        threads.setdefault(block.split(":", 1)[0].removeprefix("rule "), set()).add(int(found.group(1)) if found else 1)
+    assert threads["report"] == {3}, threads
+    assert threads["train"] == threads["evaluate"] == {1}, threads
+
+
 def test_a_job_reruns_for_its_own_settings_only(recorded):
     root = recorded
     # a results_dir override: the jobs whose outputs move, nothing upstream of train (prepare, teacher)

@@ -1,6 +1,7 @@
 """The claims ledger's bootstrap (protoclip.claims.bootstrap) against scipy, a naive loop and closed forms."""
 from __future__ import annotations
 
+import os
 import zlib
 
 import numpy as np
@@ -12,6 +13,7 @@ from protoclip.claims.bootstrap import (
     MutualInfo,
     RandIndex,
     Units,
+    in_processes,
     percentile_interval,
     point,
     resample,
@@ -195,6 +197,26 @@ def test_mutual_info_of_a_resample_is_sklearns_ami_of_the_repeated_images():
     # its cost, known without timing: the terms of sklearn's expected-mutual-information loop, counted naively
     a, b = np.bincount(labels), np.bincount(cluster)
     assert mi.emi_terms == sum(len(range(max(1, ai + bj - 300), min(ai, bj) + 1)) for ai in a if ai for bj in b if bj)
+
+
+def test_mutual_info_resamples_split_over_processes_give_the_one_process_values_to_the_bit(monkeypatch):
+    """With workers, a call's resamples go to forked processes in blocks (each its own pid) and come back in
+    order: the values equal the single process's exactly; below PARALLEL_MIN_TERMS the call stays in-process."""
+    import protoclip.claims.bootstrap as bootstrap
+
+    pids = in_processes(lambda rows: np.full(len(rows), float(os.getpid())), np.zeros((5, 2)), 2)
+    assert len(set(pids[:2])) == 1 and len(set(pids[2:])) == 1  # blocks of 2 and 3 rows, in order
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 6, 400)
+    cluster = np.where(rng.random(400) < 0.5, labels, rng.integers(0, 8, 400))
+    counts = np.stack([np.bincount(i, minlength=400) for i in rng.integers(0, 400, (7, 400))]).astype(float)
+    serial = MutualInfo(cluster, labels).value(counts)
+    calls = []
+    monkeypatch.setattr(bootstrap, "in_processes", lambda *a: calls.append(a[2]) or in_processes(*a))
+    assert np.array_equal(MutualInfo(cluster, labels, workers=3).value(counts), serial) and calls == []
+    monkeypatch.setattr(bootstrap, "PARALLEL_MIN_TERMS", 0)
+    assert np.array_equal(MutualInfo(cluster, labels, workers=3).value(counts), serial) and calls == [3]
 
 
 def test_bad_inputs_are_refused():

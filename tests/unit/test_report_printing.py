@@ -147,3 +147,15 @@ def test_table_xi_no_augmentation_row_is_like_for_like_with_the_papers(report):
     md = md_rows((tables / "table_XI.md").read_text())
     assert md[row.label]["ImageNet Linear Acc. (paper)"] == "44.39" and "no external teacher" in row.label
     assert LITERAL["table_III"]["rows"]["- w/o augmentation"]["ImageNet linear"] == "44.39"
+
+
+def test_the_report_uses_the_jobs_threads_else_every_cpu_it_may_run_on():
+    """Snakemake exports OMP_NUM_THREADS = the rule's threads: the ledger's AMI resamples use that many
+    processes; by hand (unset or unreadable) every CPU of the process's affinity."""
+    import os
+
+    from protoclip.report.stage import job_cpus
+
+    assert job_cpus({"OMP_NUM_THREADS": "3"}) == 3
+    assert job_cpus({"OMP_NUM_THREADS": "0"}) == 1
+    assert job_cpus({}) == job_cpus({"OMP_NUM_THREADS": "many"}) == len(os.sched_getaffinity(0))

@@ -131,6 +131,14 @@ def job_threads(gpus_of):
     return threads
 
 
+def last_job_threads(wildcards):
+    """The report's threads: every core of the call locally (the DAG's last job: nothing else runs beside it; its
+    claims ledger splits AMI resamples over them), the site's CPU-job size on SLURM."""
+    if on_slurm():
+        return job_sizes.slurm_threads(site(), 0)
+    return call_cores(0)
+
+
 def call_cores(n_gpus: int) -> int:
     """--cores of this call; a call without (`snakemake --report`, a dry run) sizes a k-GPU job at k threads,
     as `workflow.cores` itself raises there."""

@@ -17,7 +17,7 @@ rule report:
         "logs/report.log",
     benchmark:
         "benchmarks/report.tsv"
-    threads: job_threads(lambda wc: 0)
+    threads: last_job_threads
     resources:
         **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     params:

@@ -68,11 +68,12 @@ class NotRun(Exception):
     """Why a claim (or an interval) cannot be decided: its one-line reason."""
 
 
-def metric_units(task: str, metric: str, examples: dict[str, np.ndarray]) -> Units | RandIndex | MutualInfo | None:
+def metric_units(task: str, metric: str, examples: dict[str, np.ndarray],
+                 workers: int = 1) -> Units | RandIndex | MutualInfo | None:
     """The resampling units of ``metric`` from a task's per-example arrays (records.read_examples); None when the
     metric has no resampling unit here (AMI, NEMD, ...). With every unit drawn once it is the metrics file's
     number. Clustering ``ari`` / ``ami``: the test images with their fixed k-means assignments (:class:`RandIndex`,
-    :class:`MutualInfo`).
+    :class:`MutualInfo`, whose resamples use ``workers`` processes).
 
     zero-shot / linear / kNN ``top1`` / ``top5``: the mean hit of the test images; retrieval ``<dir>_R@k`` and
     ``mean_recall``: units are the images, each with its captions (image queries: hit or not; caption queries:
@@ -80,8 +81,11 @@ def metric_units(task: str, metric: str, examples: dict[str, np.ndarray]) -> Uni
     if task in task_names(lambda t: t.examples == "hits"):
         return Units.mean(examples[metric]) if metric in ("top1", "top5") and metric in examples else None
     if task == "clustering":
-        unit = {"ari": RandIndex, "ami": MutualInfo}.get(metric)
-        return unit(examples["cluster"], examples["labels"]) if unit is not None and "cluster" in examples else None
+        if "cluster" not in examples or metric not in ("ari", "ami"):
+            return None
+        if metric == "ami":
+            return MutualInfo(examples["cluster"], examples["labels"], workers=workers)
+        return RandIndex(examples["cluster"], examples["labels"])
     if task != "retrieval" or "image_to_text_rank" not in examples:
         return None
     owner = np.asarray(examples["text_to_image"])
@@ -259,8 +263,9 @@ EMI_TERMS_PER_S = 1.7e7
 class ClaimEngine:
     """Intervals and verdicts from a project's result files (one per report: per-example arrays are cached)."""
 
-    def __init__(self, cfg: ReportProject, results: Results):
+    def __init__(self, cfg: ReportProject, results: Results, workers: int = 1):
         self.cfg, self.results = cfg, results
+        self.workers = workers  # processes for the AMI resamples (MutualInfo)
         self.settings = cfg.claims
         self._units: dict[tuple, tuple[Units, np.ndarray]] = {}
         self._chance: dict[tuple, tuple[float, str]] = {}  # (run, task, set, metric) -> (chance level, from what)
@@ -285,7 +290,7 @@ class ClaimEngine:
                 raise NotRun(f"{what} is not a mean over test examples: no per-example results, no interval")
             raise NotRun(f"{run}: no per-example results for {task} on {dataset} (evaluated before they were "
                          "kept: rerun its evaluation)")
-        units = metric_units(task, metric, examples)
+        units = metric_units(task, metric, examples, self.workers)
         if units is None:
             raise NotRun(f"{what}: no resampling of test examples is implemented for it, no interval")
         expected = self.results.value(run, task, dataset, metric)

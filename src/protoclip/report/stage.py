@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +31,16 @@ from protoclip.report.tables import collect_metrics, rst_escape, table_tasks, ta
 from protoclip.report.values import Results
 
 log = logging.getLogger(__name__)
+
+
+def job_cpus(env: dict | None = None) -> int:
+    """The CPUs this report may use: the job's threads (Snakemake exports ``OMP_NUM_THREADS`` = the rule's
+    threads), else every CPU this process may run on."""
+    env = os.environ if env is None else env
+    try:
+        return max(1, int(env["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return len(os.sched_getaffinity(0))
 
 
 def run_report(cfg: ReportProject) -> Path:
@@ -60,7 +71,7 @@ def run_report(cfg: ReportProject) -> Path:
     if absent:
         lines += ["## Skipped runs (their training data is absent: no job ran; their cells read 'skipped')", ""]
         lines += [f"- {run}: {why}" for run, why in absent.items()] + [""]
-    engine = ClaimEngine(cfg, results)  # intervals of the difference rows and the claims ledger
+    engine = ClaimEngine(cfg, results, job_cpus())  # intervals of the difference rows and the claims ledger
     cells = []  # every target cell, ours and the paper's (targets_long.csv)
     for target in cfg.paper_targets():
         if target.kind == "table":
