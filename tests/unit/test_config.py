@@ -268,3 +268,17 @@ def test_method_owned_sections_are_checked_for_every_run(tmp_path, section, key,
             "samples_per_cluster": [1.0], "kmeans_redo": 1}[key]
     path = write(tmp_path, {"runs": {"r": {"method": "clip", section: {key: good}}}}, "good.yaml")
     assert getattr(getattr(load_config(path).run("r"), section), key) == good
+
+
+def test_the_strict_loader_reads_every_shipped_config_as_pyyamls_pure_python_safe_loader_does():
+    """StrictLoader parses with libyaml where PyYAML has it (every job reads the config through it): each YAML
+    file under config/ gives the same data as yaml.SafeLoader's pure-Python parser."""
+    from protoclip.config.strict import StrictLoader
+
+    files = sorted((REPO / "config").rglob("*.yaml"))
+    assert len(files) > 20
+    if yaml.__with_libyaml__:
+        assert issubclass(StrictLoader, yaml.CSafeLoader)
+    for f in files:
+        text = f.read_text()
+        assert yaml.load(text, Loader=StrictLoader) == yaml.load(text, Loader=yaml.SafeLoader), f
