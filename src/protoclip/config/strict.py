@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -151,12 +152,19 @@ def open_sections(cls: type) -> tuple[str | None, dict[str, type]]:
     return None, {}
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """``get_type_hints(cls)``, once per class: it evaluates every string annotation afresh on each call, and a
+    project config builds its few dataclasses hundreds of times (every run, target and claim)."""
+    return get_type_hints(cls)
+
+
 def build(cls: type, data: dict | None, where: str = "<config>", prefix: str = ""):
     """Build dataclass ``cls`` from ``data`` strictly: unknown keys and wrong types are errors."""
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: '{prefix.rstrip('.') or '<top>'}' must be a mapping, got {type(data).__name__}")
-    hints = get_type_hints(cls)
+    hints = _hints(cls)
     holder, sections = open_sections(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init and f.name != holder]
     unknown = sorted(set(data) - set(names) - set(sections))
