@@ -219,6 +219,25 @@ def test_mutual_info_resamples_split_over_processes_give_the_one_process_values_
     assert np.array_equal(MutualInfo(cluster, labels, workers=3).value(counts), serial) and calls == [3]
 
 
+def test_a_failing_or_dying_worker_is_an_error_in_the_parent_not_a_hang():
+    def fails(rows):
+        if rows[0, 0] > 0:
+            raise ValueError("block two broke")
+        return rows[:, 0]
+
+    def dies(rows):
+        if rows[0, 0] > 0:
+            os._exit(3)
+        return rows[:, 0]
+
+    rows = np.array([[0.0], [0.0], [1.0], [1.0]])
+    with pytest.raises(RuntimeError, match="(?s)failed.*ValueError: block two broke"):
+        in_processes(fails, rows, 2)
+    with pytest.raises(RuntimeError, match="ended without a result"):
+        in_processes(dies, rows, 2)
+    assert np.array_equal(in_processes(lambda r: r[:, 0] * 2, rows, 8), [0, 0, 2, 2])  # more workers than rows
+
+
 def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="same units"):
         Component([Units.mean(np.ones(3))], [Units.mean(np.ones(4))])

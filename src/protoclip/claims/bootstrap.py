@@ -171,29 +171,52 @@ class MutualInfo:
         return out
 
 
-_WORK: tuple[Callable[[np.ndarray], np.ndarray], np.ndarray] | None = None  # in_processes' job, read by its forks
-
-
-def _rows_part(bounds: tuple[int, int]) -> np.ndarray:
-    fn, rows = _WORK  # type: ignore[misc]
-    return fn(rows[bounds[0]:bounds[1]])
-
-
 def in_processes(fn: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, workers: int) -> np.ndarray:
-    """``fn(rows)`` for an ``fn`` that treats each row on its own, computed as contiguous blocks of rows on
-    ``workers`` forked processes (they read ``fn`` and ``rows`` from the parent's memory, only the results travel
-    back): the same values as one call. Fork, because the callers are CPU-only numpy / scikit-learn code (the
-    children start no OpenMP or CUDA work of the parent's)."""
-    global _WORK
+    """``fn(rows)`` for an ``fn`` that treats each row on its own, computed as ``workers`` contiguous blocks of
+    rows, each on its own forked process (it reads ``fn`` and ``rows`` from the parent's memory, only the results
+    travel back through a pipe): the same values as one call. Fork, because the callers are CPU-only numpy /
+    scikit-learn code (the children start no OpenMP or CUDA work of the parent's). A process per block, not a pool:
+    the blocks are equal by construction, and a pool lets one worker take them all while another starts."""
+    ctx = multiprocessing.get_context("fork")
     edges = np.linspace(0, len(rows), min(workers, len(rows)) + 1).astype(int)
-    bounds = [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
-    _WORK = (fn, rows)
+    children = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        receive, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_rows_part, args=(fn, rows, int(a), int(b), send), daemon=True)
+        child.start()
+        send.close()  # the child holds the only sending end: one that dies gives EOF here, not a hang
+        children.append((child, receive))
     try:
-        with multiprocessing.get_context("fork").Pool(len(bounds)) as pool:
-            parts = pool.map(_rows_part, bounds)
+        parts = [_received(child, receive) for child, receive in children]
     finally:
-        _WORK = None
+        for child, receive in children:
+            receive.close()
+            if child.is_alive():
+                child.terminate()
+            child.join()
     return np.concatenate(parts)
+
+
+def _rows_part(fn: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, a: int, b: int, send) -> None:
+    """One forked block of :func:`in_processes`: sends ``(True, values)``, or ``(False, the traceback)``."""
+    try:
+        send.send((True, fn(rows[a:b])))
+    except BaseException:  # noqa: BLE001 - the parent raises it
+        import traceback
+
+        send.send((False, traceback.format_exc()))
+    finally:
+        send.close()
+
+
+def _received(child, receive) -> np.ndarray:
+    try:
+        ok, part = receive.recv()
+    except EOFError:
+        raise RuntimeError(f"in_processes: worker pid {child.pid} ended without a result") from None
+    if not ok:
+        raise RuntimeError(f"in_processes: worker pid {child.pid} failed:\n{part}")
+    return part
 
 
 def adjusted_mutual_info(table: np.ndarray) -> float:

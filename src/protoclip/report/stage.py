@@ -26,6 +26,7 @@ import pandas as pd
 
 from protoclip.files.atomic import atomic_path, clean_stale_temps, write_text
 from protoclip.files.layout import Layout
+from protoclip.jobs.launch import rank_threads
 from protoclip.report.paper_targets import ReportProject
 from protoclip.report.tables import collect_metrics, rst_escape, table_tasks, task_table, train_losses
 from protoclip.report.values import Results
@@ -35,12 +36,9 @@ log = logging.getLogger(__name__)
 
 def job_cpus(env: dict | None = None) -> int:
     """The CPUs this report may use: the job's threads (Snakemake exports ``OMP_NUM_THREADS`` = the rule's
-    threads), else every CPU this process may run on."""
-    env = os.environ if env is None else env
-    try:
-        return max(1, int(env["OMP_NUM_THREADS"]))
-    except (KeyError, ValueError):
-        return len(os.sched_getaffinity(0))
+    threads), else every CPU this process may run on; read as a one-rank job's threads are."""
+    threads = rank_threads(os.environ if env is None else env, 1).get("OMP_NUM_THREADS")
+    return int(threads) if threads else len(os.sched_getaffinity(0))
 
 
 def run_report(cfg: ReportProject) -> Path:
