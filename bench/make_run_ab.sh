@@ -9,12 +9,15 @@
 # first, its results/, benchmarks/ and logs/ move to DIR/<side>.done/ and its DAG runs again as a filler load until
 # the other ends, so that the later side does not get the machine to itself (which would favour it). With
 # STOP_MINUTES, both sides are stopped then (a partial A/B: compare_make_runs.py compares the jobs both finished).
+# STOP_AT_RATIO=0.7: when one side ends after T, the other is stopped once it has run T / 0.7 without ending; that
+# it was still running then shows the first side's wall < 0.7x the other's, without waiting for the other's end
+# (T is read when the loop sees the end, up to 30 s late: that only makes the bound stricter).
 # At the end: each side's exit code, wall, CPU seconds, peak RSS and `du -sh results`, compare_make_runs.py's table
 # per rule, and how many of results/tables' files differ; all also in DIR/ab.txt. Run nothing heavy beside it.
 # SETUP_ONLY=1: clone and install only (a later call with the same arguments starts the runs).
 set -euo pipefail
 [ $# -ge 3 ] || { sed -n 5p "$0" | sed 's/^# *//'; exit 2; }
-a_rev=$1 b_rev=$2 dir=$3 stop_min=${4:-0}
+a_rev=$1 b_rev=$2 dir=$3 stop_min=${4:-0} ratio=${STOP_AT_RATIO:-}
 repo=$(git rev-parse --show-toplevel)
 shared=$(realpath "$repo/../shared")
 mkdir -p "$dir" && dir=$(realpath "$dir")
@@ -34,7 +37,9 @@ for side in A B; do
     (cd "$dir/$side" && make -s .venv/.installed > "$dir/$side.install.log" 2>&1) &
     installs+=($!)
 done
-for pid in "${installs[@]}"; do wait "$pid" || { echo "make_run_ab: set-up failed (DIR/*.install.log)" >&2; exit 1; }; done
+for pid in "${installs[@]}"; do
+    wait "$pid" || { echo "make_run_ab: set-up failed (DIR/*.install.log)" >&2; exit 1; }
+done
 [ -z "${SETUP_ONLY:-}" ] || exit 0
 
 start() {  # start <side> <what> <log>: in its own session, so that one kill ends its make, Snakemake and jobs
@@ -47,10 +52,16 @@ trap 'stop "$dir/A.log"; stop "$dir/B.log"; stop "$dir/filler.log"; exit 130' IN
 t0=$(date +%s)
 echo "started $(date -u +%FT%TZ); $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$dir/ab.txt"
 for side in A B; do start $side "/usr/bin/time -v -o '$dir/$side.time' make run" "$dir/$side.log"; done
-filler=""
+filler="" deadline=""
 while :; do
     sleep 30
     if [ -f "$dir/A.log.rc" ] && [ -f "$dir/B.log.rc" ]; then break; fi
+    if [ -n "$deadline" ] && [ $(( $(date +%s) - t0 )) -ge "$deadline" ]; then
+        other=A; [ "$filler" = A ] && other=B
+        echo "$other still running $(( $(date +%s) - t0 )) s in ($(date -u +%FT%TZ)), past $filler's end" \
+             "($first_s s) / $ratio: $filler's wall < ${ratio}x $other's; $other stopped" | tee -a "$dir/ab.txt"
+        stop "$dir/$other.log"; sleep 5; break
+    fi
     if [ "$stop_min" != 0 ] && [ $(( $(date +%s) - t0 )) -ge $(( stop_min * 60 )) ]; then
         echo "stopped both after $stop_min min $(date -u +%FT%TZ)" | tee -a "$dir/ab.txt"
         stop "$dir/A.log"; stop "$dir/B.log"; sleep 5; break
@@ -63,6 +74,8 @@ while :; do
             echo "$side ended $(date -u +%FT%TZ) (rc $(cat "$dir/$side.log.rc")); its DAG reruns as the filler" \
                 | tee -a "$dir/ab.txt"
             start "$side" "make run" "$dir/filler.log"
+            first_s=$(( $(date +%s) - t0 ))
+            [ -z "$ratio" ] || deadline=$(awk -v t="$first_s" -v r="$ratio" 'BEGIN { printf "%d", t / r + 1 }')
         fi
     done
 done
