@@ -21,9 +21,14 @@ $(STAMP): pyproject.toml
 # The train, evaluate and collect jobs start as forks of one process that imported torch, open_clip and MLflow once
 # (`protoclip forkserver`, src/protoclip/jobs/forkserver.py): the same results, seconds less per job.
 # `make run FORKSERVER=` starts every job as a fresh process.
+# --max-jobs-per-timespan: Snakemake 9's scheduler wakes itself once per timespan for every job that finished while
+# others waited for cores (its rate limiter's timers), each wake re-reading every ready job's inputs: at the default
+# 100/1s, 13-20 % of a core late in this DAG. 1000/10s keeps the average rate and wakes a tenth as often; Snakemake
+# waits up to one timespan for its last timer at exit (bench/bench_snakemake_reevaluation.py).
 FORKSERVER ?= protoclip forkserver --
+SCHEDULER_WAKES ?= --max-jobs-per-timespan 1000/10s
 run: $(STAMP)
-	PATH=$(BIN):$$PATH $(FORKSERVER) snakemake --cores $(CORES) --resources gpu=0 --rerun-incomplete
+	PATH=$(BIN):$$PATH $(FORKSERVER) snakemake --cores $(CORES) --resources gpu=0 --rerun-incomplete $(SCHEDULER_WAKES)
 	test results/report.html -nt results/tables/index.md || PATH=$(BIN):$$PATH snakemake --report results/report.html
 
 # After a fresh clone (or `git checkout` of another commit): data and results from the DVC remote / cache,
