@@ -4,9 +4,9 @@ Snakemake 9's scheduler, whenever the job rate limiter is on (its default `100/1
 starting a `threading.Timer(timespan)` that wakes the loop again. A pass woken by a finished job starts one more such
 timer, so while jobs wait for cores the wake-ups add up: one more per second for every finished job, each pass
 resetting and re-reading the inputs of every ready job. In `make run` (198 jobs on 2 cores, evaluations queued behind
-training) the Snakemake process held 70-80 threads and used 13-20 % of a core late in the run. The profiles' longer
-timespan keeps the rate limit's average and wakes the loop ten times less often; Snakemake waits for the last timer
-before it exits (at most the timespan).
+training) the Snakemake process held 70-80 threads and used 13-20 % of a core late in the run. The longer timespan
+`make run` and the gpu profile pass keeps the rate limit's average and wakes the loop ten times less often; Snakemake
+waits for the last timer before it exits (at most the timespan).
 
     python bench/bench_snakemake_reevaluation.py [--jobs 120] [--seconds 1] [--inputs 20]
 
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="each job's sleep")
     parser.add_argument("--inputs", type=int, default=20, help="input files per job (re-read by each pass)")
     parser.add_argument("--timespans", nargs="+", default=["100/1s", "1000/10s"],
-                        help="Snakemake's default, then the profiles' setting")
+                        help="Snakemake's default, then make run's setting")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

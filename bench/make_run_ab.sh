@@ -56,13 +56,14 @@ filler="" deadline=""
 while :; do
     sleep 30
     if [ -f "$dir/A.log.rc" ] && [ -f "$dir/B.log.rc" ]; then break; fi
-    if [ -n "$deadline" ] && [ $(( $(date +%s) - t0 )) -ge "$deadline" ]; then
+    elapsed=$(( $(date +%s) - t0 ))
+    if [ -n "$deadline" ] && [ "$elapsed" -ge "$deadline" ]; then
         other=A; [ "$filler" = A ] && other=B
-        echo "$other still running $(( $(date +%s) - t0 )) s in ($(date -u +%FT%TZ)), past $filler's end" \
+        echo "$other still running $elapsed s in ($(date -u +%FT%TZ)), past $filler's end" \
              "($first_s s) / $ratio: $filler's wall < ${ratio}x $other's; $other stopped" | tee -a "$dir/ab.txt"
         stop "$dir/$other.log"; sleep 5; break
     fi
-    if [ "$stop_min" != 0 ] && [ $(( $(date +%s) - t0 )) -ge $(( stop_min * 60 )) ]; then
+    if [ "$stop_min" != 0 ] && [ "$elapsed" -ge $(( stop_min * 60 )) ]; then
         echo "stopped both after $stop_min min $(date -u +%FT%TZ)" | tee -a "$dir/ab.txt"
         stop "$dir/A.log"; stop "$dir/B.log"; sleep 5; break
     fi
