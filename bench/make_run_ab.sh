@@ -94,6 +94,12 @@ project() { if [ -d "$dir/$1.done" ]; then echo "$dir/$1.done"; else echo "$dir/
              "results $(cut -f1 "$dir/$side.du" 2>/dev/null)"
     done
     "$dir/B/.venv/bin/python" "$repo/bench/compare_make_runs.py" "$(project A)" "$(project B)"
-    echo "results/tables files that differ: $(diff -rq "$(project A)/results/tables" "$(project B)/results/tables" \
-        2>&1 | wc -l) of $(find "$(project B)/results/tables" -type f 2>/dev/null | wc -l)"
+    missing=""
+    for side in A B; do [ -d "$(project $side)/results/tables" ] || missing="$missing $side"; done
+    if [ -n "$missing" ]; then
+        echo "results/tables not compared: none in${missing} (stopped before its report)"
+    else
+        echo "results/tables files that differ: $(diff -rq "$(project A)/results/tables" "$(project B)/results/tables" \
+            2>&1 | wc -l) of $(find "$(project B)/results/tables" -type f | wc -l)"
+    fi
 } | tee -a "$dir/ab.txt"
