@@ -176,7 +176,8 @@ def _read_claims(path: Path, cfg: ProjectConfig) -> list[tuple[ClaimConfig, str]
             raise ConfigError(f"{file}: a claims file holds one key, `claims:`, a list"
                               + (f" (unknown key '{unknown[0]}')" if unknown else ""))
         for i, entry in enumerate(data["claims"]):
-            claim = build(ClaimConfig, entry, str(file), prefix=f"claims[{i}].")
+            # this config's comparison: the claim's own target's, or paper_config's where that is not declared
+            claim = build(ClaimConfig, entry, str(file), prefix=f"claims[{i}].").resolved(cfg._targets)
             if claim.id in seen:
                 raise ConfigError(f"{file}: claim '{claim.id}' is already declared in {seen[claim.id]}")
             seen[claim.id] = str(file)

@@ -13,12 +13,17 @@ A claim names the paper's number and where it is printed, and the two run famili
 paper target's rows and column (``target``, ``a``, ``b``, ``columns``: the labels of config/experiments/*.yaml),
 so the ledger compares exactly what the tables show; ``a_runs`` / ``b_runs`` pin other runs where the table's
 own rows are not the claim's configuration. The loader (protoclip.project) checks that a target's rows and columns
-exist; a claim whose target this config does not declare reads "not run". The fields are documented below and
-in config/claims.yaml.
+exist; a claim whose target this config does not declare reads "not run". The paper configuration
+(config/paper.yaml) declares other targets than the offline default (config/config.yaml): ``paper_config``
+names the claim's rows and columns there (or why it cannot be judged there), used where its own ``target`` is not
+declared, so one claim, with one quote and paper number, is judged from the runs of either configuration. The
+fields are documented below and in config/claims.yaml.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,6 +40,21 @@ class Citation:
     where: str  # its table / figure / section
     quote: str  # the paper's words on that line, verbatim
     paper_text: str = ""  # the number as printed there, when it differs ("+1.79%")
+
+
+@dataclass
+class PaperComparison:
+    """The claim's runs and metric in the paper configuration (config/paper.yaml), whose targets are not the
+    offline default's: the same fields as the claim's own, used where the claim's ``target`` is not declared."""
+    target: str | None = None  # a target config/paper.yaml declares (e.g. table_methods_paper)
+    a: str | None = None  # its row labels, as the claim's `a` / `b`
+    b: str | None = None
+    columns: list[str] = field(default_factory=list)
+    metric: str | None = None
+    a_runs: list[str] = field(default_factory=list)
+    b_runs: list[str] = field(default_factory=list)
+    unavailable: str | None = None  # no run of the paper configuration can test it: the reason (data, hardware)
+    note: str = ""  # replaces the claim's note there (its offline stand-ins do not apply)
 
 
 @dataclass
@@ -73,10 +93,17 @@ class ClaimConfig:
     unavailable: str | None = None  # no target of the project can test it: the reason (the claim reads not run)
     note: str = ""  # our reading and the offline stand-ins, printed with the claim
     also: list[Citation] = field(default_factory=list)  # other places the paper prints this claim
+    # the ledger's unit where neither the kind nor the column says it ("% of memory", "logit scale"); None:
+    # the kind's (points, sets, % of time) or the column's score (ARI, AMI, NEMD)
+    unit: str | None = None
+    # the comparison in config/paper.yaml where `target` (the offline default's) is not declared there
+    paper_config: PaperComparison | None = None
 
     def validate(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_]+", self.id):
             raise ValueError(f"claim id '{self.id}' must be letters, digits and '_'")
+        if self.paper_config is not None:  # its paper-configuration comparison, checked in every config
+            self.in_paper_config()
         if self.unavailable:
             return
         if not self.target or not self.a:
@@ -107,6 +134,25 @@ class ClaimConfig:
                 raise ValueError(f"claim {self.id}: paper_value {self.paper_value} contradicts direction "
                                  f"{self.direction}")
 
+    def resolved(self, declared: Collection[str]) -> "ClaimConfig":
+        """The claim as a config with targets ``declared`` judges it: itself where its ``target`` is declared (or
+        it has no ``paper_config``, or it is unavailable and ``paper_config``'s target is not declared either),
+        else with ``paper_config``'s runs, metric, note and reason. One claim, one paper number and quote: only
+        what it is measured on differs between configurations."""
+        alt = self.paper_config
+        if alt is None or self.target in declared or (self.unavailable and alt.target not in declared):
+            return self
+        return self.in_paper_config()
+
+    def in_paper_config(self) -> "ClaimConfig":
+        """The claim with ``paper_config``'s fields in place of its own (validated)."""
+        alt = self.paper_config
+        fields = {k: getattr(alt, k) for k in ("target", "a", "b", "columns", "metric", "a_runs", "b_runs",
+                                              "unavailable")}
+        out = dataclasses.replace(self, **fields, note=alt.note or self.note, paper_config=None)
+        out.validate()
+        return out
+
     def bound(self) -> float | None:
         """The magnitude test's one-sided bound (at_most / at_least), in the ledger's unit."""
         base = self.paper_value or 0.0
@@ -131,4 +177,4 @@ class ClaimsConfig:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
 
 
-__all__ = ["ClaimConfig", "ClaimsConfig", "Citation", "KINDS", "PHASES", "MAGNITUDE_TESTS"]
+__all__ = ["ClaimConfig", "ClaimsConfig", "Citation", "PaperComparison", "KINDS", "PHASES", "MAGNITUDE_TESTS"]
