@@ -58,7 +58,7 @@ def tiny_config(external: Path) -> dict:
 
 
 def make_project(root: Path, tiny_pairs: list[dict], remote: Path) -> None:
-    workflow_copy(root, code=True, dvc=True)  # code: what every DVC stage depends on
+    workflow_copy(root, dvc=True)
     (root / "userdata").mkdir()
     lines = ["filepath,caption"]
     for i, p in enumerate(tiny_pairs):
@@ -103,7 +103,9 @@ def test_snakemake_outputs_are_dvc_tracked_and_survive_push_clone_pull(tmp_path,
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     assert set(lock) == set(stages)  # every stage recorded, the skipped set has none
     assert "evaluate_clip_a_cifar10" not in stages and "evaluate_clip_a_heldout_pairs" in stages
-    assert any(d["path"] == "src/protoclip" for d in lock["train_clip_a"]["deps"])
+    # the code a stage runs: its command's fingerprint, the value the Snakemake rule's `code` param holds
+    code = yaml.safe_load((root / "code-fingerprints.yaml").read_text())
+    assert lock["train_clip_a"]["params"]["code-fingerprints.yaml"] == {"train": code["train"]}
     assert "Data and pipelines are up to date" in dvc(root, "status").stdout
     assert "Stage 'train_clip_a' didn't change, skipping" in dvc(root, "repro", "--dry").stdout + \
         dvc(root, "repro", "--dry").stderr

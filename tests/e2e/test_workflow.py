@@ -48,9 +48,10 @@ def test_snakemake_and_dvc_run_the_same_commands_on_the_same_files():
     assert set(jobs) == {stage["cmd"] for stage in stages.values()}
     for stage in stages.values():
         job = jobs[stage["cmd"]]
-        # inputs: DVC's deps are Snakemake's plus the code
-        assert sorted(job.get("input", [])) == sorted(d for d in stage["deps"] if d != "src/protoclip"), stage["cmd"]
-        assert "src/protoclip" in stage["deps"]
+        # inputs: DVC's deps are Snakemake's; the code is a param of both (its command's code fingerprint, the
+        # rule's `code` param; tests/e2e/test_dvc_fresh_clone.py checks that both tools rerun on it alike)
+        assert sorted(job.get("input", [])) == sorted(stage.get("deps", [])), stage["cmd"]
+        assert {"code-fingerprints.yaml": [stage["cmd"].split()[1]]} in stage["params"], stage["cmd"]
         # outputs: each Snakemake output is (inside) a DVC out, each DVC out holds a Snakemake output
         outs = [Path(o if isinstance(o, str) else next(iter(o))) for o in stage.get("outs", []) + stage.get("metrics", [])]
         made = [Path(o) for o in job["output"]]

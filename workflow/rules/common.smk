@@ -13,7 +13,7 @@ from protoclip.config.strict import deep_merge, read_yaml, to_dict
 from protoclip.project import load_config
 from protoclip.files.layout import Layout
 from protoclip.jobs import launch
-from protoclip.dag import dvc_sync, resources as job_sizes, snakemake as dag_snakemake, stages as dag_stages
+from protoclip.dag import code_version, dvc_sync, resources as job_sizes, snakemake as dag_snakemake, stages as dag_stages
 from protoclip.dag.snakemake import schema_error
 
 DEFAULT_CONFIG = "config/config.yaml"
@@ -51,6 +51,11 @@ DATASETS = list(PROJECT.evaluate.datasets)
 STAGES = {s.name: s for s in dag_stages.stages(PROJECT, CONFIG_FILE)}
 if CONFIG_FILE == dag_snakemake.RESOLVED_CONFIG:
     print(f"protoclip: config overrides in effect: every command reads {CONFIG_FILE}", file=sys.stderr)
+
+# The code each command runs, comments and docstrings left out (protoclip.dag.code_version): every rule has its
+# command's value as the `code` param, so Snakemake's params trigger reruns the jobs whose code changed, and the
+# values go to code-fingerprints.yaml, the DVC params file of the same stages (both tools, one rule; docs/dvc.md)
+CODE = code_version.write_fingerprints()
 
 # teacher cache file stem -> teacher name (names with '/' become single path components)
 TEACHER_BY_FILE = {LAYOUT.teacher_features(t).stem: t for t in dag_stages.teachers(PROJECT, SKIPPED_RUNS)}

@@ -15,6 +15,7 @@ rule prepare:
         **job_resources(lambda wc: 0, cpus=False),  # on SLURM: a CPU job of the site, with its threads as CPUs
     params:
         config=CONFIG_ARG,
+        code=CODE["prepare"],
         # what prepare writes depends on (its worker count does not change it)
         settings=settings({k: v for k, v in to_dict(PROJECT.prepare).items() if k != "num_workers"}),
     shell:

@@ -19,6 +19,7 @@ rule evaluate:
         **job_resources(lambda wc: launch.evaluate_gpus(PROJECT, wc.run)),  # one GPU for a GPU run's evaluation
     params:
         config=CONFIG_ARG,
+        code=CODE["evaluate"],
         # a released checkpoint's run (`pretrained:`, no train job) reruns when the checkpoint it names changes
         settings=lambda wc: settings({**to_dict(PROJECT.evaluate), "datasets": PROJECT.evaluate.datasets[wc.dataset],
                                       **dag_stages.pretrained_settings(PROJECT, wc.run)}),
@@ -41,6 +42,7 @@ rule collect:
         run="|".join(RUNS) or "NO_RUNS",
     params:
         config=CONFIG_ARG,
+        code=CODE["collect"],
         args=stage_args(lambda wc: f"collect_{wc.run}"),
     localrule: True
     shell:

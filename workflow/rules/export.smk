@@ -22,6 +22,7 @@ rule export:
         run="|".join(PROJECT.run_names()) or "NO_RUNS",  # `protoclip export` refuses the others, saying why
     params:
         config=CONFIG_ARG,
+        code=CODE["export"],
     shell:
         "protoclip export --config {params.config} --run {wildcards.run} --out {output} 2>&1 | tee {log}"
 

@@ -22,6 +22,7 @@ rule report:
         **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     params:
         config=CONFIG_ARG,
+        code=CODE["report"],
         # the declared tables, figures and claims (captions, rows, columns): a changed one rewrites the report
         settings=settings({"targets": PROJECT.paper_targets(), "claims": PROJECT.claims,
                            "claim_list": PROJECT.paper_claims()}),

@@ -18,6 +18,7 @@ rule teacher:
         **job_resources(lambda wc: launch.teacher_gpus(PROJECT)),
     params:
         config=CONFIG_ARG,
+        code=CODE["teacher"],
         settings=settings(PROJECT.teacher),
         args=stage_args(lambda wc: f"teacher_{wc.teacher}"),
     shell:

@@ -13,6 +13,7 @@ rule toy_nemd:
         **job_resources(lambda wc: 0),  # on SLURM: a CPU job of the site
     params:
         config=CONFIG_ARG,
+        code=CODE["toy-nemd"],
         settings=settings(PROJECT.toy),
     shell:
         "protoclip toy-nemd --config {params.config} 2>&1 | tee {log}"

@@ -20,6 +20,7 @@ rule train:
         **job_resources(lambda wc: launch.train_gpus(PROJECT.run(wc.run))),
     params:
         config=CONFIG_ARG,
+        code=CODE["train"],
         settings=lambda wc: settings(PROJECT.run(wc.run)),
         args=stage_args(lambda wc: f"train_{wc.run}"),
     shell:

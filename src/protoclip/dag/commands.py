@@ -1,7 +1,9 @@
-"""`protoclip runs` (the configured run names) and `protoclip dvc-yaml` (dvc.yaml from the stage graph)."""
+"""`protoclip runs` (the configured run names) and `protoclip dvc-yaml` (dvc.yaml from the stage graph, and the
+code fingerprints its stages read as params, code-fingerprints.yaml beside it)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -14,7 +16,9 @@ def main(args: argparse.Namespace) -> int:
         print("\n".join(args.cfg.run_names()))
         return 0
     from protoclip.files.atomic import write_text
+    from protoclip.dag.code_version import FINGERPRINTS, write_fingerprints
     from protoclip.dag.stages import dvc_yaml_text
 
     write_text(args.output, dvc_yaml_text(args.cfg, args.config))
+    write_fingerprints(Path(args.output).parent / FINGERPRINTS)
     return 0

@@ -11,7 +11,9 @@ identical files.
 ``outs`` are what DVC caches (whole folders); ``targets`` the Snakemake outputs, each inside an out. Training
 checkpoints, an evaluation's extraction in progress and its feature files are no output: as an uncached DVC out
 they would read "deleted" after every fresh clone, as a Snakemake output they would be deleted before each job
-(features are a DVC out only with ``evaluate.track_features``). DVC deps include ``src/protoclip``.
+(features are a DVC out only with ``evaluate.track_features``). The code a stage runs is its command's key in
+``code-fingerprints.yaml`` (:mod:`protoclip.dag.code_version`), a DVC param of the stage and a param of its
+Snakemake rule: a comment edit reruns nothing, a code edit reruns the stages whose command imports it.
 """
 from __future__ import annotations
 
@@ -23,8 +25,7 @@ from protoclip.evaluate.config import EvaluateConfig
 from protoclip.evaluate.datasets import HELDOUT, eval_data_path, missing_reason
 from protoclip.files.layout import Layout
 from protoclip.config.strict import read_yaml
-
-CODE = "src/protoclip"  # every stage runs this package: a DVC dep of each stage
+from protoclip.dag.code_version import FINGERPRINTS
 # evaluate keys that change no result (not DVC params of the evaluation stages): the sets have their own entries,
 # the chunking of a resumable extraction and where DVC stores the features change no number
 NOT_RESULTS = ("datasets", "extract_chunk_batches", "track_features")
@@ -49,7 +50,7 @@ class Stage:
     command: str  # the protoclip subcommand (``train``)
     config_file: str  # the file the command reads (dvc.yaml: config/config.yaml)
     args: str  # the arguments after ``--config <file>`` (``--run clip --resume``)
-    deps: dict[str, list[str]]  # Snakemake input name -> paths (DVC deps: all of them, plus CODE)
+    deps: dict[str, list[str]]  # Snakemake input name -> paths (DVC deps: all of them)
     params: list = field(default_factory=list)  # DVC params entries
     outs: list[Out] = field(default_factory=list)  # DVC outs (and metrics)
     targets: dict[str, Out] = field(default_factory=dict)  # Snakemake outputs by name, each inside an out
@@ -69,10 +70,12 @@ class Stage:
         return {k: v for k, v in self.deps.items() if v}
 
     def dvc(self) -> dict:
-        deps = sorted({p for paths in self.deps.values() for p in paths} | {CODE})
-        entry: dict = {"cmd": self.cmd, "deps": deps}
-        if self.params:
-            entry["params"] = self.params
+        deps = sorted({p for paths in self.deps.values() for p in paths})
+        entry: dict = {"cmd": self.cmd}
+        if deps:
+            entry["deps"] = deps
+        # the code the command runs: its fingerprint (comments and docstrings left out), as the Snakemake rule's
+        entry["params"] = self.params + [{FINGERPRINTS: [self.command]}]
         outs = [_dvc_out(o) for o in self.outs if not o.metric]
         metrics = [_dvc_out(o) for o in self.outs if o.metric]
         if outs:
@@ -94,7 +97,7 @@ def norm_path(p) -> str:
 
 def _params(config_file: str, *keys: str) -> list:
     """DVC params entry for the dotted ``keys`` that ``config_file`` sets (DVC reports a key the file does not
-    set as changed forever; a default that is not in the file is code, covered by the CODE dep)."""
+    set as changed forever; a default that is not in the file is code, covered by the code fingerprint)."""
 
     data = read_yaml(config_file)
 
@@ -405,6 +408,6 @@ def exportable_runs(cfg: ProjectConfig) -> list[str]:
         if tcfg.pretrained.enabled:  # no model.pt: its checkpoint is an open_clip model already
             continue
         spec = method_class(tcfg.method).eval_spec(tcfg)
-        if export_refusal(r, tcfg.method, spec["similarity"], int(tcfg.class_tokens)) is None:
+        if export_refusal(r, tcfg.method, spec["similarity"], int(tcfg.class_tokens), tcfg.model) is None:
             out.append(r)
     return out
