@@ -53,6 +53,9 @@ class Tracker:
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
 
+    def log_curves(self, rows: list[tuple[int, int, dict[str, float]]]) -> None:
+        """Log many steps' metrics at once: ``rows`` of (step, timestamp in ms, {key: value})."""
+
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
 
     def set_tags(self, tags: dict[str, str]) -> None: ...
@@ -80,6 +83,12 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def _finite(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of ``metrics`` (nested dicts flattened to ``a.b`` keys), as floats."""
+    return {k: float(v) for k, v in _flatten(metrics).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
 
 
 def run_targets(cfg: Project, run: str) -> list[str]:
@@ -116,10 +125,19 @@ class MlflowTracker(Tracker):
             self._mlflow.log_params(new)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        clean = {k: float(v) for k, v in _flatten(metrics).items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
+        clean = _finite(metrics)
         if clean:
             self._mlflow.log_metrics(clean, step=step)
+
+    def log_curves(self, rows: list[tuple[int, int, dict[str, float]]]) -> None:
+        """One ``MlflowClient.log_batch`` call for all rows: it sends them in requests of up to 1000 values
+        (MLflow's batch limit), so an episode of curves costs a few requests instead of one per step and key.
+        Non-finite values are left out (an fp16 overflow step's gradient norm), as in :meth:`log_metrics`."""
+        metric = self._mlflow.entities.Metric
+        batch = [metric(key=k, value=v, timestamp=ts, step=step) for step, ts, m in rows
+                 for k, v in _finite(m).items()]
+        if batch:
+            self._client.log_batch(self.run_id, metrics=batch)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         if Path(path).is_dir():

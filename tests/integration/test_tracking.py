@@ -10,6 +10,7 @@ import pytest
 from protoclip.project import load_config
 from protoclip.files.hashing import sha256_file
 from protoclip.files.layout import Layout
+from protoclip.files.records import read_train_log
 from testkit.training import TINY_CLIP_RUN, one_thread, tiny_project
 
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -45,7 +46,7 @@ def test_retrain_is_a_new_run_resume_continues_and_evaluate_finds_the_model(tmp_
     (first,) = training_runs(cfg)
     assert first.data.params["train.lr"] == "0.001" and first.info.run_name == "clip"
     assert first.data.tags["protoclip.target.table_V"] == "1" and first.data.tags["protoclip.targets"] == "fig_7,table_V"
-    assert "mean/loss" in first.data.metrics
+    assert "episode/mean/loss" in first.data.metrics
     exp = client(cfg).get_experiment_by_name("exp")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # UI: training runs, not GenAI
     inputs = first.inputs.dataset_inputs
@@ -66,6 +67,46 @@ def test_retrain_is_a_new_run_resume_continues_and_evaluate_finds_the_model(tmp_
         tracker.log_metrics({"eval/knn/x/top1": 0.5})
     assert tracker.run_id == runs[1].info.run_id  # the run that produced this model, not the first "clip"
     assert client(cfg2).get_run(runs[1].info.run_id).data.metrics["eval/knn/x/top1"] == 0.5
+
+
+def test_training_curves_are_at_the_global_step_and_counters_are_no_metrics(tmp_path):
+    """open_clip's curves: train/loss, each loss term, train/lr, train/logit_scale, train/grad_norm at every global
+    step the log keeps (log_every_steps: 3, across the episode ends), the episode's numbers at the step count at its
+    end, each value the train log's; episode, step, n_steps, epoch never metrics (the schedule is params)."""
+    from protoclip.train.stage import run_train
+
+    path = tiny_project(tmp_path, {"paths": {"mlflow_experiment": "exp"}, "prepare": {"eval_sets": []},
+                                   "train": {**RUN, "log_every_steps": 3, "episode_size": 8, "batch_size": 4,
+                                             "epochs": 2.0}, "runs": {"clip": {}}}, n=24, heldout=4)
+    cfg = load_config(path)
+    run_train(cfg, "clip")
+    (run,) = training_runs(cfg)
+    c, run_id = client(cfg), run.info.run_id
+    log = Layout.from_config(cfg).train_log("clip")
+    steps, episodes = read_train_log(log, "step"), read_train_log(log, "episode")
+    assert len(steps) == 10 and len(episodes) == 5  # 2 x 20 pairs in episodes of 8 (the last 4), batches of 4
+
+    def history(key):
+        return [(m.step, m.value) for m in sorted(c.get_metric_history(run_id, key), key=lambda m: m.step)]
+
+    assert history("train/loss") == [(r["step"], r["loss"]) for r in steps]
+    assert [s for s, _ in history("train/loss")] == list(range(10))  # the global optimizer step, 0-based
+    assert history("train/clip") == [(r["step"], r["clip"]) for r in steps]  # the method's loss term
+    assert history("train/lr") == [(r["step"], r["lr"]) for r in steps]
+    assert history("train/lr")[0][1] < history("train/lr")[1][1]  # the warm-up is visible step by step
+    assert history("train/grad_norm") == [(r["step"], r["grad_norm"]) for r in steps]
+    # exp(logit_scale) = 1 / tau: the logits' multiplier, CLIP's init 1 / 0.07
+    assert [s for s, _ in history("train/logit_scale")] == list(range(10))
+    assert history("train/logit_scale")[0][1] == pytest.approx(1 / 0.07, rel=1e-2)
+    assert all(v == pytest.approx(1 / r["tau_clip"]) for (_, v), r in zip(history("train/logit_scale"), steps))
+    # the episode's numbers at the step count at its end: 2, 4, 6, 8, 10
+    assert history("episode/mean/loss") == [(r["step"], r["mean/loss"]) for r in episodes]
+    assert [s for s, _ in history("episode/mean/loss")] == [2, 4, 6, 8, 10]
+    assert "episode/time/train" in run.data.metrics
+    counters = {"episode", "step", "n_steps", "k", "epoch", "train/epoch", "train/step", "train/episode",
+                "episode/episode", "episode/step", "episode/n_steps", "episode/mean/epoch", "mean/loss"}
+    assert not counters & run.data.metrics.keys()
+    assert run.data.params["schedule.steps_per_episode"] == "2" and run.data.params["schedule.n_episodes"] == "5"
 
 
 def test_report_run_holds_tables_as_artifacts(tmp_path):

@@ -37,7 +37,11 @@ def test_run_train_protoclip_writes_outputs_and_mlflow(tmp_path):
     runs = mlflow.search_runs(experiment_names=["test"], output_format="list")
     assert len(runs) == 1 and runs[0].data.tags["protoclip.run"] == "proto"
     assert runs[0].data.params["train.method"] == "protoclip"
-    assert "mean/proto" in runs[0].data.metrics and "kmeans_image_objective" in runs[0].data.metrics
+    metrics, params = runs[0].data.metrics, runs[0].data.params
+    assert "episode/mean/proto" in metrics and "episode/kmeans_image_objective" in metrics
+    # per step: the prototype loss and temperature beside CLIP's; K (m / images_per_prototype = 32 / 4) a param
+    assert {"train/proto", "train/tau_proto", "train/proto_logit_scale", "train/logit_scale"} <= metrics.keys()
+    assert params["episode.k"] == "8" and "k" not in metrics and "episode/k" not in metrics
 
 
 def test_missing_teacher_cache_names_path_and_command(tmp_path):

@@ -18,6 +18,7 @@ from protoclip.project import load_config
 from protoclip.errors import ConfigError
 from protoclip.files.layout import Layout
 from protoclip.files.records import read_train_log
+from protoclip.tracking import Tracker
 from protoclip.config.strict import to_dict
 from protoclip.train.checkpoint import CheckpointError, resume_key, resume_point, save_checkpoint
 from protoclip.train.distributed import DistInfo
@@ -269,15 +270,12 @@ def test_resume_point_accepts_only_its_own_config(tmp_path):
 
 
 def test_world_size_and_batches_are_logged_and_saved_with_the_run(tmp_path):
-    class Recorder:
+    class Recorder(Tracker):
         def __init__(self):
             self.params = {}
 
         def log_params(self, params):
             self.params.update(params)
-
-        def log_metrics(self, metrics, step=None):
-            pass
 
     cfg = tiny_config(method="clip", epochs=0.5, episode_size=8, batch_size=4)
     layout = Layout(tmp_path / "d", tmp_path / "r")
