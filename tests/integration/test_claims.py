@@ -245,7 +245,8 @@ def planted(tmp_path, request):
                  {"label": "ARI digits", "task": "clustering", "metric": "ari", "datasets": ["digits"]},
                  {"label": "AMI digits", "task": "clustering", "metric": "ami", "datasets": ["digits"]},
                  {"label": "ZS digits", "task": "zeroshot", "datasets": ["digits"]},
-                 {"label": "KNN digits", "task": "knn", "datasets": ["digits"]}]}
+                 {"label": "KNN digits", "task": "knn", "datasets": ["digits"]},
+                 {"label": "NEMD digits", "task": "nemd", "metric": "nemd", "datasets": ["digits"]}]}
     # Table V's difference row (RN50 ProtoCLIP - RN50 CLIP) over a planted column named as the paper's
     table_v = {"id": "table_W", "kind": "table", "caption": "planted V", "paper": "table_V",
                "rows": [{"label": "RN50 CLIP", "run": "b"}, {"label": "RN50 ProtoCLIP", "run": "a"}],
@@ -279,6 +280,9 @@ def planted(tmp_path, request):
         claim("gain", "A", "B", ["KNN digits", "digits"], kind="gain"),  # kNN gain +15 against linear +10
         claim("gain_reversed", "A", "B", ["digits", "KNN digits"], kind="gain"),
         claim("ari", "A", "B", ["ARI digits"]),
+        claim("knn_one_seed", "A0", "B", ["KNN digits"]),  # kNN's seed spread measured only in the gains' rows
+        claim("nemd", "A", "B", ["NEMD digits"], direction="negative"),  # 3 seeds vs 1: the seeds' spread alone
+        claim("nemd_one_value", "A0", "B", ["NEMD digits"], direction="negative"),  # one run a side: a point
         claim("ami", "A", "B", ["AMI digits"]),
         claim("absent", "A", "B", ["digits"], target="table_nowhere"),
         claim("share", "ProtoCLIP", "CLIP", [], kind="share", phase="extract", direction="none",
@@ -316,6 +320,10 @@ def planted(tmp_path, request):
     for k, run in enumerate(cfg.run_group("a")):  # kNN 64 / 65 / 66 % on the linear probe's images
         plant(layout, run, "knn", "digits", hits_with(0.64 + 0.01 * k, seed=600 + k), labels)
     plant(layout, "b", "knn", "digits", hits_with(0.50, seed=700), labels)
+    plant(layout, "a0", "knn", "digits", hits_with(0.60, seed=800), labels)
+    for run, value in [*zip(cfg.run_group("a"), (0.30, 0.32, 0.34)), ("a0", 0.30), ("b", 0.40)]:  # no examples
+        records.write_metrics(layout.metrics(run, "nemd", "digits"),
+                              {"run": run, "dataset": "digits", "task": "nemd", "metrics": {"nemd": value}})
     for run, p in (("a0", 0.60), ("b", 0.50)):  # the classifier's 12 classes, 10 of them in the test labels
         plant(layout, run, "zeroshot", "digits", hits_with(p, seed=500 + len(run)), labels, n_classes=12)
     for k, run in enumerate(cfg.run_group("a")):  # clusters matching the labels 90 % of the time vs 50 %
@@ -364,7 +372,24 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert (same.lo, same.hi) == pytest.approx((-half, half), rel=1e-9)
     assert same.seed_note == ("seed spread combined from linear top1 of a on digits (3 seeds), c on digits (3 "
                               "seeds): pooled seed sd 0.86, 4 df; rows planted, reversed, small, count, count_small, "
-                              "count_reversed, count_floor, above_floor")  # the ledger rows those runs are in
+                              "count_reversed, count_floor, above_floor, gain, gain_reversed")  # the rows they are in
+    assert same.spread == same.seed_note.removeprefix("seed spread combined from ")  # the spread its interval used
+    # a kNN difference of one seed a side: kNN's seeds are measured only in the two gains' rows (a: 64 / 65 /
+    # 66 %), whose families carry their own task and metric: per-seed variance 1 on 2 df is combined into it
+    knn = by["knn_one_seed"]
+    assert knn.seed_note == ("seed spread combined from knn top1 of a on digits (3 seeds): pooled seed sd 1.00, 2 df; "
+                             "rows gain, gain_reversed") and "not measured here" not in knn.needs
+    # NEMD has no test examples to resample: 3 seeds (0.30 / 0.32 / 0.34) vs 1 (0.40), the pooled two-sample t
+    # interval of the seeds alone, -0.08 -+ t_2 * 0.02 * sqrt(1/3 + 1); one run a side: the point, no interval
+    nemd, one = by["nemd"], by["nemd_one_value"]
+    half = stats.t.ppf(0.975, 2) * 0.02 * np.sqrt(1 / 3 + 1)
+    assert nemd.ours == pytest.approx(-0.08) and (nemd.lo, nemd.hi) == pytest.approx((-0.08 - half, -0.08 + half))
+    assert nemd.unit == "score (ARI, AMI, NEMD)" and nemd.seed_note.startswith("the seeds' spread alone")
+    assert nemd.raw_direction == NOT_RESOLVED and nemd.spread == "these runs' own seeds (3 and 1): pooled seed sd " \
+        "0.02 score (ARI, AMI, NEMD), 2 df"
+    assert one.direction == ledger.ONE_VALUE and one.ours == pytest.approx(-0.10) and one.lo is None
+    assert one.verdict == "direction one value a side: not decisive" and one.p is None and one.reason == ""
+    assert "no test examples to resample (nemd nemd): no interval" in one.seed_note and "2 or more runs" in one.needs
     # no paper number, our estimate not on its side: planned at the 1-point floor, never below the seeds run
     assert "at our estimate 0.00: not on the paper's side of 0" in same.needs, same.needs
     n = int(re.search(r"the paper prints no number; at \+1\.00: (\d+) seeds a side", same.needs).group(1))
@@ -383,7 +408,8 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     # a side at chance: floor scores 10.5 % of 2000 images over 10 classes (chance 10 %), its interval
     # [~9.2, ~11.9] not above 10: the row is not judged, and is outside Holm's family
     floor = by["above_floor"]
-    assert floor.direction == floor.magnitude == ledger.AT_CHANCE and floor.verdict == ledger.AT_CHANCE
+    # its claim asks no magnitude: that question stays not tested (the first line counts only questions asked)
+    assert (floor.direction, floor.magnitude) == (ledger.AT_CHANCE, NOT_TESTED) and floor.verdict == ledger.AT_CHANCE
     assert "floor not above chance by the 95 % interval" in floor.reason and floor.p_holm is None
     assert "vs chance 10 (10 classes in the test labels)" in floor.sides
     small = by["small"]  # +0.5 points with seed sd ~0.6: not resolved, and what it would take
@@ -412,6 +438,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert "gains +15.00 and +10.00" in gain.measured
     cf = by["count_floor"]  # every set has a side at chance: no set carries a sign
     assert cf.direction == ledger.AT_CHANCE and cf.count_signs == (0, 0) and "every set has a side" in cf.reason
+    assert cf.magnitude == NOT_TESTED
     assert "at chance, no sign: digits, fashion_mnist, heldout_pairs" in cf.measured
     ari = by["ari"]  # ARI resampled over the test images with their fixed assignments, inits' spread added
     assert ari.direction == REPRODUCED and ari.unit == "score (ARI, AMI, NEMD)" and ari.lo > 0.3
@@ -433,7 +460,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     tested = [r for r in rows if r.p_holm is not None]
     assert {r.claim.id for r in tested} == {"planted", "planted_avg", "identical", "reversed", "small", "one_seed",
                                             "count", "count_small", "count_reversed", "ari", "ami", "other_paper",
-                                            "gain", "gain_reversed"}
+                                            "gain", "gain_reversed", "knn_one_seed", "nemd"}
     planted_family = [r for r in tested if r.claim.paper == "planted"]
     assert [r.p_holm for r in planted_family] == pytest.approx(holm([r.p for r in planted_family]))
     assert by["other_paper"].p_holm == by["other_paper"].p  # a family of one
@@ -450,11 +477,16 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     md = files["md"].read_text()
     assert "+10.00 [" in md and f"{len(rows)} distinct claims, 3 not run" in md
     # the first line counts decisive rows only: the not-decisive and at-chance ones apart
-    assert ("direction (17 tested): 8 decisive (6 reproduced, 2 contradicted, Holm within each paper), "
-            "6 not resolved, 1 examples only: not decisive, 2 at chance: not judged") in md
+    assert ("direction (20 tested): 9 decisive (7 reproduced, 2 contradicted, Holm within each paper), "
+            "7 not resolved, 1 examples only: not decisive, 1 one value a side: not decisive, 2 at chance: not "
+            "judged") in md
+    # each question counted over the rows whose claim asks it, as the rows give it: the at-chance rows ask no
+    # magnitude, so the magnitudes are the 7 claims with a magnitude test (3 differences and counts, 4 costs)
+    asked = [r for r in rows if r.claim.magnitude != "none" and r.magnitude != NOT_RUN]
+    assert len(asked) == 7 and "magnitude (7 tested): 0 decisive (0 reproduced, 0 contradicted), 7 not resolved" in md
     assert "m = 5: [5, 15]" in md and "what it would take" in md
-    # each margin beside the seed spread measured here, its runs named
-    assert "(m = 5: [5, 15]); the seed spread here: linear top1 of a on digits (3 seeds), c on digits (3 seeds)" in md
+    # each margin beside the seed spread its interval used: planted's own seeds (a's 3, b's 1), not c's
+    assert "(m = 5: [5, 15]); the seed spread in its interval: these runs' own seeds (3 and 1): pooled seed sd" in md
     assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "reproduced" in files["rst"].read_text()
 

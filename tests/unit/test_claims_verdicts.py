@@ -155,3 +155,29 @@ def test_not_decisive_and_at_chance_read_as_such():
                                                                "not resolved")
     assert verdict_text(ledger.AT_CHANCE, ledger.AT_CHANCE) == ledger.AT_CHANCE
     assert {ledger.NOT_DECISIVE, ledger.AT_CHANCE} <= set(ledger.VERDICTS)
+
+
+def test_first_line_counts_each_question_over_the_rows_that_ask_it():
+    """The ledger's first line is computed from its rows: a row at chance whose claim asks no magnitude adds to
+    the directions only (issue 59: 37 magnitudes counted where 36 rows ask one); a not-run row to neither."""
+    from protoclip.claims.config import ClaimConfig
+    from protoclip.report.ledger_rows import LedgerRow, at_chance, summary_text
+
+    def row(cid: str, magnitude: str, direction: str, mag_verdict: str) -> LedgerRow:
+        c = ClaimConfig(id=cid, paper="P", source="p.txt", line=1, where="-", quote="-", paper_value=2.0,
+                        paper_text="+2", target="t", a="A", b="B", columns=["c"], magnitude=magnitude,
+                        margin=None if magnitude == "none" else 1.0, margin_why="" if magnitude == "none" else "m")
+        return LedgerRow(c, direction=direction, magnitude=mag_verdict)
+
+    rows = [row("both", "equivalence", REPRODUCED, NOT_RESOLVED), row("dir_only", "none", NOT_RESOLVED, NOT_TESTED),
+            row("floor", "none", NOT_RUN, NOT_RUN), row("floor_m", "equivalence", NOT_RUN, NOT_RUN),
+            row("absent", "equivalence", NOT_RUN, NOT_RUN)]
+    at_chance(rows[2], "b at chance")
+    at_chance(rows[3], "b at chance")
+    assert (rows[2].direction, rows[2].magnitude) == (ledger.AT_CHANCE, NOT_TESTED)
+    assert (rows[3].direction, rows[3].magnitude) == (ledger.AT_CHANCE, ledger.AT_CHANCE)
+    assert rows[2].verdict == ledger.AT_CHANCE and rows[2].p is None and rows[2].reason == "b at chance"
+    text = summary_text(rows)
+    assert text == ("5 distinct claims, 1 not run; direction (4 tested): 1 decisive (1 reproduced, 0 contradicted, "
+                    "Holm within each paper), 1 not resolved, 2 at chance: not judged; magnitude (2 tested): 0 "
+                    "decisive (0 reproduced, 0 contradicted), 1 not resolved, 1 at chance: not judged")

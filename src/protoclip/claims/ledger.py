@@ -37,8 +37,11 @@ NOT_TESTED = "not tested"  # the claim asks no such question (direction: none / 
 NOT_RUN = "not run"
 NOT_DECISIVE = "examples only: not decisive"  # one seed a side and no seed spread of the task to combine
 AT_CHANCE = "at chance: not judged"  # a side whose score is not above its chance level by its interval
+# one run a side of a score with no test examples to resample (NEMD: a mean over class pairs): a point, no interval
+ONE_VALUE = "one value a side: not decisive"
 OUTCOMES = (REPRODUCED, CONTRADICTED, NOT_RESOLVED)
-VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_TESTED, NOT_RUN, NOT_DECISIVE, AT_CHANCE)  # of each question
+VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_TESTED, NOT_RUN, NOT_DECISIVE, AT_CHANCE,
+            ONE_VALUE)  # of each question
 ONE_SEED = "examples only, seed spread not measured"
 NO_SPREAD = "seed spread not measured on both sides"
 OFFLINE = "not the paper's scale (claims.paper_scale: false)"
@@ -66,6 +69,9 @@ RULES = {
     "chance": "each side's score against its chance level (top-1: 1 / classes, top-5: 5 / classes, R@k: k / "
               "candidates, ARI / AMI: 0); a side whose 95 % interval does not lie above it: at chance: not judged",
     "not run": "the runs, the data set or the per-example results are absent (the reason is given)",
+    "one value": "a score with no test examples to resample (NEMD) is judged on its seeds' spread alone (the "
+                 "pooled two-sample t interval); one run a side gives a point and no interval: one value a side: "
+                 "not decisive",
 }
 
 
@@ -183,6 +189,6 @@ def with_interval(point: float, lo: float, hi: float, digits: int = 2, sign: boo
 
 
 __all__ = ["REPRODUCED", "CONTRADICTED", "NOT_RESOLVED", "NOT_TESTED", "NOT_RUN", "OUTCOMES", "VERDICTS", "RULES",
-           "ONE_SEED", "NO_SPREAD", "OFFLINE", "NOT_DECISIVE", "AT_CHANCE", "direction_verdict",
+           "ONE_SEED", "NO_SPREAD", "OFFLINE", "NOT_DECISIVE", "AT_CHANCE", "ONE_VALUE", "direction_verdict",
            "sign_test", "sign_verdict", "chance_level", "decide", "magnitude_verdict", "gate_magnitude",
            "verdict_text", "signed", "with_interval"]

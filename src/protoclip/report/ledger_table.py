@@ -49,9 +49,11 @@ from protoclip.claims.bootstrap import (
     Units,
     resample_runs,
 )
-from protoclip.claims.config import ClaimConfig, ClaimsConfig
-from protoclip.claims.intervals import Estimate, combine, holm, pooled_seed_variance
+from protoclip.claims.config import ClaimConfig
+from protoclip.claims.intervals import combine, holm
 from protoclip.files.layout import Layout
+from protoclip.report.ledger_rows import (HOLM_ALPHA, LedgerRow, Side, at_chance, claim_sign, finish, judge,
+                                         judge_estimate, needs_text, summary_text)
 from protoclip.report.paper_targets import ColumnConfig, ReportProject, TargetConfig, first_configured
 from protoclip.report.tables import rst_escape
 from protoclip.report.values import Results, episode_times
@@ -59,8 +61,6 @@ from protoclip.tasks import task_names
 
 log = logging.getLogger(__name__)
 
-UNITS = {"difference": "points", "gain": "points", "count": "sets", "share": "% of time", "overhead": "% of time",
-         "time_ratio": "% of time"}
 RECALL = re.compile(r"(image_to_text|text_to_image)_R@(\d+)")
 
 
@@ -114,23 +114,6 @@ class Interval:
     hi: float
 
 
-@dataclass
-class Side:
-    """One family's score (mean over seeds and sets) with its 95 % interval, against its chance level."""
-    point: float
-    lo: float
-    hi: float
-    chance: float
-    why: str  # where the chance level came from ("188 classes of the eval set", "434 candidates")
-
-    @property
-    def above(self) -> bool:
-        return self.lo > self.chance
-
-    def text(self, name: str) -> str:
-        return f"{name} {self.point:.2f} [{self.lo:.2f}, {self.hi:.2f}] vs chance {self.chance:.3g} ({self.why})"
-
-
 def chance_of(task: str, metric: str, examples: dict[str, np.ndarray], metrics: dict) -> tuple[float, str]:
     """(chance level of ``metric`` in its unit, from what): the class count is the metrics file's
     ``n_classes`` (zero-shot: the classifier's classes) or the distinct labels of the test examples (a probe
@@ -158,100 +141,6 @@ def init_variance(metrics: dict, metric: str) -> tuple[float, int] | None:
     return float(std) ** 2 * n / (n - 1), n - 1
 
 
-@dataclass
-class LedgerRow:
-    """One claim as the ledger prints it: the two questions' verdicts and what they rest on."""
-    claim: ClaimConfig
-    direction: str = ledger.NOT_RUN
-    magnitude: str = ledger.NOT_RUN
-    reason: str = ""  # not run: why
-    magnitude_why: str = ""  # a magnitude left not resolved by the gate (offline scale, one seed): why
-    ours: float | None = None  # our point estimate (the tables' number), in the claim's unit
-    lo: float | None = None  # the 95 % interval (the direction question)
-    hi: float | None = None
-    lo90: float | None = None  # the 90 % interval (the magnitude question)
-    hi90: float | None = None
-    p: float | None = None  # the direction test's one-sided p-value
-    p_holm: float | None = None  # Holm-adjusted over the ledger's direction tests
-    seed_note: str = ""  # "examples only, seed spread not measured", ...
-    needs: str = ""  # what it would take (direction not resolved)
-    runs: str = ""  # "protoclip_tiny (3 seeds) - clip_tiny (3 seeds)"
-    measured: str = ""  # "linear top1 on fashion_mnist (ImageNet linear: imagenet -> fashion_mnist)"
-    units: int = 0  # test examples (or episodes) the interval resamples, summed over sets
-    unit_name: str = "test examples"
-    seconds: float = 0.0  # wall time to compute the row
-    estimate: Estimate | None = dataclasses.field(default=None, repr=False)
-    set_estimates: list = dataclasses.field(default_factory=list, repr=False)  # a count: (Estimate, a - b) per set
-    count_signs: tuple[int, int] = (0, 0)  # a count: sets ahead and behind on the paper's side (ties dropped)
-    # the direction's raw outcome on its 95 % interval (before the one-seed gate, chance and Holm) and the side of
-    # 0 its p-value is taken on (+1 the paper's, -1 the other)
-    raw_direction: str = ""
-    p_side: float = 1.0
-    task_metric: tuple[str, str] | None = None  # (task, metric) of a difference or count
-    # each run family's per-seed values (means over the column's sets), by "base on sets": the seed spreads a
-    # one-seed row of the same task and metric can borrow
-    families: dict = dataclasses.field(default_factory=dict, repr=False)
-    sides: str = ""  # each side's score against its chance level
-    spread: str = ""  # the seed spread of the row's task and metric measured here, the runs named (its margin's scale)
-    seeds_run: int = 0  # the fewest seeds a side these runs have
-
-    @property
-    def unit(self) -> str:
-        if self.claim.kind == "difference" and self.measured.split(" ")[0] in task_names(lambda t: t.score):
-            return "score (ARI, AMI, NEMD)"  # not percentages: their own panel
-        return UNITS[self.claim.kind]
-
-    @property
-    def verdict(self) -> str:
-        return ledger.verdict_text(self.direction, self.magnitude)
-
-    @property
-    def holm(self) -> str:
-        """The direction verdict after Holm's adjustment ("" when no direction test ran): the verdict itself."""
-        return "" if self.p_holm is None else self.direction
-
-    def _fmt(self, point, lo, hi) -> str:
-        signed = self.claim.kind in ("difference", "gain", "overhead")
-        digits = 0 if self.claim.kind == "count" else 2
-        if lo is None:
-            return ledger.signed(point, digits) if signed else f"{point:.{digits}f}"
-        return ledger.with_interval(point, lo, hi, digits, sign=signed)
-
-    def ours_text(self) -> str:
-        return "-" if self.ours is None else self._fmt(self.ours, self.lo, self.hi)
-
-    def rules(self) -> str:
-        c = self.claim
-        if self.direction == ledger.NOT_RUN:
-            return ledger.RULES["not run"]
-        out = []
-        if c.direction != "none":
-            out.append("direction: " + ledger.RULES["sign test" if c.kind == "count" else "direction"])
-        if c.magnitude != "none":
-            out.append("magnitude: " + ledger.RULES[c.magnitude])
-        return "; ".join(out)
-
-    def record(self) -> dict:
-        c = self.claim
-        return {"id": c.id, "paper": c.paper, "where": c.where, "source": c.source, "line": c.line,
-                "quote": c.quote, "also": "; ".join(f"{a.where} (line {a.line}): {a.quote}" for a in c.also),
-                "paper_value": c.paper_value, "paper_text": c.paper_text, "kind": c.kind, "unit": self.unit,
-                "direction_claimed": c.direction, "magnitude_test": c.magnitude, "margin": c.margin,
-                "margin_why": c.margin_why, "ours": self.ours, "ci_low": self.lo, "ci_high": self.hi,
-                "ci90_low": self.lo90, "ci90_high": self.hi90, "ours_text": self.ours_text(),
-                "direction": self.direction, "magnitude": self.magnitude, "verdict": self.verdict,
-                "magnitude_why": self.magnitude_why, "p_one_sided": self.p, "p_holm": self.p_holm,
-                "holm": self.holm, "raw_direction": self.raw_direction, "sides": self.sides, "spread": self.spread,
-                "seed_note": self.seed_note, "needs": self.needs, "reason": self.reason,
-                "rule": self.rules(), "runs": self.runs, "measured": self.measured, "note": c.note,
-                "seconds": round(self.seconds, 3)}
-
-
-HOLM_ALPHA = 0.025  # one-sided, the two-sided 95 % interval's side
-# The effect "what it would take" plans for when our estimate is on the wrong side of 0 and the paper prints no
-# number (a figure's bars): the smallest accuracy difference the ledger's margins count (claims.yaml's
-# max(1 point, half the paper's difference)).
-PLANNING_FLOOR = {"points": 1.0}
 # AMI's resamples each recompute the expected mutual information (MutualInfo): seconds each at ImageNet's 1,000
 # classes, so a run and set whose resampling would take longer than this is "not run", saying how long. The time
 # is estimated from the sums' terms (MutualInfo.emi_terms) at EMI_TERMS_PER_S, not timed, so that the verdict
@@ -450,18 +339,42 @@ class ClaimEngine:
         (col, sets), = columns
         row.measured = f"{col.task} {col.metric} on " + " + ".join(sets) + (f" ({notes[0]})" if notes[0] else "")
         row.ours = diffs[0]  # shown even when the interval cannot be computed (NotRun below)
+        row.task_metric = (col.task, col.metric)  # its unit, also where no interval follows
+        row.seeds_run, on = min(len(runs_a), len(runs_b)), " + ".join(sets)
+        if col.task not in task_names(lambda t: bool(t.examples)):  # NEMD: nothing per test example
+            return self._seeds_only(row, col, sets, (base_a, runs_a), (base_b, runs_b))
         est, row.units, pa, pb, sides, _, _ = self.column_parts(runs_a, runs_b, col, sets)
-        row.task_metric, row.seeds_run = (col.task, col.metric), min(len(runs_a), len(runs_b))
-        on = " + ".join(sets)
-        row.families = {f"{base_a} on {on}": pa, f"{base_b} on {on}": pb}
+        row.families = {(col.task, col.metric, f"{base_a} on {on}"): pa,
+                        (col.task, col.metric, f"{base_b} on {on}"): pb}
         row.sides = "; ".join(side.text(name) for side, name in zip(sides, (base_a, base_b)))
         self._estimate(row, est)
         low = [name for side, name in zip(sides, (base_a, base_b)) if not side.above]
         if low:  # a comparison against a floor says nothing of the methods
-            row.direction = row.magnitude = ledger.AT_CHANCE
-            row.p, row.magnitude_why = None, ""
-            row.reason = f"{' and '.join(low)} not above chance by the 95 % interval ({row.sides})"
+            at_chance(row, f"{' and '.join(low)} not above chance by the 95 % interval ({row.sides})")
         row.ours = diffs[0]  # the tables' number printed (the estimate's point: the same mean, summed otherwise)
+
+    def _seeds_only(self, row: LedgerRow, col: ColumnConfig, sets: list[str], *sides: tuple[str, list[str]]
+                    ) -> None:
+        """A score with no test examples to resample (NEMD: a mean of transport costs over class pairs): the
+        seeds' spread alone, the pooled two-sample t interval, where a side has two or more runs; one run a
+        side: the tables' point, no interval, the direction :data:`~protoclip.claims.ledger.ONE_VALUE`."""
+        values = []
+        for base, runs in sides:
+            v = [self.results.value(r, col.task, d, col.metric) for r in runs for d in sets]
+            if any(x is None for x in v):
+                raise NotRun(f"{base}: no {col.task} {col.metric} on {' + '.join(sets)} for every seed")
+            values.append(np.asarray(v, dtype=np.float64).reshape(len(runs), len(sets)).mean(axis=1))
+            row.families[(col.task, col.metric, f"{base} on {' + '.join(sets)}")] = values[-1]
+        (pa, pb), ours, c = values, row.ours, row.claim
+        row.units, row.unit_name = len(sets), "sets (no test examples to resample)"
+        if max(len(pa), len(pb)) > 1:
+            self._estimate(row, combine(pa, pb, pa[:, None], pb[:, None], "difference"))
+            row.seed_note, row.ours = "the seeds' spread alone: no test examples to resample", ours
+            return
+        row.direction = ledger.ONE_VALUE if c.direction != "none" else ledger.NOT_TESTED
+        row.magnitude = ledger.NOT_RESOLVED if c.magnitude != "none" else ledger.NOT_TESTED
+        row.magnitude_why = "one value a side, no interval" if c.magnitude != "none" else ""
+        row.seed_note = f"one run a side and no test examples to resample ({col.task} {col.metric}): no interval"
 
     def _gain(self, claim: ClaimConfig, target: TargetConfig, base_a: str, base_b: str, runs_a: list[str],
               runs_b: list[str], row: LedgerRow) -> None:
@@ -471,6 +384,10 @@ class ClaimEngine:
         columns, diffs, _ = self._columns(claim, target, base_a, base_b, runs_a, runs_b)
         parts = [self.column_parts(runs_a, runs_b, col, sets) for col, sets in columns]
         (est0, n, pa0, pb0, sides0, da0, db0), (_, _, pa1, pb1, sides1, da1, db1) = parts
+        for (col, sets), pa, pb in zip(columns, (pa0, pa1), (pb0, pb1)):  # each column's seeds, for task_spread
+            on = " + ".join(sets)
+            row.families.update({(col.task, col.metric, f"{base_a} on {on}"): pa,
+                                 (col.task, col.metric, f"{base_b} on {on}"): pb})
         names = [f"{base} {col.task}" for col, _ in columns for base in (base_a, base_b)]
         row.sides = "; ".join(side.text(name) for side, name in zip(sides0 + sides1, names))
         (c0, s0), (c1, s1) = columns
@@ -481,9 +398,7 @@ class ClaimEngine:
         row.ours = diffs[0] - diffs[1]
         low = [name for side, name in zip(sides0 + sides1, names) if not side.above]
         if low:
-            row.direction = row.magnitude = ledger.AT_CHANCE
-            row.p, row.magnitude_why = None, ""
-            row.reason = f"{' and '.join(low)} not above chance by the 95 % interval ({row.sides})"
+            at_chance(row, f"{' and '.join(low)} not above chance by the 95 % interval ({row.sides})")
 
     def _count(self, claim: ClaimConfig, target: TargetConfig, base_a: str, base_b: str, runs_a: list[str],
                runs_b: list[str], row: LedgerRow) -> None:
@@ -494,14 +409,15 @@ class ClaimEngine:
         each on their own (one-sided 2.5 %, Holm over the sets) on either side. A set where either side is
         not above chance by its interval carries no sign: it is left out of the sign test (and named)."""
         columns, diffs, _ = self._columns(claim, target, base_a, base_b, runs_a, runs_b)
-        sign = _sign(claim)
+        sign = claim_sign(claim)
         p_same, p_other, units, floor = [], [], 0, []
         for (col, sets), diff in zip(columns, diffs):
             est, n, pa, pb, sides, *_ = self.column_parts(runs_a, runs_b, col, sets)
             if not all(side.above for side in sides):
                 floor.append(" + ".join(sets))
             on = " + ".join(sets)
-            row.families.update({f"{base_a} on {on}": pa, f"{base_b} on {on}": pb})
+            row.families.update({(col.task, col.metric, f"{base_a} on {on}"): pa,
+                                 (col.task, col.metric, f"{base_b} on {on}"): pb})
             row.set_estimates.append((est, diff))
             p_same.append(est.p_one_sided(sign))
             p_other.append(est.p_one_sided(-sign))
@@ -538,9 +454,7 @@ class ClaimEngine:
             "one family has one seed: its seed spread taken from the other"
         self._judge(row, seeded, lo, hi, lo90, hi90)
         if len(floor) == n_sets:
-            row.direction = row.magnitude = ledger.AT_CHANCE
-            row.p, row.magnitude_why = None, ""
-            row.reason = f"every set has a side not above chance by its 95 % interval ({', '.join(floor)})"
+            at_chance(row, f"every set has a side not above chance by its 95 % interval ({', '.join(floor)})")
 
     def _cost(self, claim: ClaimConfig, runs_a: list[str], runs_b: list[str], row: LedgerRow) -> None:
         """Share (paired within each run: a phase's seconds over the training phase's, the same episodes),
@@ -599,10 +513,6 @@ class ClaimEngine:
                 }.get(note, note or "no result")
 
 
-def _sign(claim: ClaimConfig) -> float:
-    return -1.0 if claim.direction == "negative" else 1.0
-
-
 def _group(base: str, runs: list[str]) -> str:
     return f"{base} ({len(runs)} seed{'s' if len(runs) != 1 else ''})"
 
@@ -610,164 +520,6 @@ def _group(base: str, runs: list[str]) -> str:
 # --------------------------------------------------------------------------- outputs
 _NO_CLAIM = ClaimConfig(id="none", paper="", source="", line=0, where="", quote="", paper_value=None, paper_text="",
                         unavailable="none")
-
-
-def judge(row: LedgerRow, settings: ClaimsConfig, seed_own: bool, lo95: float, hi95: float, lo90: float,
-          hi90: float) -> None:
-    """Both questions from the intervals (protoclip.claims.ledger), before the ledger-wide steps of
-    :func:`finish`. A count's direction is the sign test over its sets (reachable at the paper's 14 sets: 12 of
-    14 ahead); its interval (sets significant each, Holm over the sets) is printed and carries the magnitude."""
-    c = row.claim
-    row.lo, row.hi, row.lo90, row.hi90 = lo95, hi95, lo90, hi90
-    if c.direction == "none":
-        row.direction = ledger.NOT_TESTED
-    elif c.kind == "count":
-        ahead, behind = row.count_signs
-        row.direction = ledger.sign_verdict(ahead, behind, HOLM_ALPHA)
-        row.p_side = 1.0 if ahead >= behind else -1.0
-        row.p = ledger.sign_test(*((ahead, behind) if ahead >= behind else (behind, ahead)))
-    else:
-        row.direction = ledger.direction_verdict(_sign(c), lo95, hi95)
-    row.raw_direction = row.direction
-    if c.magnitude == "none":
-        row.magnitude = ledger.NOT_TESTED
-    else:
-        raw = ledger.magnitude_verdict(c.magnitude, lo90, hi90, c.paper_value, c.margin)
-        row.magnitude, row.magnitude_why = ledger.gate_magnitude(raw, settings.paper_scale, seed_own)
-
-
-def judge_estimate(row: LedgerRow, est: Estimate, settings: ClaimsConfig) -> None:
-    """The row's numbers and verdicts from an :class:`Estimate`: its p-value on the side of 0 its interval points
-    to; a decisive direction with no seed level in the interval reads examples only: not decisive."""
-    row.estimate, row.ours, row.seed_note = est, est.point, est.seed_note
-    lo, hi = est.interval(settings.confidence)
-    lo90, hi90 = est.interval(1.0 - 2.0 * (1.0 - settings.confidence))
-    if row.claim.direction != "none":
-        same, other = est.p_one_sided(_sign(row.claim)), est.p_one_sided(-_sign(row.claim))
-        row.p_side, row.p = (1.0, same) if same <= other else (-1.0, other)
-    judge(row, settings, est.seed_own, lo, hi, lo90, hi90)
-    if row.direction in (ledger.REPRODUCED, ledger.CONTRADICTED) and not est.seed_measured:
-        row.direction = ledger.NOT_DECISIVE
-
-
-def finish(rows: list[LedgerRow], settings: ClaimsConfig) -> list[LedgerRow]:
-    """The ledger-wide steps. (1) A difference of one seed a side takes the seed spread of the same task and
-    metric pooled over the ledger's repeated runs (:func:`task_spread`, the runs named) into its interval and is
-    judged again; with none to take, a decisive direction reads examples only: not decisive. (2) Holm's
-    adjustment of the direction tests, the family being the claims of one paper; the adjusted p decides the
-    verdict (:func:`protoclip.claims.ledger.decide`). (3) For each direction left undecided, what it would take
-    (:func:`needs_text`)."""
-    for r in rows:
-        est = r.estimate
-        if est is None or est.seed_measured or r.claim.kind != "difference" or r.direction in (
-                ledger.NOT_RUN, ledger.AT_CHANCE):
-            continue
-        spread = task_spread(r, rows)
-        if spread is not None:
-            var, dof, source = spread
-            ours = r.ours
-            judge_estimate(r, est.with_seed_spread(var, dof, source), settings)
-            r.ours = ours
-    tested = [r for r in rows if r.p is not None and r.direction not in (ledger.NOT_DECISIVE, ledger.AT_CHANCE,
-                                                                         ledger.NOT_RUN)]
-    for paper in dict.fromkeys(r.claim.paper for r in tested):
-        family = [r for r in tested if r.claim.paper == paper]
-        for r, adj in zip(family, holm([r.p for r in family])):
-            r.p_holm = adj
-            r.direction = ledger.decide(r.direction, adj, HOLM_ALPHA)
-    for r in rows:
-        if r.direction in (ledger.NOT_RESOLVED, ledger.NOT_DECISIVE):
-            r.needs = needs_text(r, rows)
-        if (spread := task_spread(r, rows)) is not None:
-            r.spread = spread[2]
-    return rows
-
-
-def task_spread(row: LedgerRow, rows: list[LedgerRow]) -> tuple[float, int, str] | None:
-    """(per-seed variance, df, its source) for a row whose seed spread is not measured: the seeds' variance
-    pooled over the distinct run families of the ledger's rows with the row's task and metric that have two or
-    more seeds (its own units: a linear top-1 borrows linear top-1 spreads, never zero-shot's or ARI's), those
-    on the row's own sets where there are any; None when there is none."""
-    if row.task_metric is None:
-        return None
-    fams: dict[str, np.ndarray] = {}
-    where: dict[str, list[str]] = {}  # family -> the ledger rows it appears in
-    for r in rows:
-        if r.task_metric == row.task_metric:
-            for name, values in r.families.items():
-                if len(values) > 1:
-                    fams.setdefault(name, values)
-                    where.setdefault(name, []).append(r.claim.id)
-    own = {name.split(" on ", 1)[1] for name in row.families}
-    fams = {n: v for n, v in fams.items() if n.split(" on ", 1)[1] in own} or fams
-    var, dof = pooled_seed_variance(fams.values())
-    if not dof:
-        return None
-    task, metric = row.task_metric
-    names = ", ".join(f"{n} ({len(v)} seeds)" for n, v in fams.items())
-    ids = ", ".join(dict.fromkeys(i for n in fams for i in where[n]))
-    return var, dof, f"{task} {metric} of {names}: pooled seed sd {math.sqrt(var):.2f}, {dof} df; rows {ids}"
-
-
-def _plan(row: LedgerRow, est: Estimate, effect: float, fallback: float | None) -> str:
-    """Seeds a side (and examples) for one effect; never fewer than one more than the seeds already run."""
-    n, k = est.seeds_needed(effect, fallback)
-    more = f" and {k:g}x the {row.unit_name} ({row.units} -> {int(k * row.units)})" if k > 1 else ""
-    if n is None:
-        return f"more than 1000 seeds a side{more}"
-    if n <= row.seeds_run:  # the power calculation's n already ran without a verdict: at least one more
-        return f"{row.seeds_run + 1} seeds a side{more} (the plan's {n} already ran without a verdict)"
-    return f"{n} seeds a side{more}"
-
-
-def needs_text(row: LedgerRow, rows: list[LedgerRow]) -> str:
-    """What would resolve the direction: seeds a side (and test examples where the test set is the limit) at
-    which the one-sided 2.5 % test reaches the paper's side with 80 % power, at our measured (or the task's
-    pooled, :func:`task_spread`) seed variance and our example variance; planned at our estimate when it is on
-    the paper's side and at the paper's own value, both shown (no paper number and our estimate on the wrong
-    side: :data:`PLANNING_FLOOR`), never fewer seeds than already ran."""
-    est, c = row.estimate, row.claim
-    if c.kind == "count":
-        return _count_needs(row, rows)
-    if est is None:
-        return ""
-    sign = _sign(c)
-    fallback, source = None, est.seed_source
-    if not est.seed_measured:
-        spread = task_spread(row, rows)
-        if spread is None:
-            return "the seed spread of this task is not measured here; run 2 or more seeds a side to plan"
-        fallback, _, source = spread
-    plans = []
-    if sign * row.ours > 0:
-        plans.append(f"at our estimate {ledger.signed(row.ours)}: {_plan(row, est, row.ours, fallback)}")
-    else:
-        plans.append(f"at our estimate {ledger.signed(row.ours)}: not on the paper's side of 0, no number of "
-                     "seeds turns it")
-    if c.paper_value is not None and c.kind != "count":
-        plans.append(f"at the paper's {ledger.signed(c.paper_value)}: {_plan(row, est, c.paper_value, fallback)}")
-    elif sign * row.ours <= 0 and row.unit in PLANNING_FLOOR:
-        effect = sign * PLANNING_FLOOR[row.unit]
-        plans.append(f"the paper prints no number; at {ledger.signed(effect)}: {_plan(row, est, effect, fallback)}")
-    sd = math.sqrt(est.seed_var[0] if est.seed_measured else fallback)
-    spread = f"seed sd {sd:.2f} {row.unit}" + (f" ({source})" if source else "")
-    return "; ".join(plans) + f" ({row.unit}, {spread}, 80 % power)"
-
-
-def _count_needs(row: LedgerRow, rows: list[LedgerRow]) -> str:
-    """What would resolve a count: the sets ahead on the paper's side that the sign test needs at 2.5 % (ties
-    dropped), against those ahead now; "unreachable" where even every set ahead cannot reach it (N < 6)."""
-    ahead, behind = row.count_signs
-    n, c = ahead + behind, row.claim
-    need = next((k for k in range(n + 1) if ledger.sign_test(k, n - k) < HOLM_ALPHA), None)
-    own = ""
-    if c.paper_value is not None:  # what the paper's own count gives under the same test
-        k, total = int(c.paper_value), len(c.columns)
-        own = f"; the paper's own {k} of {total} gives p = {ledger.sign_test(k, total - k):.2g}"
-    if need is None:
-        return (f"unreachable here: {n} sets with a sign cannot reach one-sided 2.5 % even all ahead "
-                f"(0.5^{n} = {0.5 ** n:.3g}){own}")
-    return f"{need} of {n} sets ahead on the paper's side (sign test at one-sided 2.5 %); {ahead} now{own}"
 
 
 def ledger_frame(rows: list[LedgerRow]) -> pd.DataFrame:
@@ -798,7 +550,7 @@ def _display(rows: list[LedgerRow], confidence: float) -> pd.DataFrame:
         "claim": r.claim.id, "paper": f"{r.claim.paper}, {r.claim.where} (line {r.claim.line})"
         + "".join(f"; {a.where} (line {a.line})" for a in r.claim.also),
         "paper's number (margin)": _paper_cell(r.claim) + (
-            f"; the seed spread here: {r.spread}" if r.spread and r.claim.margin is not None else ""),
+            f"; the seed spread in its interval: {r.spread}" if r.spread and r.claim.margin is not None else ""),
         f"ours [{confidence:.0%} interval]": r.ours_text() + ("" if r.ours is None else f" {r.unit}")
         + (f" ({r.seed_note})" if r.seed_note else ""),
         "verdict": r.verdict + (f": {r.reason}" if r.reason else ""),
@@ -826,24 +578,8 @@ def rule_text(cfg: ReportProject) -> str:
             f"{ledger.RULES['equivalence']}; the paper's one-sided words (\"only\", \"negligible\", \"less than\"), "
             f"{ledger.RULES['at_most']}. "
             f"{ledger.RULES['gate'].capitalize()}. Decisive: {ledger.RULES['decisive']}. Chance: "
-            f"{ledger.RULES['chance']}. Holm: {ledger.RULES['holm']}. "
+            f"{ledger.RULES['chance']}. Holm: {ledger.RULES['holm']}. One value: {ledger.RULES['one value']}. "
             f"This ledger: {scale}. Not run: {ledger.RULES['not run']}.")
-
-
-def summary_text(rows: list[LedgerRow]) -> str:
-    """Counts of distinct claims (each claim is one row; one claim printed twice by a paper is one row)."""
-    ran = [r for r in rows if r.direction != ledger.NOT_RUN]
-    parts = [f"{len(rows)} distinct claims, {len(rows) - len(ran)} not run"]
-    for q in ("direction", "magnitude"):
-        vals = [getattr(r, q) for r in ran if getattr(r, q) != ledger.NOT_TESTED]
-        if vals:
-            decisive = [v for v in vals if v in (ledger.REPRODUCED, ledger.CONTRADICTED)]
-            rest = [v for v in (ledger.NOT_RESOLVED, ledger.NOT_DECISIVE, ledger.AT_CHANCE) if v in vals]
-            parts.append(f"{q} ({len(vals)} tested): {len(decisive)} decisive ({decisive.count(ledger.REPRODUCED)} "
-                         f"reproduced, {decisive.count(ledger.CONTRADICTED)} contradicted"
-                         + (", Holm within each paper" if q == "direction" else "") + ")"
-                         + "".join(f", {vals.count(v)} {v}" for v in rest))
-    return "; ".join(parts)
 
 
 def write_ledger(cfg: ReportProject, rows: list[LedgerRow]) -> dict[str, Path]:
@@ -878,6 +614,7 @@ def write_ledger(cfg: ReportProject, rows: list[LedgerRow]) -> dict[str, Path]:
 
 COLORS = {ledger.REPRODUCED: "#2a9d4b", ledger.CONTRADICTED: "#c0392b", ledger.NOT_RESOLVED: "#7f7f7f",
           ledger.NOT_TESTED: "#7f7f7f", ledger.NOT_RUN: "#bbbbbb", ledger.NOT_DECISIVE: "#7f7f7f",
+          ledger.ONE_VALUE: "#7f7f7f",
           ledger.AT_CHANCE: "#bbbbbb"}
 
 
