@@ -262,25 +262,101 @@ def test_pcl_under_ddp_two_ranks_end_identical(tmp_path):
     assert len(steps) == 4 and "protonce" in steps[-1] and "pauc_unif" in steps[-1]
 
 
-def test_method_caps_negative_prototypes_at_half_the_smallest_k():
-    """pcl.negatives = 16000 on K = {6, 9}: the method draws floor(6 / 2) = 3 negatives per clustering (spec 4.7.5),
-    the same loss as protonce with r = 3 under the same random state, not the uncapped draw."""
+@pytest.mark.parametrize("stated, drawn, other", [
+    (30, 30, 20),  # r < K_min: drawn as stated (spec 4.7.5's floor(K_min / 2) = 20 would cap it)
+    (16000, 39, 20),  # K_min <= r: all K_min - 1 = 39 others
+])
+def test_method_draws_the_stated_negative_prototypes_where_k_allows(stated, drawn, other):
+    """The method's ProtoNCE equals protonce with r = ``drawn`` under the same random state, not with ``other``."""
     from protoclip.losses.pcl import Clusterings, protonce
     from protoclip.models.momentum import FeatureQueue
 
-    cfg = pcl_config(pcl={"negatives": 16000, "num_clusters": [6, 9]})
+    ks = (40, 60)
+    cfg = pcl_config(pcl={"negatives": stated, "num_clusters": list(ks)})
     method = PCLMethod(cfg)
     method._queue = FeatureQueue(8, 4, seed=0)
     g = torch.Generator().manual_seed(0)
-    cl = Clusterings([torch.nn.functional.normalize(torch.randn(k, 4, generator=g), dim=1) for k in (6, 9)],
-                     [torch.randint(0, k, (20,), generator=g) for k in (6, 9)], [torch.full((k,), 0.2) for k in (6, 9)])
+    cl = Clusterings([torch.nn.functional.normalize(torch.randn(k, 4, generator=g), dim=1) for k in ks],
+                     [torch.randint(0, k, (20,), generator=g) for k in ks], [torch.full((k,), 0.2) for k in ks])
     q, k = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
     positions = torch.tensor([0, 3, 5, 11, 19])
-    torch.manual_seed(1)
-    got = method.terms(None, {"h_image": q, "h_key": k}, positions, cl)["protonce"]
-    torch.manual_seed(1)
-    want = protonce(q, positions, cl, 3)["protonce"]
-    torch.manual_seed(1)
-    uncapped = protonce(q, positions, cl, 16000)["protonce"]
-    assert float(got) == pytest.approx(float(want), rel=1e-6)
-    assert float(got) != pytest.approx(float(uncapped), rel=1e-3)
+    losses = {}
+    for r in ("method", drawn, other):
+        torch.manual_seed(1)
+        losses[r] = float(method.terms(None, {"h_image": q, "h_key": k}, positions, cl)["protonce"] if r == "method"
+                          else protonce(q, positions, cl, r)["protonce"])
+    assert losses["method"] == pytest.approx(losses[drawn], rel=1e-6)
+    assert losses["method"] != pytest.approx(losses[other], rel=1e-3)
+    assert method.resolved(1000)["pcl"] == {"num_clusters": list(ks), "negatives_stated": stated,
+                                            "negatives_drawn": drawn}
+
+
+def test_a_capped_draw_is_logged_once_and_recorded(tmp_path, views, caplog):
+    """K = {4, 8} on 64 items with r = 16000: a warning at the start, MLflow params ``resolved.pcl.*``, and the
+    episode statistic ``pcl_negatives`` = 3 after the warm-up."""
+    import logging
+
+    from protoclip.tracking import Tracker
+
+    class Params(Tracker):
+        def __init__(self):
+            self.params = []
+
+        def log_params(self, params):
+            self.params.append(params)
+
+    cfg = pcl_config(epochs=2.0, pcl={"negatives": 16000})
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    tracker = Params()
+    with caplog.at_level(logging.WARNING, logger="protoclip.train.methods.pcl"):
+        train(tiny_model(cfg), views, cfg, layout.train_files("pcl"), tracker=tracker)
+    capped = [r for r in caplog.records if "capped at 3" in r.getMessage()]
+    assert len(capped) == 1
+    assert [p["resolved"] for p in tracker.params] == [
+        {"pcl": {"num_clusters": [4, 8], "negatives_stated": 16000, "negatives_drawn": 3}}]
+    eps = read_train_log(layout.train_log("pcl"), "episode")
+    assert eps[1]["pcl_negatives"] == 3.0 and "pcl_negatives" not in eps[0]
+
+
+@pytest.mark.parametrize("head_hidden, pauc", [(2048, False), (0, True)])  # PCL v2's MLP head; PAUC on v1's fc
+def test_pcl_on_torchvisions_resnet50(tmp_path, head_hidden, pauc):
+    """``model: tv-resnet50`` (pcl-protonce.txt l.150, pauc-nemd.txt l.156) at 32 px: the run trains (ProtoNCE
+    after the warm-up), its key encoder copies ResNet + head, and the saved model's evaluation features are the
+    2048-d pooled features (PCL's linear protocol, l.388) with h its 128-d head output."""
+    import numpy as np
+    import torchvision
+
+    from protoclip.data.transforms import eval_transform
+    from protoclip.evaluate.datasets.sets import ArraySplit
+    from protoclip.evaluate.features import encode_images
+    from protoclip.models import load_model, save_model
+    from protoclip.models.model import MoCoHead
+
+    class Views32(ThreeViews):
+        def __init__(self, n: int):
+            self.base = RandomPairs(n=n, image_size=32)
+
+    cfg = pcl_config(model="tv-resnet50", image_size=32, head_hidden=head_hidden, head_out=128, episode_size=16,
+                     batch_size=8, epochs=2.0, checkpoint_interval_s=1e9, pauc={"enabled": pauc})
+    model = PCLMethod.build_model(cfg)
+    assert type(model.clip.visual) is torchvision.models.ResNet and isinstance(model.image_head, MoCoHead)
+    layout = Layout(tmp_path / "d", tmp_path / "r")
+    train(model, Views32(16), cfg, layout.train_files("tv"))
+    steps = read_train_log(layout.train_log("tv"), "step")
+    assert len(steps) == 4 and all("protonce" in s and ("pauc_unif" in s) == pauc for s in steps[2:])
+    key = load_checkpoint(layout.checkpoint("tv"))["extra"]["method"]["key_encoder"]
+    assert key["encoder.visual.conv1.weight"].shape == (64, 3, 7, 7)  # torchvision ResNet stem
+    assert {k for k in key if k.startswith("encoder.head.")} == {
+        f"encoder.head.{k}" for k in model.image_head.state_dict()}
+    path = save_model(tmp_path / "model.pt", model, {"name": "tv", "method": "pcl"},
+                      eval_spec=PCLMethod.eval_spec(cfg))
+    loaded, _ = load_model(path)
+    split = ArraySplit(np.random.default_rng(0).integers(0, 255, (5, 40, 40, 3), dtype=np.uint8), np.arange(5) % 2)
+    transform = eval_transform(loaded.image_size)
+    z, h, _ = encode_images(loaded, split, transform, torch.device("cpu"), 2)
+    assert z.shape == (5, 2048) and h.shape == (5, 128)
+    x = torch.stack([transform(img) for img, _ in split])
+    with torch.no_grad():
+        pooled = torch.flatten(loaded.clip.visual.avgpool(torch.nn.Sequential(
+            *list(loaded.clip.visual.children())[:-2])(x)), 1)
+    np.testing.assert_allclose(z, pooled.numpy(), rtol=1e-4, atol=1e-5)

@@ -218,7 +218,25 @@ def test_phi_proto_ce_known_answer_and_mask():
     assert float(rel.mean()) == pytest.approx(1.0, rel=1e-6)
 
 
+def test_drawn_negatives_as_stated_where_k_allows():
+    """Training runs draw the papers' r wherever every K leaves r others (r <= K_min - 1), else K_min - 1."""
+    from protoclip.losses.pcl import PCL_NEGATIVES, drawn_negatives
+
+    # PCL l.150: r = 16000 with K = {25000, 50000, 100000}; PAUC l.158: r = 1024 with K = {2500, 5000, 10000}
+    assert drawn_negatives(PCL_NEGATIVES, [25_000, 50_000, 100_000]) == 16_000
+    assert drawn_negatives(1024, [2_500, 5_000, 10_000]) == 1024
+    assert drawn_negatives(16000, [16_001, 20_000]) == 16000  # exactly r others to sample
+    assert drawn_negatives(16000, [16_000, 20_000]) == 15_999  # K_min <= r: all K_min - 1 others
+    assert drawn_negatives(16000, [9, 7, 20]) == 6
+    cl = Clusterings([_unit(6, 3, 0), _unit(11, 3, 1)], [torch.zeros(4, dtype=torch.long)] * 2,
+                     [torch.ones(6), torch.ones(11)])
+    assert drawn_negatives(100, cl) == 5 and drawn_negatives(4, cl) == 4
+    with pytest.raises(ValueError, match="r >= 1"):
+        drawn_negatives(0, [10])
+
+
 def test_capped_negatives_half_the_smallest_k():
+    """methods-spec 4.7.5's rule, kept by the toy PAUC / NEMD study only."""
     from protoclip.losses.pcl import PCL_NEGATIVES, capped_negatives
 
     assert capped_negatives(PCL_NEGATIVES, [25_000, 50_000, 100_000]) == 12_500  # the paper's K: 16000 > 25000 / 2

@@ -5,7 +5,8 @@ name, ``embed_dim``, ``context_length``, ``image_size`` or ``class_tokens`` the 
 otherwise fail seconds into the job inside open_clip. :func:`check_model` applies the build-time rules of
 ``protoclip.models.build`` at config load and raises a ValueError naming the key. The configs are the JSON files
 open_clip reads (located with importlib, not imported) plus ``protoclip/models/configs/``; ``local-dir:`` names
-read that folder's config, ``hf-hub:`` names are not checked (nothing here goes online).
+read that folder's config, ``hf-hub:`` names are not checked (nothing here goes online). ``tv-resnet50`` is no
+open_clip model: torchvision's image-only ResNet-50 (PCL / PAUC's encoder; :data:`TORCHVISION_MODELS`).
 
     from protoclip.config.architectures import check_model
     check_model("tiny-vit", class_tokens=4, image_size=64)   # ok
@@ -20,6 +21,31 @@ import json
 from pathlib import Path
 
 OURS = Path(__file__).resolve().parents[1] / "models" / "configs"  # = protoclip.models.build.CONFIG_DIR
+
+
+# image-only torchvision backbones by name -> (torchvision builder, width of the pooled feature z); PCL and PAUC
+# train "a ResNet-50 ... whose last fully-connected layer outputs a 128-D ... feature" [pcl-protonce.txt l.150,
+# pauc-nemd.txt l.156]: torchvision's resnet50 (MoCo's and PCL's code build it), its fc replaced by the method's head
+TORCHVISION_MODELS = {"tv-resnet50": ("resnet50", 2048)}
+
+
+def is_torchvision(name: str) -> bool:
+    """Whether model ``name`` is an image-only torchvision backbone (:data:`TORCHVISION_MODELS`)."""
+    return name in TORCHVISION_MODELS
+
+
+def check_torchvision(name: str, *, embed_dim: int | None, context_length: int | None, image_size: int | None,
+                      class_tokens: int) -> None:
+    """The keys an image-only torchvision backbone cannot take (it has no text tower and a fixed width)."""
+    width = TORCHVISION_MODELS[name][1]
+    if embed_dim is not None and embed_dim != width:
+        raise ValueError(f"embed_dim: model '{name}' pools a fixed {width}-d feature; set embed_dim: null")
+    if context_length is not None:
+        raise ValueError(f"context_length: model '{name}' has no text tower; set context_length: null")
+    if class_tokens:
+        raise ValueError(f"class_tokens: model '{name}' is a ResNet; class tokens need a ViT")
+    if image_size is not None and image_size < 32:  # five 2x downsamplings: below 32 px the last stage is 0 px
+        raise ValueError(f"image_size must be >= 32 for model '{name}', got {image_size}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,6 +121,10 @@ def check_model(name: str, *, embed_dim: int | None = None, context_length: int 
         raise ValueError(f"context_length must be >= 2 (start and end tokens) or null, got {context_length}")
     if image_size is not None and image_size < 1:
         raise ValueError(f"image_size must be >= 1 or null, got {image_size}")
+    if is_torchvision(name):
+        check_torchvision(name, embed_dim=embed_dim, context_length=context_length, image_size=image_size,
+                          class_tokens=class_tokens)
+        return
     cfg = model_json(name)
     if cfg is None:
         return
@@ -183,6 +213,6 @@ def check_pretrained(model: str | None, tag: str | None) -> None:
                          f"(its tags: {', '.join(released[model])})")
 
 
-__all__ = ["LOCAL_DIR", "check_model", "check_pretrained", "config_dirs", "released_tags", "default_image_size",
+__all__ = ["LOCAL_DIR", "TORCHVISION_MODELS", "check_model", "check_torchvision", "is_torchvision", "check_pretrained", "config_dirs", "released_tags", "default_image_size",
            "image_step", "known_models", "model_json",
            "multitoken_problem"]

@@ -170,14 +170,29 @@ def build_clusterings(features: torch.Tensor, ks: list[int], tau: float, *, iter
 PCL_NEGATIVES = 16000  # r negative prototypes per clustering [PCL Sec. 4.1; ref-code 16384]
 
 
-def capped_negatives(r: int, ks: Sequence[int] | Clusterings) -> int:
-    """r capped at floor(K_min / 2) (at least 1): the paper's r = 16000 needs K_min > r (ref-code: r below the
-    smallest K), which small data sets break; half the smallest K keeps the draw a sample (spec 4.7.5)."""
+def _counts(name: str, r: int, ks: Sequence[int] | Clusterings) -> list[int]:
     if isinstance(ks, Clusterings):
         ks = [c.shape[0] for c in ks.centroids]
     if not ks or min(ks) < 1 or r < 1:
-        raise ValueError(f"capped_negatives: need r >= 1 and cluster counts >= 1, got r={r}, K={list(ks)}")
-    return max(1, min(int(r), min(ks) // 2))
+        raise ValueError(f"{name}: need r >= 1 and cluster counts >= 1, got r={r}, K={list(ks)}")
+    return list(ks)
+
+
+def capped_negatives(r: int, ks: Sequence[int] | Clusterings) -> int:
+    """r capped at floor(K_min / 2) (at least 1): methods-spec 4.7.5's [rec] rule for small data, r = min(16000,
+    floor(K_min / 2)). The toy PAUC / NEMD study keeps it (protoclip.toy.pauc_nemd); training runs draw
+    :func:`drawn_negatives`, the papers' r wherever K allows it (the toy keeps this rule: its results stay)."""
+    return max(1, min(int(r), min(_counts("capped_negatives", r, ks)) // 2))
+
+
+def drawn_negatives(r: int, ks: Sequence[int] | Clusterings) -> int:
+    """The r negative prototypes a PCL / PAUC training run draws per clustering: the stated r wherever every K
+    leaves r others to sample (r <= K_min - 1), else all K_min - 1 others. PCL "sample[s] r negative prototypes"
+    [pcl-protonce.txt l.113] from the K - 1 clusters that are not the positive (r = 16000 with K >= 25000, l.150;
+    PAUC: r = 1024 with K >= 2500, l.158-160), so a cap is needed only where K_min <= r (small data). Per batch,
+    :func:`sample_negatives` also stops at the clusters that are no sample's positive (the ref-code's
+    ``random.sample`` would fail there). The trainer logs a capped value once (``PCLMethod.resolved``)."""
+    return min(int(r), min(_counts("drawn_negatives", r, ks)) - 1)
 
 
 def sample_negatives(k: int, positives: torch.Tensor, r: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -251,6 +266,7 @@ def phi_proto_ce(h: torch.Tensor, classifier: torch.Tensor, labels: torch.Tensor
     return F.cross_entropy(logits, labels)
 
 
-__all__ = ["infonce", "concentration", "Clusterings", "build_clusterings", "capped_negatives", "sample_negatives",
+__all__ = ["infonce", "concentration", "Clusterings", "build_clusterings", "capped_negatives", "drawn_negatives",
+           "sample_negatives",
            "protonce", "PCL_NEGATIVES",
            "relative_concentration", "phi_proto_ce", "PHI_ALPHA", "PHI_CLIP_PERCENTILES"]

@@ -4,6 +4,7 @@ Any open_clip architecture works by name (the paper's RN50 and RN101, ViT-B-32, 
 ship in ``protoclip/models/configs/`` and are registered with open_clip on import: ``tiny-rn`` (CLIP's
 ModifiedResNet, layers [1,1,1,1], width 32) and ``tiny-vit`` (patch 8, width 128, 4 layers), both 64 px,
 embed_dim 128, with a narrow CLIP text transformer (width 128, 4 layers, context 32, open_clip's BPE vocab).
+``tv-resnet50`` is torchvision's ResNet-50 alone (PCL / PAUC's encoder; :mod:`protoclip.models.torchvision_image`).
 
 Activation: open_clip's configs use nn.GELU; OpenAI's RN50 (and the official ProtoCLIP code, which forced it)
 use QuickGELU. Training from scratch either works; pass e.g. ``RN50-quickgelu`` to get QuickGELU.
@@ -22,8 +23,9 @@ from typing import Callable
 import open_clip
 import torch
 
-from protoclip.config.architectures import image_step
+from protoclip.config.architectures import TORCHVISION_MODELS, check_torchvision, image_step, is_torchvision
 from protoclip.models.model import ProtoCLIPModel
+from protoclip.models.torchvision_image import TorchvisionTower, no_text_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,8 @@ open_clip.add_model_config(CONFIG_DIR)
 
 def model_config(name: str) -> dict:
     """The open_clip architecture config (embed_dim, vision_cfg, text_cfg) of ``name``."""
+    if is_torchvision(name):
+        raise ValueError(f"model '{name}' is a torchvision image backbone, not an open_clip architecture")
     cfg = open_clip.get_model_config(name)
     if cfg is None:
         known = ", ".join(m for m in open_clip.list_models() if m.startswith(("tiny", "RN", "ViT-B")))
@@ -95,8 +99,12 @@ def build_model(
     towers (:mod:`protoclip.models.multitoken`; ViT configs only), z = m tokens x embed_dim; 0 = open_clip's.
     ``embed_dim`` (d_z per token), ``context_length`` and ``image_size`` override open_clip's config when given (see
     :func:`architecture_overrides`); the tokenizer must then be built with the same context length
-    (:func:`get_tokenizer` with ``context_length=model.context_length``).
+    (:func:`get_tokenizer` with ``context_length=model.context_length``). A :data:`TORCHVISION_MODELS` name builds
+    an image-only torchvision tower (:func:`build_torchvision_model`).
     """
+    if is_torchvision(name):
+        return build_torchvision_model(name, head_hidden, head_out, init_temperature, device, head, class_tokens,
+                                       embed_dim, context_length, image_size)
     cfg = model_config(name)
     overrides = architecture_overrides(cfg, embed_dim, context_length, image_size)
     # pretrained=None and pretrained_image/text False: random init, nothing is fetched
@@ -117,9 +125,29 @@ def build_model(
     return model.to(device)
 
 
+def build_torchvision_model(name: str, head_hidden: int, head_out: int, init_temperature: float,
+                            device: str | torch.device, head: str, class_tokens: int, embed_dim: int | None,
+                            context_length: int | None, image_size: int | None) -> ProtoCLIPModel:
+    """The image-only torchvision backbone ``name`` + image head ``head`` (:mod:`protoclip.models.torchvision_image`).
+    224 px by default (the papers' input); ``embed_dim`` may only restate the pooled width, ``context_length`` the
+    placeholder's (a model file records both)."""
+    width = TORCHVISION_MODELS[name][1]
+    check_torchvision(name, embed_dim=embed_dim, class_tokens=class_tokens, image_size=image_size,
+                      context_length=None if context_length == TorchvisionTower.context_length else context_length)
+    model = ProtoCLIPModel(TorchvisionTower(name), name=name, embed_dim=width, image_size=image_size or 224,
+                           head_hidden=head_hidden, head_out=head_out, init_temperature=init_temperature, head=head)
+    model.class_tokens = 0
+    log.info("built %s (torchvision, image only): %.1fM parameters", name,
+             sum(p.numel() for p in model.parameters()) / 1e6)
+    return model.to(device)
+
+
 def get_tokenizer(name: str, context_length: int | None = None) -> Callable[..., torch.Tensor]:
     """open_clip's tokenizer for ``name`` (BPE for CLIP text towers); the context length is the model
-    config's unless given (pass ``model.context_length`` for a model built with an override)."""
+    config's unless given (pass ``model.context_length`` for a model built with an override). A torchvision
+    backbone has no text tower: its placeholder (:func:`~protoclip.models.torchvision_image.no_text_tokenizer`)."""
+    if is_torchvision(name):
+        return no_text_tokenizer
     cfg = model_config(name)
     if context_length is None:
         context_length = int(cfg["text_cfg"].get("context_length", 77))

@@ -25,6 +25,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from protoclip.config.architectures import is_torchvision
 from protoclip.config.protocols import Project
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,13 @@ def preprocess_cfg(image_size: int) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items()}
 
 
-def export_refusal(run: str, method: str | None, similarity: str, class_tokens: int) -> str | None:
+def export_refusal(run: str, method: str | None, similarity: str, class_tokens: int,
+                   model: str | None = None) -> str | None:
     """Why a run cannot be exported to open_clip (one line), or None when it can. ``similarity``: the evaluation
-    similarity its method declares (:class:`~protoclip.models.checkpoint.EvalSpec`)."""
+    similarity its method declares (:class:`~protoclip.models.checkpoint.EvalSpec`); ``model``: its model name."""
+    if model is not None and is_torchvision(model):
+        return (f"run '{run}' ({method}): model '{model}' is an image-only torchvision backbone, not an open_clip "
+                "architecture; use its model.pt (protoclip.models.load_model)")
     if class_tokens > 0:
         return (f"run '{run}' ({method}): multi-class-token towers (class_tokens={class_tokens}) are not an "
                 "open_clip architecture; open_clip cannot load them")
@@ -79,7 +84,8 @@ def export_notes(model, config: dict, spec) -> list[str]:
     """Why the run cannot be exported (raises :class:`ExportError`), else the notes that go with the export.
     ``spec``: the model file's :class:`~protoclip.models.checkpoint.EvalSpec`."""
     method = spec.method or config.get("method")
-    refusal = export_refusal(config.get("name", "?"), method, spec.similarity, int(getattr(model, "class_tokens", 0)))
+    refusal = export_refusal(config.get("name", "?"), method, spec.similarity, int(getattr(model, "class_tokens", 0)),
+                             model.name)
     if refusal:
         raise ExportError(refusal)
     notes = ["projection heads g^I, g^T (prototype space) and tau_Proto are not exported: open_clip tools use the "

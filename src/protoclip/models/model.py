@@ -64,9 +64,23 @@ class NCLIPHead(nn.Sequential):
         self.in_dim, self.hidden, self.out_dim = in_dim, hidden, out_dim
 
 
+class MoCoHead(nn.Sequential):
+    """PCL's image head in place of ResNet's fc: ``hidden=0`` -> Linear(d_z, out) (PCL v1 / MoCo v1: "the last
+    fully-connected layer outputs a 128-D ... feature", pcl-protonce.txt l.150, pauc-nemd.txt l.156); else MoCo v2's
+    MLP head Linear(d_z, hidden) -> ReLU -> Linear(hidden, out) (PCL v2's "MLP projection layer", l.150; MoCo v2's
+    code: ``nn.Sequential(nn.Linear(dim_mlp, dim_mlp), nn.ReLU(), fc)``, no BatchNorm, hidden = d_z = 2048)."""
+
+    def __init__(self, in_dim: int, hidden: int = 2048, out_dim: int = 128):
+        if in_dim < 1 or out_dim < 1 or hidden < 0:
+            raise ValueError(f"MoCo head sizes must be positive, got in={in_dim} hidden={hidden} out={out_dim}")
+        layers: list[nn.Module] = [nn.Linear(in_dim, hidden), nn.ReLU(inplace=True)] if hidden else []
+        super().__init__(*layers, nn.Linear(hidden or in_dim, out_dim))
+        self.in_dim, self.hidden, self.out_dim = in_dim, hidden, out_dim
+
+
 # the second head's architectures by name: a training method picks one (``Method.head``), model.pt records the
 # name and load_model rebuilds from it without knowing the method
-HEADS = {"swav": ProjectionHead, "nclip": NCLIPHead}
+HEADS = {"swav": ProjectionHead, "nclip": NCLIPHead, "moco": MoCoHead}
 
 
 # ---- text tower on the batch's own length (CPU speed, exact)
@@ -104,9 +118,10 @@ def encode_text_trimmed(clip: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 class ProtoCLIPModel(nn.Module):
     """open_clip CLIP (``.clip``) + heads ``.image_head`` (g^I) and ``.text_head`` (g^T) + two temperatures.
 
-    ``head``: ``swav`` (ProtoCLIP's g, :class:`ProjectionHead`) or ``nclip`` (:class:`NCLIPHead`, nCLIP/xCLIP:
-    h are then the K-way logits). ``.clip`` may be a multi-class-token CLIP (:mod:`protoclip.models.multitoken`),
-    whose z are the m per-token projections concatenated ([B, m * n])."""
+    ``head``: ``swav`` (ProtoCLIP's g, :class:`ProjectionHead`), ``nclip`` (:class:`NCLIPHead`, nCLIP/xCLIP:
+    h are then the K-way logits) or ``moco`` (:class:`MoCoHead`, PCL's fc / MLP). ``.clip`` may be a multi-class-token CLIP (:mod:`protoclip.models.multitoken`),
+    whose z are the m per-token projections concatenated ([B, m * n]), or an image-only torchvision tower
+    (:mod:`protoclip.models.torchvision_image`, ``has_text`` False: no text head, ``text_head`` is None)."""
 
     def __init__(
         self,
@@ -133,7 +148,8 @@ class ProtoCLIPModel(nn.Module):
             raise ValueError(f"unknown head {head!r} (known: {', '.join(HEADS)})")
         self.head = head
         self.image_head = HEADS[head](self.embed_dim, head_hidden, head_out)
-        self.text_head = HEADS[head](self.embed_dim, head_hidden, head_out)
+        self.text_head = HEADS[head](self.embed_dim, head_hidden, head_out) if getattr(clip, "has_text", True) \
+            else None
         init = math.log(1.0 / init_temperature)
         with torch.no_grad():
             self.clip.logit_scale.fill_(init)

@@ -461,7 +461,9 @@ def log_start(s: Session, progress: Progress, config: dict, config_path: Path, r
     if s.info.is_main:
         # the schedule as params: the episode and epoch of a curve's global step follow from them
         s.tracker.log_params({"train": config, "provenance": prov, "world": world,
-                              "schedule": {k: getattr(sched, k) for k in SCHEDULE_PARAMS}})
+                              "schedule": {k: getattr(sched, k) for k in SCHEDULE_PARAMS},
+                              # what the method derives from the data, e.g. PCL's K list and negatives drawn
+                              "resolved": s.method.resolved(sched.episode_size)})
 
 
 def run_episodes(s: Session, progress: Progress, stop_after_episodes: int | None) -> None:

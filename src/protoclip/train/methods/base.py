@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
+from protoclip.config.architectures import is_torchvision
 from protoclip.registry import METHODS, method_class, register
 from protoclip.similarity import Similarity
 from protoclip.train.config import TrainConfig
@@ -101,6 +102,9 @@ class Method:
         if cfg.pauc.enabled and not cls.reads_pauc:
             users = " or ".join(repr(n) for n, c in sorted(METHODS.items()) if c.reads_pauc)
             raise ValueError(f"pauc.enabled needs prototypes: method {users}")
+        if is_torchvision(cfg.model) and not cls.image_only:
+            raise ValueError(f"model '{cfg.model}' is an image-only torchvision backbone: method {cls.name!r} trains "
+                             "a text tower too; use an open_clip model (e.g. RN50)")
 
     @classmethod
     def reads_teacher(cls, cfg: TrainConfig) -> bool:
@@ -130,12 +134,17 @@ class Method:
 
     # ---- model and data (called by the train stage before training) ----
     @classmethod
+    def head_for(cls, cfg: TrainConfig) -> str:
+        """The second head a run of ``cfg`` builds (``protoclip.models.model.HEADS``): ``head`` unless overridden."""
+        return cls.head
+
+    @classmethod
     def build_model(cls, cfg: TrainConfig) -> torch.nn.Module:
         """A randomly initialised model for ``cfg`` (it must have ``param_groups``, ``image_size``)."""
         from protoclip.models import build_model
 
         model = build_model(cfg.model, head_hidden=cfg.head_hidden, head_out=cfg.head_out,
-                            init_temperature=cfg.loss.init_temperature, head=cls.head,
+                            init_temperature=cfg.loss.init_temperature, head=cls.head_for(cfg),
                             class_tokens=cfg.class_tokens, embed_dim=cfg.embed_dim,
                             context_length=cfg.context_length, image_size=cfg.image_size)
         if not cfg.loss.learn_temperature:  # temperature study: the CLIP scale fixed at its init
@@ -195,6 +204,11 @@ class Method:
 
     def after_step(self, model: torch.nn.Module) -> None:
         """After every optimizer step (temperature clamps, momentum updates, queues)."""
+
+    def resolved(self, episode_size: int) -> dict[str, Any]:
+        """Values the method derives from the data (e.g. PCL's K list and negatives drawn), for an episode of
+        ``episode_size`` items: written in the log's ``start`` record and logged as MLflow params at every start."""
+        return {}
 
     # ---- persistent method state (saved with every checkpoint, restored on resume) ----
     def state_dict(self) -> dict[str, Any]:

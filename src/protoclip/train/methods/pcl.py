@@ -4,8 +4,11 @@ loaded by the shared data set but ignored), optionally with PAUC's regularisers 
 Mapping onto the episodic trainer (methods-spec 5 item 2): one PCL *epoch* is one *episode*; give the run an
 ``episode_size`` >= the data set (it is capped at the data set size) so the E-step clusters the whole data set.
 
-* Online encoder: the model's image tower + image head g^I (MLP -> 128, PCL v2's MLP head), l2-normalised
-  (:class:`protoclip.models.momentum.ImageEncoder`).
+* Online encoder: the model's image tower + image head g^I, l2-normalised
+  (:class:`protoclip.models.momentum.ImageEncoder`). The papers' encoder is ``model: tv-resnet50`` (torchvision's
+  ResNet-50, z = its 2048-d pooled feature) with MoCo's head in place of fc (``head_hidden: 0``: PCL v1's
+  Linear(2048, 128); ``head_hidden: 2048``: PCL v2's MLP, :class:`protoclip.models.model.MoCoHead`); on an open_clip
+  tower (the offline default's tiny-rn) the head stays ProtoCLIP's SwAV MLP, as before.
   Key encoder: :class:`protoclip.models.momentum.MomentumEncoder` of the same (EMA ``pcl.momentum``), held by the
   method (not the saved model) and checkpointed with the queue through :meth:`PCLMethod.state_dict`.
 * Data: every item gives three views (:class:`MultiView`): two draws of ``augmentation`` (use ``mocov2``) for the
@@ -14,13 +17,15 @@ Mapping onto the episodic trainer (methods-spec 5 item 2): one PCL *epoch* is on
   features of the centre crops of every episode item (key encoder in eval mode, gathered over DDP ranks),
   k-means at every K of the K list + phi on rank 0 (:func:`protoclip.losses.pcl.build_clusterings`), broadcast.
 * ``terms``: ``infonce`` (MoCo queue) [Eq. 1], after the warm-up ``protonce`` with r negative prototypes [Eq. 11]
+  (``pcl.negatives`` as stated wherever K_min > r; else K_min - 1, logged once at the start and recorded as the MLflow
+  params ``resolved.pcl.*`` and the episode statistic ``pcl_negatives``: :func:`protoclip.losses.pcl.drawn_negatives`)
   and, with PAUC, ``pauc_align`` / ``pauc_unif`` / ``pauc_corr``; ``total`` weights them from the config.
 * ``after_step``: momentum update (equivalent to MoCo's update at the start of the next step) and enqueue of this
   step's keys (all-gathered under DDP so every rank's queue is the same).
 
-Deviations, documented: MoCo's shuffle-BN is not implemented (the key encoder sees the whole batch in train mode,
-as in single-GPU MoCo re-implementations); the optimiser and LR schedule are the trainer's (AdamW + cosine), not
-PCL's SGD 0.03 with steps at 120/160 (see config/experiments/paper_pcl.yaml).
+Deviation, documented: MoCo's shuffle-BN is not implemented (the key encoder sees the whole batch in train mode,
+as in single-GPU MoCo re-implementations; docs/paper-runs.md). The optimiser and LR schedule are the run's
+(config/experiments/paper_pcl.yaml).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from protoclip.config.architectures import is_torchvision
 from protoclip.train.config import TrainConfig
 from protoclip.train.methods.base import EpisodeData, Method, MultiView
 from protoclip.registry import register
@@ -52,7 +58,7 @@ class PCLConfig:
     tau: float = 0.2  # InfoNCE temperature and mean phi: PCL v2 (MLP head + MoCo v2 aug; v1: 0.1) [Sec. 4.1]
     momentum: float = 0.999  # key-encoder EMA [Sec. 4.1]
     queue_size: int = 16000  # r instance negatives [Sec. 4.1] (ref-code: 16384)
-    negatives: int = 16000  # r negative prototypes per clustering, capped at K_min / 2 (spec 4.7.5)
+    negatives: int = 16000  # r negative prototypes per clustering [Sec. 4.1]; drawn as stated where K_min > r
     # K list: `num_clusters` if given, else dataset size / each entry of `samples_per_cluster`;
     # paper K = {25k, 50k, 100k} on 1.28M ImageNet images = N / {51.2, 25.6, 12.8} [Sec. 4.1]
     num_clusters: list[int] | None = None
@@ -109,6 +115,23 @@ class PCLMethod(Method):
 
     # ---- model and data ----
     @classmethod
+    def head_for(cls, cfg: TrainConfig) -> str:
+        """MoCo's head (fc / MLP, no BatchNorm) on the papers' torchvision ResNet; else the SwAV MLP as before."""
+        return "moco" if is_torchvision(cfg.model) else cls.head
+
+    def resolved(self, episode_size: int) -> dict[str, Any]:
+        """The K list and the negative prototypes drawn per clustering for an episode of ``episode_size`` items
+        (the E-step clusters the episode); a cap below ``pcl.negatives`` is logged here, once per (re)start."""
+        from protoclip.losses.pcl import drawn_negatives
+
+        ks = cluster_counts(self.cfg, episode_size)
+        r = drawn_negatives(self.cfg.pcl.negatives, ks)
+        if r < self.cfg.pcl.negatives:
+            log.warning("pcl: negatives %d capped at %d = K_min - 1 (K = %s on %d items): every other prototype "
+                        "is a negative", self.cfg.pcl.negatives, r, ks, episode_size)
+        return {"pcl": {"num_clusters": ks, "negatives_stated": self.cfg.pcl.negatives, "negatives_drawn": r}}
+
+    @classmethod
     def train_transform(cls, cfg: TrainConfig, image_size: int) -> Callable:
         from protoclip.data.transforms import eval_transform, train_transform
 
@@ -149,7 +172,7 @@ class PCLMethod(Method):
 
     def begin_episode(self, model: nn.Module, data: EpisodeData, episode: int
                       ) -> tuple[Any, dict[str, float], dict[str, float]]:
-        from protoclip.losses.pcl import build_clusterings
+        from protoclip.losses.pcl import build_clusterings, drawn_negatives
         from protoclip.train.distributed import broadcast_object
 
         self._setup(model, data.device)
@@ -169,7 +192,8 @@ class PCLMethod(Method):
             if data.info.enabled:
                 cl = cl.to("cpu")
         cl = broadcast_object(cl, data.info).to(data.device)
-        return cl, {"pcl_warmup": 0.0, **cl.stats}, {"extract": t_extract, "kmeans": time.perf_counter() - t0}
+        stats = {"pcl_warmup": 0.0, "pcl_negatives": float(drawn_negatives(self.cfg.pcl.negatives, cl)), **cl.stats}
+        return cl, stats, {"extract": t_extract, "kmeans": time.perf_counter() - t0}
 
     def _extract(self, data: EpisodeData, episode: int) -> torch.Tensor:
         """Key-encoder features [m, d] of the centre crops of every episode item (eval mode), episode order."""
@@ -204,7 +228,7 @@ class PCLMethod(Method):
         import torch.nn.functional as F
 
         from protoclip.losses.pauc import pauc_loss
-        from protoclip.losses.pcl import capped_negatives, infonce, protonce
+        from protoclip.losses.pcl import drawn_negatives, infonce, protonce
 
         q = F.normalize(out["h_image"].float(), dim=1)
         k = out["h_key"].float()
@@ -212,7 +236,7 @@ class PCLMethod(Method):
         terms = infonce(q, k, self._queue.keys(), self.cfg.pcl.tau)
         self._diag = {}
         if state is not None:
-            pn = protonce(q, positions, state, capped_negatives(self.cfg.pcl.negatives, state), None,
+            pn = protonce(q, positions, state, drawn_negatives(self.cfg.pcl.negatives, state), None,
                           self.cfg.pcl.mask_duplicate_pos)
             terms["protonce"] = pn["protonce"]
             self._diag["protonce_acc"] = pn["protonce_acc"]  # on the device (read at the log interval)
