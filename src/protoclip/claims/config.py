@@ -96,9 +96,6 @@ class ClaimConfig:
     # the ledger's unit where neither the kind nor the column says it ("% of memory", "logit scale"); None:
     # the kind's (points, sets, % of time) or the column's score (ARI, AMI, NEMD)
     unit: str | None = None
-    # the ledger's unit where neither the kind nor the column says it ("% of memory", "logit scale"); None:
-    # the kind's (points, sets, % of time) or the column's score (ARI, AMI, NEMD)
-    unit: str | None = None
     # the comparison in config/paper.yaml where `target` (the offline default's) is not declared there
     paper_config: PaperComparison | None = None
 
