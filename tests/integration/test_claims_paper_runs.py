@@ -1,0 +1,162 @@
+"""Every claim of config/claims.yaml is judged from the runs config/paper.yaml plans, or says why it cannot be.
+
+The paper configuration declares other targets than the offline default (table_methods_paper, not table_methods):
+a claim's ``paper_config`` names its rows and columns there (protoclip.claims.config.ClaimConfig.resolved). Here
+config/paper.yaml is loaded with an overlay that declares every corpus and evaluation set (empty files and
+folders in a tmp dir: planning reads only whether they exist), and each claim's two run families are checked
+against the DAG's stages (protoclip.dag.stages.stages): a train job for each trained run, and an evaluation job
+of each of the claim's columns' paper sets running the column's task.
+"""
+from __future__ import annotations
+
+import pytest
+
+from protoclip.claims.config import ClaimConfig, PaperComparison
+from protoclip.config.strict import read_yaml
+from protoclip.dag.stages import stages, trained
+from protoclip.errors import ConfigError
+from protoclip.project import load_config
+from protoclip.report.paper_targets import first_configured
+from testkit import REPO
+
+PAPER = REPO / "config" / "paper.yaml"
+# the related papers' claims the offline default judges from table_methods: at paper scale from
+# table_methods_paper (the PCL-vs-MoCo claims have no instance-only ImageNet-1K run there: `unavailable`)
+RELATED_JUDGED = {"xclip_zeroshot", "nclip_zeroshot", "nclip_linear_imagenet", "xclip_linear_imagenet",
+                  "xclip_retrieval", "nclip_retrieval", "xclip_time", "multitoken_zeroshot", "multitoken_time",
+                  "pauc_vs_pcl_linear", "pauc_nemd"}
+RELATED_UNAVAILABLE = {"pcl_knn", "pcl_ami", "pcl_instance_only"}
+
+
+def overlay(tmp) -> dict:
+    """Every corpus of prepare.user_data a one-line file, every evaluation set an empty folder."""
+    paper = read_yaml(PAPER)
+    user_data = []
+    for u in paper["prepare"]["user_data"]:
+        path = tmp / "corpora" / u["name"] / ("00000.tar" if u["format"] == "wds" else "train.csv")
+        path.parent.mkdir(parents=True)
+        path.write_text("filepath,caption\n")
+        user_data.append(dict(u, path=str(path)))
+    datasets = {}
+    for name, d in paper["evaluate"]["datasets"].items():
+        (tmp / "eval" / name).mkdir(parents=True)
+        datasets[name] = dict(d, path=str(tmp / "eval" / name))
+    return {"paths": {"data_dir": str(tmp / "data"), "results_dir": str(tmp / "results")},
+            "prepare": {"user_data": user_data}, "evaluate": {"datasets": datasets}}
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    cfg = load_config(PAPER, overlay(tmp_path_factory.mktemp("paper")))
+    assert not cfg.runs_without_data()  # every corpus declared: every run gets its jobs
+    return cfg, {s.name: s for s in stages(cfg, str(PAPER))}
+
+
+def family(cfg, target, label, pinned) -> list[str]:
+    base = first_configured(cfg, pinned) if pinned else next(r.run for r in target.rows if r.label == label)
+    return cfg.run_group(base)
+
+
+def test_every_claim_maps_to_runs_the_paper_dag_plans(planned):
+    cfg, jobs = planned
+    targets = {t.id: t for t in cfg.paper_targets()}
+    judged, unavailable = set(), set()
+    for c in cfg.paper_claims():
+        if c.unavailable:  # the reason is printed in the ledger's row: it names what is missing
+            assert len(c.unavailable.split()) >= 4, c.id
+            unavailable.add(c.id)
+            continue
+        assert c.target in targets, (c.id, c.target)
+        target = targets[c.target]
+        columns = [next(col for col in target.columns if col.label == label) for label in c.columns]
+        for label, pinned in ((c.a, c.a_runs), (c.b, c.b_runs)):
+            runs = family(cfg, target, label, pinned)
+            assert runs, (c.id, label, pinned)
+            for run in runs:
+                assert not trained(cfg, run) or f"train_{run}" in jobs, (c.id, run)
+                for col in columns:
+                    assert col.datasets, (c.id, col.label)  # the paper's own sets, not offline stand-ins
+                    for d in col.datasets:
+                        job = jobs.get(f"evaluate_{run}_{d}")
+                        assert job is not None and f"--task {col.task}" in job.args, (c.id, run, d, col.task)
+        judged.add(c.id)
+    assert judged | unavailable == {c.id for c in cfg.paper_claims()}
+    assert RELATED_JUDGED <= judged and RELATED_UNAVAILABLE <= unavailable
+    by = {c.id: c for c in cfg.paper_claims()}
+    assert {by[i].target for i in RELATED_JUDGED} == {"table_methods_paper"}
+    # each paper's own baseline: nCLIP's CLIP for nCLIP / xCLIP, Table 5's CLIP for the multi-token run
+    assert by["xclip_zeroshot"].b == "CLIP (nCLIP recipe)" and by["multitoken_zeroshot"].b == "CLIP (Table 5 recipe)"
+    assert "instance-only" in by["pcl_knn"].unavailable
+
+
+def test_the_offline_default_keeps_its_own_comparison():
+    """config/config.yaml declares table_methods: the claims keep their offline rows there."""
+    by = {c.id: c for c in load_config(REPO / "config" / "config.yaml").paper_claims()}
+    for cid in RELATED_JUDGED | RELATED_UNAVAILABLE:
+        assert by[cid].target == "table_methods" and not by[cid].unavailable, cid
+    assert by["xclip_zeroshot"].b == "CLIP" and by["xclip_zeroshot"].columns == ["Zero-shot (coarse labels)"]
+
+
+def claim(**kw) -> ClaimConfig:
+    base = dict(id="c", paper="P", source="p.txt", line=1, where="T", quote="q", paper_value=2.0, paper_text="+2",
+                target="offline_t", a="A", b="B", columns=["col"], margin=1.0, margin_why="half")
+    c = ClaimConfig(**{**base, **kw})
+    c.validate()
+    return c
+
+
+def test_resolution_picks_the_declared_target():
+    alt = PaperComparison(target="paper_t", a="A paper", b="B paper", columns=["paper col"], note="paper runs")
+    c = claim(paper_config=alt, note="offline runs")
+    assert c.resolved({"offline_t", "paper_t"}) is c  # its own target wins where declared
+    p = c.resolved({"paper_t"})
+    assert (p.target, p.a, p.b, p.columns, p.note) == ("paper_t", "A paper", "B paper", ["paper col"], "paper runs")
+    assert (p.quote, p.paper_value, p.margin) == (c.quote, c.paper_value, c.margin)  # one claim, one number
+    gone = claim(paper_config=PaperComparison(unavailable="no such data set at paper scale"))
+    assert gone.resolved(set()).unavailable == "no such data set at paper scale"
+    # unavailable offline, judged where the paper configuration's target is declared
+    later = claim(target=None, a=None, b=None, columns=[], unavailable="offline: no such run", paper_config=alt)
+    assert later.resolved(set()).unavailable == "offline: no such run"
+    assert later.resolved({"paper_t"}).unavailable is None and later.resolved({"paper_t"}).a == "A paper"
+    with pytest.raises(ValueError, match="needs `b`"):  # the paper comparison is checked in every config
+        claim(paper_config=PaperComparison(target="paper_t", a="A paper", columns=["paper col"]))
+
+
+def test_a_paper_comparison_naming_no_row_stops_the_load(tmp_path):
+    """A paper_config row that the paper configuration's target lacks stops loading, as an offline typo does."""
+    import yaml
+
+    claims = read_yaml(REPO / "config" / "claims.yaml")["claims"]
+    bad = next(c for c in claims if c["id"] == "xclip_zeroshot")
+    bad["paper_config"]["b"] = "CLIP (no such recipe)"
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump({"claims": claims}, allow_unicode=True))
+    with pytest.raises(ConfigError, match="no row or column 'CLIP \\(no such recipe\\)'"):
+        load_config(PAPER, {"claims": {"files": [str(tmp_path / "claims.yaml")]}})
+
+
+def test_snakemake_dry_run_plans_the_claims_runs(tmp_path, planned):
+    """`snakemake -n` with the same overlay plans each claim's train jobs and the evaluations its columns read."""
+    import re
+
+    import yaml
+
+    from testkit.processes import snakemake
+    from testkit.workflow import workflow_copy
+
+    cfg, jobs = planned
+    root = workflow_copy(tmp_path / "project", config=True)
+    (root / "overlay.yaml").write_text(yaml.safe_dump(overlay(tmp_path / "data")))
+    out = snakemake(root, "--configfile", "config/paper.yaml", "overlay.yaml", "-n", "--forceall", "--cores", "4",
+                    "--resources", "gpu=1")
+    text = out.stdout + out.stderr
+    dry = {(rule, wc) for rule, wc in re.findall(r"^rule (\w+):\n(?:    .*\n)*?    wildcards: (.*)$", text, re.M)}
+    evaluations = [re.match(r"--run (\S+) --dataset (\S+)", s.args).groups() for s in jobs.values()
+                   if s.command == "evaluate"]
+    targets = {t.id: t for t in cfg.paper_targets()}
+    claim_runs = {run for c in cfg.paper_claims() if not c.unavailable
+                  for run in family(cfg, targets[c.target], c.a, c.a_runs) + family(cfg, targets[c.target], c.b, c.b_runs)}
+    for run in claim_runs:
+        if trained(cfg, run):
+            assert ("train", f"run={run}") in dry, run
+        for dataset in [d for r, d in evaluations if r == run]:
+            assert ("evaluate", f"run={run}, dataset={dataset}") in dry, (run, dataset)
