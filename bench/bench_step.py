@@ -9,8 +9,9 @@
   float normalised (what open_clip's preprocess gives) in the same kind of DataLoader (``open_clip_train``'s
   ``train_one_epoch`` body without its logging), and once more on pre-stacked tensors already on the device
   (``open_clip (tensors)``: the compute-only bound).
-* ``ours (shards)``: our trainer reading JPEG images from webdataset shards (``shard.tar::member`` manifest
-  paths, our ``ImageTextDataset`` + the ProtoCLIP augmentation) with ``--workers`` DataLoader workers. The
+* ``shards, <w> workers, colour in the workers``: our trainer reading JPEG images from webdataset shards
+  (``shard.tar::member`` manifest paths, our ``ImageTextDataset`` + the ProtoCLIP augmentation) with ``w``
+  DataLoader workers, for each count of ``--workers`` (the suite: 8 and 16). The
   fraction of step time spent waiting for data is ``1 - t(in-memory) / t(shards)``. The shards hold 400x300
   JPEGs at quality 90 (CC3M's size as img2dataset stores it; synthetic_shards.py's pictures, 512 distinct ones cycled);
   before 2026-11-28 they held PNG squares at the training size, cheaper to decode.
@@ -18,39 +19,36 @@
   ``torch.cuda.set_sync_debug_mode("warn")``, counting the warnings (every call that waits for the device) and
   where they come from; a step makes none, so the count should not grow with the steps (the episode ends read the
   step records back, issue 42).
-* ``ours (shards, colour on device)``: the same with ``train.augment_on: device`` (the workers crop and flip; the
+* ``shards, <w> workers, colour on the device``: the same with ``train.augment_on: device`` (the workers crop and flip; the
   colour jitter, greyscale and blur run batched on the device, :mod:`protoclip.data.device_augment`), its data wait
   counted the same way (the device's augmentation work included);
-* ``ours (shards, decode on device)``: and ``train.decode_on: device``: the workers read the files, the device
+* ``shards, <w> workers, decoded on the device``: and ``train.decode_on: device``: the workers read the files, the device
   decodes them (nvJPEG on CUDA), crops, flips and augments.
 
 The methods are interleaved (``--repeats`` rounds of each) in one process so that a busy machine slows them
 alike; the ratios are what to read, the absolute numbers depend on the machine's load.
 
     python bench/bench_step.py                                           # CPU: tiny-rn 64 px, batch 128
-    python bench/bench_step.py --model RN50 --batch 512 --steps 20 --workers 8   # GPU (bf16 autocast)
+    python bench/bench_step.py --model RN50 --batch 512 --steps 20 --workers 8 16   # GPU (bf16 autocast)
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import math
 import statistics
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_shards import pictures  # noqa: E402
+from synthetic_shards import photo_shards  # noqa: E402
 
 from protoclip.files.layout import Layout  # noqa: E402
 from protoclip.models import build_model, get_tokenizer  # noqa: E402
@@ -85,25 +83,6 @@ class TensorPairs(Dataset):
 
     def __getitem__(self, i: int):
         return self.images[i], self.tokens[i], self.ids[i]
-
-
-def write_shards(root: Path, n: int, per_shard: int = 256, distinct: int = 512, seed: int = 0) -> pd.DataFrame:
-    """n 400x300 JPEGs (``distinct`` of synthetic_shards.pictures, cycled) in webdataset tars; a manifest frame of
-    their paths."""
-    jpgs = pictures(min(n, distinct), (400, 300), seed)
-    rng = np.random.default_rng(seed)
-    rows = []
-    for s in range(math.ceil(n / per_shard)):
-        shard = root / f"{s:05d}.tar"
-        with tarfile.open(shard, "w") as tar:
-            for i in range(s * per_shard, min(n, (s + 1) * per_shard)):
-                data = jpgs[i % len(jpgs)]
-                info = tarfile.TarInfo(f"{i:07d}.jpg")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-                rows.append({"id": f"{i:07d}", "path": f"{shard}::{i:07d}.jpg",
-                             "caption": " ".join(rng.choice(WORDS, size=5))})
-    return pd.DataFrame(rows)
 
 
 def ours(args, dataset: Dataset, out: Path, tag: str, workers: int, augment_on: str = "workers",
@@ -217,8 +196,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4, help="optimizer steps per episode (ours: 3 episodes, 1st dropped)")
     p.add_argument("--head-hidden", type=int, default=512)
     p.add_argument("--repeats", type=int, default=2, help="interleaved rounds of every method")
-    p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the shard variant")
+    p.add_argument("--workers", type=int, nargs="+", default=[2],
+                   help="DataLoader workers of the shard variants: one count or several (8 16: each measured)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--skip-open-clip", action="store_true",
+                   help="ours only (the data-wait rows): open_clip's step, measured before, is not run again")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: leave torch's default)")
     args = p.parse_args()
     if args.threads:
@@ -233,41 +215,45 @@ def main() -> None:
     n = 3 * args.batch * args.steps  # 3 episodes of `steps` steps: 1 epoch
     mem = TensorPairs(n, size, tok)  # uint8, as our data path gives them
     mem_float = TensorPairs(n, size, tok, normalised=True)  # the same images, float normalised: open_clip's input
-    times: dict[str, list[float]] = {"ours": [], "open_clip": [], "open_clip (tensors)": [], "ours (shards)": [],
-                                     "ours (shards, colour on device)": [], "ours (shards, decode on device)": []}
+    shard_paths = {"colour in the workers": ("workers", "workers"), "colour on the device": ("device", "workers"),
+                   "decoded on the device": ("device", "device")}  # label -> (augment_on, decode_on)
+    times: dict[str, list[float]] = {"ours": []}
+    if not args.skip_open_clip:
+        times.update({"open_clip": [], "open_clip (tensors)": []})
+    times.update({f"shards, {w} workers, {where}": [] for w in args.workers for where in shard_paths})
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "shards").mkdir()
-        manifest = write_shards(tmp / "shards", n)
-        shards = ImageTextDataset(manifest, train_transform(size, "protoclip"), tok)
-        shards_dev = ImageTextDataset(manifest, train_transform(size, "protoclip", "device"), tok)
-        shards_raw = ImageTextDataset(manifest, train_transform(size, "protoclip", "device", "device"), tok)
+        manifest = photo_shards(tmp / "shards", n, WORDS)
+        datasets = {where: ImageTextDataset(manifest, train_transform(size, "protoclip", aug, dec), tok)
+                    for where, (aug, dec) in shard_paths.items()}
         for r in range(args.repeats):
             times["ours"].append(ours(args, mem, tmp / f"m{r}", f"mem{r}", workers=0))
-            times["open_clip"].append(theirs(args, mem_float, device, from_loader=True))
-            times["open_clip (tensors)"].append(theirs(args, mem_float, device, from_loader=False))
-            times["ours (shards)"].append(ours(args, shards, tmp / f"s{r}", f"shards{r}", workers=args.workers))
-            times["ours (shards, colour on device)"].append(
-                ours(args, shards_dev, tmp / f"d{r}", f"device{r}", workers=args.workers, augment_on="device"))
-            times["ours (shards, decode on device)"].append(
-                ours(args, shards_raw, tmp / f"j{r}", f"decode{r}", workers=args.workers, augment_on="device",
-                     decode_on="device"))
+            if not args.skip_open_clip:
+                times["open_clip"].append(theirs(args, mem_float, device, from_loader=True))
+                times["open_clip (tensors)"].append(theirs(args, mem_float, device, from_loader=False))
+            for w in args.workers:
+                for i, (where, (aug, dec)) in enumerate(shard_paths.items()):
+                    times[f"shards, {w} workers, {where}"].append(
+                        ours(args, datasets[where], tmp / f"s{r}_{w}_{i}", f"shards{r}_{w}_{i}", workers=w,
+                             augment_on=aug, decode_on=dec))
         census = sync_census(args, mem, tmp / "sync") if device.type == "cuda" else []
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     prec = "bf16 autocast" if device.type == "cuda" else "fp32"
     print(f"\nCLIP training step: {args.model} {size}px, batch {args.batch}, {prec}, on {dev}; "
           f"median of {args.repeats} interleaved rounds; torch {torch.__version__}")
-    print(f"{'path':<32} {'s/step':>8} {'samples/s':>10} {'ours / this speed':>18}")
+    print(f"{'path':<46} {'s/step':>8} {'samples/s':>10} {'ours / this speed':>18}")
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in med.items():
-        print(f"{k:<32} {v:>8.3f} {args.batch / v:>10.1f} {v / med['ours']:>17.2f}x")
-    print(f"ours vs open_clip (same DataLoader): {med['open_clip'] / med['ours']:.2f}x open_clip's speed "
-          f"(target >= 1.0)")
-    for k, where in (("ours (shards)", "colour in the workers"), ("ours (shards, colour on device)",
-                     "colour on the device"), ("ours (shards, decode on device)", "decoded on the device")):
-        wait = max(0.0, 1.0 - med["ours"] / med[k])
-        print(f"ours reading shards with {args.workers} workers, {where}: {100 * wait:.0f}% of step time waiting "
-              f"for data (target <= 5%)")
+        print(f"{k:<46} {v:>8.3f} {args.batch / v:>10.1f} {v / med['ours']:>17.2f}x")
+    if not args.skip_open_clip:
+        print(f"ours vs open_clip (same DataLoader): {med['open_clip'] / med['ours']:.2f}x open_clip's speed "
+              f"(target >= 1.0)")
+    for w in args.workers:
+        for where in shard_paths:
+            wait = max(0.0, 1.0 - med["ours"] / med[f"shards, {w} workers, {where}"])
+            print(f"ours reading JPEG shards with {w} workers, {where}: {100 * wait:.0f}% of step time waiting "
+                  f"for data (target <= 5%)")
     for line in census:
         print(line)
 

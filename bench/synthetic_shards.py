@@ -61,6 +61,27 @@ def pictures(n: int, source: tuple[int, int], seed: int) -> list[bytes]:
     return out
 
 
+def photo_shards(root: Path, n: int, words, per_shard: int = 256, distinct: int = 512, seed: int = 0) -> pd.DataFrame:
+    """n 400x300 photo JPEGs (CC3M's size as img2dataset stores it; ``distinct`` of :func:`pictures`, cycled) in
+    webdataset tars laid out as img2dataset writes them (``<key>.jpg``, ``<key>.txt``, ``<key>.json``), captions of 5
+    of ``words``; a manifest frame of their ``shard.tar::member`` paths, as our reader takes them (the step and
+    episode benches' data-wait input)."""
+    jpgs = pictures(min(n, distinct), (400, 300), seed)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in range(-(-n // per_shard)):
+        shard = root / f"{s:05d}.tar"
+        with tarfile.open(shard, "w") as tar:
+            for i in range(s * per_shard, min(n, (s + 1) * per_shard)):
+                key, caption = f"{s:05d}{i % per_shard:04d}", " ".join(rng.choice(words, size=5))
+                meta = json.dumps({"key": key, "caption": caption, "status": "success", "width": 400, "height": 300})
+                for member, data in ((f"{key}.jpg", jpgs[i % len(jpgs)]), (f"{key}.txt", caption.encode()),
+                                     (f"{key}.json", meta.encode())):
+                    _add(tar, member, data, 1_700_000_000)
+                rows.append({"id": key, "path": f"{shard}::{key}.jpg", "caption": caption})
+    return pd.DataFrame(rows)
+
+
 def picture_pool(size: int, seed: int = 0) -> list[bytes]:
     """POOL distinct JPEGs: a random background, 1-3 random shapes (quality 90, as img2dataset's default 95)."""
     rng = np.random.default_rng(seed)

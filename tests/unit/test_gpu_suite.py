@@ -1,5 +1,6 @@
-"""bench/gpu_suite.sh stays runnable: without a GPU it says so in one line and exits 0, and its CPU parts (the decode
-bench at tiny sizes on shards it writes, the GPU smoke overlay validated against config/paper.yaml) run."""
+"""bench/gpu_suite.sh stays runnable: without a GPU it says so in one line and exits 0, and its CPU smoke runs every
+bench of the suite at tiny sizes (the step bench's data-wait rows and the episode bench on JPEG shards in img2dataset's
+layout, k-means, the decode bench) and validates the GPU smoke overlay against config/paper.yaml."""
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ from testkit import REPO
 def suite(*args: str, **env: str) -> subprocess.CompletedProcess:
     full = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", **env)  # no GPU, whatever the machine
     return subprocess.run(["bash", str(REPO / "bench" / "gpu_suite.sh"), *args], cwd=REPO, env=full,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
 
 
 def test_without_a_gpu_one_line_and_exit_0():
@@ -23,7 +24,7 @@ def test_without_a_gpu_one_line_and_exit_0():
     assert not list((REPO / "bench" / "results").glob("*_cpu_smoke*"))
 
 
-def test_cpu_smoke_runs_the_decode_bench_and_checks_the_smoke_overlay(tmp_path):
+def test_cpu_smoke_runs_every_bench_at_tiny_size_and_checks_the_smoke_overlay(tmp_path):
     done = suite("--cpu-smoke", GPU_SUITE_OUT=str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "gpu_smoke: overlay valid" in done.stdout and "CPU smoke passed" in done.stdout
@@ -34,3 +35,13 @@ def test_cpu_smoke_runs_the_decode_bench_and_checks_the_smoke_overlay(tmp_path):
     assert re.search(r"^ratio ours \(protoclip\) / open_clip_train per round: [0-9.]+; min [0-9.]+x, median", text,
                      re.M), text
     assert "decode_jpeg pixels equal to PIL's: 8/8 images" in text
+    step = (tmp_path / "step_cpu_smoke.txt").read_text()  # the data-wait rows: one per place of the augmentation
+    waits = re.findall(r"^ours reading JPEG shards with 1 workers, (.+): (\d+)% of step time waiting", step, re.M)
+    assert [w for w, _ in waits] == ["colour in the workers", "colour on the device", "decoded on the device"], step
+    assert "open_clip" not in step  # --skip-open-clip
+    episode = (tmp_path / "episode_cpu_smoke.txt").read_text()
+    ratios = re.findall(r"^ProtoCLIP / CLIP time per episode \(augment_on: (\w+)\): x([0-9.]+)", episode, re.M)
+    assert [on for on, _ in ratios] == ["workers", "device"] and all(float(r) > 0 for _, r in ratios), episode
+    assert "data: shards, 1 workers" in episode
+    kmeans = (tmp_path / "kmeans_cpu_smoke.txt").read_text()
+    assert re.search(r"^torch cpu +[0-9.]+ ", kmeans, re.M), kmeans
