@@ -154,7 +154,8 @@ def test_snakemake_dry_run_plans_the_claims_runs(tmp_path, planned):
                    if s.command == "evaluate"]
     targets = {t.id: t for t in cfg.paper_targets()}
     claim_runs = {run for c in cfg.paper_claims() if not c.unavailable
-                  for run in family(cfg, targets[c.target], c.a, c.a_runs) + family(cfg, targets[c.target], c.b, c.b_runs)}
+                  for label, pinned in ((c.a, c.a_runs), (c.b, c.b_runs))
+                  for run in family(cfg, targets[c.target], label, pinned)}
     for run in claim_runs:
         if trained(cfg, run):
             assert ("train", f"run={run}") in dry, run
