@@ -97,7 +97,7 @@ HEADLINES = {
 }
 NOT_RUN_HERE = {"t3_ablations_beat_clip", "f6a_best_episode_size", "f6b_best_target_temperature",
                 "xclip_out_of_distribution", "xclip_flickr_r1", "xclip_memory", "temperature_uniformity",
-                "temperature_distance_range", "temperature_equilibrium", "temperature_mscoco_exception",
+                "temperature_distance_range", "temperature_equilibrium",
                 "pcl_low_resource", "pcl_warmup", "pauc_toy_nemd", "pauc_vs_byol"}
 
 
