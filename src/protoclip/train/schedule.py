@@ -31,6 +31,21 @@ Conventions (choices where the paper is silent, each tested in tests/unit/test_t
   wins, and one level setting both keys stops at load time).
 * epoch of a step (for locked-image tuning) = ``step * batch * world / M``: samples seen so far
   over the data set size; the image-encoder LR is zero for every step whose epoch is >= lock epoch.
+* ``min_lr``: the cosine ends at ``min_lr`` instead of 0, ``min + 0.5 * (1 + cos(pi * e / es)) * (base - min)``
+  (nCLIP Table 14, nclip-xclip.txt l.558: "learning rate end 2e-6"; the warm-up is unchanged).
+* ``lr_schedule: step`` (PCL / MoCo, pcl-protonce.txt l.150: "multiplied by 0.1 at 120 and 160 epochs"): after
+  the warm-up (PCL has none: 0 steps), ``base * gamma ** (milestones reached)``. MoCo's ``adjust_learning_rate``
+  sets the LR at the start of each epoch, so a milestone e takes effect from the first step of epoch e. Here an
+  epoch of the step schedule is ``M / m`` episodes (``steps_per_episode * M / m`` steps, :attr:`Schedule.
+  steps_per_epoch`): with one episode per epoch (PCL: m capped at M) milestone e starts exactly at episode e, as
+  in MoCo; counting samples (``step * B / M``, the lock's epoch) would drop a few steps early, since an episode's
+  short last batch counts as a full one there.
+* a budget in optimizer steps (``steps``, the temperature paper's "108,000 iterations", l.806-807) instead of
+  epochs: ``n_episodes = ceil(steps / steps_per_episode)`` episodes are drawn and the run stops after exactly
+  ``steps`` optimizer steps, inside the last episode (its remaining batches are not trained); the cosine runs
+  over those ``steps`` (``total_steps = steps``). A step that is skipped (a final batch of one item) is not
+  counted by the loop, so such a run ends short of ``steps``; a paper run avoids it with an episode size that is
+  a multiple of its batch. ``warmup_steps``, when set, is the warm-up in optimizer steps as it is given.
 """
 from __future__ import annotations
 
@@ -80,8 +95,9 @@ def trained_batches_per_episode(episode_size: int, batch_size: int, world_size: 
     return per_rank // batch_size + (per_rank % batch_size >= 2)
 
 
-def warmup_cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int) -> float:
-    """Linear warm-up then cosine decay to zero (open_clip ``cosine_lr`` formula, see module doc)."""
+def warmup_cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> float:
+    """Linear warm-up then cosine decay to ``min_lr`` (open_clip ``cosine_lr`` formula with min_lr = 0, see
+    module doc)."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if step < warmup_steps:
@@ -90,13 +106,38 @@ def warmup_cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: 
     if decay_steps <= 0:  # warm-up covers the whole run: stay at the peak
         return base_lr
     progress = min(step - warmup_steps, decay_steps) / decay_steps
-    return 0.5 * (1.0 + math.cos(math.pi * progress)) * base_lr
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (base_lr - min_lr)
+
+
+def step_decay_lr(step: int, base_lr: float, warmup_steps: int, milestones: tuple[float, ...], gamma: float,
+                  steps_per_epoch: float) -> float:
+    """Linear warm-up (as :func:`warmup_cosine_lr`) then ``base * gamma ** k``, k = the milestones (epochs)
+    reached at ``step``, whose epoch is ``step / steps_per_epoch`` (PCL / MoCo step decay, see module doc)."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    epoch = round(step / steps_per_epoch, 9)  # round(): 120 * 7 / 7.0 must read as epoch 120, not 119.999...
+    return base_lr * gamma ** sum(epoch >= m for m in milestones)
+
+
+def budget_episodes(steps: int, steps_per_ep: int) -> int:
+    """Episodes a budget of ``steps`` optimizer steps draws: ``ceil(steps / steps_per_episode)`` (the last one
+    is cut at ``steps``, see module doc)."""
+    if steps < 1 or steps_per_ep < 1:
+        raise ValueError(f"steps ({steps}) and steps_per_episode ({steps_per_ep}) must be >= 1")
+    return math.ceil(steps / steps_per_ep)
 
 
 def warmup_steps(warmup_episodes: int, steps_per_ep: int, warmup_samples: int | None, batch_size: int,
-                 world_size: int = 1) -> int:
-    """Warm-up length in optimizer steps: ``ceil(warmup_samples / (batch * world))`` when ``warmup_samples``
-    is given (independent of the episode size), else ``warmup_episodes * steps_per_episode``."""
+                 world_size: int = 1, warmup_iterations: int | None = None) -> int:
+    """Warm-up length in optimizer steps: ``warmup_iterations`` (the config's ``warmup_steps``) when given, else
+    ``ceil(warmup_samples / (batch * world))`` when ``warmup_samples`` is given (independent of the episode
+    size), else ``warmup_episodes * steps_per_episode``."""
+    if warmup_iterations is not None:
+        if warmup_iterations < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_iterations}")
+        return warmup_iterations
     if warmup_samples is not None:
         if warmup_samples < 0:
             raise ValueError(f"warmup_samples must be >= 0, got {warmup_samples}")
@@ -151,25 +192,58 @@ class Schedule:
     steps_per_episode: int
     warmup_steps: int
     lock_image_epoch: float | None
+    budget_steps: int | None = None  # a `steps` budget: the run stops after this many steps (else n_episodes')
+    lr_schedule: str = "cosine"  # cosine | step
+    min_lr: float = 0.0  # the cosine's final LR
+    milestones: tuple[float, ...] = ()  # the step schedule's epochs
+    gamma: float = 0.1  # the step schedule's factor
 
     @property
     def total_steps(self) -> int:
-        return self.n_episodes * self.steps_per_episode
+        return self.budget_steps if self.budget_steps is not None else self.n_episodes * self.steps_per_episode
+
+    @property
+    def steps_per_epoch(self) -> float:
+        """Optimizer steps of one epoch as the step schedule counts it: ``M / m`` episodes (module doc)."""
+        return self.steps_per_episode * self.dataset_size / self.episode_size
 
     @classmethod
     def build(cls, *, base_lr: float, epochs: float, dataset_size: int, episode_size: int, batch_size: int,
               warmup_episodes: int, lock_image_epoch: float | None, world_size: int = 1,
-              warmup_samples: int | None = None) -> "Schedule":
+              warmup_samples: int | None = None, steps: int | None = None, warmup_iterations: int | None = None,
+              lr_schedule: str = "cosine", min_lr: float = 0.0, milestones: tuple[float, ...] = (),
+              gamma: float = 0.1) -> "Schedule":
+        """``steps`` (optimizer steps) replaces ``epochs`` when given; ``warmup_iterations`` (the config's
+        ``warmup_steps``) replaces the other warm-up units."""
         spe = steps_per_episode(episode_size, batch_size, world_size)
+        n_ep = budget_episodes(steps, spe) if steps is not None else n_episodes(epochs, dataset_size, episode_size)
         return cls(base_lr=base_lr, dataset_size=dataset_size, episode_size=episode_size, batch_size=batch_size,
-                   world_size=world_size, n_episodes=n_episodes(epochs, dataset_size, episode_size),
-                   steps_per_episode=spe,
-                   warmup_steps=warmup_steps(warmup_episodes, spe, warmup_samples, batch_size, world_size),
-                   lock_image_epoch=lock_image_epoch)
+                   world_size=world_size, n_episodes=n_ep, steps_per_episode=spe,
+                   warmup_steps=warmup_steps(warmup_episodes, spe, warmup_samples, batch_size, world_size,
+                                             warmup_iterations),
+                   lock_image_epoch=lock_image_epoch, budget_steps=steps, lr_schedule=lr_schedule, min_lr=min_lr,
+                   milestones=tuple(milestones), gamma=gamma)
+
+    @classmethod
+    def from_config(cls, cfg, dataset_size: int, world_size: int = 1) -> "Schedule":
+        """The schedule of a TrainConfig ``cfg`` (read by attribute: this module imports no config) on a data set
+        of ``dataset_size`` items over ``world_size`` ranks; m capped at M, the per-rank batch B / world."""
+        if dataset_size < 1 or world_size < 1 or cfg.batch_size % world_size:
+            raise ValueError(f"dataset_size ({dataset_size}) and world_size ({world_size}) must be >= 1, and "
+                             f"batch_size {cfg.batch_size} a multiple of the world size")
+        return cls.build(base_lr=cfg.lr, epochs=cfg.epochs, dataset_size=dataset_size,
+                         episode_size=min(cfg.episode_size, dataset_size), batch_size=cfg.batch_size // world_size,
+                         warmup_episodes=cfg.warmup_episodes, lock_image_epoch=cfg.lock_image_epoch,
+                         world_size=world_size, warmup_samples=cfg.warmup_samples, steps=cfg.steps,
+                         warmup_iterations=cfg.warmup_steps, lr_schedule=cfg.lr_schedule, min_lr=cfg.min_lr,
+                         milestones=tuple(cfg.lr_milestones), gamma=cfg.lr_gamma)
 
     def lr(self, step: int) -> float:
         """LR of every non-image parameter group at ``step``."""
-        return warmup_cosine_lr(step, self.base_lr, self.warmup_steps, self.total_steps)
+        if self.lr_schedule == "step":
+            return step_decay_lr(step, self.base_lr, self.warmup_steps, self.milestones, self.gamma,
+                                 self.steps_per_epoch)
+        return warmup_cosine_lr(step, self.base_lr, self.warmup_steps, self.total_steps, self.min_lr)
 
     def image_lr(self, step: int) -> float:
         """LR of the image-encoder groups: :meth:`lr` times the locked-image factor."""
