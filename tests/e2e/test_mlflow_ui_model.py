@@ -69,7 +69,7 @@ def test_mlflow_ui_shows_curve_system_metrics_model_and_registered_version(tmp_p
         assert (tmp_path / f"{name}.png").stat().st_size > 10_000, name
     # the run's charts: the validation curves beside the training losses
     assert "val/zeroshot/top1" in doms["model_metrics"] and "val/knn/top1" in doms["model_metrics"]
-    assert "mean/loss" in doms["model_metrics"]
+    assert "train/loss" in doms["model_metrics"] and "episode/mean/loss" in doms["model_metrics"]
     # MLflow's own system metrics
     assert "system/cpu_utilization_percentage" in doms["system_metrics"]
     assert "system/system_memory_usage_megabytes" in doms["system_metrics"]

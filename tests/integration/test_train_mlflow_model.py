@@ -82,14 +82,15 @@ def test_training_run_holds_curves_system_metrics_and_a_registered_model_open_cl
     c = store(cfg)
 
     # the validation curve: after episodes 1 and 3 (every 2nd) and 4 (the last of ceil(2 x 36 / 16) = 5), the log's
-    # numbers as step metrics
+    # numbers as metrics at the global step of the episode's end (the optimizer steps done), the training curves' axis
     episodes = read_train_log(layout.train_log("clip"), kind="episode")
     assert [r["episode"] for r in episodes] == [0, 1, 2, 3, 4]
     validated = [r for r in episodes if "val/zeroshot/top1" in r]
     assert [r["episode"] for r in validated] == [1, 3, 4] and all("val/knn/top1" in r for r in validated)
     history = c.get_metric_history(run.info.run_id, "val/zeroshot/top1")
-    assert [(m.step, m.value) for m in history] == [(r["episode"], r["val/zeroshot/top1"]) for r in validated]
+    assert [(m.step, m.value) for m in history] == [(r["step"], r["val/zeroshot/top1"]) for r in validated]
     assert "time/validation" in validated[0] and "val/zeroshot/n_classes" not in run.data.metrics
+    assert "episode/time/validation" in run.data.metrics
 
     # ... the final one is what `protoclip evaluate` gives the saved model on the same held-out set
     run_evaluate(cfg, "clip", tasks=["zeroshot", "knn"], datasets=["heldout_pairs"])
@@ -165,7 +166,7 @@ def test_validation_leaves_the_weights_and_the_switches_turn_artifacts_system_me
     assert c.search_model_versions("name = 'quiet'") == []
     assert not any(k.startswith("system/") for k in quiet.data.metrics)
     assert quiet.data.tags["protoclip.model_sha256"] == expected_provenance(layout, "quiet")["protoclip.model_sha256"]
-    assert np.isfinite(quiet.data.metrics["mean/loss"])
+    assert np.isfinite(quiet.data.metrics["episode/mean/loss"]) and np.isfinite(quiet.data.metrics["train/loss"])
 
 
 def test_a_model_open_clip_cannot_represent_is_registered_as_model_pt_alone(tmp_path):
