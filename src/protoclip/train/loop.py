@@ -63,6 +63,7 @@ from protoclip.tracking import Tracker
 from protoclip.train.checkpoint import (check_state_finite, kept_checkpoint, restore_rng,
                                        resume_key, rng_state, save_checkpoint)
 from protoclip.train.config import TrainConfig
+from protoclip.train.curves import Curves
 from protoclip.train.distributed import (DistInfo, barrier, broadcast_object, destroy, env_world, gather_object,
                                         init_from_env, seed_rank, sync_buffers)
 from protoclip.train.episode import episode_size_for
@@ -74,6 +75,8 @@ from protoclip.train.step_log import NonFiniteLossError, StepWindow
 log = logging.getLogger(__name__)
 
 IMAGE_GROUPS = ("image_decay", "image_no_decay")  # groups whose LR locked-image tuning zeroes
+# the resolved schedule's numbers logged as MLflow params (the curves' x axis is the global step)
+SCHEDULE_PARAMS = ("dataset_size", "episode_size", "n_episodes", "steps_per_episode", "warmup_steps")
 
 
 def resolved_precision(precision: str, device: torch.device) -> str:
@@ -258,6 +261,7 @@ class Session:
     autocast: Callable[[], ContextManager]
     tlog: TrainLog
     tracker: Tracker
+    curves: Curves  # the tracker's per-step curves, sent per episode (protoclip.train.curves)
     checkpoint: Path
     resume_key: dict
     # protoclip.train.validation.Validator (its due(), and its call on the model -> val/* numbers) or None
@@ -375,7 +379,11 @@ def run_episode(s: Session, episode: int, step: int) -> tuple[dict[str, Any], in
     t0 = time.perf_counter()
     sums: dict[str, float] = {}
     n_steps = 0
-    window = StepWindow(s.cfg.log_every_steps, s.cfg.log_every, s.tlog.append, s.checkpoint, s.device,
+    def keep(rec: dict[str, Any]) -> None:  # a step line the log keeps: also a point of the MLflow curves
+        s.tlog.append(rec)
+        s.curves.add(rec)
+
+    window = StepWindow(s.cfg.log_every_steps, s.cfg.log_every, keep, s.checkpoint, s.device,
                         overflow_skips=s.scaler is not None)
     for images, tokens, pos in tqdm(s.loader.pass_of(episode, "train"), desc=f"episode {episode}", leave=False,
                                     disable=not s.info.is_main):
@@ -407,7 +415,7 @@ def stop_decision(episode: int, n_episodes: int, stopped_early: bool, done_here:
 def end_episode(s: Session, progress: Progress, records: list[dict[str, Any]], stopping: bool,
                 save_due: bool) -> bool:
     """Log the episode's ``records`` (its episode record, an early stop), then checkpoint (when ``stopping`` or
-    ``save_due``, rank 0's decision), then send the episode record to the tracker; wait for every rank.
+    ``save_due``, rank 0's decision), then send the episode's curves to the tracker; wait for every rank.
     ``progress`` already points past the episode. Returns whether a checkpoint was written.
 
     The order keeps the log and the checkpoint consistent under a kill at any point: records the checkpoint
@@ -432,9 +440,8 @@ def end_episode(s: Session, progress: Progress, records: list[dict[str, Any]], s
                                    "early_stop": progress.early_stop,
                                    **({"scaler": s.scaler.state_dict()} if s.scaler is not None else {}),
                                    **({"rng_ranks": rng_ranks} if rng_ranks else {})})
-    if s.info.is_main:
-        ep_rec = records[0]
-        s.tracker.log_metrics({k: v for k, v in ep_rec.items() if k != "kind"}, step=ep_rec["episode"])
+    if s.info.is_main:  # the episode's kept steps and its record, at the global step (one batch)
+        s.curves.end_episode(records[0])
     barrier(s.info)
     return save
 
@@ -468,7 +475,11 @@ def log_start(s: Session, progress: Progress, config: dict, config_path: Path, r
                                 "n_episodes": sched.n_episodes, "steps_per_episode": sched.steps_per_episode,
                                 "warmup_steps": sched.warmup_steps, "total_steps": sched.total_steps, **world}})
     if s.info.is_main:
-        s.tracker.log_params({"train": config, "provenance": prov, "world": world})
+        # the schedule as params: the episode and epoch of a curve's global step follow from them
+        s.tracker.log_params({"train": config, "provenance": prov, "world": world,
+                              "schedule": {k: getattr(sched, k) for k in SCHEDULE_PARAMS},
+                              # what the method derives from the data, e.g. PCL's K list and negatives drawn
+                              "resolved": s.method.resolved(sched.episode_size)})
 
 
 def run_episodes(s: Session, progress: Progress, stop_after_episodes: int | None) -> None:
@@ -544,10 +555,11 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
         progress = Progress()
         tlog.begin()
         seed_rank(cfg.seed, info)  # rank r > 0: its own augmentation stream (the weights are built already)
+    tracker = tracker or Tracker()
     s = Session(cfg=cfg, run=cfg.name, model=model, net=wrap_for_ddp(model, method, device, info),
                 optimizer=optimizer, method=method, sched=sched, dataset=dataset, teacher=teacher,
                 use_teacher=cfg.reads_teacher() and teacher is not None, info=info, device=device,
-                autocast=autocast, tlog=tlog, tracker=tracker or Tracker(),
+                autocast=autocast, tlog=tlog, tracker=tracker, curves=Curves(tracker, enabled=info.is_main),
                 checkpoint=files.checkpoint, resume_key=key, validator=validator, scaler=scaler,
                 channels_last=channels_last,
                 loader=run_loader(cfg, dataset, sched, info, device, model.image_size))
