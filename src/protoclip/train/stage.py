@@ -9,7 +9,8 @@ Reads the prepared manifest (train split, the run's ``data`` sources) and, for a
 and ``external_weight > 0``, the teacher cache ``data/teacher/<teacher>.npz``. Writes
 ``results/runs/<run>/{config.yaml, train_log.jsonl, model.pt}`` and the work in progress under ``checkpoints/``
 (last.pt, the log it continues, the MLflow run id). MLflow is reached only through
-:func:`protoclip.tracking.training_run`: besides params and episode metrics, the run gets the validation curves
+:func:`protoclip.tracking.training_run`: besides params and the training curves at the global step
+(:mod:`protoclip.train.curves`: ``train/*`` per step, ``episode/*``), the run gets the validation curves ``val/*``
 (:mod:`protoclip.train.validation`, ``train.validation``), provenance tags and, unless ``paths.mlflow_log_models`` is
 false, a version of the model named after the run: with ``copy`` (or true) it holds one copy of the weights (the
 open_clip export, or ``model.pt`` where open_clip cannot represent the model; :func:`log_model`), with ``reference``
