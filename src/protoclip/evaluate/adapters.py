@@ -5,7 +5,8 @@ and which metric function it calls.
 task        features (paper section)                      metric function
 =========== ============================================ ====================================================
 zeroshot    z^I vs prompt-ensembled z^T (IV-C1, Table VI) metrics.zeroshot.zeroshot_classify
-linear      z^I, not normalised (IV-C2, Table VII)        metrics.linear.linear_probe / sgd_linear_probe
+linear      z^I, not normalised (IV-C2, Table VII)        metrics.linear.linear_probe / sgd_linear_probe;
+            (another paper's protocol: evaluate.protocols)  metrics.linear_sgd.sgd_protocol_probe
 knn         z^I, cosine, k=20, T=0.07 (IV-C3, Table VII)  metrics.knn.knn_classifier
 retrieval   z^I vs z^T of captions (IV-C4, Table VIII)    metrics.retrieval.retrieval_recall
 clustering  z^I of the test split (IV-G3, Table XII)      metrics.clustering.cluster_scores
@@ -31,6 +32,7 @@ import numpy as np
 
 from protoclip.evaluate.config import EvaluateConfig
 from protoclip.evaluate.datasets import EvalSet
+from protoclip.evaluate.protocols import PROTOCLIP, PROTOCOLS
 from protoclip.evaluate.set_features import SetFeatures
 from protoclip.similarity import Similarity
 from protoclip.tasks import TASKS
@@ -54,6 +56,7 @@ class SetInput:
     similarity: Similarity = field(default_factory=Similarity)
     text: TextSide | None = None
     classifiers: dict[str, np.ndarray] = field(default_factory=dict)  # built once per set: "z", "s"
+    linear_protocol: str = PROTOCLIP  # the run's (EvaluateConfig.linear_protocol_of)
 
 
 @dataclass
@@ -126,17 +129,28 @@ def task_zeroshot(x: SetInput) -> TaskResult:
 
 
 def task_linear(x: SetInput) -> TaskResult:
+    """The run's linear protocol on z^I: ProtoCLIP's (L-BFGS, SGD above linear_sgd_above samples) or a paper's
+    own SGD recipe (evaluate.protocols); ``protocol`` in the metrics names it."""
     from protoclip.evaluate.metrics.linear import linear_probe, sgd_linear_probe
 
     f, cfg = x.feats, x.cfg
     args = (f.train_z, f.train_y, f.test_z, f.test_y)
-    if len(f.train_y) > cfg.linear_sgd_above:  # paper: SGD for ImageNet, L-BFGS for the small sets
+    if x.linear_protocol != PROTOCLIP:
+        from protoclip.jobs.devices import resolve_device
+        from protoclip.evaluate.metrics.linear_sgd import sgd_protocol_probe
+
+        m, hits = sgd_protocol_probe(*args, PROTOCOLS[x.linear_protocol], seed=cfg.seed,
+                                     num_classes=len(x.ds.classnames), device=resolve_device(cfg.device),
+                                     per_example=True)
+        m["solver"] = "sgd"
+    elif len(f.train_y) > cfg.linear_sgd_above:  # paper: SGD for ImageNet, L-BFGS for the small sets
         m, hits = sgd_linear_probe(*args, seed=cfg.seed, num_classes=len(x.ds.classnames), per_example=True)
         m["solver"] = "sgd"
     else:
         m, hits = linear_probe(*args, seed=cfg.seed, max_iter=cfg.linear_max_iter, center=cfg.linear_center,
                                steps_per_decade=cfg.linear_steps_per_decade, per_example=True)
         m.update(solver="lbfgs", centred=cfg.linear_center)
+    m["protocol"] = x.linear_protocol
     return TaskResult(m, "z_image (not normalised)", _sizes(f, train=True), _with_labels(hits, f))
 
 

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Literal, Protocol, runtime_checkable
 
 from protoclip.jobs.devices import check_device_name
+from protoclip.evaluate.protocols import PROTOCLIP, ProtocolName, check_protocol
 from protoclip.config.protocols import Project
 from protoclip.tasks import TASKS, check_tasks
 
@@ -94,6 +96,12 @@ class EvaluateConfig:
     # resolution of the L-BFGS probe's C search (metrics/linear.py search_C): 4 = one halving fewer than CLIP's 8
     linear_steps_per_decade: int = 4
     linear_sgd_above: int = 100_000  # more training samples -> SGD probe (paper: SGD for ImageNet, L-BFGS else)
+    # the linear probe's protocol (evaluate.protocols): protoclip = ProtoCLIP's (Sec. IV-C2: the L-BFGS / SGD probe
+    # above, the keys linear_*); pcl, nclip, mocov3 = PCL's, nCLIP's, the temperature paper's SGD recipes
+    linear_protocol: ProtocolName = PROTOCLIP
+    # {run name pattern (fnmatch, e.g. "pcl_*"): protocol} for runs scored under another protocol than
+    # linear_protocol (config/paper.yaml: each paper's runs under its own); a run two patterns match is an error
+    linear_protocol_runs: dict[str, ProtocolName] = field(default_factory=dict)
     nemd_max_pairs: int = 5000  # NEMD cost control: random subset of class pairs (methods-spec 3.4.8)
     tsne_max_points: int = 5000  # t-SNE (paper Fig. 8) on a seeded subsample of at most this many test images
     seed: int = 0  # seeds the linear-probe validation split, k-means, NEMD subsampling and t-SNE
@@ -111,6 +119,27 @@ class EvaluateConfig:
         if self.nemd_max_pairs < 1 or self.tsne_max_points < 1 or self.linear_sgd_above < 0 or self.seed < 0:
             raise ValueError("nemd_max_pairs and tsne_max_points must be >= 1, linear_sgd_above and seed >= 0")
         check_device_name(self.device)
+        check_protocol(self.linear_protocol)
+        for pattern, name in self.linear_protocol_runs.items():
+            check_protocol(name, f"evaluate.linear_protocol_runs[{pattern!r}]")
+
+    def linear_protocol_of(self, run: str) -> str:
+        """The linear protocol run ``run`` is scored under: the one pattern of linear_protocol_runs matching its
+        name, else linear_protocol."""
+        matched = sorted(p for p in self.linear_protocol_runs if fnmatchcase(run, p))
+        if len(matched) > 1:
+            raise ValueError(f"run '{run}' matches several evaluate.linear_protocol_runs patterns: "
+                             f"{', '.join(matched)}")
+        return self.linear_protocol_runs[matched[0]] if matched else self.linear_protocol
+
+    def check_protocol_runs(self, runs: list[str]) -> None:
+        """Stop on a pattern of linear_protocol_runs that matches none of ``runs`` (a typo would score its runs
+        under the default protocol silently) and on a run that two patterns match."""
+        for pattern in self.linear_protocol_runs:
+            if not any(fnmatchcase(r, pattern) for r in runs):
+                raise ValueError(f"evaluate.linear_protocol_runs: pattern {pattern!r} matches no run")
+        for run in runs:
+            self.linear_protocol_of(run)
 
 
 @runtime_checkable

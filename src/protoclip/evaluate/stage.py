@@ -122,7 +122,7 @@ class SetEvaluation:
         feats = self.extractor.features(self.layout.features(self.run, name), ds,
                                         work=self.layout.eval_progress(self.run, name)) if runnable else {}
         x = SetInput(feats, ds, self.ecfg, self.layout.tsne_figure(self.run, name), self.extractor.similarity,
-                     self.extractor)
+                     self.extractor, linear_protocol=self.ecfg.linear_protocol_of(self.run))
         for task in runnable:
             if (small := too_small(task, feats, x.similarity)) is not None:
                 log.warning("%s: %s not run (%s)", name, task, small.reason)
@@ -171,6 +171,10 @@ def run_evaluate(cfg: EvaluateProject, run: str, tasks: list[str] | None = None,
     """Evaluate ``run`` on the configured sets (``datasets``: some of them); returns the metrics files written.
     ``targets``: table targets (MLflow tags). The run's ``metrics.json`` is ``collect``'s, a stage of its own."""
     ecfg: EvaluateConfig = cfg.evaluate
+    try:  # a mistyped pattern of linear_protocol_runs stops here, before any run is scored
+        ecfg.check_protocol_runs(cfg.run_names())
+    except ValueError as err:
+        raise ConfigError(f"{cfg.source}: {err}") from None
     tasks, names = _requested(cfg, tasks, datasets)
     layout = Layout.from_config(cfg)
     extractor = _extractor(cfg, run, layout)
@@ -178,7 +182,8 @@ def run_evaluate(cfg: EvaluateProject, run: str, tasks: list[str] | None = None,
     written: list[Path] = []
     with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
         tracker.log_params({"evaluate": {"seed": ecfg.seed, "knn_k": ecfg.knn_k,
-                                         "knn_temperature": ecfg.knn_temperature}})
+                                         "knn_temperature": ecfg.knn_temperature,
+                                         "linear_protocol": ecfg.linear_protocol_of(run)}})
         if pretrained.enabled:  # what a trained run's MLflow run says of its training, this says of its checkpoint
             from protoclip.models.pretrained import source_label
 

@@ -7,6 +7,7 @@ the ``evaluate`` stage (``protoclip.evaluate.stage``) extracts features and call
 |---|---|---|
 | zeroshot | build_zeroshot_classifier, zeroshot_classify | ProtoCLIP IV-C1 (CLIP prompt ensembling) |
 | linear | linear_probe (L-BFGS), sgd_linear_probe, linear_eval | IV-C2 |
+| linear_sgd | sgd_protocol_probe (PCL's, nCLIP's, MoCo v3's SGD probes; evaluate.protocols) | PCL App. E, nCLIP 4.2.1, temperature App. A |
 | knn | knn_classifier (DINO weighted vote, k=20, T=0.07) | IV-C3 |
 | retrieval | retrieval_recall (R@1/5/10 both ways, mean recall) | IV-C4 |
 | clustering | cluster_scores (k-means, ARI, AMI) | IV-G3, Table XII |
