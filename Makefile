@@ -4,14 +4,16 @@ VENV   ?= .venv
 CORES  ?= all
 BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
+# faiss: the `cpu` extra (faiss-cpu) or `make run FAISS=gpu` (faiss-gpu-cu12, GPU k-means), never both (pyproject.toml)
+FAISS  ?= cpu
 
-.PHONY: run pull checkout test test-unit test-integration test-e2e lint dry-run clean-results
+.PHONY: run pull checkout test test-unit test-integration test-e2e lint dry-run clean-results docs-figure
 
-# Create the virtual environment and install the package (re-done only when pyproject.toml changes).
+# Create the virtual environment and install the package with its faiss (re-done only when pyproject.toml changes).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
-	$(BIN)/python -m pip install -qq -e .  # -qq: errors only (the local wheel index prints a warning per package)
+	$(BIN)/python -m pip install -qq -e '.[$(FAISS)]'  # -qq: errors only (the local index warns per package)
 	touch $(STAMP)
 
 # The main job: the whole Snakemake DAG on the offline default (prepare, teacher, train, evaluate, report), then
@@ -43,9 +45,10 @@ checkout: $(STAMP)
 	PATH=$(BIN):$$PATH dvc status --quiet || { echo "outputs differ from dvc.lock: run 'make run'"; exit 1; }
 	PATH=$(BIN):$$PATH snakemake --touch --forceall --cores 1 --quiet
 
-# The tests (what CI runs through .ci/run), with what they start: pytest, the SLURM plugin and the MLflow tracking
-# server's packages (pip extras `test`, `slurm`, `tracking-server`) and, as root, the Debian packages of the test
-# SLURM cluster and of PostgreSQL (.ci/install-slurm, .ci/install-postgresql; each step does nothing when done).
+# The tests (what CI runs through .ci/run), with what they start: pytest, the SLURM plugin, the MLflow tracking
+# server's packages, PyAV and CLIP_benchmark (pip extras `test`, `slurm`, `tracking-server`, `ucf101`, `prompts`)
+# and, as root, the Debian packages of the test SLURM cluster and of PostgreSQL (.ci/install-slurm,
+# .ci/install-postgresql; each step does nothing when done).
 # Every tier, fastest first (docs/tests.md): `make test-unit`, `make test-integration`, `make test-e2e` run one.
 # The unit and integration tiers run on TEST_WORKERS processes (pytest-xdist; one thread each). The end-to-end
 # tests spend about a third of their time waiting (process start-ups, SLURM's scheduling and status checks,
@@ -72,12 +75,18 @@ test-e2e: $(VENV)/.installed-test-extras
 	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q $(E2E_ARGS) tests/e2e
 
 $(VENV)/.installed-test-extras: $(STAMP)
-	$(BIN)/python -m pip install -qq -e '.[slurm,tracking-server,test]'
+	$(BIN)/python -m pip install -qq -e '.[$(FAISS),slurm,tracking-server,ucf101,prompts,test]'
 	touch $@
 
 lint: $(STAMP)
 	PATH=$(BIN):$$PATH snakemake --lint
 	PATH=$(BIN):$$PATH snakemake -n --cores 1 --quiet
+
+# The README's figure in git (results/ is DVC's, so a browsed repository would show a broken image): the Figure 8
+# analog of the last `make run`, at most 1280 px wide. Commit docs/img/fig_8.png and say in README.md which run it is.
+docs-figure: results/figures/fig_8.png
+	$(BIN)/python -c "from PIL import Image; im = Image.open('$<'); im.thumbnail((1280, 1280)); \
+	im.save('docs/img/fig_8.png', optimize=True)"
 
 clean-results:
 	rm -rf results/runs results/tables results/figures results/mlflow.db logs benchmarks

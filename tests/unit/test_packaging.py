@@ -17,9 +17,10 @@ def _environment_yml() -> dict:
 def test_environment_yml_pins_are_pyprojects():
     deps = _pyproject()["project"]["dependencies"]
     pip = next(d["pip"] for d in _environment_yml()["dependencies"] if isinstance(d, dict))
-    # the same requirement strings, in the same order (comments aside), then the project itself
+    # the same requirement strings, in the same order (comments aside), then the project itself with its faiss: the
+    # `cpu` extra, as `make run` installs it (pyproject.toml's extras are pinned; a test of its own checks them)
     assert [p for p in pip if not p.startswith("-e")] == deps
-    assert pip[-1] == "-e ." and all("==" in p for p in pip[:-1])
+    assert pip[-1] == "-e .[cpu]" and all("==" in p for p in pip[:-1])
 
 
 def test_environment_yml_takes_only_python_and_pip_from_conda_forge():
@@ -46,9 +47,13 @@ def test_pytest_is_a_test_extra_not_a_runtime_dependency():
     """A user's environment (pip or conda) does not get pytest; `make test` (so CI) installs the `test` extra."""
     deps = _pyproject()["project"]["dependencies"]
     assert not [d for d in deps if d.split("==")[0].lower() == "pytest"]
-    assert _pyproject()["project"]["optional-dependencies"]["test"] == ["pytest==9.2.0", "pytest-xdist==3.8.0"]
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert extras["test"] == ["pytest==9.2.0", "pytest-xdist==3.8.0"]
     make = (REPO / "Makefile").read_text()
-    assert "pip install -qq -e '.[slurm,tracking-server,test]'" in make
+    # `make test` installs the extras every test needs, with `make run`'s faiss (FAISS ?= cpu)
+    assert "pip install -qq -e '.[$(FAISS),slurm,tracking-server,ucf101,prompts,test]'" in make
+    assert "\nFAISS  ?= cpu\n" in make and "pip install -qq -e '.[$(FAISS)]'" in make
+    assert set(extras) >= {"cpu", "gpu", "slurm", "tracking-server", "ucf101", "prompts", "test"}
     importing = [str(p) for p in (REPO / "src").rglob("*.py")
                  if any(ln.split()[:2] in (["import", "pytest"], ["from", "pytest"]) or ln.startswith("import pytest")
                         for ln in p.read_text().splitlines())]

@@ -29,7 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from protoclip.files.atomic import durable_replace
-from protoclip.errors import UserError
+from protoclip.errors import UserError, import_extra
 
 
 class SourceDataError(UserError):
@@ -96,7 +96,7 @@ def prepare_birdsnap(src: str | Path, out: str | Path, images: str | Path | None
 
 def middle_frame(video: Path):
     """The middle frame (index n // 2 of the n decoded frames) of a video, as an RGB PIL image."""
-    import av
+    av = import_extra("av", "ucf101", "protoclip ucf101")  # PyAV (~100 MB with FFmpeg): this command's extra
 
     try:
         with av.open(str(video)) as container:
@@ -111,6 +111,7 @@ def middle_frame(video: Path):
 def prepare_ucf101(src: str | Path, out: str | Path, split: int = 1, train: bool = False,
                    videos: str | Path | None = None, lists: str | Path | None = None) -> dict:
     """UCF101's split lists + videos -> ``out/{testlist0k,trainlist0k}/<Class>/<video>.jpg`` (middle frames)."""
+    import_extra("av", "ucf101", "protoclip ucf101")  # stop before any work when PyAV is missing
     src, out = Path(src), Path(out)
     videos = Path(videos) if videos else src / "UCF-101"
     lists = Path(lists) if lists else src / "ucfTrainTestlist"

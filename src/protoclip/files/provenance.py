@@ -19,8 +19,10 @@ def git_commit(cwd: str | Path = ".") -> str:
         return "unknown"
 
 
-def versions(packages=("torch", "torchvision", "open_clip_torch", "faiss-cpu", "scikit-learn", "transformers",
-                       "numpy", "protoclip-repro")) -> dict[str, str]:
+def versions(packages=("torch", "torchvision", "open_clip_torch", "faiss-cpu", "faiss-gpu-cu12", "scikit-learn",
+                       "transformers", "numpy", "protoclip-repro")) -> dict[str, str]:
+    """Python, platform and the versions of ``packages`` ("not installed" for absent ones: faiss is one of two
+    extras, ``cpu`` or ``gpu``)."""
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
     for name in packages:
         try:

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from protoclip.errors import import_extra
+
 logger = logging.getLogger(__name__)
 
 Backend = Literal["auto", "faiss", "torch"]
@@ -97,7 +99,9 @@ FAISS_BUILDS = {"swigfaiss_avx512_spr": "AVX512-SPR", "swigfaiss_avx512": "AVX51
 
 def load_faiss():
     """``import faiss`` without the loader's fallback messages; logs the instruction set loaded (once per process).
-    Raises ImportError when faiss is not installed. Every faiss import of the project goes through here."""
+    Raises MissingExtraError (an ImportError) naming the extras when faiss is not installed: faiss-cpu and
+    faiss-gpu-cu12 are the ``cpu`` and ``gpu`` extras, one or the other (both write one ``faiss`` package folder).
+    Every faiss import of the project goes through here."""
     import sys
 
     if sys.modules.get("faiss") is not None:  # (a None entry blocks the import: `import faiss` below raises)
@@ -106,12 +110,15 @@ def load_faiss():
     level = loader_log.level
     loader_log.setLevel(logging.WARNING)
     try:
-        import faiss
+        faiss = import_extra("faiss", "cpu", "faiss k-means", or_extra="gpu")
     finally:
         loader_log.setLevel(level)
     build = next((name for mod, name in FAISS_BUILDS.items() if f"faiss.{mod}" in sys.modules), "unknown")
     logger.info("faiss %s loaded: %s instruction set", getattr(faiss, "__version__", "?"), build)
     return faiss
+
+
+_SAID_NO_FAISS: list[bool] = []  # non-empty once resolve_backend has logged that faiss is missing
 
 
 def _faiss_available() -> bool:
@@ -137,8 +144,11 @@ def resolve_backend(backend: Backend, device: torch.device, gpu: bool | None = N
         return "torch"
     have_faiss = _faiss_available()
     if backend == "faiss" and not have_faiss:
-        raise ImportError("kmeans: backend='faiss' but faiss is not importable (pip install faiss-cpu)")
+        load_faiss()  # raises the error naming the extras
     if not have_faiss:
+        if not _SAID_NO_FAISS:  # once per process: resolve_backend runs every episode
+            _SAID_NO_FAISS.append(True)
+            logger.info("kmeans: faiss is not installed (pip extras 'cpu' / 'gpu'): the torch backend runs k-means")
         return "torch"
     n_gpus = _faiss_num_gpus()
     want_gpu = (device.type == "cuda") if gpu is None else gpu

@@ -33,6 +33,8 @@ import json
 import re
 from pathlib import Path
 
+from protoclip.errors import MissingExtraError, import_extra
+
 # our key -> section title in clip-prompts.md; expected number of classes (ProtoCLIP Table II)
 CLIP_SECTIONS: dict[str, tuple[str, int]] = {
     "dtd": ("DescribableTextures", 47),
@@ -175,6 +177,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path(__file__).with_name("zeroshot_prompts.json"))
     args = p.parse_args(argv)
     from protoclip.files.atomic import write_text
+
+    try:  # CLIP_benchmark (with pycocotools and pycocoevalcap) is the 'prompts' extra, only this script needs it
+        import_extra("clip_benchmark", "prompts", "build_prompts")
+    except MissingExtraError as err:
+        raise SystemExit(f"{err.kind}: {err}") from None
 
     entries = build(args.reference)
     write_text(args.out, json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
