@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 from protoclip.project import load_config
-from protoclip.models.build import model_config
 from protoclip.config.strict import read_yaml
 from testkit import REPO
 from testkit.processes import snakemake as run_snakemake
@@ -201,15 +200,16 @@ def test_the_jobs_of_the_paper_config_train_and_evaluate_as_table_i(paper_projec
 
 
 def test_the_jobs_of_paper_pcl_train_as_pcl_sec_4_1(paper_project):
-    """PCL Sec. 4.1 / PAUC Sec. 4.1 as the jobs read them: ResNet-50 at 224 px, 200 epochs, batch 256, tau 0.2
+    """PCL Sec. 4.1 / PAUC Sec. 4.1 as the jobs read them: torchvision's ResNet-50 at 224 px (v2's MLP head; PAUC
+    v1's fc), 200 epochs, batch 256, tau 0.2
     (PCL v2; PAUC: PCL v1's 0.1), momentum 0.999, r = 16000 (ImageNet-100: 1024, the queue's negatives and the
     negative prototypes), K = {25k, 50k, 100k} ({2.5k, 5k, 10k}), 20 InfoNCE-only epochs; whole test sets."""
     cfg = load_config(jobs_config(paper_project, "config/paper_pcl.yaml"))
     assert cfg.prepare.image_size == 224
     for name in cfg.run_names():
         run = cfg.run(name)
-        arch = model_config(run.model)
-        assert (run.model, run.image_size or arch["vision_cfg"]["image_size"]) == ("RN50", 224), name
+        assert (run.model, run.image_size) == ("tv-resnet50", 224), name  # torchvision's ResNet-50 (l.150)
+        assert run.head_hidden == (0 if name.startswith("pauc") else 2048) and run.head_out == 128, name
         tau = 0.1 if name.startswith("pauc") else 0.2
         assert (run.epochs, run.batch_size, run.pcl.tau, run.pcl.momentum) == (200.0, 256, tau, 0.999), name
         in100 = name.endswith("in100")

@@ -219,7 +219,7 @@ def test_experiment_rows_share_the_offline_budget():
     paper = load_config(repo / "config" / "paper_pcl.yaml")
     run = paper.run("pcl_in1k")
     assert (run.model, run.epochs, run.batch_size, run.pcl.num_clusters, run.pcl.infonce_only_episodes) == (
-        "RN50", 200.0, 256, [25000, 50000, 100000], 20)
+        "tv-resnet50", 200.0, 256, [25000, 50000, 100000], 20)
 
 
 def pcl_ddp_worker(rank: int, world: int, port: int, out_dir: str, cfg) -> None:

@@ -179,11 +179,21 @@ PROTOCLIP = dict(  # protoclip.txt Table I (batch 512, 40 warm-up episodes of m 
 PCL = dict(  # pcl-protonce.txt l.150 (batch 256, 200 epochs, first 20 InfoNCE only, r = 16000, K = 25k/50k/100k;
     # PCL v2: tau 0.2, MoCo v2 augmentation with blur); no LR warm-up in the paper (ours: 1 epoch for AdamW)
     batch=256, warmup_episodes=1, aug="mocov2", queue=16000, negatives=16000, clusters=[25000, 50000, 100000],
-    tau=0.2, epochs=200)
-PAUC_1K = dict(PCL, aug="mocov1", tau=0.1)  # pauc-nemd.txt l.156 (PCL v1's augmentation), l.160 (r = 16000, K)
+    tau=0.2, epochs=200,
+    # l.150: r = 16000 with K >= 25000: all 16000 drawn at every K (ImageNet-1K's 1,281,167 training images, the
+    # "ImageNet-1M" of l.150)
+    drawn=16000, images=1_281_167,
+    # l.150: "A ResNet-50 ... whose last fully-connected layer outputs a 128-D" feature (torchvision's, as MoCo's and
+    # PCL's code build it); v2's "MLP projection layer" (l.150) as 2048 -> 2048 -> 128: MoCo v2's code, the paper
+    # states no width (a project choice, not a paper value)
+    head=[(2048, 2048), (2048, 128)])
+# pauc-nemd.txt l.156 (PCL v1's augmentation; "the last fully connected layer outputs a 128-D embedding": v1's fc),
+# l.160 (r = 16000, K)
+PAUC_1K = dict(PCL, aug="mocov1", tau=0.1, head=[(2048, 128)])
 # pauc-nemd.txt l.158 (ImageNet-100: K = 2500/5000/10000, r = 1024) and l.74 / l.82 (r: the negative instances,
 # i.e. the queue, and the negative prototypes alike)
-IN100 = dict(queue=1024, negatives=1024, clusters=[2500, 5000, 10000])
+# l.158: r = 1024 < K: all drawn; 126,689 training images: CMC's ImageNet-100 (not stated by PAUC; any n > K fits)
+IN100 = dict(queue=1024, negatives=1024, clusters=[2500, 5000, 10000], drawn=1024, images=126_689)
 RELATED = {
     "pm_nclip": NCLIP, "pm_xclip": NCLIP, "pm_clip_vitb16": NCLIP,
     "pm_clip_multi32x16": TEMPERATURE, "pm_clip_vitb16_t5": TEMPERATURE,
@@ -227,6 +237,38 @@ def check_paper_values(cfg, name: str, exp: dict) -> None:
         assert (run.pcl.queue_size, run.pcl.negatives) == (exp["queue"], exp["negatives"]), where
         assert run.pcl.num_clusters == exp["clusters"] and run.pcl.tau == exp["tau"], where
         assert run.pcl.infonce_only_episodes == 20 and run.pauc.enabled == name.startswith("pauc"), where
+        check_negatives_drawn(run, exp, where)
+    if "head" in exp:
+        check_backbone_and_head(run, exp["head"], where)
+
+
+def check_negatives_drawn(run, exp: dict, where: str) -> None:
+    """The negative prototypes the run draws at each of its K (losses.pcl.drawn_negatives) and as the method
+    resolves them on the data set's images (PCLMethod.resolved, what the run logs)."""
+    from protoclip.losses.pcl import drawn_negatives
+    from protoclip.train.methods.pcl import PCLMethod
+
+    for k in run.pcl.num_clusters:
+        assert drawn_negatives(run.pcl.negatives, [k]) == exp["drawn"], (where, k)
+    resolved = PCLMethod(run).resolved(exp["images"])["pcl"]
+    assert (resolved["num_clusters"], resolved["negatives_drawn"]) == (exp["clusters"], exp["drawn"]), where
+
+
+def check_backbone_and_head(run, head: list[tuple[int, int]], where: str) -> None:
+    """The model the run builds: torchvision's ResNet-50 (fc removed, [3, 4, 6, 3] blocks) and the Linear layers
+    of the head that replaces its fc (no BatchNorm: MoCo's heads)."""
+    import torchvision
+    from torch import nn
+
+    from protoclip.registry import method_class
+
+    model = method_class(run.method).build_model(run)
+    net = model.clip.visual
+    assert type(net) is torchvision.models.ResNet and isinstance(net.fc, nn.Identity), where
+    assert [len(getattr(net, f"layer{i}")) for i in range(1, 5)] == [3, 4, 6, 3], where
+    assert [(m.in_features, m.out_features) for m in model.image_head if isinstance(m, nn.Linear)] == head, where
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.image_head.modules()), where
+    assert model.image_size == 224 and model.text_head is None, where
 
 
 def test_related_methods_are_in_the_paper_dag_at_their_papers_settings():

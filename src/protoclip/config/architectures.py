@@ -213,6 +213,7 @@ def check_pretrained(model: str | None, tag: str | None) -> None:
                          f"(its tags: {', '.join(released[model])})")
 
 
-__all__ = ["LOCAL_DIR", "TORCHVISION_MODELS", "check_model", "check_torchvision", "is_torchvision", "check_pretrained", "config_dirs", "released_tags", "default_image_size",
+__all__ = ["LOCAL_DIR", "TORCHVISION_MODELS", "check_model", "check_torchvision", "is_torchvision",
+           "check_pretrained", "config_dirs", "released_tags", "default_image_size",
            "image_step", "known_models", "model_json",
            "multitoken_problem"]

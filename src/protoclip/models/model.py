@@ -119,7 +119,8 @@ class ProtoCLIPModel(nn.Module):
     """open_clip CLIP (``.clip``) + heads ``.image_head`` (g^I) and ``.text_head`` (g^T) + two temperatures.
 
     ``head``: ``swav`` (ProtoCLIP's g, :class:`ProjectionHead`), ``nclip`` (:class:`NCLIPHead`, nCLIP/xCLIP:
-    h are then the K-way logits) or ``moco`` (:class:`MoCoHead`, PCL's fc / MLP). ``.clip`` may be a multi-class-token CLIP (:mod:`protoclip.models.multitoken`),
+    h are then the K-way logits) or ``moco`` (:class:`MoCoHead`, PCL's fc / MLP). ``.clip`` may be a
+    multi-class-token CLIP (:mod:`protoclip.models.multitoken`),
     whose z are the m per-token projections concatenated ([B, m * n]), or an image-only torchvision tower
     (:mod:`protoclip.models.torchvision_image`, ``has_text`` False: no text head, ``text_head`` is None)."""
 
