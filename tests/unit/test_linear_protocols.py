@@ -178,3 +178,17 @@ def test_the_paper_configuration_scores_each_papers_runs_under_its_own_protocol(
             assert ev.linear_protocol_of(run) == want[prefix], run
     assert ev.linear_protocol == "protoclip"
     assert load_config(REPO / "config" / "config.yaml").evaluate.linear_protocol_runs == {}
+
+
+def test_a_diverged_head_is_never_picked_and_a_diverged_probe_stops():
+    """lr 1e38 overflows float32 (loss nan): the sweep takes the other head however poor; a probe at that lr alone,
+    or a sweep with no finite head, stops with one clear error instead of scoring nan weights."""
+    rng = np.random.default_rng(2)
+    x, y = separable(rng, 200)
+    xt, yt = torch.from_numpy(x).float(), torch.from_numpy(y)
+    p = dataclasses.replace(PROTOCOLS["nclip"], lrs=(1e-6, 1e38))
+    assert pick_lr(xt, yt, 4, p, seed=0)[0] == 1e-6
+    with pytest.raises(FloatingPointError, match="diverged at lr 1e"):
+        sgd_protocol_probe(x, y, x, y, dataclasses.replace(p, lrs=(1e38,)))
+    with pytest.raises(FloatingPointError, match="every head of the lr sweep diverged"):
+        pick_lr(xt, yt, 4, dataclasses.replace(p, lrs=(1e38, 2e38)), seed=0)
