@@ -360,3 +360,14 @@ def test_pcl_on_torchvisions_resnet50(tmp_path, head_hidden, pauc):
         pooled = torch.flatten(loaded.clip.visual.avgpool(torch.nn.Sequential(
             *list(loaded.clip.visual.children())[:-2])(x)), 1)
     np.testing.assert_allclose(z, pooled.numpy(), rtol=1e-4, atol=1e-5)
+    # the evaluation's extractor (model file, eval spec): image features of a labelled set with prompt templates
+    # and held-out captions; no caption text features (no text tower: retrieval / zero-shot are not applicable)
+    from protoclip.evaluate.datasets.sets import CaptionSet, LabelledSet
+    from protoclip.evaluate.features import FeatureExtractor
+
+    ds = LabelledSet("toy", ["a", "b"], ["a photo of {}."], split, split,
+                     captions=CaptionSet("toy pairs", split, [["x"], ["y"], ["z"], ["u"], ["v"]]))
+    feats = FeatureExtractor(path, device="cpu", batch_size=2).extract(ds)
+    np.testing.assert_allclose(feats.test_z, z, rtol=1e-4, atol=1e-5)
+    assert feats.train_z.shape == (5, 2048) and feats.caption_image_z.shape == (5, 2048)
+    assert feats.caption_text_z is None and feats.caption_text_s is None

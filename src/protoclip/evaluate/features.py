@@ -188,11 +188,15 @@ class FeatureExtractor:
         if caps is not None:
             z, h, _ = self._encode(caps.images, f"{ds.name} caption images", progress, "caption_images")
             out["caption_image_z"] = z
-            out["caption_text_z"] = self.text_encoder()(caps.texts).numpy()
             out["caption_text_to_image"] = caps.text_to_image
             if self.similarity.dot_product:
                 out["caption_image_s"] = self._image_s(z, h)
-                out["caption_text_s"] = self.similarity.text(self.text_pre(caps.texts)).numpy()
+            # a model without a text tower (an image-only torchvision backbone) has no caption features: every
+            # task reading them is a text task, not applicable to an image-only method (evaluate.plan)
+            if getattr(self.model, "text_head", None) is not None:
+                out["caption_text_z"] = self.text_encoder()(caps.texts).numpy()
+                if self.similarity.dot_product:
+                    out["caption_text_s"] = self.similarity.text(self.text_pre(caps.texts)).numpy()
         return SetFeatures(**out)
 
     # ---- the method's own similarity (protoclip.similarity)
