@@ -178,6 +178,8 @@ def test_the_paper_configuration_scores_each_papers_runs_under_its_own_protocol(
             assert ev.linear_protocol_of(run) == want[prefix], run
     assert ev.linear_protocol == "protoclip"
     assert load_config(REPO / "config" / "config.yaml").evaluate.linear_protocol_runs == {}
+    pcl_only = load_config(REPO / "config" / "paper_pcl.yaml")  # PCL / PAUC alone: its protocol for every run
+    assert {pcl_only.evaluate.linear_protocol_of(r) for r in pcl_only.run_names()} == {"pcl"}
 
 
 def test_a_diverged_head_is_never_picked_and_a_diverged_probe_stops():

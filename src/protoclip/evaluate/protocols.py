@@ -1,5 +1,5 @@
-"""The linear-probe protocols of the five papers: which optimizer, learning rate, schedule and epochs each paper
-states for its linear evaluation on frozen features (``evaluate.linear_protocol``; trained by
+"""The papers' linear-probe protocols (PAUC states none: it takes PCL's): which optimizer, learning rate, schedule
+and epochs each paper states for its linear evaluation on frozen features (``evaluate.linear_protocol``; trained by
 :mod:`protoclip.evaluate.metrics.linear_sgd`). No torch here: the config validates names against this table.
 
 =========== ===================================================================================================

@@ -125,7 +125,7 @@ def sgd_protocol_probe(
         examples["top5"] = hit.any(dim=1).cpu().numpy()
     out.update({k: 100.0 * float(v.mean()) for k, v in examples.items()})
     out.update(lr=float(lr), final_train_loss=losses[0], epochs=protocol.epochs)
-    log.info("%s linear probe: %s", protocol.name, out)
+    log.info("%s linear probe (%s): %s", protocol.name, protocol.source, out)
     return (out, examples) if per_example else out
 
 
