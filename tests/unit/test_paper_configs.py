@@ -168,18 +168,41 @@ def test_prepare_and_warmup_are_consistent_across_episode_sizes():
 MIXED = ("auto", "bf16", "fp16")  # automatic mixed precision (auto: bf16 autocast on CUDA)
 NCLIP = dict(  # nclip-xclip.txt: Table 14 (l.556-570), Sec. 3.2 (l.112 context 77; l.118 batch 4096, AMP, 3 warm-up
     # epochs, crop scale (0.5, 1.0)); the data are the project's CC 2.5M, so 3 epochs = 3 x 2.5M samples
-    batch=4096, warmup_samples=3 * 2_500_000, crop=(0.5, 1.0), context=77, precision=MIXED, epochs=32)
-TEMPERATURE = dict(  # clip-temperature-multi-class-tokens.txt Table 5 ablation column (l.781-790: batch 2,048,
-    # 15 epochs, 5,000 warm-up iterations), App. A (l.798 no mixed precision; l.802 RandomResizedCrop [0.8, 1.0]
-    # only), l.430-431 context 77
-    batch=2048, warmup_samples=5000 * 2048, warmup_steps=5000, crop=(0.8, 1.0), context=77, precision=("fp32",),
-    epochs=15)
+    batch=4096, warmup_samples=3 * 2_500_000, crop=(0.5, 1.0), context=77, precision=MIXED, epochs=32,
+    # l.118 / Table 14: AdamW, peak 1e-3, beta2 0.98, eps 1e-6, weight decay 0.2; l.558: "learning rate end 2e-6"
+    optimizer=("adamw", dict(lr=1e-3, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.2)),
+    # on CC 2.5M in episodes of 200k: 400 episodes of ceil(200k / 4096) = 49 steps; the 3 of 32 epochs of warm-up
+    # (l.118) are ceil(7.5M / 4096) = 1832 steps; the cosine ends at 2e-6 (l.558)
+    schedule=dict(corpus=2_500_000, total_steps=400 * 49, warmup_steps=1832, warmup_share=3 / 32,
+                  lr_at=[(1831, 1e-3), (400 * 49, 2e-6)]))
+# clip-temperature-multi-class-tokens.txt, the ablation recipe: Table 5's "Ablation Table 7" column (l.776 batch
+# 2,048; l.780 projection 512 for one token; l.781 maximum temperature 100; l.782-788 wd 0.5, 5,000 warm-up
+# iterations, peak 5e-4, betas 0.9 / 0.98, eps 1e-8, global-norm clip 1.0) and App. A's ablation paragraph (l.805-810:
+# AdamW, "108,000 iterations", cosine; l.815-816 the maximum temperature unchanged for every topology); Sec. 2.3
+# (l.242-247): YFCC-15M ("roughly 15.3 million" pairs), ViT-S/16 at 224 px; l.430-431 context 77.
+# Project choices, not the ablation's: precision fp32 and the crop [0.8, 1.0] (the large-scale paragraph's, l.798,
+# l.802), episodes of 204,800 pairs, the corpus yfcc14m (ProtoCLIP's 14M subset of YFCC-15M, paper.yaml)
+TEMPERATURE = dict(
+    batch=2048, steps=108_000, warmup_iterations=5000, crop=(0.8, 1.0), context=77, precision=("fp32",),
+    optimizer=("adamw", dict(lr=5e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.5)),
+    # the budget is in steps: 108,000 at any corpus size (here the paper's 15.3M), 5,000 of them warm-up (4.6 %)
+    schedule=dict(corpus=15_300_000, total_steps=108_000, warmup_steps=5000, warmup_share=5000 / 108_000,
+                  lr_at=[(4999, 5e-4), (108_000, 0.0)]),
+    tower=dict(model="ViT-S-16", image_size=224, width=512, max_scale=100.0, grad_clip=1.0, data=["yfcc14m"]))
 PROTOCLIP = dict(  # protoclip.txt Table I (batch 512, 40 warm-up episodes of m = 200k), l.174 context 76, l.176 AMP
     batch=512, warmup_samples=40 * 200_000, crop=(0.5, 1.0), context=76, precision=MIXED)
 PCL = dict(  # pcl-protonce.txt l.150 (batch 256, 200 epochs, first 20 InfoNCE only, r = 16000, K = 25k/50k/100k;
-    # PCL v2: tau 0.2, MoCo v2 augmentation with blur); no LR warm-up in the paper (ours: 1 epoch for AdamW)
-    batch=256, warmup_episodes=1, aug="mocov2", queue=16000, negatives=16000, clusters=[25000, 50000, 100000],
+    # PCL v2: tau 0.2, MoCo v2 augmentation with blur); no LR warm-up in the paper (PAUC l.158 neither)
+    batch=256, warmup_episodes=0, aug="mocov2", queue=16000, negatives=16000, clusters=[25000, 50000, 100000],
     tau=0.2, epochs=200,
+    # l.150 (PAUC l.158 the same): "SGD ... weight decay of 0.0001, a momentum of 0.9", "initial learning rate is
+    # 0.03, and is multiplied by 0.1 at 120 and 160 epochs" (torch.optim.SGD, no Nesterov, as MoCo's code)
+    optimizer=("sgd", dict(lr=0.03, momentum=0.9, weight_decay=1e-4, nesterov=False, dampening=0)),
+    # ImageNet-1K's 1,281,167 images, one episode per epoch (m capped at M): 200 x ceil(M / 256) = 200 x 5005 steps,
+    # the LR x0.1 from the first step of epochs 120 and 160
+    schedule=dict(corpus=1_281_167, total_steps=200 * 5005, warmup_steps=0, warmup_share=0.0,
+                  lr_at=[(0, 0.03), (120 * 5005 - 1, 0.03), (120 * 5005, 0.003), (160 * 5005 - 1, 0.003),
+                         (160 * 5005, 0.0003), (200 * 5005 - 1, 0.0003)]),
     # l.150: r = 16000 with K >= 25000: all 16000 drawn at every K (ImageNet-1K's 1,281,167 training images, the
     # "ImageNet-1M" of l.150)
     drawn=16000, images=1_281_167,
@@ -193,7 +216,10 @@ PAUC_1K = dict(PCL, aug="mocov1", tau=0.1, head=[(2048, 128)])
 # pauc-nemd.txt l.158 (ImageNet-100: K = 2500/5000/10000, r = 1024) and l.74 / l.82 (r: the negative instances,
 # i.e. the queue, and the negative prototypes alike)
 # l.158: r = 1024 < K: all drawn; 126,689 training images: CMC's ImageNet-100 (not stated by PAUC; any n > K fits)
-IN100 = dict(queue=1024, negatives=1024, clusters=[2500, 5000, 10000], drawn=1024, images=126_689)
+IN100 = dict(queue=1024, negatives=1024, clusters=[2500, 5000, 10000], drawn=1024, images=126_689,
+             # 200 x ceil(126,689 / 256) = 200 x 495 steps, the same drops
+             schedule=dict(corpus=126_689, total_steps=200 * 495, warmup_steps=0, warmup_share=0.0,
+                           lr_at=[(120 * 495 - 1, 0.03), (120 * 495, 0.003), (160 * 495, 0.0003)]))
 RELATED = {
     "pm_nclip": NCLIP, "pm_xclip": NCLIP, "pm_clip_vitb16": NCLIP,
     "pm_clip_multi32x16": TEMPERATURE, "pm_clip_vitb16_t5": TEMPERATURE,
@@ -213,15 +239,23 @@ def check_paper_values(cfg, name: str, exp: dict) -> None:
     assert not run.early_stop.enabled, where  # fixed-epoch comparisons (paper.yaml)
     if "epochs" in exp:
         assert run.epochs == exp["epochs"], where
+    assert run.steps == exp.get("steps"), where  # a budget in steps only where the paper states iterations
     if "warmup_samples" in exp:
-        assert run.warmup_samples == exp["warmup_samples"], where
+        assert run.warmup_samples == exp["warmup_samples"] and run.warmup_steps is None, where
+    elif "warmup_iterations" in exp:
+        assert run.warmup_steps == exp["warmup_iterations"] and run.warmup_samples is None, where
     else:
-        assert run.warmup_samples is None and run.warmup_episodes == exp["warmup_episodes"], where
-    if "warmup_steps" in exp:  # one process, the global batch: the paper's iterations
-        s = Schedule.build(base_lr=run.lr, epochs=run.epochs, dataset_size=2_500_000, episode_size=run.episode_size,
-                           batch_size=run.batch_size, warmup_episodes=run.warmup_episodes, lock_image_epoch=None,
-                           warmup_samples=run.warmup_samples)
-        assert s.warmup_steps == exp["warmup_steps"], where
+        assert run.warmup_samples is None and run.warmup_steps is None, where
+        assert run.warmup_episodes == exp["warmup_episodes"], where
+    if "schedule" in exp:
+        check_schedule(run, exp["schedule"], where)
+    if "optimizer" in exp:
+        check_optimizer(run, *exp["optimizer"], where)
+    if "tower" in exp:
+        t = exp["tower"]
+        assert (run.model, run.image_size, run.data) == (t["model"], t["image_size"], t["data"]), where
+        assert run.embed_dim * max(run.class_tokens, 1) == t["width"], where  # z: 512 d in every topology
+        assert run.clip_max_logit_scale() == t["max_scale"] and run.grad_clip == t["grad_clip"], where
     if "crop" in exp:
         assert CROP_SCALE[run.augmentation] == exp["crop"], where
     if "aug" in exp:
@@ -240,6 +274,42 @@ def check_paper_values(cfg, name: str, exp: dict) -> None:
         check_negatives_drawn(run, exp, where)
     if "head" in exp:
         check_backbone_and_head(run, exp["head"], where)
+
+
+def check_schedule(run, exp: dict, where: str) -> None:
+    """The schedule in effect (train.schedule.Schedule, as the trainer builds it) on one process at the paper's
+    corpus size: its length and warm-up in optimizer steps, the warm-up's share and the LR at given steps."""
+    s = Schedule.from_config(run, dataset_size=exp["corpus"])
+    assert (s.total_steps, s.warmup_steps) == (exp["total_steps"], exp["warmup_steps"]), where
+    assert s.warmup_steps / s.total_steps == pytest.approx(exp["warmup_share"], abs=1e-3), where
+    for step, lr in exp["lr_at"]:
+        assert s.lr(step) == pytest.approx(lr, rel=1e-9, abs=1e-12), (where, step)
+
+
+_TINY: list = []  # one small model whose parameter groups every optimizer check builds on
+
+
+def check_optimizer(run, kind: str, expected: dict, where: str) -> None:
+    """The optimizer the trainer builds from the run's config (train.loop.build_optimizer): its class and values,
+    weight decay on the *_decay groups only."""
+    import torch
+
+    from protoclip.models import build_model
+    from protoclip.train.loop import build_optimizer
+
+    if not _TINY:
+        _TINY.append(build_model("tiny-rn", head_hidden=8, head_out=8))
+    opt = build_optimizer(_TINY[0], run)
+    cls = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[kind]
+    assert type(opt) is cls, (where, type(opt))
+    wd = expected["weight_decay"]
+    assert {g["name"]: g["weight_decay"] for g in opt.param_groups} == {
+        g["name"]: (wd if g["name"].endswith("_decay") and not g["name"].endswith("no_decay") else 0.0)
+        for g in opt.param_groups}, where
+    for key, value in expected.items():
+        if key != "weight_decay":
+            got = opt.defaults[key]
+            assert (tuple(got) if isinstance(got, tuple) else got) == pytest.approx(value), (where, key)
 
 
 def check_negatives_drawn(run, exp: dict, where: str) -> None:
@@ -311,11 +381,14 @@ def test_every_shipped_config_resolves_each_runs_own_warmup(path):
     force = cfg.train_force
     for name in cfg.run_names():
         run, own = cfg.run(name), cfg._runs[name][0]
-        level = force if any(k in force for k in ("warmup_episodes", "warmup_samples")) else own
-        if level.get("warmup_samples") is not None:
-            assert run.warmup_samples == level["warmup_samples"], name
+        level = force if any(k in force for k in ("warmup_episodes", "warmup_samples", "warmup_steps")) else own
+        if level.get("warmup_steps") is not None:
+            assert (run.warmup_steps, run.warmup_samples) == (level["warmup_steps"], None), name
+        elif level.get("warmup_samples") is not None:
+            assert (run.warmup_samples, run.warmup_steps) == (level["warmup_samples"], None), name
         elif "warmup_episodes" in level:
-            assert (run.warmup_episodes, run.warmup_samples) == (level["warmup_episodes"], None), name
+            assert (run.warmup_episodes, run.warmup_samples, run.warmup_steps) == (level["warmup_episodes"], None,
+                                                                                   None), name
         elif "warmup_samples" in raw_train:
             assert run.warmup_samples == raw_train["warmup_samples"], name
         if path.name in ("paper.yaml", "paper_pcl.yaml"):
