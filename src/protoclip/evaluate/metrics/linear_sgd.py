@@ -56,7 +56,7 @@ def train_heads(x: torch.Tensor, y: torch.Tensor, num_classes: int, protocol: SG
     steps = math.ceil(x.shape[0] / protocol.batch_size)
     heads, opt, sched = build_heads(x.shape[1], num_classes, protocol, lrs, steps, seed, x.device)
     gen = torch.Generator().manual_seed(seed)
-    losses = [float("nan")] * len(lrs)
+    last = torch.full((len(lrs),), float("nan"))
     for _ in tqdm(range(protocol.epochs), desc=f"{protocol.name} linear probe", leave=False,
                   disable=not show_progress):
         perm = torch.randperm(x.shape[0], generator=gen).to(x.device)
@@ -64,11 +64,11 @@ def train_heads(x: torch.Tensor, y: torch.Tensor, num_classes: int, protocol: SG
             b = perm[s:s + protocol.batch_size]
             per_head = [F.cross_entropy(head(x[b]), y[b]) for head in heads]
             opt.zero_grad(set_to_none=True)
-            torch.stack(per_head).sum().backward()  # heads share no parameter: each gets its own loss's gradient
+            last = torch.stack(per_head)
+            last.sum().backward()  # heads share no parameter: each gets its own loss's gradient
             opt.step()
             sched.step()
-            losses = [float(v.detach()) for v in per_head]
-    return heads, losses
+    return heads, last.detach().cpu().tolist()  # read once at the end: no device sync per step
 
 
 @torch.no_grad()
