@@ -176,9 +176,10 @@ def test_phi_protonce_changes_the_proto_term():
     assert float(hard) != pytest.approx(float(soft))
 
 
-@pytest.mark.parametrize("run", ["pcl", "pcl_pauc"])
+@pytest.mark.parametrize("run", ["pcl", "pcl_pauc", "pcl_tv"])
 def test_pcl_trains_from_the_cli(tmp_path, run):
-    """`protoclip train --run <pcl run>` on the fixture project of test_train_stage (PNG files, MoCo v2 views)."""
+    """`protoclip train --run <pcl run>` on the fixture project of test_train_stage (PNG files, MoCo v2 views);
+    ``pcl_tv`` on torchvision's ResNet-50 (placeholder tokens for the captions, model.pt without open_clip export)."""
     import yaml
 
     from protoclip.cli import main
@@ -190,12 +191,14 @@ def test_pcl_trains_from_the_cli(tmp_path, run):
     pcl = {"method": "pcl", "teacher": None, "episode_size": 1000, "epochs": 2.0, "augmentation": "mocov2",
            "pcl": {"queue_size": 32, "negatives": 2, "num_clusters": [3, 6], "infonce_only_episodes": 1,
                    "kmeans_iters": 3, "kmeans_redo": 1}}
-    cfg["runs"] = {"pcl": pcl, "pcl_pauc": {**pcl, "pauc": {"enabled": True}}}
+    cfg["runs"] = {"pcl": pcl, "pcl_pauc": {**pcl, "pauc": {"enabled": True}},
+                   "pcl_tv": {**pcl, "model": "tv-resnet50", "head_hidden": 0}}
     path.write_text(yaml.safe_dump(cfg))
     assert main(["train", "--config", str(path), "--run", run]) == 0
     layout = Layout(tmp_path / "data", tmp_path / "results")
     model, saved = load_model(layout.model(run))
     assert saved["method"] == "pcl" and saved["pauc"]["enabled"] == (run == "pcl_pauc")
+    assert (model.name, model.text_head is None) == (("tv-resnet50", True) if run == "pcl_tv" else ("tiny-rn", False))
     eps = read_train_log(layout.train_log(run), "episode")
     assert len(eps) == 2 and eps[1]["pcl_k1"] == 6  # 36 train pairs: one episode per epoch
     n_steps = len(read_train_log(layout.train_log(run), "step"))
