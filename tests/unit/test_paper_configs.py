@@ -341,6 +341,15 @@ def check_backbone_and_head(run, head: list[tuple[int, int]], where: str) -> Non
     assert model.image_size == 224 and model.text_head is None, where
 
 
+def test_a_steps_budget_is_printed_in_steps():
+    """The report's row label (report.paper_tables.run_label) says what the run trains: 108,000 steps for the
+    temperature ablation (its epochs key is not read), epochs elsewhere."""
+    from protoclip.report.paper_tables import run_label
+
+    assert run_label(CFG, "pt_sphere_init14") == "pt_sphere_init14: clip, ViT-S-16, yfcc14m, 108000 steps, 1 seed"
+    assert run_label(CFG, "pm_nclip") == "pm_nclip: nclip, ViT-B-16, cc2.5m, 32 ep, 1 seed"
+
+
 def test_related_methods_are_in_the_paper_dag_at_their_papers_settings():
     related = [n for n in CFG.run_names() if n.startswith(RELATED_PREFIXES)]
     assert sorted(related) == sorted(RELATED)

@@ -35,7 +35,8 @@ def _fmt_paper(v) -> str:
 
 
 def run_label(cfg: ReportProject, base: str | None) -> str:
-    """``clip_tiny: tiny-rn, offline, 4 ep, 3 seeds`` (what our row was trained as)."""
+    """``clip_tiny: tiny-rn, offline, 4 ep, 3 seeds`` (what our row was trained as; ``108000 steps`` for a run
+    whose budget is in optimizer steps, train.steps)."""
     if base is None:
         return "(paper only)"
     runs = cfg.run_group(base)
@@ -44,7 +45,8 @@ def run_label(cfg: ReportProject, base: str | None) -> str:
     rc = cfg.run(runs[0])
     seeds = f"{len(runs)} seeds" if len(runs) > 1 else "1 seed"
     teacher = f", teacher {rc.teacher}" if rc.method == "protoclip" and rc.teacher else ""
-    return f"{base}: {rc.method}, {rc.model}, {'+'.join(rc.data)}, {rc.epochs:g} ep{teacher}, {seeds}"
+    budget = f"{rc.steps} steps" if rc.steps is not None else f"{rc.epochs:g} ep"
+    return f"{base}: {rc.method}, {rc.model}, {'+'.join(rc.data)}, {budget}{teacher}, {seeds}"
 
 
 def build_table(cfg: ReportProject, results: Results, target: TargetConfig,
