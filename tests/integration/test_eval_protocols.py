@@ -1,5 +1,5 @@
 """`run_evaluate` scores a run under the linear protocol the config names for it, and says so (metrics file,
-MLflow params); a mistyped run pattern stops before anything is scored."""
+MLflow params); a pattern that matches no run is a warning, a run that two match an error."""
 from __future__ import annotations
 
 import json
@@ -53,8 +53,17 @@ def test_the_default_protocol_is_protoclips(project, monkeypatch):
     assert tracker.params["evaluate"]["linear_protocol"] == "protoclip"
 
 
-def test_a_pattern_matching_no_run_stops(project):
-    cfg, _ = project
+def test_a_pattern_matching_no_run_is_a_warning_and_two_matching_one_run_stop(project, monkeypatch, caplog):
+    """An overlay may leave out the experiment files of a pattern's runs (the paper miniature keeps ProtoCLIP's):
+    a warning; a run two patterns match has no protocol to pick: an error before anything is scored."""
+    import logging
+
+    cfg, layout = project
     cfg.evaluate.linear_protocol_runs = {"pcl_*": "pcl"}
-    with pytest.raises(ConfigError, match=r"pattern 'pcl_\*' matches no run"):
+    with caplog.at_level(logging.WARNING, logger="protoclip.evaluate.stage"):
+        _evaluate(cfg, monkeypatch)
+    assert "evaluate.linear_protocol_runs: pcl_* match no run" in caplog.text
+    assert json.loads(layout.metrics(RUN, "linear", "digits").read_text())["metrics"]["protocol"] == "protoclip"
+    cfg.evaluate.linear_protocol_runs = {"ti*": "pcl", "*ny": "nclip"}
+    with pytest.raises(ConfigError, match="matches several evaluate.linear_protocol_runs patterns"):
         run_evaluate(cfg, RUN, tasks=["linear"], datasets=["digits"])

@@ -132,14 +132,12 @@ class EvaluateConfig:
                              f"{', '.join(matched)}")
         return self.linear_protocol_runs[matched[0]] if matched else self.linear_protocol
 
-    def check_protocol_runs(self, runs: list[str]) -> None:
-        """Stop on a pattern of linear_protocol_runs that matches none of ``runs`` (a typo would score its runs
-        under the default protocol silently) and on a run that two patterns match."""
-        for pattern in self.linear_protocol_runs:
-            if not any(fnmatchcase(r, pattern) for r in runs):
-                raise ValueError(f"evaluate.linear_protocol_runs: pattern {pattern!r} matches no run")
+    def check_protocol_runs(self, runs: list[str]) -> list[str]:
+        """Stop on a run that two patterns of linear_protocol_runs match; return the patterns that match none of
+        ``runs`` (a typo, or an overlay that leaves out the experiment files of those runs: the caller warns)."""
         for run in runs:
             self.linear_protocol_of(run)
+        return [p for p in self.linear_protocol_runs if not any(fnmatchcase(r, p) for r in runs)]
 
 
 @runtime_checkable

@@ -171,10 +171,12 @@ def run_evaluate(cfg: EvaluateProject, run: str, tasks: list[str] | None = None,
     """Evaluate ``run`` on the configured sets (``datasets``: some of them); returns the metrics files written.
     ``targets``: table targets (MLflow tags). The run's ``metrics.json`` is ``collect``'s, a stage of its own."""
     ecfg: EvaluateConfig = cfg.evaluate
-    try:  # a mistyped pattern of linear_protocol_runs stops here, before any run is scored
-        ecfg.check_protocol_runs(cfg.run_names())
+    try:  # a run two patterns of linear_protocol_runs match stops here, before any run is scored
+        unmatched = ecfg.check_protocol_runs(cfg.run_names())
     except ValueError as err:
         raise ConfigError(f"{cfg.source}: {err}") from None
+    if unmatched:  # an overlay without some experiment files leaves their patterns unmatched: not an error
+        log.warning("evaluate.linear_protocol_runs: %s match no run of %s", ", ".join(unmatched), cfg.source)
     tasks, names = _requested(cfg, tasks, datasets)
     layout = Layout.from_config(cfg)
     extractor = _extractor(cfg, run, layout)
