@@ -107,6 +107,10 @@ def test_training_curves_are_at_the_global_step_and_counters_are_no_metrics(tmp_
                 "episode/episode", "episode/step", "episode/n_steps", "episode/mean/epoch", "mean/loss"}
     assert not counters & run.data.metrics.keys()
     assert run.data.params["schedule.steps_per_episode"] == "2" and run.data.params["schedule.n_episodes"] == "5"
+    # the optimizer and LR schedule keys are config params like the others; the steps trained a param of the schedule
+    assert run.data.params["schedule.total_steps"] == "10" and run.data.params["train.optimizer"] == "adamw"
+    assert (run.data.params["train.lr_schedule"], run.data.params["train.min_lr"]) == ("cosine", "0.0")
+    assert run.data.params["train.steps"] == "None" and run.data.params["train.warmup_steps"] == "None"
 
 
 def test_report_run_holds_tables_as_artifacts(tmp_path):

@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_GROUPS = ("image_decay", "image_no_decay")  # groups whose LR locked-image tuning zeroes
 # the resolved schedule's numbers logged as MLflow params (the curves' x axis is the global step)
-SCHEDULE_PARAMS = ("dataset_size", "episode_size", "n_episodes", "steps_per_episode", "warmup_steps")
+SCHEDULE_PARAMS = ("dataset_size", "episode_size", "n_episodes", "steps_per_episode", "warmup_steps", "total_steps")
 
 
 def resolved_precision(precision: str, device: torch.device) -> str:
