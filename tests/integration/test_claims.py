@@ -95,8 +95,7 @@ HEADLINES = {
     "pcl-protonce.txt": [("pcl_low_resource", 30), ("pcl_warmup", 327)],
     "pauc-nemd.txt": [("pauc_toy_nemd", 96), ("pauc_vs_byol", 175)],
 }
-NOT_RUN_HERE = {"t3_ablations_beat_clip", "f6a_best_episode_size", "f6b_best_target_temperature",
-                "xclip_out_of_distribution", "xclip_flickr_r1", "xclip_memory", "temperature_uniformity",
+NOT_RUN_HERE = {"xclip_out_of_distribution", "xclip_flickr_r1", "xclip_memory", "temperature_uniformity",
                 "temperature_distance_range", "temperature_equilibrium",
                 "pcl_low_resource", "pcl_warmup", "pauc_toy_nemd", "pauc_vs_byol"}
 
@@ -112,6 +111,12 @@ def test_headline_claims_are_declared_on_their_lines():
             assert bool(c.unavailable) == (cid in NOT_RUN_HERE), cid
             if not c.unavailable:
                 assert c.target and (c.direction != "none" or c.magnitude in ("at_least", "at_most")), cid
+    # a row's unit as its claim measures it, also where nothing is run: a memory share, a temperature, NEMD
+    from protoclip.report.ledger_rows import LedgerRow
+    assert [LedgerRow(by[i]).unit for i in ("xclip_memory", "temperature_equilibrium", "pauc_toy_nemd", "pcl_knn")] \
+        == ["% of memory", "logit scale", "score (ARI, AMI, NEMD)", "points"]
+    grid = by["f6a_best_episode_size"], by["f6b_best_target_temperature"], by["t3_ablations_beat_clip"]
+    assert [c.kind for c in grid] == ["best", "best", "most"] and len(grid[2].rows) == 5 and len(grid[2].columns) == 4
     two = by["t5_knn_advantage"]  # two gains compared, as the sentence does
     assert two.kind == "gain" and two.columns == ["K-NN 9 Avg.", "Linear 9 Avg."] and two.paper_value == 0.9
 
@@ -155,7 +160,13 @@ def test_claim_declarations_are_checked(tmp_path):
                             ({"direction": "negative", "margin_why": ""}, "needs `margin` >= 0 and `margin_why`"),
                             ({"direction": "negative", "paper_value": None}, "equivalence test needs `paper_value`"),
                             ({"direction": "none", "magnitude": "none", "margin": None}, "neither a direction"),
-                            ({"direction": "negative", "magnitude": "none"}, "`margin` is for a magnitude test")):
+                            ({"direction": "negative", "magnitude": "none"}, "`margin` is for a magnitude test"),
+                            ({"kind": "best", "b": None, "columns": ["c", "d"], "paper_value": 1.0},
+                             "a best compares one column, got 2"),
+                            ({"kind": "most", "a": None, "direction": "none", "paper_value": None},
+                             "a most claim has direction positive or negative"),
+                            ({"kind": "most", "a": None, "b": None, "paper_value": None},
+                             "a most claim needs `b`")):
         (tmp_path / "claims.yaml").write_text(yaml.safe_dump({"claims": [{**base, **change}]}))
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(tmp_path / "c.yaml")
@@ -281,6 +292,11 @@ def planted(tmp_path, request):
         claim("gain_reversed", "A", "B", ["digits", "KNN digits"], kind="gain"),
         claim("ari", "A", "B", ["ARI digits"]),
         claim("knn_one_seed", "A0", "B", ["KNN digits"]),  # kNN's seed spread measured only in the gains' rows
+        # a grid's best row: A (3 seeds, ~60 %) against B (50 %) and C (~59.5 %); B against A and C (worst)
+        claim("best", "A", None, ["digits"], kind="best", rows=["B", "C"]),
+        claim("best_wrong", "B", None, ["digits"], kind="best", rows=["A", "C"]),
+        # rows ahead of B on most of 3 sets: A and C on all 3 (a sign test over 3 sets cannot reach 2.5 %)
+        claim("most", None, "B", SETS, kind="most", rows=["A", "C", "Floor"]),
         claim("nemd", "A", "B", ["NEMD digits"], direction="negative"),  # 3 seeds vs 1: the seeds' spread alone
         claim("nemd_one_value", "A0", "B", ["NEMD digits"], direction="negative"),  # one run a side: a point
         claim("ami", "A", "B", ["AMI digits"]),
@@ -372,7 +388,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert (same.lo, same.hi) == pytest.approx((-half, half), rel=1e-9)
     assert same.seed_note == ("seed spread combined from linear top1 of a on digits (3 seeds), c on digits (3 "
                               "seeds): pooled seed sd 0.86, 4 df; rows planted, reversed, small, count, count_small, "
-                              "count_reversed, count_floor, above_floor, gain, gain_reversed")  # the rows they are in
+                              "count_reversed, count_floor, above_floor, gain, gain_reversed, best, best_wrong")
     assert same.spread == same.seed_note.removeprefix("seed spread combined from ")  # the spread its interval used
     # a kNN difference of one seed a side: kNN's seeds are measured only in the two gains' rows (a: 64 / 65 /
     # 66 %), whose families carry their own task and metric: per-seed variance 1 on 2 df is combined into it
@@ -390,6 +406,22 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert one.direction == ledger.ONE_VALUE and one.ours == pytest.approx(-0.10) and one.lo is None
     assert one.verdict == "direction one value a side: not decisive" and one.p is None and one.reason == ""
     assert "no test examples to resample (nemd nemd): no interval" in one.seed_note and "2 or more runs" in one.needs
+    # "A is the best row": A - B = +10, A - C = +0.5 on digits; the statistic is the runner-up's difference, its
+    # lower end the smallest of the comparisons' (A - C's, which contains 0): not resolved
+    best, worst = by["best"], by["best_wrong"]
+    engine = ClaimEngine(cfg, Results(cfg))
+    col = next(c for c in cfg.paper_targets()[0].columns if c.label == "digits")
+    vs_c, _ = engine.column_estimate(cfg.run_group("a"), cfg.run_group("c"), col, ["digits"])
+    assert best.ours == pytest.approx(0.5) and best.lo == pytest.approx(vs_c.interval(0.95)[0], rel=1e-9)
+    assert best.direction == NOT_RESOLVED and best.unit == "points" and "B +10.00, C +0.50" in best.measured
+    assert best.spread.startswith("these runs' own seeds (3 and 1)") and "closest now: +0.50" in best.needs
+    # B the best: B - A = -10 is below 0 on every resample and seed (Bonferroni's upper end over 2): contradicted
+    assert worst.ours == pytest.approx(-10.0) and worst.hi < 0 and worst.direction == CONTRADICTED
+    # rows ahead of B on most sets: A and C on all 3; Floor at chance on every set carries no sign; the claim's p
+    # is the largest row's (Floor's 1.0: no set with a sign), never below 2.5 % with 3 sets
+    most = by["most"]
+    assert most.ours == 2 and most.unit == "rows" and most.direction == NOT_RESOLVED and most.p == 1.0
+    assert "A 3 / 0, C 3 / 0, Floor 0 / 0" in most.measured and most.needs.startswith("unreachable here")
     # no paper number, our estimate not on its side: planned at the 1-point floor, never below the seeds run
     assert "at our estimate 0.00: not on the paper's side of 0" in same.needs, same.needs
     n = int(re.search(r"the paper prints no number; at \+1\.00: (\d+) seeds a side", same.needs).group(1))
@@ -460,7 +492,8 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     tested = [r for r in rows if r.p_holm is not None]
     assert {r.claim.id for r in tested} == {"planted", "planted_avg", "identical", "reversed", "small", "one_seed",
                                             "count", "count_small", "count_reversed", "ari", "ami", "other_paper",
-                                            "gain", "gain_reversed", "knn_one_seed", "nemd"}
+                                            "gain", "gain_reversed", "knn_one_seed", "nemd", "best", "best_wrong",
+                                            "most"}
     planted_family = [r for r in tested if r.claim.paper == "planted"]
     assert [r.p_holm for r in planted_family] == pytest.approx(holm([r.p for r in planted_family]))
     assert by["other_paper"].p_holm == by["other_paper"].p  # a family of one
@@ -477,8 +510,8 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     md = files["md"].read_text()
     assert "+10.00 [" in md and f"{len(rows)} distinct claims, 3 not run" in md
     # the first line counts decisive rows only: the not-decisive and at-chance ones apart
-    assert ("direction (20 tested): 9 decisive (7 reproduced, 2 contradicted, Holm within each paper), "
-            "7 not resolved, 1 examples only: not decisive, 1 one value a side: not decisive, 2 at chance: not "
+    assert ("direction (23 tested): 10 decisive (7 reproduced, 3 contradicted, Holm within each paper), "
+            "9 not resolved, 1 examples only: not decisive, 1 one value a side: not decisive, 2 at chance: not "
             "judged") in md
     # each question counted over the rows whose claim asks it, as the rows give it: the at-chance rows ask no
     # magnitude, so the magnitudes are the 7 claims with a magnitude test (3 differences and counts, 4 costs)

@@ -29,7 +29,7 @@ from typing import Literal
 
 from protoclip.files.records import PHASES
 
-KINDS = ("difference", "gain", "count", "share", "overhead", "time_ratio")
+KINDS = ("difference", "gain", "count", "share", "overhead", "time_ratio", "best", "most")
 MAGNITUDE_TESTS = ("equivalence", "at_most", "at_least", "none")
 
 
@@ -71,13 +71,16 @@ class ClaimConfig:
     # share: a's time in `phase` in % of a's own training-phase time over the same episodes (paired within the
     # run; the training phase is the work CLIP does per epoch, Fig. 9's base); overhead: % more time per epoch of
     # a than b (between runs); time_ratio: a's total training time in % of b's; gain: two gains compared,
-    # (a - b on columns[0]) - (a - b on columns[1]) ("more advantage in kNN than in linear probing")
-    kind: Literal["difference", "gain", "count", "share", "overhead", "time_ratio"] = "difference"
+    # (a - b on columns[0]) - (a - b on columns[1]) ("more advantage in kNN than in linear probing"); best: a
+    # ahead of each of `rows` on one column ("0.2M is the best episode size": a minus the best of the others);
+    # most: each of `rows` ahead of b on most of `columns` ("all ablations beat CLIP on most metrics")
+    kind: Literal["difference", "gain", "count", "share", "overhead", "time_ratio", "best", "most"] = "difference"
     target: str | None = None  # the paper target whose rows / columns name the runs and the metric
     a: str | None = None  # row label of the claimed-better run family (the minuend)
     b: str | None = None  # row label of the baseline (the subtrahend; for `share`, the time base)
     columns: list[str] = field(default_factory=list)  # column label(s): one, or the sets a count runs over
     metric: str | None = None  # another metric of the column's task than the column's own (e.g. image_to_text_R@1)
+    rows: list[str] = field(default_factory=list)  # best / most: the row labels compared (empty: every other row)
     a_runs: list[str] = field(default_factory=list)  # candidate runs for a instead of the row's (first configured)
     b_runs: list[str] = field(default_factory=list)
     # the direction question: positive / negative: the paper's sign (the 95 % interval must exclude 0 on it);
@@ -106,18 +109,18 @@ class ClaimConfig:
             self.in_paper_config()
         if self.unavailable:
             return
-        if not self.target or not self.a:
+        if not self.target or not (self.a or self.kind == "most"):
             raise ValueError(f"claim {self.id}: needs `target` and `a` (or `unavailable` with the reason)")
-        if not (self.b or self.b_runs):
+        if not (self.b or self.b_runs or self.kind == "best"):
             raise ValueError(f"claim {self.id}: a {self.kind} claim needs `b` (the baseline row)")
-        if self.kind in ("difference", "gain", "count") and not self.columns:
+        if self.kind in ("difference", "gain", "count", "best", "most") and not self.columns:
             raise ValueError(f"claim {self.id}: a {self.kind} claim needs `columns`")
-        if self.kind == "difference" and len(self.columns) != 1:
-            raise ValueError(f"claim {self.id}: a difference compares one column, got {len(self.columns)}")
+        if self.kind in ("difference", "best") and len(self.columns) != 1:
+            raise ValueError(f"claim {self.id}: a {self.kind} compares one column, got {len(self.columns)}")
         if self.kind == "gain" and len(self.columns) != 2:
             raise ValueError(f"claim {self.id}: a gain compares two columns' differences, got {len(self.columns)}")
-        if self.kind == "count" and self.direction == "none":
-            raise ValueError(f"claim {self.id}: a count claim has direction positive or negative")
+        if self.kind in ("count", "best", "most") and self.direction == "none":
+            raise ValueError(f"claim {self.id}: a {self.kind} claim has direction positive or negative")
         if self.kind == "share" and self.phase not in PHASES[:3]:
             raise ValueError(f"claim {self.id}: a share claim needs `phase` ({', '.join(PHASES[:3])})")
         if self.magnitude != "none":
@@ -129,7 +132,7 @@ class ClaimConfig:
             raise ValueError(f"claim {self.id}: `margin` is for a magnitude test (magnitude: none)")
         if self.direction == "none" and self.magnitude == "none":
             raise ValueError(f"claim {self.id}: neither a direction nor a magnitude to test")
-        if self.paper_value is not None and self.direction != "none" and self.kind != "count":
+        if self.paper_value is not None and self.direction != "none" and self.kind not in ("count", "most"):
             if (self.paper_value > 0) != (self.direction == "positive"):
                 raise ValueError(f"claim {self.id}: paper_value {self.paper_value} contradicts direction "
                                  f"{self.direction}")

@@ -18,7 +18,11 @@ from protoclip.claims.intervals import Estimate, holm, pooled_seed_variance
 from protoclip.tasks import task_names
 
 UNITS = {"difference": "points", "gain": "points", "count": "sets", "share": "% of time", "overhead": "% of time",
-         "time_ratio": "% of time"}
+         "time_ratio": "% of time", "best": "points", "most": "rows"}
+
+
+class NotRun(Exception):
+    """Why a claim (or an interval) cannot be decided: its one-line reason."""
 
 @dataclass
 class Side:
@@ -95,8 +99,8 @@ class LedgerRow:
         return "" if self.p_holm is None else self.direction
 
     def _fmt(self, point, lo, hi) -> str:
-        signed = self.claim.kind in ("difference", "gain", "overhead")
-        digits = 0 if self.claim.kind == "count" else 2
+        signed = self.claim.kind in ("difference", "gain", "overhead", "best")
+        digits = 0 if self.claim.kind in ("count", "most") else 2
         if lo is None:
             return ledger.signed(point, digits) if signed else f"{point:.{digits}f}"
         return ledger.with_interval(point, lo, hi, digits, sign=signed)
@@ -149,7 +153,7 @@ def at_chance(row: LedgerRow, reason: str) -> None:
     stays not tested, so the first line counts only the questions asked), no p-value for Holm."""
     row.direction = ledger.AT_CHANCE if row.claim.direction != "none" else ledger.NOT_TESTED
     row.magnitude = ledger.AT_CHANCE if row.claim.magnitude != "none" else ledger.NOT_TESTED
-    row.p, row.magnitude_why, row.reason = None, "", reason
+    row.p, row.magnitude_why, row.reason, row.needs = None, "", reason, ""
 
 
 def judge(row: LedgerRow, settings: ClaimsConfig, seed_own: bool, lo95: float, hi95: float, lo90: float,
@@ -190,6 +194,41 @@ def judge_estimate(row: LedgerRow, est: Estimate, settings: ClaimsConfig) -> Non
         row.direction = ledger.NOT_DECISIVE
 
 
+def judge_best(row: LedgerRow, settings: ClaimsConfig) -> None:
+    """"a is the best of the rows": a - b_i has the paper's sign for every other row i (``row.set_estimates``,
+    each with its difference). The statistic is the smallest of them on the paper's side (a against the
+    runner-up); its interval: the lower end the smallest of the comparisons' lower ends (an intersection-union
+    bound: valid without correction, since the comparison that is the minimum covers it), the upper end the
+    smallest of their upper ends at Bonferroni's 1 - alpha / k (every comparison must cover). Direction: lower
+    end above 0, every comparison ahead: reproduced; upper end below 0, some row significantly ahead of a:
+    contradicted. p: the largest one-sided p on the paper's side (the intersection-union test), or k times the
+    smallest on the other. A comparison without a seed spread leaves a decisive direction not decisive."""
+    sign, k, conf = claim_sign(row.claim), len(row.set_estimates), settings.confidence
+    ests = [e for e, _ in row.set_estimates]
+
+    def bounds(level: float) -> tuple[float, float]:
+        def on_side(e, c):  # the interval of sign * (a - b_i)
+            lo, hi = e.interval(c)
+            return (lo, hi) if sign > 0 else (-hi, -lo)
+        low = min(on_side(e, level)[0] for e in ests)
+        high = min(on_side(e, 1.0 - (1.0 - level) / k)[1] for e in ests)
+        return (low, high) if sign > 0 else (-high, -low)
+
+    row.ours = min((d for _, d in row.set_estimates), key=lambda d: sign * d)
+    same = max(e.p_one_sided(sign) for e in ests)
+    other = min(1.0, k * min(e.p_one_sided(-sign) for e in ests))
+    row.p_side, row.p = (1.0, same) if same <= other else (-1.0, other)
+    row.seed_note = "; ".join(dict.fromkeys(e.seed_note for e in ests if e.seed_note))
+    judge(row, settings, all(e.seed_own for e in ests), *bounds(conf), *bounds(1.0 - 2.0 * (1.0 - conf)))
+    if row.direction in (ledger.REPRODUCED, ledger.CONTRADICTED) and not all(e.seed_measured for e in ests):
+        row.direction = ledger.NOT_DECISIVE
+    closest = min(range(k), key=lambda i: sign * row.set_estimates[i][1])
+    row.needs = "" if row.direction not in (ledger.NOT_RESOLVED, ledger.NOT_DECISIVE) else (
+        f"every comparison's 95 % interval on the paper's side of 0; the closest now: "
+        f"{ledger.with_interval(row.set_estimates[closest][1], *ests[closest].interval(conf))}"
+        + ("" if all(e.seed_measured for e in ests) else "; a seed spread of the task (2 or more seeds a side)"))
+
+
 def finish(rows: list[LedgerRow], settings: ClaimsConfig) -> list[LedgerRow]:
     """The ledger-wide steps. (1) A difference of one seed a side takes the seed spread of the same task and
     metric pooled over the ledger's repeated runs (:func:`task_spread`, the runs named) into its interval and is
@@ -199,6 +238,12 @@ def finish(rows: list[LedgerRow], settings: ClaimsConfig) -> list[LedgerRow]:
     (:func:`needs_text`)."""
     for r in rows:
         est = r.estimate
+        if r.claim.kind == "best" and r.direction not in (ledger.NOT_RUN, ledger.AT_CHANCE) and not all(
+                e.seed_measured for e, _ in r.set_estimates) and (spread := task_spread(r, rows)) is not None:
+            var, dof, source = spread
+            r.set_estimates = [(e if e.seed_measured else e.with_seed_spread(var, dof, source), d)
+                               for e, d in r.set_estimates]
+            judge_best(r, settings)
         if est is None or est.seed_measured or r.claim.kind != "difference" or r.direction in (
                 ledger.NOT_RUN, ledger.AT_CHANCE):
             continue
@@ -236,8 +281,10 @@ def used_spread(row: LedgerRow) -> str:
         sa, sb = est.seeds
         return (f"these runs' own seeds ({sa}" + (f" and {sb}" if sb else "") + f"): pooled seed sd "
                 f"{math.sqrt(est.seed_var[0]):.2f} {row.unit}, {dof:g} df")
+    if row.claim.kind == "best" and (borrowed := [e.seed_source for e, _ in row.set_estimates if e.seed_source]):
+        return borrowed[0]
     sets = [e for e, _ in row.set_estimates if e.seed_own]
-    if row.claim.kind == "count" and sets:
+    if row.claim.kind in ("count", "best") and sets:
         sds = ", ".join(f"{math.sqrt(e.seed_var[0]):.2f}" for e in sets)
         return f"these runs' own seeds ({sets[0].seeds[0]} and {sets[0].seeds[1]}) on each set: seed sd {sds}"
     return ""
@@ -288,6 +335,8 @@ def needs_text(row: LedgerRow, rows: list[LedgerRow]) -> str:
     est, c = row.estimate, row.claim
     if c.kind == "count":
         return _count_needs(row, rows)
+    if c.kind in ("best", "most"):  # written where the row is judged (judge_best, ledger_grid)
+        return row.needs
     if est is None:
         return ""
     sign = claim_sign(c)
@@ -347,5 +396,6 @@ def summary_text(rows: list[LedgerRow]) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["UNITS", "HOLM_ALPHA", "PLANNING_FLOOR", "Side", "LedgerRow", "claim_sign", "judge", "judge_estimate",
-           "at_chance", "finish", "task_spread", "used_spread", "needs_text", "summary_text"]
+__all__ = ["UNITS", "HOLM_ALPHA", "PLANNING_FLOOR", "NotRun", "Side", "LedgerRow", "claim_sign", "judge",
+           "judge_estimate", "judge_best", "at_chance", "finish", "task_spread", "used_spread", "needs_text",
+           "summary_text"]

@@ -52,8 +52,9 @@ from protoclip.claims.bootstrap import (
 from protoclip.claims.config import ClaimConfig
 from protoclip.claims.intervals import combine, holm
 from protoclip.files.layout import Layout
-from protoclip.report.ledger_rows import (HOLM_ALPHA, LedgerRow, Side, at_chance, claim_sign, finish, judge,
-                                         judge_estimate, needs_text, summary_text)
+from protoclip.report import ledger_grid
+from protoclip.report.ledger_rows import (HOLM_ALPHA, LedgerRow, NotRun, Side, at_chance, claim_sign, finish,
+                                         judge, judge_estimate, needs_text, summary_text)
 from protoclip.report.paper_targets import ColumnConfig, ReportProject, TargetConfig, first_configured
 from protoclip.report.tables import rst_escape
 from protoclip.report.values import Results, episode_times
@@ -62,10 +63,6 @@ from protoclip.tasks import task_names
 log = logging.getLogger(__name__)
 
 RECALL = re.compile(r"(image_to_text|text_to_image)_R@(\d+)")
-
-
-class NotRun(Exception):
-    """Why a claim (or an interval) cannot be decided: its one-line reason."""
 
 
 def metric_units(task: str, metric: str, examples: dict[str, np.ndarray],
@@ -289,6 +286,8 @@ class ClaimEngine:
             if claim.unavailable:
                 raise NotRun(claim.unavailable)
             target = self.target(claim)
+            if claim.kind in ("best", "most"):  # rows of a grid (protoclip.report.ledger_grid)
+                return ledger_grid.evaluate(self, claim, target, row)
             base_a, runs_a = self.family(target, claim.a, claim.a_runs)
             base_b, runs_b = self.family(target, claim.b, claim.b_runs)
             row.runs = f"{_group(base_a, runs_a)} vs {_group(base_b, runs_b)}"
@@ -303,7 +302,8 @@ class ClaimEngine:
         except NotRun as why:
             row.direction = row.magnitude = ledger.NOT_RUN
             row.reason = str(why)
-        row.seconds = time.perf_counter() - t0
+        finally:
+            row.seconds = time.perf_counter() - t0
         return row
 
     def _judge(self, row: LedgerRow, seed_measured: bool, lo95: float, hi95: float, lo90: float, hi90: float

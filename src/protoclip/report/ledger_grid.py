@@ -1,0 +1,101 @@
+"""Claims over the rows of a grid (config/claims.yaml ``kind: best`` and ``kind: most``), judged from the same
+cells and intervals as the ledger's differences (protoclip.report.ledger_table.ClaimEngine):
+
+* ``best``: "0.2M is the best episode size" (Fig. 6a): the row ``a`` against each other row of the target
+  (or ``rows``) on one column; each comparison a - b_i is a difference with its interval, and the claim holds
+  when every one has the paper's sign (:func:`protoclip.report.ledger_rows.judge_best`: the smallest difference,
+  a against the runner-up, with an intersection-union interval). One seed a row borrows the task's seed spread
+  as a one-seed difference does.
+* ``most``: "all these ablations outperform CLIP on most metrics" (Table III): each of ``rows`` against ``b``
+  on each of ``columns``; per row, the metrics where it is ahead against those where it is behind by the
+  ledger's sign test (ties and metrics where a side is at chance carry no sign). The claim is about every row,
+  so its p is the largest of the rows' p (intersection-union) and, for the other side, k times the smallest.
+  Our number: the rows ahead on most of the metrics. With 4 metrics no row can reach one-sided 2.5 % (0.5^4 =
+  0.0625): the count is printed, the direction stays not resolved, and the row says so.
+"""
+from __future__ import annotations
+
+from protoclip.claims import ledger
+from protoclip.claims.config import ClaimConfig
+from protoclip.report.ledger_rows import HOLM_ALPHA, LedgerRow, NotRun, at_chance, claim_sign, judge_best
+from protoclip.report.paper_targets import TargetConfig
+
+
+def compared(target: TargetConfig, claim: ClaimConfig) -> list[str]:
+    """The row labels held against ``a`` (best) or ``b`` (most): the claim's ``rows``, else every other row of the
+    target that has a run of ours."""
+    if claim.rows:
+        return list(claim.rows)
+    return [r.label for r in target.rows if r.run is not None and r.label not in (claim.a, claim.b)]
+
+
+def _group(base: str, runs: list[str]) -> str:
+    return f"{base} ({len(runs)} seed{'s' if len(runs) != 1 else ''})"
+
+
+def evaluate(engine, claim: ClaimConfig, target: TargetConfig, row: LedgerRow) -> LedgerRow:
+    """The row of a ``best`` or ``most`` claim (module docstring); NotRun where a cell or its examples are absent."""
+    return (_best if claim.kind == "best" else _most)(engine, claim, target, row)
+
+
+def _best(engine, claim: ClaimConfig, target: TargetConfig, row: LedgerRow) -> LedgerRow:
+    base_a, runs_a = engine.family(target, claim.a, claim.a_runs)
+    others = [(label, *engine.family(target, label, [])) for label in compared(target, claim)]
+    if not others:
+        raise NotRun(f"{target.id}: no other row to hold {claim.a} against")
+    row.runs = f"{_group(base_a, runs_a)} vs each of " + ", ".join(_group(b, r) for _, b, r in others)
+    low, parts = [], []
+    for label, base_b, runs_b in others:
+        ((col, sets),), (diff,), _ = engine._columns(claim, target, base_a, base_b, runs_a, runs_b)
+        est, n, pa, pb, sides, _, _ = engine.column_parts(runs_a, runs_b, col, sets)
+        on = " + ".join(sets)
+        row.families.update({(col.task, col.metric, f"{base_a} on {on}"): pa,
+                             (col.task, col.metric, f"{base_b} on {on}"): pb})
+        row.set_estimates.append((est, diff))
+        low += [name for side, name in zip(sides, (base_a, base_b)) if not side.above and name not in low]
+        parts.append(f"{label} {ledger.signed(diff)}")
+        row.units = n
+    row.task_metric, row.seeds_run = (col.task, col.metric), min(len(runs_a), *(len(r) for _, _, r in others))
+    row.measured = f"{col.task} {col.metric} on {on}: {claim.a} minus each other row: " + ", ".join(parts)
+    judge_best(row, engine.settings)
+    if low:
+        at_chance(row, f"{' and '.join(low)} not above chance by the 95 % interval")
+    return row
+
+
+def _most(engine, claim: ClaimConfig, target: TargetConfig, row: LedgerRow) -> LedgerRow:
+    base_b, runs_b = engine.family(target, claim.b, claim.b_runs)
+    labels = compared(target, claim)
+    if not labels:
+        raise NotRun(f"{target.id}: no row to hold against {claim.b}")
+    sign, n_cols = claim_sign(claim), len(claim.columns)
+    counts, groups = [], []
+    for label in labels:
+        base_a, runs_a = engine.family(target, label, [])
+        groups.append(_group(base_a, runs_a))
+        columns, diffs, _ = engine._columns(claim, target, base_a, base_b, runs_a, runs_b)
+        ahead = behind = 0
+        for (col, sets), diff in zip(columns, diffs):
+            *_, sides, _, _ = engine.column_parts(runs_a, runs_b, col, sets, inits=False)
+            if all(side.above for side in sides):  # a metric at chance on either side carries no sign
+                ahead, behind = ahead + (sign * diff > 0), behind + (sign * diff < 0)
+        counts.append((label, ahead, behind))
+    row.runs = f"each of {', '.join(groups)} vs {_group(base_b, runs_b)}"
+    row.ours = float(sum(ahead > n_cols / 2 for _, ahead, _ in counts))
+    row.measured = (f"{' / '.join(claim.columns)}: metrics ahead / behind of {claim.b} per row: "
+                    + ", ".join(f"{label} {a} / {b}" for label, a, b in counts)
+                    + f"; {int(row.ours)} of {len(counts)} rows ahead on most of the {n_cols} metrics")
+    same = max(ledger.sign_test(a, b) for _, a, b in counts)
+    other = min(1.0, len(counts) * min(ledger.sign_test(b, a) for _, a, b in counts))
+    row.p_side, row.p = (1.0, same) if same <= other else (-1.0, other)
+    row.direction = row.raw_direction = (ledger.REPRODUCED if same < HOLM_ALPHA else ledger.CONTRADICTED
+                                         if other < HOLM_ALPHA else ledger.NOT_RESOLVED)
+    row.magnitude = ledger.NOT_TESTED if claim.magnitude == "none" else ledger.NOT_RESOLVED
+    row.magnitude_why = "" if claim.magnitude == "none" else "a count of rows has no interval here"
+    if max(a + b for _, a, b in counts) < 6:
+        row.needs = (f"unreachable here: a sign test over {n_cols} metrics cannot reach one-sided 2.5 % for any "
+                     f"row even all ahead (0.5^{n_cols} = {0.5 ** n_cols:.3g})")
+    return row
+
+
+__all__ = ["evaluate", "compared"]
