@@ -238,6 +238,9 @@ RELATED = {
     "pt_multi32x16_init14": TEMPERATURE, "pt_sphere_init200": TEMPERATURE, "pt_multi32x16_init1": TEMPERATURE,
     "pm_protoclip_vitb16": PROTOCLIP,
     "pcl_in1k": PCL, "pauc_in1k": PAUC_1K, "pcl_in100": dict(PCL, **IN100), "pauc_in100": dict(PAUC_1K, **IN100),
+    # PCL's instance-wise baseline (Table 3's MoCo v2, Table 7's "instance only"): PCL v2 with InfoNCE alone for all
+    # 200 epochs (the queue PCL's r, not MoCo v2's 65,536: a project choice, so the prototypes are the one difference)
+    "pcl_in1k_instance_only": dict(PCL, infonce_only=200),
 }
 
 
@@ -281,7 +284,9 @@ def check_paper_values(cfg, name: str, exp: dict) -> None:
         assert run.method == "pcl", where
         assert (run.pcl.queue_size, run.pcl.negatives) == (exp["queue"], exp["negatives"]), where
         assert run.pcl.num_clusters == exp["clusters"] and run.pcl.tau == exp["tau"], where
-        assert run.pcl.infonce_only_episodes == 20 and run.pauc.enabled == name.startswith("pauc"), where
+        # PCL l.150 / PAUC l.158: the first 20 epochs InfoNCE only (the instance-only baseline: all of them)
+        assert run.pcl.infonce_only_episodes == exp.get("infonce_only", 20), where
+        assert run.pauc.enabled == name.startswith("pauc"), where
         check_negatives_drawn(run, exp, where)
     if "head" in exp:
         check_backbone_and_head(run, exp["head"], where)
