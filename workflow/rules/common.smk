@@ -13,7 +13,8 @@ from protoclip.config.strict import deep_merge, read_yaml, to_dict
 from protoclip.project import load_config
 from protoclip.files.layout import Layout
 from protoclip.jobs import launch
-from protoclip.dag import code_version, dvc_sync, resources as job_sizes, snakemake as dag_snakemake, stages as dag_stages
+from protoclip.dag import code_version, dvc_sync, resources as job_sizes
+from protoclip.dag import snakemake as dag_snakemake, stages as dag_stages
 from protoclip.dag.snakemake import schema_error
 
 DEFAULT_CONFIG = "config/config.yaml"
