@@ -10,9 +10,10 @@ end, whose record sums every step) reads them back in one transfer, checks them 
 Non-finite values. The check reports exactly what a per-step check did: the first step, in order, whose loss
 terms (then the total) are not finite, naming the term, its episode and value, or else the first non-finite
 gradient norm (:class:`NonFiniteLossError`). It is reported at the flush, not at the step; in between the
-weights are protected on the device: :meth:`StepWindow.found_inf` is the AdamW ``found_inf`` flag (the one a
-GradScaler passes to a fused optimizer), 1 from the first bad step of the window on, so the fused update of
-that step and of every later step of the window is skipped and the weights stay those before the bad step, as
+weights are protected on the device: :meth:`StepWindow.found_inf` is the fused optimizer's (AdamW or SGD)
+``found_inf`` flag (the one a GradScaler passes to it; train.loop.masked_step), 1 from the first bad step of the
+window on, so the fused update of that step and of every later step of the window is skipped (SGD's momentum
+buffers too) and the weights stay those before the bad step, as
 when the per-step check raised before ``optimizer.step()``; no checkpoint is written after it (the flush runs
 before the episode's end). Only the method's own state outside the optimizer (PCL's momentum encoder and queue,
 BatchNorm running statistics) keeps moving in those steps, and is never saved. Under fp16 a non-finite gradient
