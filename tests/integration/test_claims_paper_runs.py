@@ -9,6 +9,8 @@ of each of the claim's columns' paper sets running the column's task.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from protoclip.claims.config import ClaimConfig, PaperComparison
@@ -89,7 +91,10 @@ def test_every_claim_maps_to_runs_the_paper_dag_plans(planned):
     assert judged | unavailable == {c.id for c in cfg.paper_claims()}
     assert RELATED_JUDGED <= judged
     by = {c.id: c for c in cfg.paper_claims()}
-    assert {by[i].target for i in RELATED_JUDGED} == {"table_methods_paper"}
+    assert {by[i].target for i in RELATED_JUDGED} == {"table_methods_paper", "table_pauc_in100_paper"}
+    assert by["pauc_nemd"].target == "table_pauc_in100_paper"  # only its two runs are evaluated on ImageNet-100
+    assert {r for r, d in (re.match(r"--run (\S+) --dataset (\S+)", s.args).groups() for s in jobs.values()
+                           if s.command == "evaluate") if d == "imagenet100"} == {"pcl_in100", "pauc_in100"}
     # each paper's own baseline: nCLIP's CLIP for nCLIP / xCLIP, Table 5's CLIP for the multi-token run
     assert by["xclip_zeroshot"].b == "CLIP (nCLIP recipe)" and by["multitoken_zeroshot"].b == "CLIP (Table 5 recipe)"
     assert by["pcl_knn"].b == "PCL v2 instance term only (MoCo v2), ImageNet-1K" and not by["pcl_knn"].b_runs
@@ -142,8 +147,6 @@ def test_a_paper_comparison_naming_no_row_stops_the_load(tmp_path):
 
 def test_snakemake_dry_run_plans_the_claims_runs(tmp_path, planned):
     """`snakemake -n` with the same overlay plans each claim's train jobs and the evaluations its columns read."""
-    import re
-
     import yaml
 
     from testkit.processes import snakemake
