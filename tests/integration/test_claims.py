@@ -297,6 +297,7 @@ def planted(tmp_path, request):
         claim("best_wrong", "B", None, ["digits"], kind="best", rows=["A", "C"]),
         # rows ahead of B on most of 3 sets: A and C on all 3 (a sign test over 3 sets cannot reach 2.5 %)
         claim("most", None, "B", SETS, kind="most", rows=["A", "C", "Floor"]),
+        claim("most_typo", None, "B", SETS, kind="most", rows=["A", "No such row"]),
         claim("nemd", "A", "B", ["NEMD digits"], direction="negative"),  # 3 seeds vs 1: the seeds' spread alone
         claim("nemd_one_value", "A0", "B", ["NEMD digits"], direction="negative"),  # one run a side: a point
         claim("ami", "A", "B", ["AMI digits"]),
@@ -422,6 +423,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     most = by["most"]
     assert most.ours == 2 and most.unit == "rows" and most.direction == NOT_RESOLVED and most.p == 1.0
     assert "A 3 / 0, C 3 / 0, Floor 0 / 0" in most.measured and most.needs.startswith("unreachable here")
+    assert by["most_typo"].verdict == NOT_RUN and "table_T has no row 'No such row'" in by["most_typo"].reason
     # no paper number, our estimate not on its side: planned at the 1-point floor, never below the seeds run
     assert "at our estimate 0.00: not on the paper's side of 0" in same.needs, same.needs
     n = int(re.search(r"the paper prints no number; at \+1\.00: (\d+) seeds a side", same.needs).group(1))
@@ -508,7 +510,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     js = json.loads(files["json"].read_text())
     assert js["planted"]["direction"] == REPRODUCED and js["planted"]["margin"] == 5.0
     md = files["md"].read_text()
-    assert "+10.00 [" in md and f"{len(rows)} distinct claims, 3 not run" in md
+    assert "+10.00 [" in md and f"{len(rows)} distinct claims, 4 not run" in md
     # the first line counts decisive rows only: the not-decisive and at-chance ones apart
     assert ("direction (23 tested): 10 decisive (7 reproduced, 3 contradicted, Holm within each paper), "
             "9 not resolved, 1 examples only: not decisive, 1 one value a side: not decisive, 2 at chance: not "

@@ -22,9 +22,12 @@ from protoclip.report.paper_targets import TargetConfig
 
 
 def compared(target: TargetConfig, claim: ClaimConfig) -> list[str]:
-    """The row labels held against ``a`` (best) or ``b`` (most): the claim's ``rows``, else every other row of the
-    target that has a run of ours."""
+    """The row labels held against ``a`` (best) or ``b`` (most): the claim's ``rows`` (NotRun naming one the
+    target lacks), else every other row of the target that has a run of ours."""
     if claim.rows:
+        missing = [label for label in claim.rows if label not in {r.label for r in target.rows}]
+        if missing:
+            raise NotRun(f"{target.id} has no row {missing[0]!r} (claims.yaml `rows`)")
         return list(claim.rows)
     return [r.label for r in target.rows if r.run is not None and r.label not in (claim.a, claim.b)]
 
