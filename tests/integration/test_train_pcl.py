@@ -115,6 +115,22 @@ def test_momentum_and_queue_follow_the_steps(views):
     assert int(method._queue.ptr) == 4
 
 
+def test_pcl_on_its_papers_sgd_recipe_drops_the_lr_and_resumes_exactly(tmp_path, views):
+    """PCL's optimizer and schedule (pcl-protonce l.150: SGD, momentum 0.9, wd 1e-4, lr x0.1 at given epochs; here
+    at epoch 2 of 3, 1 episode = 1 epoch of 64 items, 4 steps), killed after the first E-step and resumed: the same
+    weights (SGD's momentum buffers are in the checkpoint) and the LR dropping at the first step of epoch 2."""
+    cfg = pcl_config(optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=1e-4, lr_schedule="step",
+                     lr_milestones=[2.0], warmup_episodes=0)
+    full = train(tiny_model(cfg), views, cfg, Layout(tmp_path / "d", tmp_path / "a").train_files("r"))
+    layout = Layout(tmp_path / "d", tmp_path / "b")
+    train(tiny_model(cfg), views, cfg, layout.train_files("r"), stop_after_episodes=2)
+    resumed = train(tiny_model(cfg, seed=99), views, cfg, layout.train_files("r"), state=last_state(layout, "r", cfg))
+    sa, sb = full.state_dict(), resumed.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    steps = read_train_log(layout.train_log("r"), "step")
+    assert [s["lr"] for s in steps] == pytest.approx([0.03] * 8 + [0.003] * 4)
+
+
 @pytest.mark.parametrize("pauc", [False, True])
 def test_pcl_resume_is_exact(tmp_path, views, pauc):
     cfg = pcl_config(pauc={"enabled": pauc, "align_mode": "two_view" if pauc else "anchor"})
