@@ -18,7 +18,9 @@ from protoclip.tasks import task_names
 
 
 # default logit-scale clamp per distance (loss.distance): CLIP's 100 (temperature paper Table 5 "Naive CLIP") and
-# 3.95 for Multi(32, 16) (App. A / Table 5; spec 2.7.1 prefers it over Sec. 4.2's 100/16); the others follow CLIP
+# 3.95 for Multi(32, 16) (App. A / Table 5's large-scale column, l.781, l.803-804; spec 2.7.1 prefers it over Sec.
+# 4.2's 100/16); the others follow CLIP. The paper's ablations keep 100 for every topology (l.815-816): its runs set
+# loss.clip_max_logit_scale (experiments/paper_temperature.yaml)
 DEFAULT_MAX_SCALE = {"sphere": 100.0, "euclidean": 100.0, "ps_negtrace": 3.95, "ps_geodesic": 100.0}
 
 
