@@ -201,8 +201,11 @@ TEMPERATURE = dict(
     schedule=dict(corpus=15_300_000, total_steps=108_000, warmup_steps=5000, warmup_share=5000 / 108_000,
                   lr_at=[(4999, 5e-4), (108_000, 0.0)]),
     tower=dict(model="ViT-S-16", image_size=224, width=512, max_scale=100.0, grad_clip=1.0, data=["yfcc14m"]))
-PROTOCLIP = dict(  # protoclip.txt Table I (batch 512, 40 warm-up episodes of m = 200k), l.174 context 76, l.176 AMP
-    batch=512, warmup_samples=40 * 200_000, crop=(0.5, 1.0), context=76, precision=MIXED)
+PROTOCLIP = dict(  # protoclip.txt Table I (l.207 batch 512, l.209 "Warm-up Episodes 40": as 40 x 200k samples for
+    # every m, a project choice), l.174 context 76, l.176 AMP
+    batch=512, warmup_samples=40 * 200_000, crop=(0.5, 1.0), context=76, precision=MIXED,
+    # l.176 "Adam ... with decoupled weight decay" (AdamW); Table I l.212-215: 0.9, 0.999, 1e-8, 5e-4, wd 0.5
+    optimizer=("adamw", dict(lr=5e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.5)))
 PCL = dict(  # pcl-protonce.txt l.150 (batch 256, 200 epochs, first 20 InfoNCE only, r = 16000, K = 25k/50k/100k;
     # PCL v2: tau 0.2, MoCo v2 augmentation with blur); no LR warm-up in the paper (PAUC l.158 neither)
     batch=256, warmup_episodes=0, aug="mocov2", queue=16000, negatives=16000, clusters=[25000, 50000, 100000],
