@@ -96,7 +96,7 @@ HEADLINES = {
     "pauc-nemd.txt": [("pauc_toy_nemd", 96), ("pauc_vs_byol", 175)],
 }
 NOT_RUN_HERE = {"xclip_out_of_distribution", "xclip_flickr_r1", "xclip_memory", "temperature_uniformity",
-                "temperature_distance_range", "temperature_equilibrium",
+                "temperature_distance_range",
                 "pcl_low_resource", "pcl_warmup", "pauc_toy_nemd", "pauc_vs_byol"}
 
 
@@ -114,7 +114,7 @@ def test_headline_claims_are_declared_on_their_lines():
     # a row's unit as its claim measures it, also where nothing is run: a memory share, a temperature, NEMD
     from protoclip.report.ledger_rows import LedgerRow
     assert [LedgerRow(by[i]).unit for i in ("xclip_memory", "temperature_equilibrium", "pauc_toy_nemd", "pcl_knn")] \
-        == ["% of memory", "logit scale", "score (ARI, AMI, NEMD)", "points"]
+        == ["% of memory", "% of the initial spread", "score (ARI, AMI, NEMD)", "points"]
     grid = by["f6a_best_episode_size"], by["f6b_best_target_temperature"], by["t3_ablations_beat_clip"]
     assert [c.kind for c in grid] == ["best", "best", "most"] and len(grid[2].rows) == 5 and len(grid[2].columns) == 4
     two = by["t5_knn_advantage"]  # two gains compared, as the sentence does
@@ -264,12 +264,18 @@ def planted(tmp_path, request):
                "columns": [{"label": "Linear IN", "task": "linear", "datasets": ["digits"]}]}
     time_fig = {"id": "fig_T", "kind": "figure", "plot": "time_split", "caption": "planted times", "paper": "-",
                 "rows": [{"label": "CLIP", "run": "b"}, {"label": "ProtoCLIP", "run": "a"}]}
+    # three runs of one method from logit scales 14.3, 1 and 50 (the temperature study's equilibrium claim)
+    temp_fig = {"id": "fig_E", "kind": "figure", "plot": "time_split", "caption": "planted scales", "paper": "-",
+                "rows": [{"label": f"s0 = {s}", "run": f"t{s}"} for s in ("14", "1", "50")]}
     runs = {"a": {"method": "protoclip", "seeds": [0, 1, 2]}, "b": {"method": "clip"}, "a0": {"method": "clip"},
             "c": {"method": "clip", "seeds": [0, 1, 2]},
-            "a_copy": {"method": "clip"}, "nokeep": {"method": "clip"}, "floor": {"method": "clip"}}
+            "a_copy": {"method": "clip"}, "nokeep": {"method": "clip"}, "floor": {"method": "clip"},
+            **{f"t{s}": {"method": "clip", "loss": {"init_temperature": tau}} for s, tau in
+               (("14", 0.07), ("1", 1.0), ("50", 0.02))}}
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump({"target": target, "runs": runs}))
     (tmp_path / "exp_v.yaml").write_text(yaml.safe_dump({"target": table_v}))
     (tmp_path / "exp_t.yaml").write_text(yaml.safe_dump({"target": time_fig}))
+    (tmp_path / "exp_e.yaml").write_text(yaml.safe_dump({"target": temp_fig}))
     claims = [
         claim("planted", "A", "B", ["digits"], paper_value=10.0, magnitude="equivalence", margin=5.0,
               margin_why="planted"),
@@ -298,6 +304,8 @@ def planted(tmp_path, request):
         # rows ahead of B on most of 3 sets: A and C on all 3 (a sign test over 3 sets cannot reach 2.5 %)
         claim("most", None, "B", SETS, kind="most", rows=["A", "C", "Floor"]),
         claim("most_typo", None, "B", SETS, kind="most", rows=["A", "No such row"]),
+        claim("equilibrium", None, None, [], direction="none", kind="equilibrium", target="fig_E",
+              rows=["s0 = 14", "s0 = 1", "s0 = 50"], magnitude="at_most", margin=10.0, margin_why="planted"),
         claim("nemd", "A", "B", ["NEMD digits"], direction="negative"),  # 3 seeds vs 1: the seeds' spread alone
         claim("nemd_one_value", "A0", "B", ["NEMD digits"], direction="negative"),  # one run a side: a point
         claim("ami", "A", "B", ["AMI digits"]),
@@ -318,7 +326,7 @@ def planted(tmp_path, request):
     cfg_file.write_text(yaml.safe_dump({
         "paths": {"data_dir": str(tmp_path / "data"), "results_dir": str(tmp_path / "results"),
                   "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db"},
-        "experiments": ["exp.yaml"], "targets": ["exp_v.yaml", "exp_t.yaml"],
+        "experiments": ["exp.yaml"], "targets": ["exp_v.yaml", "exp_t.yaml", "exp_e.yaml"],
         "claims": {"files": ["claims.yaml"], "resamples": 1000, "seed": 0, "paper_scale": request.param},
         "evaluate": {"datasets": {s: {"kind": "offline"} for s in SETS}}}))
     cfg = load_config(cfg_file)
@@ -350,6 +358,10 @@ def planted(tmp_path, request):
     for k, run in enumerate(cfg.run_group("a")):
         episodes(layout, run, extract=1.0, train=3.0, seed=k)  # extraction: 1 / 3 = 33 % of CLIP's epoch time
     episodes(layout, "b", extract=0.0, train=3.0, seed=9)
+    for run, last in (("t14", 20.0), ("t1", 21.0), ("t50", 22.0)):  # each scale's last step record is its end
+        steps = [{"kind": "step", "step": i, "clip_scale": s} for i, s in enumerate((5.0, 30.0, last))]
+        layout.train_log(run).parent.mkdir(parents=True, exist_ok=True)
+        layout.train_log(run).write_text("".join(json.dumps(r) + "\n" for r in steps))
     mark_evaluated(layout.results_dir)
     return cfg, layout
 
@@ -424,6 +436,12 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert most.ours == 2 and most.unit == "rows" and most.direction == NOT_RESOLVED and most.p == 1.0
     assert "A 3 / 0, C 3 / 0, Floor 0 / 0" in most.measured and most.needs.startswith("unreachable here")
     assert by["most_typo"].verdict == NOT_RUN and "table_T has no row 'No such row'" in by["most_typo"].reason
+    # the final scales 20 / 21 / 22 from 14.3 / 1 / 50: their log-range in % of the initial one, a point; offline
+    # (and one run per start) its magnitude is not decided, the test alone printed
+    eq = by["equilibrium"]
+    assert eq.ours == pytest.approx(100 * np.log(22 / 20) / np.log(50 / 1)) and eq.lo is None
+    assert eq.unit == "% of the initial spread" and eq.direction == NOT_TESTED and eq.magnitude == NOT_RESOLVED
+    assert "(the test alone: reproduced)" in eq.magnitude_why and "s0 = 50: 50 -> 22 (t50)" in eq.runs
     # no paper number, our estimate not on its side: planned at the 1-point floor, never below the seeds run
     assert "at our estimate 0.00: not on the paper's side of 0" in same.needs, same.needs
     n = int(re.search(r"the paper prints no number; at \+1\.00: (\d+) seeds a side", same.needs).group(1))
@@ -511,14 +529,16 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert js["planted"]["direction"] == REPRODUCED and js["planted"]["margin"] == 5.0
     md = files["md"].read_text()
     assert "+10.00 [" in md and f"{len(rows)} distinct claims, 4 not run" in md
+    assert "| not resolved; not the paper's scale" in md  # a point's magnitude: no 90 % interval printed
     # the first line counts decisive rows only: the not-decisive and at-chance ones apart
     assert ("direction (23 tested): 10 decisive (7 reproduced, 3 contradicted, Holm within each paper), "
             "9 not resolved, 1 examples only: not decisive, 1 one value a side: not decisive, 2 at chance: not "
             "judged") in md
     # each question counted over the rows whose claim asks it, as the rows give it: the at-chance rows ask no
-    # magnitude, so the magnitudes are the 7 claims with a magnitude test (3 differences and counts, 4 costs)
+    # magnitude, so the magnitudes are the 8 claims with a magnitude test (3 differences and counts, 4 costs, the
+    # equilibrium)
     asked = [r for r in rows if r.claim.magnitude != "none" and r.magnitude != NOT_RUN]
-    assert len(asked) == 7 and "magnitude (7 tested): 0 decisive (0 reproduced, 0 contradicted), 7 not resolved" in md
+    assert len(asked) == 8 and "magnitude (8 tested): 0 decisive (0 reproduced, 0 contradicted), 8 not resolved" in md
     assert "m = 5: [5, 15]" in md and "what it would take" in md
     # each margin beside the seed spread its interval used: planted's own seeds (a's 3, b's 1), not c's
     assert "(m = 5: [5, 15]); the seed spread in its interval: these runs' own seeds (3 and 1): pooled seed sd" in md

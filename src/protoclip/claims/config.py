@@ -29,7 +29,7 @@ from typing import Literal
 
 from protoclip.files.records import PHASES
 
-KINDS = ("difference", "gain", "count", "share", "overhead", "time_ratio", "best", "most")
+KINDS = ("difference", "gain", "count", "share", "overhead", "time_ratio", "best", "most", "equilibrium")
 MAGNITUDE_TESTS = ("equivalence", "at_most", "at_least", "none")
 
 
@@ -73,8 +73,11 @@ class ClaimConfig:
     # a than b (between runs); time_ratio: a's total training time in % of b's; gain: two gains compared,
     # (a - b on columns[0]) - (a - b on columns[1]) ("more advantage in kNN than in linear probing"); best: a
     # ahead of each of `rows` on one column ("0.2M is the best episode size": a minus the best of the others);
-    # most: each of `rows` ahead of b on most of `columns` ("all ablations beat CLIP on most metrics")
-    kind: Literal["difference", "gain", "count", "share", "overhead", "time_ratio", "best", "most"] = "difference"
+    # most: each of `rows` ahead of b on most of `columns` ("all ablations beat CLIP on most metrics");
+    # equilibrium: the final logit scales of `rows` (runs from different initial scales), their log-range in % of
+    # the initial scales' ("the temperature converges to an equilibrium value irrespective of initialization")
+    kind: Literal["difference", "gain", "count", "share", "overhead", "time_ratio", "best", "most",
+                  "equilibrium"] = "difference"
     target: str | None = None  # the paper target whose rows / columns name the runs and the metric
     a: str | None = None  # row label of the claimed-better run family (the minuend)
     b: str | None = None  # row label of the baseline (the subtrahend; for `share`, the time base)
@@ -109,9 +112,11 @@ class ClaimConfig:
             self.in_paper_config()
         if self.unavailable:
             return
-        if not self.target or not (self.a or self.kind == "most"):
+        if not self.target or not (self.a or self.kind in ("most", "equilibrium")):
             raise ValueError(f"claim {self.id}: needs `target` and `a` (or `unavailable` with the reason)")
-        if not (self.b or self.b_runs or self.kind == "best"):
+        if self.kind == "equilibrium" and len(self.rows) < 2:
+            raise ValueError(f"claim {self.id}: an equilibrium claim needs two or more `rows` (initialisations)")
+        if not (self.b or self.b_runs or self.kind in ("best", "equilibrium")):
             raise ValueError(f"claim {self.id}: a {self.kind} claim needs `b` (the baseline row)")
         if self.kind in ("difference", "gain", "count", "best", "most") and not self.columns:
             raise ValueError(f"claim {self.id}: a {self.kind} claim needs `columns`")

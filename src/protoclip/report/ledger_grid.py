@@ -12,13 +12,21 @@ cells and intervals as the ledger's differences (protoclip.report.ledger_table.C
   so its p is the largest of the rows' p (intersection-union) and, for the other side, k times the smallest.
   Our number: the rows ahead on most of the metrics. With 4 metrics no row can reach one-sided 2.5 % (0.5^4 =
   0.0625): the count is printed, the direction stays not resolved, and the row says so.
+* ``equilibrium``: "the temperature converges to an equilibrium value irrespective of initialization" (Fig. 3,
+  Table 7): the runs of ``rows``, started at different logit scales, end at the last step of their train logs;
+  ours is the log-range of the final scales in % of the initial scales' (0: one value whatever the start; 100:
+  no closer than they began), held to the claim's bound (``magnitude: at_most``). One run per initialisation: no
+  interval, so the magnitude is not decided (the test alone is printed).
 """
 from __future__ import annotations
+
+import math
 
 from protoclip.claims import ledger
 from protoclip.claims.config import ClaimConfig
 from protoclip.report.ledger_rows import HOLM_ALPHA, LedgerRow, NotRun, at_chance, claim_sign, judge_best
 from protoclip.report.paper_targets import TargetConfig
+from protoclip.report.temperature import temperature_curves
 
 
 def compared(target: TargetConfig, claim: ClaimConfig) -> list[str]:
@@ -38,7 +46,7 @@ def _group(base: str, runs: list[str]) -> str:
 
 def evaluate(engine, claim: ClaimConfig, target: TargetConfig, row: LedgerRow) -> LedgerRow:
     """The row of a ``best`` or ``most`` claim (module docstring); NotRun where a cell or its examples are absent."""
-    return (_best if claim.kind == "best" else _most)(engine, claim, target, row)
+    return {"best": _best, "most": _most, "equilibrium": _equilibrium}[claim.kind](engine, claim, target, row)
 
 
 def _best(engine, claim: ClaimConfig, target: TargetConfig, row: LedgerRow) -> LedgerRow:
@@ -98,6 +106,34 @@ def _most(engine, claim: ClaimConfig, target: TargetConfig, row: LedgerRow) -> L
     if max(a + b for _, a, b in counts) < 6:
         row.needs = (f"unreachable here: a sign test over {n_cols} metrics cannot reach one-sided 2.5 % for any "
                      f"row even all ahead (0.5^{n_cols} = {0.5 ** n_cols:.3g})")
+    return row
+
+
+def _equilibrium(engine, claim: ClaimConfig, target: TargetConfig, row: LedgerRow) -> LedgerRow:
+    starts, ends, groups = [], [], []
+    for label in compared(target, claim):
+        _, runs = engine.family(target, label, [])
+        run = runs[0]
+        curves = temperature_curves({run: engine.results.layout.train_log(run)})
+        if run not in curves:
+            raise NotRun(f"{run}: no clip_scale in its train log (not trained, or a method without a CLIP term)")
+        starts.append(1.0 / engine.cfg.run(run).loss.init_temperature)
+        ends.append(curves[run]["clip_scale"][-1])
+        groups.append(f"{label}: {starts[-1]:.3g} -> {ends[-1]:.3g} ({run})")
+    start = math.log(max(starts)) - math.log(min(starts))
+    if start <= 0:
+        raise NotRun("the rows start at one logit scale: nothing to converge from")
+    end = math.log(max(ends)) - math.log(min(ends))
+    row.ours, row.runs = 100.0 * end / start, "; ".join(groups)
+    row.measured = (f"logit scale s = 1/tau, initial -> last step (train_log.jsonl): log-range {end:.3g} of the "
+                    f"initial {start:.3g}")
+    row.seed_note, row.unit_name = "one run per initialisation: no interval", "runs"
+    row.direction = ledger.NOT_TESTED if claim.direction == "none" else ledger.NOT_RESOLVED
+    if claim.magnitude == "none":
+        row.magnitude = ledger.NOT_TESTED
+    else:
+        raw = ledger.magnitude_verdict(claim.magnitude, row.ours, row.ours, claim.paper_value, claim.margin)
+        row.magnitude, row.magnitude_why = ledger.gate_magnitude(raw, engine.settings.paper_scale, False)
     return row
 
 

@@ -18,7 +18,7 @@ from protoclip.claims.intervals import Estimate, holm, pooled_seed_variance
 from protoclip.tasks import task_names
 
 UNITS = {"difference": "points", "gain": "points", "count": "sets", "share": "% of time", "overhead": "% of time",
-         "time_ratio": "% of time", "best": "points", "most": "rows"}
+         "time_ratio": "% of time", "best": "points", "most": "rows", "equilibrium": "% of the initial spread"}
 
 
 class NotRun(Exception):

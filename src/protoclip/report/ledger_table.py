@@ -286,7 +286,7 @@ class ClaimEngine:
             if claim.unavailable:
                 raise NotRun(claim.unavailable)
             target = self.target(claim)
-            if claim.kind in ("best", "most"):  # rows of a grid (protoclip.report.ledger_grid)
+            if claim.kind in ("best", "most", "equilibrium"):  # rows of a grid (protoclip.report.ledger_grid)
                 return ledger_grid.evaluate(self, claim, target, row)
             base_a, runs_a = self.family(target, claim.a, claim.a_runs)
             base_b, runs_b = self.family(target, claim.b, claim.b_runs)
@@ -529,8 +529,8 @@ def ledger_frame(rows: list[LedgerRow]) -> pd.DataFrame:
 def _magnitude_cell(r: LedgerRow) -> str:
     if r.magnitude in (ledger.NOT_RUN, ledger.NOT_TESTED):
         return r.magnitude
-    iv = r._fmt(r.ours, r.lo90, r.hi90) if r.lo90 is not None else ""
-    return f"{r.magnitude}: 90 % {iv}" + (f"; {r.magnitude_why}" if r.magnitude_why else "")
+    iv = f": 90 % {r._fmt(r.ours, r.lo90, r.hi90)}" if r.lo90 is not None else ""  # none: a point only
+    return f"{r.magnitude}{iv}" + (f"; {r.magnitude_why}" if r.magnitude_why else "")
 
 
 def _paper_cell(c: ClaimConfig) -> str:
