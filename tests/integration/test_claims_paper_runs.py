@@ -95,6 +95,7 @@ def test_every_claim_maps_to_runs_the_paper_dag_plans(planned):
     assert by["pauc_nemd"].target == "table_pauc_in100_paper"  # only its two runs are evaluated on ImageNet-100
     # unavailable offline (no target scores the sphere runs), judged from the paper's Table 2 analog
     assert by["temperature_fixed_sphere"].target == "table_temperature_2_paper"
+    assert by["xclip_flickr_r1"].columns == ["Flickr30K retrieval mean R@k"]  # no Flickr30K offline
     assert {r for r, d in (re.match(r"--run (\S+) --dataset (\S+)", s.args).groups() for s in jobs.values()
                            if s.command == "evaluate") if d == "imagenet100"} == {"pcl_in100", "pauc_in100"}
     # each paper's own baseline: nCLIP's CLIP for nCLIP / xCLIP, Table 5's CLIP for the multi-token run
