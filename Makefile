@@ -6,15 +6,24 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 # faiss: the `cpu` extra (faiss-cpu) or `make run FAISS=gpu` (faiss-gpu-cu12, GPU k-means), never both (pyproject.toml)
 FAISS  ?= cpu
+FAISS_OTHER := $(if $(filter gpu,$(FAISS)),faiss-cpu,faiss-gpu-cu12)
 
 .PHONY: run pull checkout test test-unit test-integration test-e2e lint dry-run clean-results docs-figure
 
-# Create the virtual environment and install the package with its faiss (re-done only when pyproject.toml changes).
-$(STAMP): pyproject.toml
+# Create the virtual environment and install the package with its faiss (re-done when pyproject.toml or FAISS
+# changes; the other faiss is uninstalled first, as both write one `faiss` package folder).
+$(STAMP): pyproject.toml $(VENV)/.faiss-$(FAISS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
+	$(BIN)/python -m pip uninstall -qq -y $(FAISS_OTHER)
 	$(BIN)/python -m pip install -qq -e '.[$(FAISS)]'  # -qq: errors only (the local index warns per package)
 	touch $(STAMP)
+
+# The faiss extra the environment holds: a new FAISS value makes $(STAMP) reinstall.
+$(VENV)/.faiss-$(FAISS):
+	mkdir -p $(VENV)
+	rm -f $(VENV)/.faiss-*
+	touch $@
 
 # The main job: the whole Snakemake DAG on the offline default (prepare, teacher, train, evaluate, report), then
 # the HTML report of every table and figure (results/report.html; rebuilt only when the tables changed).

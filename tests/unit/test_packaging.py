@@ -78,3 +78,30 @@ def test_version_is_the_packages_and_names_the_commit(capsys):
         assert f"commit {head}" in out
     from importlib import metadata
     assert f"torch {metadata.version('torch')}," in out and f"open_clip {metadata.version('open_clip_torch')})" in out
+
+
+def test_make_installs_one_faiss_and_switches_cleanly(tmp_path):
+    """The Makefile's install with a stand-in venv python that logs its calls: `cpu` by default; FAISS=gpu
+    uninstalls faiss-cpu before installing the `gpu` extra (never both in one environment); the same choice again
+    installs nothing."""
+    import os
+    import subprocess
+
+    log = tmp_path / "calls.log"
+    (tmp_path / "pyproject.toml").write_text("")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    (bin_dir / "python").chmod(0o755)
+
+    def make(*args: str) -> list[str]:
+        log.write_text("")
+        subprocess.run(["make", "-s", "-f", str(REPO / "Makefile"), *args, ".venv/.installed"], cwd=tmp_path,
+                       check=True, capture_output=True, timeout=60, env={**os.environ, "MAKEFLAGS": ""})
+        return [line for line in log.read_text().splitlines() if "install" in line and "--upgrade pip" not in line]
+
+    assert make() == ["-m pip uninstall -qq -y faiss-gpu-cu12", "-m pip install -qq -e .[cpu]"]
+    assert make() == []
+    assert make("FAISS=gpu") == ["-m pip uninstall -qq -y faiss-cpu", "-m pip install -qq -e .[gpu]"]
+    assert make("FAISS=gpu") == []
+    assert make() == ["-m pip uninstall -qq -y faiss-gpu-cu12", "-m pip install -qq -e .[cpu]"]
