@@ -31,7 +31,8 @@ GIT = dict(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", 
 
 
 def sh(cwd: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return run(list(cmd), cwd, env=project_env(**GIT), check=check)
+    # the project's own copy of the code (fixed for the test: the stages' code fingerprints are of the code run)
+    return run(list(cmd), cwd, env=project_env(PYTHONPATH=str(cwd / "src"), **GIT), check=check)
 
 
 def snakemake(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -58,7 +59,7 @@ def tiny_config(external: Path) -> dict:
 
 
 def make_project(root: Path, tiny_pairs: list[dict], remote: Path) -> None:
-    workflow_copy(root, dvc=True)
+    workflow_copy(root, code=True, dvc=True)
     (root / "userdata").mkdir()
     lines = ["filepath,caption"]
     for i, p in enumerate(tiny_pairs):
@@ -82,8 +83,8 @@ def outputs(root: Path) -> dict[str, bytes]:
     for top in ("data/prepared", "results/runs", "results/tables"):
         for p in sorted((root / top).rglob("*")):
             # not outputs: checkpoints/ (work in progress of --resume), features/ (the evaluation's feature cache,
-            # kept out of DVC unless evaluate.track_features)
-            if p.is_file() and not {"checkpoints", "features"} & set(p.parts):
+            # kept out of DVC unless evaluate.track_features), Snakemake's mtime carrier in a folder (.dvcignore)
+            if p.is_file() and not {"checkpoints", "features"} & set(p.parts) and p.name != ".snakemake_timestamp":
                 out[str(p.relative_to(root))] = p.read_bytes()
     return out
 
