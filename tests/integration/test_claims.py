@@ -97,7 +97,7 @@ HEADLINES = {
 }
 NOT_RUN_HERE = {"xclip_out_of_distribution", "xclip_flickr_r1", "xclip_memory", "temperature_uniformity",
                 "temperature_distance_range",
-                "pcl_low_resource", "pcl_warmup", "pauc_toy_nemd", "pauc_vs_byol"}
+                "pcl_low_resource", "pcl_warmup", "pauc_vs_byol"}
 
 
 def test_headline_claims_are_declared_on_their_lines():
@@ -110,11 +110,12 @@ def test_headline_claims_are_declared_on_their_lines():
             assert (c.source, c.line) == (source, line), cid
             assert bool(c.unavailable) == (cid in NOT_RUN_HERE), cid
             if not c.unavailable:
-                assert c.target and (c.direction != "none" or c.magnitude in ("at_least", "at_most")), cid
+                assert c.target or c.kind == "toy", cid  # the toy claim reads the toy stage's table
+                assert c.direction != "none" or c.magnitude in ("at_least", "at_most"), cid
     # a row's unit as its claim measures it, also where nothing is run: a memory share, a temperature, NEMD
     from protoclip.report.ledger_rows import LedgerRow
     assert [LedgerRow(by[i]).unit for i in ("xclip_memory", "temperature_equilibrium", "pauc_toy_nemd", "pcl_knn")] \
-        == ["% of memory", "% of the initial spread", "score (ARI, AMI, NEMD)", "points"]
+        == ["% of memory", "% of the initial spread", "settings", "points"]
     grid = by["f6a_best_episode_size"], by["f6b_best_target_temperature"], by["t3_ablations_beat_clip"]
     assert [c.kind for c in grid] == ["best", "best", "most"] and len(grid[2].rows) == 5 and len(grid[2].columns) == 4
     two = by["t5_knn_advantage"]  # two gains compared, as the sentence does
@@ -304,6 +305,8 @@ def planted(tmp_path, request):
         # rows ahead of B on most of 3 sets: A and C on all 3 (a sign test over 3 sets cannot reach 2.5 %)
         claim("most", None, "B", SETS, kind="most", rows=["A", "C", "Floor"]),
         claim("most_typo", None, "B", SETS, kind="most", rows=["A", "No such row"]),
+        # PAUC's toy table: NEMD lower for pauc in 3 of 5 class settings, higher in 1, tied in 1
+        claim("toy", "pauc", "pcl", ["nemd"], direction="negative", kind="toy", target=None),
         claim("equilibrium", None, None, [], direction="none", kind="equilibrium", target="fig_E",
               rows=["s0 = 14", "s0 = 1", "s0 = 50"], magnitude="at_most", margin=10.0, margin_why="planted"),
         claim("nemd", "A", "B", ["NEMD digits"], direction="negative"),  # 3 seeds vs 1: the seeds' spread alone
@@ -358,6 +361,11 @@ def planted(tmp_path, request):
     for k, run in enumerate(cfg.run_group("a")):
         episodes(layout, run, extract=1.0, train=3.0, seed=k)  # extraction: 1 / 3 = 33 % of CLIP's epoch time
     episodes(layout, "b", extract=0.0, train=3.0, seed=9)
+    toy = layout.toy_files()["csv"]
+    toy.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([{"n_classes": n, "method": m, "nemd": v} for n, pcl, pauc in
+                  ((10, 0.5, 0.4), (20, 0.5, 0.45), (30, 0.5, 0.6), (40, 0.5, 0.5), (50, 0.5, 0.3))
+                  for m, v in (("pcl", pcl), ("pauc", pauc))]).to_csv(toy, index=False)
     for run, last in (("t14", 20.0), ("t1", 21.0), ("t50", 22.0)):  # each scale's last step record is its end
         steps = [{"kind": "step", "step": i, "clip_scale": s} for i, s in enumerate((5.0, 30.0, last))]
         layout.train_log(run).parent.mkdir(parents=True, exist_ok=True)
@@ -438,6 +446,10 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert by["most_typo"].verdict == NOT_RUN and "table_T has no row 'No such row'" in by["most_typo"].reason
     # the final scales 20 / 21 / 22 from 14.3 / 1 / 50: their log-range in % of the initial one, a point; offline
     # (and one run per start) its magnitude is not decided, the test alone printed
+    toy = by["toy"]  # 3 of 4 settings with a sign on the paper's side: a sign test over 4 cannot reach 2.5 %
+    assert toy.ours == 3 and toy.count_signs == (3, 1) and toy.unit == "settings" and toy.direction == NOT_RESOLVED
+    assert toy.p == pytest.approx(5 / 16) and "30 classes +0.1000" in toy.measured
+    assert toy.needs.startswith("unreachable here: 4 class settings")
     eq = by["equilibrium"]
     assert eq.ours == pytest.approx(100 * np.log(22 / 20) / np.log(50 / 1)) and eq.lo is None
     assert eq.unit == "% of the initial spread" and eq.direction == NOT_TESTED and eq.magnitude == NOT_RESOLVED
@@ -513,7 +525,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert {r.claim.id for r in tested} == {"planted", "planted_avg", "identical", "reversed", "small", "one_seed",
                                             "count", "count_small", "count_reversed", "ari", "ami", "other_paper",
                                             "gain", "gain_reversed", "knn_one_seed", "nemd", "best", "best_wrong",
-                                            "most"}
+                                            "most", "toy"}
     planted_family = [r for r in tested if r.claim.paper == "planted"]
     assert [r.p_holm for r in planted_family] == pytest.approx(holm([r.p for r in planted_family]))
     assert by["other_paper"].p_holm == by["other_paper"].p  # a family of one
@@ -531,8 +543,8 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert "+10.00 [" in md and f"{len(rows)} distinct claims, 4 not run" in md
     assert "| not resolved; not the paper's scale" in md  # a point's magnitude: no 90 % interval printed
     # the first line counts decisive rows only: the not-decisive and at-chance ones apart
-    assert ("direction (23 tested): 10 decisive (7 reproduced, 3 contradicted, Holm within each paper), "
-            "9 not resolved, 1 examples only: not decisive, 1 one value a side: not decisive, 2 at chance: not "
+    assert ("direction (24 tested): 10 decisive (7 reproduced, 3 contradicted, Holm within each paper), "
+            "10 not resolved, 1 examples only: not decisive, 1 one value a side: not decisive, 2 at chance: not "
             "judged") in md
     # each question counted over the rows whose claim asks it, as the rows give it: the at-chance rows ask no
     # magnitude, so the magnitudes are the 8 claims with a magnitude test (3 differences and counts, 4 costs, the

@@ -29,7 +29,7 @@ from typing import Literal
 
 from protoclip.files.records import PHASES
 
-KINDS = ("difference", "gain", "count", "share", "overhead", "time_ratio", "best", "most", "equilibrium")
+KINDS = ("difference", "gain", "count", "share", "overhead", "time_ratio", "best", "most", "equilibrium", "toy")
 MAGNITUDE_TESTS = ("equivalence", "at_most", "at_least", "none")
 
 
@@ -75,9 +75,11 @@ class ClaimConfig:
     # ahead of each of `rows` on one column ("0.2M is the best episode size": a minus the best of the others);
     # most: each of `rows` ahead of b on most of `columns` ("all ablations beat CLIP on most metrics");
     # equilibrium: the final logit scales of `rows` (runs from different initial scales), their log-range in % of
-    # the initial scales' ("the temperature converges to an equilibrium value irrespective of initialization")
+    # the initial scales' ("the temperature converges to an equilibrium value irrespective of initialization");
+    # toy: PAUC's toy table (results/toy/pauc_toy.csv, no target): in how many of its class settings method a's
+    # `columns[0]` minus method b's has the claimed sign (a count, by the sign test)
     kind: Literal["difference", "gain", "count", "share", "overhead", "time_ratio", "best", "most",
-                  "equilibrium"] = "difference"
+                  "equilibrium", "toy"] = "difference"
     target: str | None = None  # the paper target whose rows / columns name the runs and the metric
     a: str | None = None  # row label of the claimed-better run family (the minuend)
     b: str | None = None  # row label of the baseline (the subtrahend; for `share`, the time base)
@@ -112,19 +114,19 @@ class ClaimConfig:
             self.in_paper_config()
         if self.unavailable:
             return
-        if not self.target or not (self.a or self.kind in ("most", "equilibrium")):
+        if not (self.target or self.kind == "toy") or not (self.a or self.kind in ("most", "equilibrium")):
             raise ValueError(f"claim {self.id}: needs `target` and `a` (or `unavailable` with the reason)")
         if self.kind == "equilibrium" and len(self.rows) < 2:
             raise ValueError(f"claim {self.id}: an equilibrium claim needs two or more `rows` (initialisations)")
         if not (self.b or self.b_runs or self.kind in ("best", "equilibrium")):
             raise ValueError(f"claim {self.id}: a {self.kind} claim needs `b` (the baseline row)")
-        if self.kind in ("difference", "gain", "count", "best", "most") and not self.columns:
+        if self.kind in ("difference", "gain", "count", "best", "most", "toy") and not self.columns:
             raise ValueError(f"claim {self.id}: a {self.kind} claim needs `columns`")
         if self.kind in ("difference", "best") and len(self.columns) != 1:
             raise ValueError(f"claim {self.id}: a {self.kind} compares one column, got {len(self.columns)}")
         if self.kind == "gain" and len(self.columns) != 2:
             raise ValueError(f"claim {self.id}: a gain compares two columns' differences, got {len(self.columns)}")
-        if self.kind in ("count", "best", "most") and self.direction == "none":
+        if self.kind in ("count", "best", "most", "toy") and self.direction == "none":
             raise ValueError(f"claim {self.id}: a {self.kind} claim has direction positive or negative")
         if self.kind == "share" and self.phase not in PHASES[:3]:
             raise ValueError(f"claim {self.id}: a share claim needs `phase` ({', '.join(PHASES[:3])})")
@@ -137,7 +139,7 @@ class ClaimConfig:
             raise ValueError(f"claim {self.id}: `margin` is for a magnitude test (magnitude: none)")
         if self.direction == "none" and self.magnitude == "none":
             raise ValueError(f"claim {self.id}: neither a direction nor a magnitude to test")
-        if self.paper_value is not None and self.direction != "none" and self.kind not in ("count", "most"):
+        if self.paper_value is not None and self.direction != "none" and self.kind not in ("count", "most", "toy"):
             if (self.paper_value > 0) != (self.direction == "positive"):
                 raise ValueError(f"claim {self.id}: paper_value {self.paper_value} contradicts direction "
                                  f"{self.direction}")

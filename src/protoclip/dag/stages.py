@@ -338,7 +338,9 @@ def report_stage(cfg: ProjectConfig, lay: Layout, config_file: str, skipped: dic
     claim_files = sorted({norm_path(f) for _, f in cfg._claims})  # a margin changed in claims.yaml: a new ledger
     return Stage("report", "report", config_file, "",
                  {"summaries": [norm_path(lay.metrics_summary(r)) for r in runs],
-                  "train_logs": [norm_path(lay.train_log(r)) for r in runs if trained(cfg, r)], "claims": claim_files},
+                  "train_logs": [norm_path(lay.train_log(r)) for r in runs if trained(cfg, r)], "claims": claim_files,
+                  # the toy stage's table: the ledger judges PAUC's toy claim from it (ledger_grid, kind: toy)
+                  "toy": [norm_path(lay.toy_files()["csv"])]},
                  _params(config_file, "claims"),
                  [Out(norm_path(lay.tables), directory=True), Out(norm_path(lay.figures), directory=True),
                   Out(norm_path(lay.report_dir), directory=True)], outs)

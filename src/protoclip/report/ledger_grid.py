@@ -17,10 +17,15 @@ cells and intervals as the ledger's differences (protoclip.report.ledger_table.C
   ours is the log-range of the final scales in % of the initial scales' (0: one value whatever the start; 100:
   no closer than they began), held to the claim's bound (``magnitude: at_most``). One run per initialisation: no
   interval, so the magnitude is not decided (the test alone is printed).
+* ``toy``: PAUC's toy experiment (results/toy/pauc_toy.csv, the ``toy-nemd`` stage; one value per method and
+  class setting, no seeds): the class settings where method ``a``'s ``columns[0]`` minus method ``b``'s has the
+  paper's sign, by the ledger's sign test (ties dropped); 5 settings cannot reach one-sided 2.5 %.
 """
 from __future__ import annotations
 
 import math
+
+import pandas as pd
 
 from protoclip.claims import ledger
 from protoclip.claims.config import ClaimConfig
@@ -46,7 +51,8 @@ def _group(base: str, runs: list[str]) -> str:
 
 def evaluate(engine, claim: ClaimConfig, target: TargetConfig, row: LedgerRow) -> LedgerRow:
     """The row of a ``best`` or ``most`` claim (module docstring); NotRun where a cell or its examples are absent."""
-    return {"best": _best, "most": _most, "equilibrium": _equilibrium}[claim.kind](engine, claim, target, row)
+    return {"best": _best, "most": _most, "equilibrium": _equilibrium, "toy": _toy}[claim.kind](
+        engine, claim, target, row)
 
 
 def _best(engine, claim: ClaimConfig, target: TargetConfig, row: LedgerRow) -> LedgerRow:
@@ -134,6 +140,34 @@ def _equilibrium(engine, claim: ClaimConfig, target: TargetConfig, row: LedgerRo
     else:
         raw = ledger.magnitude_verdict(claim.magnitude, row.ours, row.ours, claim.paper_value, claim.margin)
         row.magnitude, row.magnitude_why = ledger.gate_magnitude(raw, engine.settings.paper_scale, False)
+    return row
+
+
+def _toy(engine, claim: ClaimConfig, target: None, row: LedgerRow) -> LedgerRow:
+    path = engine.results.layout.toy_files()["csv"]
+    if not path.exists():
+        raise NotRun(f"{path}: no toy table (the toy-nemd stage has not run)")
+    table = pd.read_csv(path)
+    metric, sign = claim.columns[0], claim_sign(claim)
+    wide = table.pivot(index="n_classes", columns="method", values=metric)
+    if claim.a not in wide or claim.b not in wide:
+        raise NotRun(f"{path}: no {metric} of methods {claim.a} and {claim.b}")
+    diffs = (wide[claim.a] - wide[claim.b]).dropna()
+    ahead, behind = int((sign * diffs > 0).sum()), int((sign * diffs < 0).sum())
+    row.ours, row.count_signs = float(ahead), (ahead, behind)
+    row.runs = f"{claim.a} vs {claim.b} ({path.name}, one run each per class setting)"
+    row.measured = (f"{metric} of {claim.a} minus {claim.b} per class setting: "
+                    + ", ".join(f"{n} classes {ledger.signed(d, 4)}" for n, d in diffs.items())
+                    + f"; on the paper's side in {ahead}, the other in {behind} (sign test p = "
+                    f"{ledger.sign_test(ahead, behind):.2g})")
+    row.seed_note, row.unit_name = "one run per method and class setting: no interval", "class settings"
+    same, other = ledger.sign_test(ahead, behind), ledger.sign_test(behind, ahead)
+    row.p_side, row.p = (1.0, same) if same <= other else (-1.0, other)
+    row.direction = row.raw_direction = ledger.sign_verdict(ahead, behind, HOLM_ALPHA)
+    row.magnitude = ledger.NOT_TESTED if claim.magnitude == "none" else ledger.NOT_RESOLVED
+    if ahead + behind < 6:
+        row.needs = (f"unreachable here: {ahead + behind} class settings with a sign cannot reach one-sided 2.5 % "
+                     f"even all on the paper's side (0.5^{ahead + behind} = {0.5 ** (ahead + behind):.3g})")
     return row
 
 

@@ -18,7 +18,8 @@ from protoclip.claims.intervals import Estimate, holm, pooled_seed_variance
 from protoclip.tasks import task_names
 
 UNITS = {"difference": "points", "gain": "points", "count": "sets", "share": "% of time", "overhead": "% of time",
-         "time_ratio": "% of time", "best": "points", "most": "rows", "equilibrium": "% of the initial spread"}
+         "time_ratio": "% of time", "best": "points", "most": "rows", "equilibrium": "% of the initial spread",
+         "toy": "settings"}
 
 
 class NotRun(Exception):
@@ -100,7 +101,7 @@ class LedgerRow:
 
     def _fmt(self, point, lo, hi) -> str:
         signed = self.claim.kind in ("difference", "gain", "overhead", "best")
-        digits = 0 if self.claim.kind in ("count", "most") else 2
+        digits = 0 if self.claim.kind in ("count", "most", "toy") else 2
         if lo is None:
             return ledger.signed(point, digits) if signed else f"{point:.{digits}f}"
         return ledger.with_interval(point, lo, hi, digits, sign=signed)
@@ -335,7 +336,7 @@ def needs_text(row: LedgerRow, rows: list[LedgerRow]) -> str:
     est, c = row.estimate, row.claim
     if c.kind == "count":
         return _count_needs(row, rows)
-    if c.kind in ("best", "most"):  # written where the row is judged (judge_best, ledger_grid)
+    if c.kind in ("best", "most", "toy"):  # written where the row is judged (judge_best, ledger_grid)
         return row.needs
     if est is None:
         return ""

@@ -285,8 +285,8 @@ class ClaimEngine:
         try:
             if claim.unavailable:
                 raise NotRun(claim.unavailable)
-            target = self.target(claim)
-            if claim.kind in ("best", "most", "equilibrium"):  # rows of a grid (protoclip.report.ledger_grid)
+            target = None if claim.kind == "toy" else self.target(claim)
+            if claim.kind in ("best", "most", "equilibrium", "toy"):  # grids and tables (protoclip.report.ledger_grid)
                 return ledger_grid.evaluate(self, claim, target, row)
             base_a, runs_a = self.family(target, claim.a, claim.a_runs)
             base_b, runs_b = self.family(target, claim.b, claim.b_runs)
