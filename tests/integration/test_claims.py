@@ -311,6 +311,7 @@ def planted(tmp_path, request):
               rows=["s0 = 14", "s0 = 1", "s0 = 50"], magnitude="at_most", margin=10.0, margin_why="planted"),
         claim("nemd", "A", "B", ["NEMD digits"], direction="negative"),  # 3 seeds vs 1: the seeds' spread alone
         claim("nemd_one_value", "A0", "B", ["NEMD digits"], direction="negative"),  # one run a side: a point
+        claim("nemd_absent", "A", "No keep", ["NEMD digits"], direction="negative"),  # nokeep has no NEMD
         claim("ami", "A", "B", ["AMI digits"]),
         claim("absent", "A", "B", ["digits"], target="table_nowhere"),
         claim("share", "ProtoCLIP", "CLIP", [], kind="share", phase="extract", direction="none",
@@ -422,6 +423,8 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     half = stats.t.ppf(0.975, 2) * 0.02 * np.sqrt(1 / 3 + 1)
     assert nemd.ours == pytest.approx(-0.08) and (nemd.lo, nemd.hi) == pytest.approx((-0.08 - half, -0.08 + half))
     assert nemd.unit == "score (ARI, AMI, NEMD)" and nemd.seed_note.startswith("the seeds' spread alone")
+    assert by["no_examples"].unit == "points" and by["absent"].unit == "points"
+    assert by["nemd_absent"].verdict == NOT_RUN and by["nemd_absent"].unit == "score (ARI, AMI, NEMD)"  # not points
     assert nemd.raw_direction == NOT_RESOLVED and nemd.spread == "these runs' own seeds (3 and 1): pooled seed sd " \
         "0.02 score (ARI, AMI, NEMD), 2 df"
     assert one.direction == ledger.ONE_VALUE and one.ours == pytest.approx(-0.10) and one.lo is None
@@ -540,7 +543,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     js = json.loads(files["json"].read_text())
     assert js["planted"]["direction"] == REPRODUCED and js["planted"]["margin"] == 5.0
     md = files["md"].read_text()
-    assert "+10.00 [" in md and f"{len(rows)} distinct claims, 4 not run" in md
+    assert "+10.00 [" in md and f"{len(rows)} distinct claims, 5 not run" in md
     assert "| not resolved; not the paper's scale" in md  # a point's magnitude: no 90 % interval printed
     # the first line counts decisive rows only: the not-decisive and at-chance ones apart
     assert ("direction (24 tested): 10 decisive (7 reproduced, 3 contradicted, Holm within each paper), "

@@ -292,6 +292,8 @@ class ClaimEngine:
             base_b, runs_b = self.family(target, claim.b, claim.b_runs)
             row.runs = f"{_group(base_a, runs_a)} vs {_group(base_b, runs_b)}"
             if claim.kind == "difference":
+                col = next(c for c in target.columns if c.label == claim.columns[0])
+                row.task_metric = (col.task, claim.metric or col.metric)  # its unit, also where no result exists
                 self._difference(claim, target, base_a, base_b, runs_a, runs_b, row)
             elif claim.kind == "count":
                 self._count(claim, target, base_a, base_b, runs_a, runs_b, row)
