@@ -22,6 +22,10 @@ from protoclip.report.values import paper_numbers, phase_times
 from testkit.reports import ALL_TARGETS, PAPER_TXT, ROOT, metric_value, project_copy, synthesize, write
 
 
+# the evaluation set the targets below name, defined (a column whose sets none defines is a config error)
+DIGITS = {"evaluate": {"datasets": {"digits": {"kind": "offline"}}}}
+
+
 # --------------------------------------------------------------------------- declarations
 def test_shipped_config_declares_every_paper_target_and_unique_outputs():
     cfg = load_config(ROOT / "config" / "config.yaml")
@@ -44,7 +48,7 @@ def test_seeds_expand_and_conflicting_shared_runs_are_errors(tmp_path):
               "columns": [{"label": "x", "task": "knn", "datasets": ["digits"]}]}
     write(tmp_path / "a.yaml", {"target": target, "runs": {"a": {"method": "clip", "seeds": [3, 4]}}})
     write(tmp_path / "b.yaml", {"runs": {"a": {"method": "clip", "seeds": [3, 4]}}})
-    cfg = load_config(write(tmp_path / "c.yaml", {"experiments": ["a.yaml", "b.yaml"]}))
+    cfg = load_config(write(tmp_path / "c.yaml", {"experiments": ["a.yaml", "b.yaml"], **DIGITS}))
     assert cfg.run_names() == ["a_s3", "a_s4"] and cfg.run("a_s4").seed == 4
     write(tmp_path / "b.yaml", {"runs": {"a": {"method": "clip", "seeds": [3]}}})
     with pytest.raises(ConfigError, match="b.yaml: run 'a' is already defined differently in .*a.yaml"):
@@ -86,8 +90,8 @@ def test_row_candidates_pick_the_run_the_config_has(tmp_path):
     write(tmp_path / "t.yaml", {"target": target})
     write(tmp_path / "off.yaml", {"runs": {"offline_run": {"method": "clip"}}})
     write(tmp_path / "pap.yaml", {"runs": {"paper_run": {"method": "clip"}, "offline_run": {"method": "clip"}}})
-    off = load_config(write(tmp_path / "c1.yaml", {"experiments": ["off.yaml", "t.yaml"]}))
-    pap = load_config(write(tmp_path / "c2.yaml", {"experiments": ["pap.yaml", "t.yaml"]}))
+    off = load_config(write(tmp_path / "c1.yaml", {"experiments": ["off.yaml", "t.yaml"], **DIGITS}))
+    pap = load_config(write(tmp_path / "c2.yaml", {"experiments": ["pap.yaml", "t.yaml"], **DIGITS}))
     assert off.paper_targets()[0].rows[0].run == "offline_run" and pap.paper_targets()[0].rows[0].run == "paper_run"
 
 
