@@ -37,6 +37,9 @@ from typing import Any, Iterator
 from protoclip.config.protocols import Project
 
 log = logging.getLogger(__name__)
+# the store's error when a concurrent job inserted the same dataset first (SQLite's and PostgreSQL's wording)
+_DUPLICATE_DATASET = re.compile(r"UNIQUE constraint failed: datasets\.|duplicate key value violates unique "
+                                r"constraint \S*datasets")
 
 MODEL_ARTIFACTS = "model"  # artifact folder of a training run's weights, the source of its registered versions
 REFERENCE_MODEL_TYPE = "protoclip-model-pt"  # model_type of the external LoggedModel a reference version points to
@@ -154,7 +157,17 @@ class MlflowTracker(Tracker):
         import mlflow.data
 
         ds = mlflow.data.from_pandas(frame, source=source, name=name, digest=digest)
-        self._mlflow.log_input(ds, context=context)
+        for attempt in range(3):
+            try:
+                self._mlflow.log_input(ds, context=context)
+                return
+            except self._mlflow.exceptions.MlflowException as e:
+                # two jobs logging the same dataset (one manifest) at once: MLflow's store looks the dataset up,
+                # then inserts it, so the later insert breaks the unique (experiment, name, digest) key; a retry
+                # finds the row the other job wrote and only links this run to it
+                if attempt == 2 or not _DUPLICATE_DATASET.search(str(e)):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
     def log_model(self, folder: str | Path, name: str, tags: dict[str, str], description: str = "") -> str | None:
         """The folder as artifacts ``model/`` of this run, and a version of registered model ``name`` whose

@@ -167,3 +167,40 @@ def test_a_job_waits_for_a_store_another_job_holds_locked(tmp_path):
     finally:
         release.join()
         held.close()
+
+
+def test_a_dataset_another_job_inserted_first_is_linked_not_an_error(tmp_path, monkeypatch):
+    """Two jobs log the same manifest at once: MLflow's store looks the dataset up, then inserts it, and the later
+    insert breaks the unique (experiment, name, digest) key (seen in CI's DAG). The race made deterministic on a real
+    SQLite store: the other job's insert lands between this job's lookup and its insert, once."""
+    import mlflow
+    import pandas as pd
+    from mlflow.store.tracking.dbmodels.models import SqlDataset
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from protoclip.tracking import MlflowTracker
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("race")
+    frame = pd.DataFrame({"id": ["a", "b"], "caption": ["x", "y"]})
+    with mlflow.start_run() as other:
+        other_id = other.info.run_id
+    original, calls = SqlAlchemyStore._log_inputs_impl, []
+
+    def raced(store, experiment_id, run_id, datasets=None, models=None):
+        calls.append(run_id)
+        if len(calls) == 1:  # the other job's insert wins; this job's insert of the same key then fails in the store's
+            original(store, experiment_id, other_id, datasets, models)  # session wrapper, as in the race
+            with store.ManagedSessionMaker(read_only=False) as session:
+                row = session.query(SqlDataset).one()
+                session.add(SqlDataset(**{c.name: getattr(row, c.name) for c in SqlDataset.__table__.columns
+                                          if c.name != "dataset_uuid"}, dataset_uuid="this-job"))
+        return original(store, experiment_id, run_id, datasets, models)
+
+    monkeypatch.setattr(SqlAlchemyStore, "_log_inputs_impl", raced)
+    with mlflow.start_run() as run:
+        MlflowTracker(mlflow, run.info.run_id).log_dataset(frame, name="manifest:x:train", digest="d1")
+    assert len(calls) == 2  # the duplicate key's error, then the retry
+    for run_id in (other_id, run.info.run_id):  # both runs link the one dataset
+        inputs = mlflow.get_run(run_id).inputs.dataset_inputs
+        assert [(i.dataset.name, i.dataset.digest) for i in inputs] == [("manifest:x:train", "d1")]
