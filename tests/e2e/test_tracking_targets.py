@@ -41,7 +41,9 @@ def project(tmp_path: Path) -> Path:
         "runs": {"clip_a": {}}}))
     return tiny_project(tmp_path, {"paths": {"mlflow_experiment": "exp"}, "prepare": {"eval_sets": []},
                                    "train": TINY_CLIP_RUN, "experiments": ["experiments/table_V.yaml", "experiments/fig_x.yaml"],
-                                   "runs": {"lonely": {}}}, n=16, size=32)
+                                   "runs": {"lonely": {}},
+                                   # the set the targets' column names (a column no defined set serves: config error)
+                                   "evaluate": {"datasets": {"digits": {"kind": "offline"}}}}, n=16, size=32)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
