@@ -51,8 +51,9 @@ def render(cfg, run, out: Path) -> dict[str, str]:
     doms = {}
     with MlflowUI(cfg.paths.mlflow_uri) as ui:
         for name, fragment in pages(run).items():
-            # tall enough for every chart section to be in view (the UI draws charts as they scroll in)
-            size = {"model_metrics": "1400,3800", "system_metrics": "1400,1400"}.get(name, "1400,1000")
+            # tall enough for every chart section to be in view (the UI draws charts as they scroll in): episode/mean,
+            # episode/time, train (per-step curves) and val, in that order, ~370 px a row of three charts
+            size = {"model_metrics": "1400,5800", "system_metrics": "1400,1400"}.get(name, "1400,1000")
             doms[name] = ui.render(fragment, out / f"{name}.png", window=size, budget_ms=60000)
     return doms
 
