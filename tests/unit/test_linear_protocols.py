@@ -17,17 +17,13 @@ from protoclip.evaluate.metrics.linear import linear_probe
 from protoclip.evaluate.metrics.linear_sgd import build_heads, pick_lr, sgd_protocol_probe
 from protoclip.evaluate.protocols import NAMES, PROTOCOLS
 from protoclip.evaluate.set_features import SetFeatures
+from testkit.training import one_thread
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny layers on 2 shared cores: one torch thread (several spin-wait: 20 s instead of 0.7 s per probe)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# tiny layers on 2 shared cores: one torch thread (several spin-wait: 20 s instead of 0.7 s per probe)
+_threads = pytest.fixture(autouse=True)(one_thread)
 
 
 def separable(rng, n: int, C: int = 4, d: int = 10):

@@ -10,14 +10,11 @@ from torch import nn
 from protoclip.config.architectures import check_model
 from protoclip.models import build_model, get_tokenizer, load_model, save_model
 from protoclip.models.model import MoCoHead
+from testkit.training import one_thread
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# tiny layers on 2 shared cores: one torch thread (several spin-wait: 20 s instead of 0.7 s per probe)
+_threads = pytest.fixture(autouse=True)(one_thread)
 
 
 @pytest.mark.parametrize("hidden, layers", [
