@@ -88,7 +88,7 @@ def prepare_child(pattern: str, out: str, workers: int) -> None:
     """Run the real prepare stage on the shards alone; print one JSON line of timings and peak RSS."""
     from protoclip.project import PathsConfig, ProjectConfig
     from protoclip.data.config import PrepareConfig, UserDataConfig
-    from protoclip.data.prepare import run_prepare
+    from protoclip.data.corpus.prepare import run_prepare
 
     cfg = ProjectConfig(paths=PathsConfig(data_dir=Path(out) / "data", results_dir=Path(out) / "results"),
                         prepare=PrepareConfig(offline_sources=[], eval_sets=[], num_workers=workers,
@@ -188,8 +188,8 @@ def caption_manifest(data_dir: Path, n: int, seed: int = 0) -> Path:
     prepared synthetic corpus has them, so the bytes per pair are the same."""
     import hashlib
 
-    from protoclip.data.manifest import ManifestWriter, Pair, pairs_batch
-    from protoclip.data.split import split_of
+    from protoclip.data.loading.manifest import ManifestWriter, Pair, pairs_batch
+    from protoclip.data.corpus.split import split_of
     from synthetic_shards import VOCAB
 
     out = data_dir / "prepared" / "manifest.parquet"
@@ -390,8 +390,8 @@ def loader_rates(manifest_df, shards: list[str], image_size: int, workers_list: 
     import torch
     from torch.utils.data import DataLoader
 
-    from protoclip.data.pairs import ImageTextDataset
-    from protoclip.data.transforms import train_transform
+    from protoclip.data.loading.pairs import ImageTextDataset
+    from protoclip.data.loading.transforms import train_transform
     from protoclip.models import get_tokenizer
 
     tf = train_transform(image_size, "protoclip")
@@ -438,7 +438,7 @@ def worker_memory(manifest_df) -> dict:
 
     from torch.utils.data import DataLoader
 
-    from protoclip.data.pairs import StringColumn
+    from protoclip.data.loading.pairs import StringColumn
 
     out = {}
     cols = ("id", "path", "caption", "sha256")
@@ -639,8 +639,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import shutil
 
-    from protoclip.data.manifest import read_manifest
-    from protoclip.data.userdata import expand_shards
+    from protoclip.data.loading.manifest import read_manifest
+    from protoclip.data.corpus.userdata import expand_shards
 
     info = {**machine(), "args": vars(args) | {"root": str(args.root)}}
     tag = args.tag or f"cpu{os.cpu_count()}_{'idle_' if args.idle else ''}{info['date_utc'][:10]}"

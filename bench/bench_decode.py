@@ -4,9 +4,9 @@ On real-size JPEG shards in img2dataset's webdataset layout (``<key>.jpg`` / ``.
 400x300 pictures at quality 90, CC3M's size as img2dataset stores it), each pipeline reads the same shards with the
 same number of DataLoader workers and batch size:
 
-* ``ours``: :class:`protoclip.data.pairs.ImageTextDataset` as the trainer builds it (manifest rows with the
+* ``ours``: :class:`protoclip.data.loading.pairs.ImageTextDataset` as the trainer builds it (manifest rows with the
   members' byte offsets and sha256, one ``pread`` + hash check + decode per image) with our training augmentation
-  (``protoclip.data.transforms.train_transform``: ``--augmentation``, the paper's ``protoclip`` by default) and
+  (``protoclip.data.loading.transforms.train_transform``: ``--augmentation``, the paper's ``protoclip`` by default) and
   the run's tokenizer, in a ``torch.utils.data.DataLoader`` over a random order (what an episode reads); its
   batches are uint8 (the trainer normalises them on the device);
 * ``ours (protoclip), float out``: ``ours`` with the transform ending in ToTensor + Normalize, float32 batches:
@@ -21,12 +21,12 @@ same number of DataLoader workers and batch size:
 * ``ours (crop only)``: ``ours`` with ``augmentation: none``, RandomResizedCrop(0.9-1) only: the same image
   transform as open_clip's, so the like-for-like row;
 * ``ours, torchvision blur``: ``ours`` with the blur as torchvision computes it (the 2-D kernel; the data path
-  before :mod:`protoclip.data.blur`);
+  before :mod:`protoclip.data.loading.blur`);
 * ``ours (<augmentation>), colour on the device``: ``ours`` with ``train.augment_on: device``, the workers cropping
   and flipping only (``ours (<augmentation>), colour on the device / ours (<augmentation>)``: what the workers gain);
   the colour steps' own cost is then the device's, timed after the rounds on a batch of ``--batch`` images
-  (:class:`protoclip.data.device_augment.DeviceAugment`; with CUDA on the GPU, else on one CPU thread), and so is
-  the whole of ``train.decode_on: device`` (the shards' files decoded, cropped, flipped and coloured there: the
+  (:class:`protoclip.data.loading.device_augment.DeviceAugment`; with CUDA on the GPU, else on one CPU thread), and
+  so is the whole of ``train.decode_on: device`` (the shards' files decoded, cropped, flipped and coloured there: the
   workers then only read files);
 
 Each pipeline's first batch (worker start, shuffle buffer fill) is not timed: images/s = the next ``--batches``
@@ -36,7 +36,7 @@ process) so that a busy machine slows them alike; read the ratios (min and media
 A single-process section times the pieces behind the choice of decoder, interleaved: PIL's decode (what every
 stage uses), PIL's JPEG draft mode (its reduced-scale decode: the scale PIL picks for the output size),
 ``torchvision.io.decode_jpeg`` (libjpeg-turbo; + the PIL image the transforms take) and whether its pixels equal
-PIL's, and the ProtoCLIP blur as torchvision computes it vs :mod:`protoclip.data.blur`'s 1-D passes (and their
+PIL's, and the ProtoCLIP blur as torchvision computes it vs :mod:`protoclip.data.loading.blur`'s 1-D passes (and their
 pixel difference). With CUDA, ``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG) on batches too.
 
     python bench/bench_decode.py --out bench/results/decode_cpu2_<date>.txt     # 224 px, 1 worker
@@ -70,7 +70,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_shards import VOCAB, _add, pictures  # noqa: E402
 
-from protoclip.data.device_augment import ORDER  # noqa: E402
+from protoclip.data.loading.device_augment import ORDER  # noqa: E402
 
 TINY = {"images": 48, "shards": 2, "source": (80, 60), "size": 32, "batch": 8, "batches": 2, "rounds": 1,
         "workers": 1, "micro": 8}
@@ -128,8 +128,8 @@ def ours_loader(df: pd.DataFrame, size: int, augmentation: str, batch: int, work
     from torch.utils.data import DataLoader, Subset
     from torchvision import transforms as T
 
-    from protoclip.data.pairs import ImageTextDataset
-    from protoclip.data.transforms import train_transform
+    from protoclip.data.loading.pairs import ImageTextDataset
+    from protoclip.data.loading.transforms import train_transform
     from protoclip.models import get_tokenizer
 
     transform = train_transform(size, augmentation, photometric)
@@ -163,7 +163,7 @@ def open_clip_loader(pattern: str, images: int, size: int, batch: int, workers: 
                                  dataset_resampled=False, seed=seed, batch_size=batch, workers=workers, world_size=1)
     preprocess = open_clip.image_transform(size, is_train=True)  # what create_model_and_transforms returns
     if augmentation is not None:  # our augmentation inside open_clip_train's pipeline, float out as open_clip's
-        from protoclip.data.transforms import train_transform
+        from protoclip.data.loading.transforms import train_transform
 
         preprocess = float_out(train_transform(size, augmentation))
     tokenizer = open_clip.get_tokenizer("RN50")
@@ -174,7 +174,7 @@ def device_augment_cost(kind: str, size: int, batch: int, rounds: int, jpgs: lis
     """Milliseconds per batch of ``DeviceAugment`` on the GPU if there is one, else on this process's one CPU
     thread (median of ``rounds`` x 5 timed batches after a warm-up): the colour steps of ``augment_on: device`` on
     uint8 crops, or with ``jpgs`` (files) the whole of ``decode_on: device``: decode, crop, flip and colour."""
-    from protoclip.data.device_augment import DeviceAugment
+    from protoclip.data.loading.device_augment import DeviceAugment
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     aug = DeviceAugment(kind, size)
@@ -233,7 +233,7 @@ def micro(jpgs: list[bytes], size: int, rounds: int) -> list[str]:
     from torchvision import transforms as T
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    from protoclip.data.transforms import BLUR_KERNEL_224, BLUR_SIGMA_224, gaussian_blur
+    from protoclip.data.loading.transforms import BLUR_KERNEL_224, BLUR_SIGMA_224, gaussian_blur
 
     def pil(j):
         return Image.open(io.BytesIO(j)).convert("RGB")
@@ -257,7 +257,7 @@ def micro(jpgs: list[bytes], size: int, rounds: int) -> list[str]:
     fns = {"PIL decode (used)": (pil, jpgs), "PIL draft decode": (draft, jpgs),
            "torchvision.io.decode_jpeg -> PIL": (tv, jpgs), "torchvision.io.decode_jpeg (tensor)": (tv_tensor, jpgs),
            f"blur k={ours_blur.kernel_size[0]}, torchvision 2-D": (tv_blur, crops),
-           f"blur k={ours_blur.kernel_size[0]}, protoclip.data.blur (used)": (ours_blur, crops)}
+           f"blur k={ours_blur.kernel_size[0]}, protoclip.data.loading.blur (used)": (ours_blur, crops)}
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for name, (fn, items) in fns.items():

@@ -31,8 +31,8 @@ from torch.utils.data import Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_shards import photo_shards  # noqa: E402
 
-from protoclip.data.pairs import ImageTextDataset  # noqa: E402
-from protoclip.data.transforms import train_transform  # noqa: E402
+from protoclip.data.loading.pairs import ImageTextDataset  # noqa: E402
+from protoclip.data.loading.transforms import train_transform  # noqa: E402
 from protoclip.files.layout import Layout
 from protoclip.models import build_model, get_tokenizer
 from protoclip.train.config import KMeansConfig, LossConfig, TrainConfig

@@ -25,7 +25,7 @@ from protoclip.evaluate.metrics.linear import linear_probe
 
 
 def random_relu_features(fashion_dir: str, dim: int = 128, seed: int = 0):
-    from protoclip.data.evalsets import build_fashion_mnist
+    from protoclip.data.corpus.evalsets import build_fashion_mnist
 
     d = build_fashion_mnist(fashion_dir)
     x = d["images"][..., 0].reshape(len(d["images"]), -1).astype(np.float32) / 255.0

@@ -49,7 +49,7 @@ def _job(args: dict, variant: str, seed: int, out: str, queue) -> None:
                 super().__init__(*a, **kw)
 
         torch.optim.AdamW = DefaultAdamW
-    from protoclip.data.pairs import ImageTextDataset, load_manifest
+    from protoclip.data.loading.pairs import ImageTextDataset, load_manifest
     from protoclip.files.layout import Layout
     from protoclip.models import build_model, get_tokenizer
     from protoclip.train.loop import train

@@ -20,8 +20,8 @@
   where they come from; a step makes none, so the count should not grow with the steps (the episode ends read the
   step records back, issue 42).
 * ``shards, <w> workers, colour on the device``: the same with ``train.augment_on: device`` (the workers crop and flip; the
-  colour jitter, greyscale and blur run batched on the device, :mod:`protoclip.data.device_augment`), its data wait
-  counted the same way (the device's augmentation work included);
+  colour jitter, greyscale and blur run batched on the device, :mod:`protoclip.data.loading.device_augment`), its data
+  wait counted the same way (the device's augmentation work included);
 * ``shards, <w> workers, decoded on the device``: and ``train.decode_on: device``: the workers read the files, the device
   decodes them (nvJPEG on CUDA), crops, flips and augments.
 
@@ -64,7 +64,7 @@ class TensorPairs(Dataset):
     float32 normalised (open_clip's preprocess output, what open_clip_train's step takes)."""
 
     def __init__(self, n: int, image_size: int, tokenizer, seed: int = 0, normalised: bool = False):
-        from protoclip.data.transforms import normalize_batch
+        from protoclip.data.loading.transforms import normalize_batch
 
         g = torch.Generator().manual_seed(seed)
         images = torch.randint(0, 256, (n, 3, image_size, image_size), generator=g, dtype=torch.uint8)
@@ -206,8 +206,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from protoclip.jobs.devices import resolve_device
-    from protoclip.data.pairs import ImageTextDataset
-    from protoclip.data.transforms import train_transform
+    from protoclip.data.loading.pairs import ImageTextDataset
+    from protoclip.data.loading.transforms import train_transform
 
     device = resolve_device(args.device)
     tok = get_tokenizer(args.model)

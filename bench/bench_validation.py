@@ -38,7 +38,7 @@ def main() -> None:
     import yaml
 
     from protoclip.project import load_config
-    from protoclip.data.pairs import load_manifest
+    from protoclip.data.loading.pairs import load_manifest
     from protoclip.files.layout import Layout
     from protoclip.files.records import read_train_log
     from protoclip.tracking import training_run

@@ -102,8 +102,8 @@ def tiny_pairs(tmp_path: Path) -> list[dict]:
 
 @pytest.fixture
 def tiny_manifest(tmp_path: Path, tiny_pairs: list[dict]):
-    from protoclip.data.manifest import Pair, to_frame, write_manifest
-    from protoclip.data.split import split_of
+    from protoclip.data.loading.manifest import Pair, to_frame, write_manifest
+    from protoclip.data.corpus.split import split_of
     from protoclip.files.layout import Layout
 
     layout = Layout(tmp_path / "data", tmp_path / "results")

@@ -62,10 +62,10 @@ COMMANDS: dict[str, Command] = {
     "launch": Command("protoclip.jobs.launch", "run a command on free GPU slots (CUDA_VISIBLE_DEVICES set for its process "
                       "tree)"),
     # the paper's sets whose download no reader takes; no config needed
-    "birdsnap": Command("protoclip.data.paper_evalsets", "Birdsnap's download -> train/ test/ class folders (kind: "
-                        "folder)", config=False),
-    "ucf101": Command("protoclip.data.paper_evalsets", "UCF101 videos -> the middle frame of each, in class folders "
-                      "(kind: folder)", config=False),
+    "birdsnap": Command("protoclip.data.corpus.paper_evalsets", "Birdsnap's download -> train/ test/ class folders "
+                        "(kind: folder)", config=False),
+    "ucf101": Command("protoclip.data.corpus.paper_evalsets", "UCF101 videos -> the middle frame of each, in class "
+                      "folders (kind: folder)", config=False),
     "forkserver": Command("protoclip.jobs.forkserver", "run a command (snakemake) whose `protoclip train` / "
                           "`evaluate` jobs start as forks of one process that imported torch once", config=False),
     "schema": Command("protoclip.dag.schema", "write the config's JSON Schema and config/README.md from the "

@@ -2,7 +2,7 @@
 
 A subclass of :class:`UserError` names the key or file; the CLI prints it as one line with exit code 2 and no
 traceback. :class:`ConfigError` is here; the others live beside the code that reads their input
-(``protoclip.models.checkpoint.ModelFileError``, ``protoclip.data.reading.ImageReadError``, ...).
+(``protoclip.models.checkpoint.ModelFileError``, ``protoclip.data.loading.reading.ImageReadError``, ...).
 """
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def test_fresh_clone_dvc_repro_and_both_tools_agree_on_up_to_date(tmp_path):
     sh(sys.executable, "-m", "snakemake", summary, "--cores", "1", "--touch", "--forceall", "--configfile", CONFIG)
 
     # a comment and a docstring: neither tool reruns anything
-    prepare, loop = clone / "src/protoclip/data/prepare.py", clone / "src/protoclip/train/loop.py"
+    prepare, loop = clone / "src/protoclip/data/corpus/prepare.py", clone / "src/protoclip/train/loop.py"
     code = yaml.safe_load((clone / FINGERPRINTS).read_text())
     prepare.write_text(prepare.read_text() + "\n# a comment\n")
     loop.write_text(loop.read_text().replace('"""', '"""Edited. ', 1))
@@ -91,7 +91,7 @@ def test_fresh_clone_dvc_repro_and_both_tools_agree_on_up_to_date(tmp_path):
     assert dvc_status() == {}
     assert yaml.safe_load((clone / FINGERPRINTS).read_text()) == code
 
-    # code of `prepare` only (data/prepare.py: imported by `protoclip prepare`, by no other stage's command): DVC
+    # code of `prepare` only (data/corpus/prepare.py: imported by `protoclip prepare`, by no other stage's command): DVC
     # reports the prepare stage (its code param), Snakemake reruns it and, as it always does, every job after it
     prepare.write_text(prepare.read_text() + "EDITED = 1\n")
     assert snakemake_dry() == {"prepare": 1, "train": 1, "evaluate": 3, "collect": 1}

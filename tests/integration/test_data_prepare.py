@@ -15,9 +15,9 @@ import pytest
 from PIL import Image
 
 from protoclip.project import PathsConfig, ProjectConfig
-from protoclip.data import debs, evalsets, openclipart, prepare, tuxpaint
+from protoclip.data.corpus import debs, evalsets, openclipart, prepare, tuxpaint
 from protoclip.data.config import PrepareConfig, UserDataConfig
-from protoclip.data.split import split_of
+from protoclip.data.corpus.split import split_of
 from protoclip.files.layout import Layout
 from testkit.data import make_png, svg
 
@@ -194,7 +194,7 @@ def test_stale_temp_files_of_killed_writes_are_cleaned_at_start(world):
 
 
 def test_reader_rules_version_rebuilds_user_data_only(world, monkeypatch):
-    from protoclip.data import userdata
+    from protoclip.data.corpus import userdata
     cfg, layout = world
     with_user = prepare.fingerprint(cfg.prepare, layout)
     offline = PrepareConfig(**{**cfg.prepare.__dict__, "user_data": []})
@@ -248,7 +248,7 @@ def test_prepare_killed_after_the_manifest_is_not_trusted(world, monkeypatch, ca
 
 def _reference_manifest(offline, user, seed, fraction, path, row_group=None):
     """What prepare wrote before it streamed: every pair in memory, deduplicate, split, one DataFrame, to_parquet."""
-    from protoclip.data.manifest import deduplicate, to_frame, write_manifest
+    from protoclip.data.loading.manifest import deduplicate, to_frame, write_manifest
 
     kept, dup_drops = deduplicate(offline + user)
     for pair in kept:
@@ -269,7 +269,8 @@ def test_streamed_manifest_is_the_old_writers_bytes(world, monkeypatch, tmp_path
     import io
     import tarfile
 
-    from protoclip.data import dedup, manifest, userdata
+    from protoclip.data.corpus import dedup, userdata
+    from protoclip.data.loading import manifest
 
     cfg, layout = world
     monkeypatch.setattr(dedup, "BLOCK", 4)  # spread the keys over many flushes
@@ -322,7 +323,7 @@ def test_streamed_manifest_is_the_old_writers_bytes(world, monkeypatch, tmp_path
 
 
 def test_empty_manifest_is_the_old_writers_bytes(tmp_path):
-    from protoclip.data.manifest import ManifestWriter, to_frame, write_manifest
+    from protoclip.data.loading.manifest import ManifestWriter, to_frame, write_manifest
     write_manifest(to_frame([]), tmp_path / "old.parquet")
     with ManifestWriter(tmp_path / "new.parquet"):
         pass
@@ -336,7 +337,7 @@ def test_max_pairs_keeps_a_seeded_subset_independent_of_order(tmp_path):
     """A capped user data set keeps the max_pairs of its (de-duplicated) pairs with the smallest hash of
     ("subset/<id>", seed), computed here independently: the same pairs whatever the CSV's row order, a larger cap
     a superset, the rest counted as over_max_pairs; an uncapped set beside it keeps everything."""
-    from protoclip.data.split import split_score
+    from protoclip.data.corpus.split import split_score
 
     user = tmp_path / "user"
     names = [f"img{i:02d}.png" for i in range(12)]

@@ -16,11 +16,11 @@ import torch
 from PIL import Image
 
 from protoclip.data.config import UserDataConfig
-from protoclip.data.manifest import to_frame, write_manifest
-from protoclip.data.pairs import ImageTextDataset, StringColumn
-from protoclip.data.reading import ImageReadError, read_image
-from protoclip.data.transforms import eval_transform
-from protoclip.data.userdata import scan_wds
+from protoclip.data.loading.manifest import to_frame, write_manifest
+from protoclip.data.loading.pairs import ImageTextDataset, StringColumn
+from protoclip.data.loading.reading import ImageReadError, read_image
+from protoclip.data.loading.transforms import eval_transform
+from protoclip.data.corpus.userdata import scan_wds
 from testkit.data import make_png, make_shard
 
 
@@ -156,7 +156,7 @@ def test_image_read_error_exits_2_with_one_line_through_the_cli(tmp_path, capsys
 
     def boom(*a, **k):
         raise ImageReadError(f"{tmp_path}/x.png: the image changed since `protoclip prepare`")
-    monkeypatch.setattr("protoclip.data.prepare.run_prepare", boom)
+    monkeypatch.setattr("protoclip.data.corpus.prepare.run_prepare", boom)
     conf = tmp_path / "config.yaml"
     conf.write_text(f"paths: {{data_dir: {tmp_path}/data, results_dir: {tmp_path}/results}}\n")
     assert cli.main(["prepare", "--config", str(conf)]) == 2
@@ -169,8 +169,8 @@ def test_bucketed_dedup_keeps_what_the_in_memory_rule_keeps(tmp_path, monkeypatc
     """PairDedup (keys spilled to buckets, only the conflicting rows replayed) drops exactly the rows, with the
     reasons, that deduplicate drops: random pairs over few ids / images / captions, so that the id and image
     rules interact (a row dropped for its image does not claim its id); rows start negative as prepare's do."""
-    from protoclip.data import dedup
-    from protoclip.data.manifest import Pair, deduplicate
+    from protoclip.data.corpus import dedup
+    from protoclip.data.loading.manifest import Pair, deduplicate
 
     monkeypatch.setattr(dedup, "BLOCK", 7)
     rng = random.Random(seed)
@@ -202,7 +202,7 @@ def test_bucketed_dedup_keeps_what_the_in_memory_rule_keeps(tmp_path, monkeypatc
 
 
 def test_key_spill_finds_the_later_repeats(tmp_path, monkeypatch):
-    from protoclip.data import dedup
+    from protoclip.data.corpus import dedup
     monkeypatch.setattr(dedup, "BLOCK", 5)
     rng = random.Random(3)
     keys = [f"k{rng.randrange(25)}" for _ in range(200)]

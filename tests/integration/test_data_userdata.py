@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from protoclip.data.config import UserDataConfig
-from protoclip.data.pairs import read_image
-from protoclip.data.userdata import expand_shards, scan_csv, scan_user_data, scan_wds
+from protoclip.data.loading.pairs import read_image
+from protoclip.data.corpus.userdata import expand_shards, scan_csv, scan_user_data, scan_wds
 from testkit.data import make_png
 
 
@@ -193,7 +193,7 @@ def test_webdataset_cut_shard_keeps_what_it_can_and_counts_the_rest(tmp_path):
 
 
 def test_webdataset_offsets_read_the_same_bytes_as_tarfile(tmp_path):
-    from protoclip.data.reading import TarCache
+    from protoclip.data.loading.reading import TarCache
     png = make_png(tmp_path / "x.png", "red", "circle").read_bytes()
     png2 = make_png(tmp_path / "y.png", "blue", "cross").read_bytes()
     with tarfile.open(tmp_path / "s.tar", "w", format=tarfile.PAX_FORMAT) as tar:
@@ -225,7 +225,7 @@ def _five_images(d: Path) -> None:
 
 
 def _scan(path: Path, caplog, **cfg):
-    with caplog.at_level("WARNING", logger="protoclip.data.csvfile"):
+    with caplog.at_level("WARNING", logger="protoclip.data.corpus.csvfile"):
         caplog.clear()
         pairs, drops = scan_csv(UserDataConfig(name="q", format="csv", path=str(path), **cfg))
     return pairs, dict(drops), [r.getMessage() for r in caplog.records]
@@ -322,8 +322,8 @@ def test_csv_a_long_quoted_caption_within_the_bounds_is_one_row(tmp_path, caplog
 
 def test_csv_is_streamed_and_repeats_found_without_a_set_of_ids(tmp_path, monkeypatch):
     """More rows than a batch and than the key spill's block: repeated paths are found across batches."""
-    import protoclip.data.dedup as dedup
-    import protoclip.data.userdata as userdata
+    import protoclip.data.corpus.dedup as dedup
+    import protoclip.data.corpus.userdata as userdata
     monkeypatch.setattr(userdata, "CSV_BATCH", 7)
     monkeypatch.setattr(dedup, "BLOCK", 5)
     make_png(tmp_path / "a.png", "red", "circle")

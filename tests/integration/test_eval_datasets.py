@@ -76,7 +76,7 @@ def test_offline_npz(tmp_path):
     layout.eval_set("fashion_mnist").parent.mkdir(parents=True)
     np.savez(layout.eval_set("fashion_mnist"), images=images, labels=labels, split=split,
              classnames=np.array(["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
-                                  "Sneaker", "Bag", "Ankle boot"]))  # as protoclip.data.evalsets writes them
+                                  "Sneaker", "Bag", "Ankle boot"]))  # as protoclip.data.corpus.evalsets writes them
     ds = load_eval_set("fashion_mnist", EvalDatasetConfig(kind="offline"), layout)
     assert isinstance(ds, LabelledSet)
     assert (len(ds.train), len(ds.test)) == (8, 4)
@@ -286,7 +286,7 @@ def test_coco_karpathy_split(tmp_path):
 
 def test_reads_the_digits_set_prepare_writes(tmp_path):
     """Contract with protoclip.data: the npz that `prepare` writes is what the evaluator reads."""
-    from protoclip.data import evalsets
+    from protoclip.data.corpus import evalsets
     layout = Layout(tmp_path / "data", tmp_path / "results")
     arrays = evalsets.build_digits()
     evalsets.save_eval_set(layout.eval_set("digits"), arrays)

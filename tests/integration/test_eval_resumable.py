@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from protoclip.data.transforms import eval_transform
+from protoclip.data.loading.transforms import eval_transform
 from protoclip.evaluate.datasets.sets import ArraySplit
 from protoclip.evaluate.features import encode_images
 from protoclip.evaluate.resumable import CHUNK, ExtractionProgress, encode_images_resumable

@@ -52,7 +52,7 @@ def _naive_log_ratio(sim, tau):
 
 
 def _encode(model, cfg, imgs, texts):
-    from protoclip.data.transforms import eval_transform
+    from protoclip.data.loading.transforms import eval_transform
     from protoclip.models import get_tokenizer
 
     tf = eval_transform(model.image_size)

@@ -17,7 +17,7 @@ import torch
 import yaml
 from PIL import Image
 
-from protoclip.data.transforms import eval_transform
+from protoclip.data.loading.transforms import eval_transform
 from protoclip.models import build_model, get_tokenizer, load_model, save_model
 from protoclip.models.export_openclip import CONFIG_FILE, WEIGHTS_FILE, ExportError, export_openclip
 from protoclip.config.strict import to_dict
@@ -133,7 +133,7 @@ def test_clip_benchmark_scores_the_export_as_the_project_does(tmp_path):
     unique captions each)."""
     from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
-    from protoclip.data.evalsets import build_digits
+    from protoclip.data.corpus.evalsets import build_digits
     from protoclip.evaluate.adapters import SetInput, zeroshot_classifier
     from protoclip.evaluate.config import EvaluateConfig
     from protoclip.evaluate.datasets import ArraySplit, CaptionSet, load_offline_npz

@@ -70,7 +70,7 @@ class ToyAlign(Method):
 
     @classmethod
     def train_transform(cls, cfg: TrainConfig, image_size: int):
-        from protoclip.data.transforms import train_transform
+        from protoclip.data.loading.transforms import train_transform
 
         aug = train_transform(image_size, cfg.augmentation)
         return MultiView(aug, aug)
@@ -201,7 +201,7 @@ def test_a_model_file_without_its_evaluation_spec_is_refused(tmp_path):
 def test_toy_method_trains_and_evaluates_through_the_normal_path(tmp_path, monkeypatch):
     """config -> run_train -> model.pt (its spec) -> run_evaluate scoring zero-shot by the toy's own similarity,
     for a method that exists only in this file."""
-    from protoclip.data.transforms import eval_transform
+    from protoclip.data.loading.transforms import eval_transform
     from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
     from protoclip.evaluate.datasets import load_eval_set
     from protoclip.evaluate.stage import run_evaluate

@@ -179,7 +179,7 @@ def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
     similarity (nCLIP -CE / summed per-token cosine), checked against scores computed here from the model."""
     import numpy as np
 
-    from protoclip.data.transforms import eval_transform
+    from protoclip.data.loading.transforms import eval_transform
     from protoclip.evaluate.config import EvaluateConfig
     from protoclip.evaluate.datasets import ArraySplit, CaptionSet, LabelledSet
     from protoclip.evaluate.adapters import SetInput, task_retrieval, task_zeroshot, zeroshot_classifier

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from protoclip.data.paper_evalsets import middle_frame
+from protoclip.data.corpus.paper_evalsets import middle_frame
 from protoclip.evaluate.config import EvalDatasetConfig
 from protoclip.evaluate.datasets import load_eval_set
 from protoclip.files.layout import Layout

@@ -1,6 +1,6 @@
 """``train.augment_on: device``: the workers crop and flip, the loader applies the colour steps on the device
-(protoclip.data.device_augment). A tiny ProtoCLIP run on real images trains the same weights with one worker, two
-workers, and cut after an episode and resumed; it differs from the run augmented in the workers; a three-view
+(protoclip.data.loading.device_augment). A tiny ProtoCLIP run on real images trains the same weights with one worker,
+two workers, and cut after an episode and resumed; it differs from the run augmented in the workers; a three-view
 method (PCL: two augmented views, one float centre crop) trains with it. ``train.decode_on: device`` (the workers
 read the files, the device decodes, crops and flips): the same exactness on JPEG files; the combinations it cannot
 run are refused."""

@@ -68,8 +68,8 @@ def assert_same_batches(a: list, b: list) -> None:
 def test_an_image_cache_leaves_the_batches_of_worker_processes_unchanged(tiny_manifest):
     """``train.image_cache_mb``: each of two persistent workers keeps the images it decoded; three episodes' two
     passes give the batches of the same loader without the cache."""
-    from protoclip.data.pairs import ImageTextDataset, load_manifest
-    from protoclip.data.transforms import train_transform
+    from protoclip.data.loading.pairs import ImageTextDataset, load_manifest
+    from protoclip.data.loading.transforms import train_transform
 
     df = load_manifest(tiny_manifest)
 

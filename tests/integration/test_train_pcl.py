@@ -345,7 +345,7 @@ def test_pcl_on_torchvisions_resnet50(tmp_path, head_hidden, pauc):
     import numpy as np
     import torchvision
 
-    from protoclip.data.transforms import eval_transform
+    from protoclip.data.loading.transforms import eval_transform
     from protoclip.evaluate.datasets.sets import ArraySplit
     from protoclip.evaluate.features import encode_images
     from protoclip.models import load_model, save_model

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from protoclip.project import load_config
-from protoclip.data.manifest import to_frame, write_manifest
+from protoclip.data.loading.manifest import to_frame, write_manifest
 from protoclip.errors import ConfigError
 from protoclip.files.layout import Layout
 from protoclip.files.records import read_train_log

@@ -1,8 +1,8 @@
-"""Training batches travel as uint8 and are normalised on the device (protoclip.data.transforms.normalize_batch):
-a tiny run on real images through the methods' own training transforms gives bit-identical weights to the
-float pipeline (the same transforms, normalised in the worker: ToTensor + Normalize), for a one-view method
-(ProtoCLIP: its episode's feature extraction and its training steps) and a three-view one (PCL: two uint8
-augmented views and a float centre crop, the E-step reading the crop)."""
+"""Training batches travel as uint8 and are normalised on the device
+(protoclip.data.loading.transforms.normalize_batch): a tiny run on real images through the methods' own training
+transforms gives bit-identical weights to the float pipeline (the same transforms, normalised in the worker:
+ToTensor + Normalize), for a one-view method (ProtoCLIP: its episode's feature extraction and its training steps)
+and a three-view one (PCL: two uint8 augmented views and a float centre crop, the E-step reading the crop)."""
 from __future__ import annotations
 
 import dataclasses

@@ -13,7 +13,7 @@ import yaml
 from PIL import Image
 from torch.utils.data import Dataset
 
-from protoclip.data.manifest import Pair, to_frame, write_manifest
+from protoclip.data.loading.manifest import Pair, to_frame, write_manifest
 from protoclip.files.layout import Layout
 from protoclip.config.strict import deep_merge
 from protoclip.train.config import KMeansConfig, LossConfig, TrainConfig
@@ -61,7 +61,7 @@ class PilPairs(Dataset):
         return len(self.images)
 
     def _float(self, x: torch.Tensor) -> torch.Tensor:
-        from protoclip.data.transforms import normalize_batch
+        from protoclip.data.loading.transforms import normalize_batch
 
         return normalize_batch(x[None])[0] if self.worker_normalise else x
 

@@ -1,5 +1,5 @@
-"""protoclip.data.blur: torchvision's GaussianBlur computed in two 1-D passes gives torchvision's image (the same
-sigma draw, kernel, border and rounding), up to one level where float summation order decides a .5 rounding."""
+"""protoclip.data.loading.blur: torchvision's GaussianBlur computed in two 1-D passes gives torchvision's image (the
+same sigma draw, kernel, border and rounding), up to one level where float summation order decides a .5 rounding."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from protoclip.data.blur import SEPARABLE_MIN_KERNEL, GaussianBlur
-from protoclip.data.transforms import gaussian_blur
+from protoclip.data.loading.blur import SEPARABLE_MIN_KERNEL, GaussianBlur
+from protoclip.data.loading.transforms import gaussian_blur
 
 
 def photo(size: int) -> Image.Image:

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from protoclip.data import emoji, openclipart, tuxpaint
-from protoclip.data.captions import CaptionError, decode_caption, english_share, is_english
+from protoclip.data.corpus import emoji, openclipart, tuxpaint
+from protoclip.data.corpus.captions import CaptionError, decode_caption, english_share, is_english
 from testkit.data import svg
 
 LEX = frozenset({"bored", "dog", "mammal", "animal", "soft", "blue", "couch", "furniture", "red", "car", "bee",
@@ -168,7 +168,7 @@ def test_emoji_parse_and_rules(tmp_path):
 def test_clip_vocabulary_matches_open_clip_tokenizer():
     from open_clip.tokenizer import SimpleTokenizer
 
-    from protoclip.data.captions import clip_vocabulary
+    from protoclip.data.corpus.captions import clip_vocabulary
 
     oracle = {t[:-4] for t in SimpleTokenizer().encoder if t.endswith("</w>") and len(t) > 5}
     assert clip_vocabulary() == oracle

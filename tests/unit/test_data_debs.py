@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from protoclip.data import debs
+from protoclip.data.corpus import debs
 from protoclip.files.layout import Layout
 
 
@@ -48,7 +48,7 @@ def test_matching_hash_downloads_once(tmp_path, pinned_fake):
 def test_mismatch_warns_and_records(tmp_path, pinned_fake, caplog):
     layout, calls = Layout(tmp_path), []
     other = b"a point release replaced it"
-    with caplog.at_level(logging.WARNING, logger="protoclip.data.debs"):
+    with caplog.at_level(logging.WARNING, logger="protoclip.data.corpus.debs"):
         _, digest = debs.ensure_deb("fake-pkg", layout, download=fake_download(other, calls))
     assert digest == hashlib.sha256(other).hexdigest()
     assert "differs from the pinned" in caplog.text

@@ -1,4 +1,4 @@
-"""The photometric augmentation on the device (protoclip.data.device_augment): each batched step equals
+"""The photometric augmentation on the device (protoclip.data.loading.device_augment): each batched step equals
 torchvision's own function applied image by image with that image's factor; a batch replays as torchvision applies
 its draws in the kind's order; the draws are a function of the key; the probabilities are the kind's; the workers'
 side keeps only the crop and the flip."""
@@ -9,9 +9,9 @@ import torch
 from torchvision import transforms as T
 from torchvision.transforms.v2 import functional as F
 
-from protoclip.data.device_augment import (DeviceAugment, adjust_brightness, adjust_contrast, adjust_hue,
+from protoclip.data.loading.device_augment import (DeviceAugment, adjust_brightness, adjust_contrast, adjust_hue,
                                            adjust_saturation, gaussian_blur, key_seed)
-from protoclip.data.transforms import (BLUR_P, GRAY_P, JITTER, JITTER_P, blur_params, normalize_batch,
+from protoclip.data.loading.transforms import (BLUR_P, GRAY_P, JITTER, JITTER_P, blur_params, normalize_batch,
                                        train_transform)
 
 
@@ -141,7 +141,7 @@ def jpegs(n: int, seed: int = 0) -> tuple[list[bytes], list]:
 
 
 def test_crop_params_are_torchvisions_draws_from_a_generator():
-    from protoclip.data.device_augment import crop_params
+    from protoclip.data.loading.device_augment import crop_params
 
     for seed in range(40):
         for h, w, scale in ((300, 400, (0.5, 1.0)), (64, 48, (0.08, 1.0)), (20, 400, (0.9, 1.0))):  # last: fallback
@@ -155,7 +155,7 @@ def test_device_decode_gives_pillows_pixels_and_decodes_other_formats_on_the_hos
 
     import numpy as np
 
-    from protoclip.data.device_augment import decode_images
+    from protoclip.data.loading.device_augment import decode_images
 
     blobs, pils = jpegs(6)
     buf = io.BytesIO()
@@ -169,7 +169,7 @@ def test_decode_crop_is_the_workers_crop_and_flip_with_the_keys_draws():
     """The workers' crop + flip (train_transform(..., "device"): PIL) drawing from the global generator seeded as
     decode_crop seeds its own draws the same crops and flips: the two differ only by the resize (torchvision's
     antialiased bicubic on tensors vs Pillow's), a level or two on smooth pictures."""
-    from protoclip.data.device_augment import key_seed
+    from protoclip.data.loading.device_augment import key_seed
 
     blobs, pils = jpegs(12, seed=1)
     aug, key = DeviceAugment("protoclip", 32), (0, 3, 1, 8, 0)

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from protoclip.data.config import UserDataConfig
-from protoclip.data.pairs import read_image
-from protoclip.data.userdata import scan_csv, scan_wds
+from protoclip.data.loading.pairs import read_image
+from protoclip.data.corpus.userdata import scan_csv, scan_wds
 from protoclip.errors import ConfigError
 from testkit.data import make_png, make_shard
 

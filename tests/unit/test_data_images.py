@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from protoclip.data.images import Candidate, fit_square, render_all, render_candidate, to_rgb_on_white
+from protoclip.data.corpus.images import Candidate, fit_square, render_all, render_candidate, to_rgb_on_white
 from testkit.data import make_png
 
 

@@ -13,8 +13,8 @@ from open_clip.transform import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD, color_j
 from PIL import Image
 from torchvision import transforms as T
 
-from protoclip.data.pairs import ImageTextDataset, load_manifest
-from protoclip.data.transforms import eval_transform, normalize_batch, train_transform
+from protoclip.data.loading.pairs import ImageTextDataset, load_manifest
+from protoclip.data.loading.transforms import eval_transform, normalize_batch, train_transform
 from testkit.data import make_png
 
 
@@ -109,8 +109,8 @@ def test_a_bytes_transform_gets_the_checked_file_undecoded(tiny_manifest):
     batch of them as a tuple of bytes; a changed file stops the read as for a decoded one."""
     from pathlib import Path
 
-    from protoclip.data.reading import ImageReadError
-    from protoclip.data.transforms import EncodedImage
+    from protoclip.data.loading.reading import ImageReadError
+    from protoclip.data.loading.transforms import EncodedImage
 
     df = load_manifest(tiny_manifest)
     ds = ImageTextDataset(df, EncodedImage(), fake_tokenizer)
@@ -155,7 +155,7 @@ def test_an_image_cache_decodes_a_row_once_within_its_budget_and_the_items_stay_
     augmentation still draws on every read: two passes from one seed give the tensors of the uncached dataset
     (a transform that changed the kept image would show in the second pass). Rows past the budget are read
     every time."""
-    from protoclip.data import pairs
+    from protoclip.data.loading import pairs
 
     df = load_manifest(tiny_manifest)
     reads = []
@@ -199,7 +199,7 @@ def test_image_text_dataset_reads_tar_members_with_open_clip_tokenizer(tmp_path)
 
 
 def test_empty_or_broken_manifest_is_a_config_error_naming_the_file(tmp_path):
-    from protoclip.data.manifest import to_frame, write_manifest
+    from protoclip.data.loading.manifest import to_frame, write_manifest
     from protoclip.errors import ConfigError
     from protoclip.files.layout import Layout
 

@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from protoclip.data.split import assign_splits, split_of, split_score
+from protoclip.data.corpus.split import assign_splits, split_of, split_score
 
 
 def test_split_matches_independent_hash_rule():

@@ -1,5 +1,5 @@
 """The related methods' augmentation kinds (MoCo v2 and v1, the crop-only kinds of nCLIP and the temperature paper) and
-the two-view wrapper (protoclip.data.transforms)."""
+the two-view wrapper (protoclip.data.loading.transforms)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from protoclip.data.transforms import CROP_SCALE, train_transform
+from protoclip.data.loading.transforms import CROP_SCALE, train_transform
 from protoclip.train.methods.base import MultiView
 
 
@@ -19,7 +19,7 @@ def test_mocov2_steps_and_two_views():
     assert crop.scale == (0.2, 1.0) == CROP_SCALE["mocov2"]
     blur = next(s for s in t.transforms if isinstance(s, T.RandomApply))
     assert blur.p == 0.5 and isinstance(blur.transforms[0], T.GaussianBlur)
-    # MoCo v2's sigma 0.1-2 at 224 px, scaled to the image size like every blur here (data/transforms.py)
+    # MoCo v2's sigma 0.1-2 at 224 px, scaled to the image size like every blur here (data/loading/transforms.py)
     assert blur.transforms[0].sigma == pytest.approx((0.1 * 32 / 224, 2.0 * 32 / 224))
     assert kinds.index("RandomApply") < kinds.index("RandomHorizontalFlip")  # MoCo v2's order
     img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 48, 3), dtype=np.uint8))

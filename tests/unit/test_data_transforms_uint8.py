@@ -1,4 +1,4 @@
-"""Training images leave the workers as uint8 and are normalised on the device (protoclip.data.transforms
+"""Training images leave the workers as uint8 and are normalised on the device (protoclip.data.loading.transforms
 .normalize_batch): the numbers must equal the float pipeline's (ToTensor + Normalize in the worker) bit for bit."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from open_clip.transform import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from PIL import Image
 from torchvision import transforms as T
 
-from protoclip.data.transforms import CROP_SCALE, normalize_batch, train_transform
+from protoclip.data.loading.transforms import CROP_SCALE, normalize_batch, train_transform
 
 
 def old_float(tf: T.Compose) -> T.Compose:

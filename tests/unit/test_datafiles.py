@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protoclip.data.evalsets import load_eval_set, save_eval_set
-from protoclip.data.manifest import Pair, manifest_batches, manifest_sources, read_manifest, to_frame, write_manifest
+from protoclip.data.corpus.evalsets import load_eval_set, save_eval_set
+from protoclip.data.loading.manifest import (Pair, manifest_batches, manifest_sources, read_manifest, to_frame,
+                                             write_manifest)
 from protoclip.files.datafiles import DataFileError
 from protoclip.errors import UserError
 from protoclip.teacher.cache import aligned_features, load_teacher_features

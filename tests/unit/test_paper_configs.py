@@ -250,7 +250,7 @@ RELATED = {
 
 def check_paper_values(cfg, name: str, exp: dict) -> None:
     """Run ``name``'s effective settings (train defaults + its overrides, protoclip.project) against ``exp``."""
-    from protoclip.data.transforms import CROP_SCALE
+    from protoclip.data.loading.transforms import CROP_SCALE
 
     run, where = cfg.run(name), f"run {name}"
     assert run.batch_size == exp["batch"], where

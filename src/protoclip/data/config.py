@@ -22,7 +22,7 @@ class UserDataConfig:
     # CSV/TSV: a quoted caption may span lines (RFC 4180, as pandas reads it for open_clip); false: one record a line
     multiline_captions: bool = True
     # a quoted field still open after this many lines, or this many characters, is taken for a quote left open:
-    # its first line is dropped, the lines after it are read as rows (protoclip.data.csvfile)
+    # its first line is dropped, the lines after it are read as rows (protoclip.data.corpus.csvfile)
     quote_max_lines: int = 8
     quote_max_chars: int = 131_072  # the longest caption kept (longer ones are dropped as caption_too_long)
     # keep a seeded random subset of at most this many of the set's pairs (after the drops and de-duplication):

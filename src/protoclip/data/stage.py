@@ -2,7 +2,7 @@
 
     protoclip prepare --config config/config.yaml
 
-The work is :func:`protoclip.data.prepare.run_prepare`; this module is the stage's command line.
+The work is :func:`protoclip.data.corpus.prepare.run_prepare`; this module is the stage's command line.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from protoclip.data.prepare import run_prepare
+    from protoclip.data.corpus.prepare import run_prepare
 
     run_prepare(args.cfg)
     return 0

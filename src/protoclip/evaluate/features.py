@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from protoclip.files.datafiles import READ_ERRORS, first_line
 from protoclip.files.hashing import sha256_file
-from protoclip.data.transforms import eval_transform
+from protoclip.data.loading.transforms import eval_transform
 from protoclip.jobs.devices import resolve_device
 from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
 from protoclip.evaluate.batches import image_batches

@@ -118,7 +118,7 @@ class Layout:
 
     @property
     def deb_hashes(self) -> Path:
-        """The sha256 recorded for each package that differed from its pin (protoclip.data.debs)."""
+        """The sha256 recorded for each package that differed from its pin (protoclip.data.corpus.debs)."""
         return self.debs / "hashes.json"
 
     def deb(self, filename: str) -> Path:

@@ -9,7 +9,7 @@
 The folder is open_clip's ``local-dir:`` / hub layout: ``open_clip_model.safetensors`` (``model.clip``, both
 towers and ``logit_scale`` = 1/tau_CLIP; the projection heads and tau_Proto are left out, as no open_clip tool
 reads the prototype space) and ``open_clip_config.json`` (``model_cfg`` with the run's overrides,
-``preprocess_cfg`` of :func:`protoclip.data.transforms.eval_transform`, a ``protoclip`` block: run, method,
+``preprocess_cfg`` of :func:`protoclip.data.loading.transforms.eval_transform`, a ``protoclip`` block: run, method,
 source sha256, notes); the tokenizer is open_clip's BPE at ``model_cfg``'s context length.
 
 Only a CLIP scored by the cosine of its towers' embeddings is exported (CLIP, ProtoCLIP, xCLIP, PAUC, ...);

@@ -38,8 +38,8 @@ from tqdm.auto import tqdm
 
 from protoclip.files.atomic import atomic_path, clean_stale_temps, clean_stale_temps_of, write_json
 from protoclip.files.datafiles import TEACHER, reading
-from protoclip.data.dedup import KeySpill
-from protoclip.data.manifest import manifest_batches
+from protoclip.data.corpus.dedup import KeySpill
+from protoclip.data.loading.manifest import manifest_batches
 from protoclip.files.layout import Layout
 from protoclip.teacher.config import TeacherProject
 from protoclip.teacher.encoders import (

@@ -196,7 +196,7 @@ class TrainConfig:
     # Sec. IV-B3, Table XI; mocov2 / mocov1: PCL v2 / v1 and PAUC; crop50: nCLIP; crop80: the temperature paper
     augmentation: Literal["protoclip", "none", "simclr", "mocov2", "mocov1", "crop50", "crop80"] = "protoclip"
     # where the augmentation's colour jitter, greyscale and blur run: in the DataLoader workers (PIL, per image) or
-    # batched on the training device after the workers' crop and flip (protoclip.data.device_augment: the same
+    # batched on the training device after the workers' crop and flip (protoclip.data.loading.device_augment: the same
     # steps and draws' distribution, computed in float; frees the workers of about a quarter of their work)
     augment_on: Literal["workers", "device"] = "workers"
     # where the images are decoded, cropped and flipped: in the workers, or on the training device (with

@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from protoclip.data.transforms import normalize_batch
+from protoclip.data.loading.transforms import normalize_batch
 from protoclip.train.distributed import DistInfo, all_gather_cat
 
 log = logging.getLogger(__name__)

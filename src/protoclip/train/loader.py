@@ -16,8 +16,8 @@ resumed segment, instead of twice per episode), and hands out each pass as an it
     wait = loader.take_wait()  # seconds waited for the first batch of each pass since the last call
     loader.close()
 
-With ``augment`` (``train.augment_on: device``, :class:`protoclip.data.device_augment.DeviceAugment`) a pass yields
-its images on the device, augmented there and normalised: each uint8 view of a batch with the key (episode, pass
+With ``augment`` (``train.augment_on: device``, :class:`protoclip.data.loading.device_augment.DeviceAugment`) a pass
+yields its images on the device, augmented there and normalised: each uint8 view of a batch with the key (episode, pass
 index, the batch's first position, view), so the draws, like the workers' per-item seeds, do not depend on the
 worker count, the prefetch or a resume; a batch of stored files (``train.decode_on: device``) is decoded, cropped
 and flipped there first.
@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from protoclip.data.device_augment import DeviceAugment, key_seed
+from protoclip.data.loading.device_augment import DeviceAugment, key_seed
 from protoclip.train.distributed import DistInfo
 from protoclip.train.episode import rank_positions, sample_episode
 
@@ -57,7 +57,7 @@ PASSES = ("extract", "train")  # an episode's passes over its items; the index i
 def seed_item(key: tuple[int, int, int, int]) -> None:
     """Seed this process's python, numpy and torch (CPU) RNGs from ``(seed, episode, pass index, position)``.
 
-    The seed is a 64-bit BLAKE2b hash of the key (:func:`~protoclip.data.device_augment.key_seed`; a few
+    The seed is a 64-bit BLAKE2b hash of the key (:func:`~protoclip.data.loading.device_augment.key_seed`; a few
     microseconds; ``torch.manual_seed`` would also visit every accelerator's generator, ~0.5 ms an item, and a
     worker's transforms draw from the CPU generator only)."""
     s = key_seed(key)

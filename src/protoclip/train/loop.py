@@ -50,7 +50,7 @@ import yaml
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from protoclip.data.transforms import normalize_batch
+from protoclip.data.loading.transforms import normalize_batch
 from protoclip.files.atomic import write_text
 from protoclip.errors import ConfigError
 from protoclip.config.strict import to_dict
@@ -183,7 +183,7 @@ def to_device(x, device: torch.device, memory_format: torch.memory_format = torc
 
 def device_images(x, device: torch.device, memory_format: torch.memory_format = torch.preserve_format):
     """Training images (a uint8 batch from the training transform, or a list/tuple of them for multi-view
-    methods) on ``device``, normalised there (:func:`protoclip.data.transforms.normalize_batch`); float images
+    methods) on ``device``, normalised there (:func:`protoclip.data.loading.transforms.normalize_batch`); float images
     pass through unchanged."""
     if isinstance(x, (list, tuple)):
         return type(x)(device_images(v, device, memory_format) for v in x)
@@ -278,7 +278,7 @@ def run_loader(cfg: TrainConfig, dataset: Dataset, sched: Schedule, info: DistIn
     extract = cfg.extract_batch_size if cfg.extract_batch_size is not None else 2 * cfg.batch_size
     augment = None
     if cfg.augment_on == "device":
-        from protoclip.data.device_augment import DeviceAugment
+        from protoclip.data.loading.device_augment import DeviceAugment
 
         augment = DeviceAugment(cfg.augmentation, image_size)
     return RunLoader(dataset, episode_size=sched.episode_size, seed=cfg.seed, batch_size=sched.batch_size,

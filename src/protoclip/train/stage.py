@@ -98,7 +98,7 @@ def subsample_pairs(df, fraction: float, seed: int):
 
 def build_dataset(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, image_size: int, tokenizer):
     """The run's training pairs (manifest train split of its sources, the run's augmentation) and their ids."""
-    from protoclip.data.pairs import ImageTextDataset, load_manifest, release_unused_memory
+    from protoclip.data.loading.pairs import ImageTextDataset, load_manifest, release_unused_memory
     from protoclip.registry import method_class
 
     if not layout.manifest.exists():
@@ -230,7 +230,7 @@ def log_training_data(cfg: ProjectConfig, layout: Layout, tcfg: TrainConfig, tra
     returned)."""
     import hashlib
 
-    from protoclip.data.pairs import load_manifest, release_unused_memory
+    from protoclip.data.loading.pairs import load_manifest, release_unused_memory
 
     df = load_manifest(layout, sources=resolve_sources(cfg, tcfg), split="train",
                        columns=["id", "source", "caption", "sha256"])

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from protoclip.data.transforms import eval_transform
+from protoclip.data.loading.transforms import eval_transform
 from protoclip.errors import UserError
 from protoclip.evaluate.config import EvalDatasetConfig, EvaluateConfig
 from protoclip.evaluate.datasets import (CaptionSet, LabelledSet, Skipped, load_eval_set, subsample_indices,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from protoclip.data.manifest import absolute_paths, read_manifest
+from protoclip.data.loading.manifest import absolute_paths, read_manifest
 from protoclip.evaluate.datasets.sets import (ArraySplit, CaptionSet, EvalDataError, FileSplit, LabelledSet,
                                               fingerprint, norm)
 from protoclip.evaluate.prompts import has_prompts, load_prompts
@@ -94,7 +94,7 @@ def load_heldout_pairs(layout: Layout, manifest: Path | None = None) -> Labelled
     """
     manifest = manifest or layout.manifest
     df = read_manifest(manifest, columns=["id", "path", "caption", "label", "split"])
-    df["path"] = absolute_paths(df["path"].astype(str), manifest.parent)  # data.manifest's rule
+    df["path"] = absolute_paths(df["path"].astype(str), manifest.parent)  # data.loading.manifest's rule
     df["label"] = df["label"].fillna("").astype(str)
     held = df[df["split"] == "heldout"].reset_index(drop=True)
     if held.empty:

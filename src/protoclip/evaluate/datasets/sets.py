@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from protoclip.data.reading import SEP, ImageReadError, TarCache, decode_image, read_image
+from protoclip.data.loading.reading import SEP, ImageReadError, TarCache, decode_image, read_image
 from protoclip.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -156,10 +156,10 @@ class Method:
         """PIL image -> what the batch's ``images`` holds. A method that needs several views per item returns
         a tuple of tensors here (e.g. :class:`protoclip.train.methods.base.MultiView`); the default collate
         then gives ``images`` as a list of [B, 3, H, W] tensors. The loop moves each to the device and normalises the
-        uint8 ones there (:func:`protoclip.data.transforms.normalize_batch`; float views pass unchanged), so
+        uint8 ones there (:func:`protoclip.data.loading.transforms.normalize_batch`; float views pass unchanged), so
         :meth:`forward` gets float images. With ``augment_on: device`` the uint8 views are crops and flips only:
-        the loader applies the rest on the device (:mod:`protoclip.data.device_augment`)."""
-        from protoclip.data.transforms import train_transform
+        the loader applies the rest on the device (:mod:`protoclip.data.loading.device_augment`)."""
+        from protoclip.data.loading.transforms import train_transform
 
         return train_transform(image_size, cfg.augmentation, cfg.augment_on, cfg.decode_on)
 

@@ -133,7 +133,7 @@ class PCLMethod(Method):
 
     @classmethod
     def train_transform(cls, cfg: TrainConfig, image_size: int) -> Callable:
-        from protoclip.data.transforms import eval_transform, train_transform
+        from protoclip.data.loading.transforms import eval_transform, train_transform
 
         aug = train_transform(image_size, cfg.augmentation, cfg.augment_on)
         return MultiView(aug, aug, eval_transform(image_size))  # query view, key view, centre crop (E-step)
@@ -201,7 +201,7 @@ class PCLMethod(Method):
         import torch.nn.functional as F
         from tqdm.auto import tqdm
 
-        from protoclip.data.transforms import normalize_batch
+        from protoclip.data.loading.transforms import normalize_batch
         from protoclip.train.distributed import all_gather_cat, sync_buffers
 
         sync_buffers(self._key, data.info)
