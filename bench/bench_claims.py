@@ -153,7 +153,8 @@ class no_intervals:
     """Within the block, difference rows get no interval (the report before the ledger)."""
 
     def __enter__(self):
-        from protoclip.report.ledger_table import ClaimEngine, NotRun
+        from protoclip.claims.engine import ClaimEngine
+        from protoclip.claims.rows import NotRun
 
         def refuse(*_a, **_k):
             raise NotRun("switched off")
@@ -162,7 +163,7 @@ class no_intervals:
         ClaimEngine.column_interval = refuse
 
     def __exit__(self, *exc):
-        from protoclip.report.ledger_table import ClaimEngine
+        from protoclip.claims.engine import ClaimEngine
 
         ClaimEngine.column_interval = self.saved
 

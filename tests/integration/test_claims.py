@@ -20,8 +20,9 @@ from protoclip.claims.ledger import CONTRADICTED, NOT_RESOLVED, NOT_RUN, NOT_TES
 from protoclip.project import load_config
 from protoclip.errors import ConfigError
 from protoclip.files.layout import Layout
-from protoclip.report.ledger_table import (ClaimEngine, chance_of, init_variance, log_ledger, metric_units,
-                                           rule_text, run_ledger)
+from protoclip.claims.engine import ClaimEngine
+from protoclip.claims.units import chance_of, init_variance, metric_units
+from protoclip.report.ledger_table import log_ledger, rule_text, run_ledger
 from protoclip.report.paper_tables import build_table
 from protoclip.report.values import Results
 from testkit import REPO
@@ -113,7 +114,7 @@ def test_headline_claims_are_declared_on_their_lines():
                 assert c.target or c.kind == "toy", cid  # the toy claim reads the toy stage's table
                 assert c.direction != "none" or c.magnitude in ("at_least", "at_most"), cid
     # a row's unit as its claim measures it, also where nothing is run: a memory share, a temperature, NEMD
-    from protoclip.report.ledger_rows import LedgerRow
+    from protoclip.claims.rows import LedgerRow
     assert [LedgerRow(by[i]).unit for i in ("xclip_memory", "temperature_equilibrium", "pauc_toy_nemd", "pcl_knn")] \
         == ["% of memory", "% of the initial spread", "settings", "points"]
     grid = by["f6a_best_episode_size"], by["f6b_best_target_temperature"], by["t3_ablations_beat_clip"]
@@ -377,12 +378,13 @@ def planted(tmp_path, request):
 
 def test_an_ami_too_long_to_resample_is_not_run_saying_how_long(planted, monkeypatch):
     """At ImageNet's size each AMI resample takes seconds: past the budget the row is "not run" with the time."""
-    import protoclip.report.ledger_table as claims_module
+    import protoclip.claims.engine as claims_module
+    from protoclip.claims.rows import NotRun
 
     cfg, _ = planted
     monkeypatch.setattr(claims_module, "AMI_BUDGET_S", 0.0)
     engine = ClaimEngine(cfg, Results(cfg))
-    with pytest.raises(claims_module.NotRun, match=r"AMI on digits takes \d+ min to resample \(1000 expected mutual "
+    with pytest.raises(NotRun, match=r"AMI on digits takes \d+ min to resample \(1000 expected mutual "
                                                  r"informations of 2000 images"):
         engine.units("b", "clustering", "digits", "ami")
     assert engine.units("b", "clustering", "digits", "ari")  # ARI has no such cost

@@ -74,7 +74,7 @@ def project(tmp_path):
 
 
 def test_ours_against_the_paper_draws_every_cell_with_both_numbers(tmp_path):
-    from protoclip.report.ledger_table import ClaimEngine
+    from protoclip.claims.engine import ClaimEngine
     from protoclip.report.paper_tables import build_table
 
     cfg, _ = project(tmp_path)

@@ -161,7 +161,7 @@ def test_first_line_counts_each_question_over_the_rows_that_ask_it():
     """The ledger's first line is computed from its rows: a row at chance whose claim asks no magnitude adds to
     the directions only (issue 59: 37 magnitudes counted where 36 rows ask one); a not-run row to neither."""
     from protoclip.claims.config import ClaimConfig
-    from protoclip.report.ledger_rows import LedgerRow, at_chance, summary_text
+    from protoclip.claims.rows import LedgerRow, at_chance, summary_text
 
     def row(cid: str, magnitude: str, direction: str, mag_verdict: str) -> LedgerRow:
         c = ClaimConfig(id=cid, paper="P", source="p.txt", line=1, where="-", quote="-", paper_value=2.0,

@@ -288,3 +288,16 @@ def read_train_log(path: str | Path, kind: str | None = None) -> list[dict[str, 
         if kind is None or rec.get("kind") == kind:
             out.append(rec)
     return out
+
+
+def episode_times(log_path: str | Path) -> dict[str, np.ndarray] | None:
+    """Seconds of each episode phase per episode, ``{phase: [episodes]}`` plus ``total`` (their sum), in episode
+    order; None without a log. A resumed run may repeat an episode record: the last record of each episode
+    counts. The claims ledger resamples these (the cost claims, protoclip.claims.engine)."""
+    per_episode = {int(rec["episode"]): rec for rec in read_train_log(log_path, kind="episode")}
+    if not per_episode:
+        return None
+    recs = [per_episode[e] for e in sorted(per_episode)]
+    out = {s: np.array([float(r.get(f"time/{s}", 0.0)) for r in recs]) for s in PHASES}
+    out["total"] = sum(out[s] for s in PHASES)
+    return out

@@ -42,7 +42,8 @@ def job_cpus(env: dict | None = None) -> int:
 
 
 def run_report(cfg: ReportProject) -> Path:
-    from protoclip.report.ledger_table import ClaimEngine, run_ledger
+    from protoclip.claims.engine import ClaimEngine
+    from protoclip.report.ledger_table import run_ledger
     from protoclip.report.dvc_plots import write_plot_data
     from protoclip.report.figures import write_figure
     from protoclip.report.paper_tables import write_table
