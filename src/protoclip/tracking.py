@@ -28,11 +28,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from protoclip.config.protocols import Project
 
@@ -346,6 +348,70 @@ def training_run(cfg: Project, run_name: str, resume_id_file: Path | None, targe
         tracker.set_tags({"protoclip.stage.train": "started"})
         yield tracker
         tracker.set_tags({"protoclip.stage.train": "finished"})
+
+
+
+# --------------------------------------------------------------------------- a training run's model version
+def register_model(tracker: Tracker, mode: str | None, model_path: Path, run: str, tags: dict[str, str],
+                   config_file: Path, export: Callable[[Path, Path], str]) -> str | None:
+    """The run's model as a version of the MLflow model named after the run (``paths.mlflow_log_models``):
+    ``copy`` holds one copy of the weights (:func:`log_model`), ``reference`` none (:func:`register_model_reference`),
+    None nothing. ``config_file``: the config the run was trained from (named in a reference's description);
+    ``export``: as for :func:`log_model`. Returns the version, None where nothing was registered."""
+    if not tracker.run_id:
+        return None
+    if mode == "copy":
+        return log_model(tracker, model_path, run, tags, export)
+    if mode == "reference":
+        return register_model_reference(tracker, model_path, run, tags, config_file=project_path(config_file))
+    return None
+
+
+def log_model(tracker: Tracker, model_path: Path, run: str, tags: dict[str, str],
+              export: Callable[[Path, Path], str]) -> str | None:
+    """One copy of the run's weights as the MLflow run's ``model`` artifacts, registered as a version of the model
+    named after the run. ``export(model_path, folder)`` writes the version's files into ``folder`` and says what
+    open_clip reads of them (``local-dir``, or ``no: <why>`` where the folder holds ``model.pt`` itself:
+    :func:`protoclip.models.export_openclip.export_or_copy`). ``model.pt`` stays in the run's folder
+    (``protoclip.model_sha256`` names it): a second copy would double the run's disk."""
+    with tempfile.TemporaryDirectory(prefix=f"protoclip-model-{run}-") as tmp:
+        folder = Path(tmp) / "model"
+        open_clip = export(model_path, folder)
+        version = tracker.log_model(folder, run, {**tags, "protoclip.run": run, "protoclip.open_clip": open_clip[:500]},
+                                    description=f"protoclip training run '{run}': "
+                                    + ("its open_clip export (open_clip_config.json, open_clip_model.safetensors)"
+                                       if open_clip == "local-dir" else "model.pt"))
+    if version is not None:
+        log.info("run %s: model registered in MLflow as models:/%s/%s", run, run, version)
+    return version
+
+
+def register_model_reference(tracker: Tracker, model_path: Path, run: str, tags: dict[str, str],
+                             config_file: str = "config/config.yaml") -> str | None:
+    """A version of the model named after the run that holds no copy of the weights (``paths.mlflow_log_models:
+    reference``): its tags ``protoclip.model_path`` (``model.pt`` relative to the project) and
+    ``protoclip.model_sha256`` name the file, and its description says so and how to get the open_clip form."""
+    path = project_path(model_path)
+    export = f"protoclip export --config {config_file} --run {run}"
+    version = tracker.register_reference(
+        run, {**tags, "protoclip.run": run, "protoclip.model_path": path, "protoclip.open_clip": export},
+        description=f"protoclip training run '{run}': no files in MLflow; the weights are {path} (sha256 "
+                    f"{tags.get('protoclip.model_sha256', '?')}); `{export}` writes their open_clip form where "
+                    "open_clip can represent the model")
+    if version is not None:
+        log.info("run %s: model registered in MLflow as models:/%s/%s (a reference to %s, no copy)", run, run,
+                 version, path)
+    return version
+
+
+def project_path(path: Path) -> str:
+    """``path`` as the project names it: relative to the working folder (the project's root, where the stages run)
+    when it lies below it, else absolute; POSIX separators."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return absolute.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return absolute.as_posix()
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -127,6 +128,19 @@ def export_openclip(model_path: str | Path, out_dir: str | Path) -> Path:
     return out_dir
 
 
+def export_or_copy(model_path: Path, folder: Path) -> str:
+    """The files of a model's MLflow version in ``folder``: its open_clip export where open_clip can represent the
+    model (so that ``local-dir:`` reads the downloaded version as is), else ``model.pt`` itself (e.g. nCLIP's
+    similarity). Returns what open_clip reads of it: ``local-dir``, or ``no: <why>``."""
+    try:
+        export_openclip(model_path, folder)
+        return "local-dir"
+    except ExportError as err:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(model_path, folder / model_path.name)
+        return f"no: {err}"
+
+
 def run_export(cfg: Project, run: str, out: str | Path | None = None) -> Path:
     """``protoclip export``: the run's ``model.pt`` -> ``out`` (default :func:`export_dir`)."""
     from protoclip.files.layout import Layout
@@ -153,5 +167,6 @@ def main(args) -> int:
 
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "ExportError", "export_dir", "export_notes", "export_openclip",
+           "export_or_copy",
            "export_refusal",
            "open_clip_model_cfg", "preprocess_cfg", "run_export"]

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
+from protoclip.errors import ConfigError
 from protoclip.files.atomic import atomic_path, clean_stale_temps, clean_stale_temps_of, write_json
 from protoclip.files.datafiles import TEACHER, reading
 from protoclip.data.corpus.dedup import KeySpill
@@ -439,6 +440,22 @@ def aligned_features(path: str | Path, sample_ids: Sequence[str], block: int = 6
             if b > a:
                 out[a:b] = _rows(f, f_at, f_dtype, (dim,), lo, min(n, lo + block))[positions[a:b] - lo]
     return out
+
+
+def run_features(path: Path, teacher: str, run: str, sample_ids: Sequence[str]) -> np.ndarray:
+    """Training run ``run``'s features of teacher ``teacher`` from its cache ``path``, rows aligned with
+    ``sample_ids`` (the training set's order), float32 and contiguous.
+
+    A missing cache is a :class:`ConfigError` naming the path and the command that builds it; training ids
+    absent from the cache (a stale cache) stop here, before any training, through :func:`lookup`. The cache is
+    read in blocks (:func:`aligned_features`): only the run's rows are held, not the whole cache.
+    """
+    if not path.exists():
+        raise ConfigError(f"run '{run}': teacher cache for '{teacher}' not found at {path}; build it with "
+                          f"`protoclip teacher --config <config>` (with teacher.name: {teacher})")
+    aligned = np.ascontiguousarray(aligned_features(path, sample_ids), dtype=np.float32)
+    log.info("teacher %s: %d x %d features (%s)", teacher, *aligned.shape, path)
+    return aligned
 
 
 def lookup(cache_ids: np.ndarray, features: np.ndarray, ids: list[str] | np.ndarray) -> np.ndarray:
