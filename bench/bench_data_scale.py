@@ -19,8 +19,9 @@ kept under ``--root``, default /tmp/protoclip-scale), each stage in a fresh subp
   sum of fixed random word vectors (``--teacher-dim``, default 384 = the offline teacher's width), so that the
   measure is the stage's own memory and time, not a transformer's. Peak RSS, wall time, PCA sample rows.
 * **episode** (the train stage's data side): in one process, what ``protoclip train`` does before and in its first
-  episode: the run's manifest rows as the flat-array dataset (``build_dataset``), the training-data digest
-  (``log_training_data`` with MLflow off), the teacher rows (``load_teacher``, from the teacher step's cache),
+  episode: the run's manifest rows as the flat-array dataset (``TrainJob.dataset``), the training-data digest
+  (``TrainJob.log_training_data`` with MLflow off), the teacher rows (``TrainJob.teacher``, from the teacher
+  step's cache),
   then one ProtoCLIP episode's extraction (tiny-rn, ``--episode`` samples drawn from the whole corpus,
   ``--workers`` workers) and k-means (K = m / 10, with the external teacher's k-means). Peak RSS of the main
   process and the largest DataLoader worker; extraction and k-means times.
@@ -219,20 +220,23 @@ def train_data_child(data_dir: str, teacher: str) -> None:
     from protoclip.models import get_tokenizer
     from protoclip.tracking import Tracker
     from protoclip.train.config import TrainConfig
-    from protoclip.train.stage import build_dataset, load_teacher, log_training_data
+    from protoclip.data.loading.training_set import resolve_sources
+    from protoclip.train.stage import TrainJob
 
     cfg = ProjectConfig(paths=PathsConfig(data_dir=Path(data_dir), results_dir=Path(data_dir).parent / "results"),
                         prepare=PrepareConfig(offline_sources=[], eval_sets=[],
                                               user_data=[UserDataConfig(name="synth", format="wds", path="x.tar")]))
     tcfg = TrainConfig(name="bench", data=["synth"], model="tiny-rn", teacher=teacher, head_hidden=512)
-    layout = Layout.from_config(cfg)
+    job = TrainJob(tcfg, Layout.from_config(cfg), resolve_sources(tcfg.data, cfg.prepare.offline_sources),
+                   cfg.evaluate, cfg.paths, Path(cfg.source))
     tokenizer = get_tokenizer("tiny-rn")
     floor = vm_hwm_mib()
     t0 = time.perf_counter()
-    dataset, ids = build_dataset(cfg, layout, tcfg, 64, tokenizer)
+    dataset = job.dataset(64, tokenizer)
+    ids = dataset.ids
     rss_dataset = vm_hwm_mib()
-    log_training_data(cfg, layout, tcfg, Tracker())
-    feats = load_teacher(layout, tcfg, ids)
+    job.log_training_data(Tracker())
+    feats = job.teacher(ids)
     print(json.dumps({"n": len(dataset), "teacher_dim": int(feats.shape[1]), "data_s": time.perf_counter() - t0,
                       "rss_imports_mib": floor, "rss_dataset_mib": rss_dataset, "rss_data_mib": vm_hwm_mib(),
                       "rss_end_mib": _vm_rss_mib()}))
@@ -258,8 +262,10 @@ def train_child(data_dir: str, teacher: str, image_size: int, m: int, workers: i
     from protoclip.tracking import Tracker
     from protoclip.train.config import TrainConfig
     from protoclip.train.distributed import DistInfo
-    from protoclip.train.episode import episode_loader, extract_features, sample_episode
-    from protoclip.train.stage import build_dataset, load_teacher, log_training_data
+    from protoclip.train.episode import extract_features
+    from protoclip.train.loader import RunLoader
+    from protoclip.data.loading.training_set import resolve_sources
+    from protoclip.train.stage import TrainJob
 
     cfg = ProjectConfig(paths=PathsConfig(data_dir=Path(data_dir), results_dir=Path(data_dir).parent / "results"),
                         prepare=PrepareConfig(offline_sources=[], eval_sets=[],
@@ -267,23 +273,28 @@ def train_child(data_dir: str, teacher: str, image_size: int, m: int, workers: i
     tcfg = TrainConfig(name="bench", data=["synth"], model="tiny-rn", teacher=teacher, episode_size=m,
                        head_hidden=512)
     layout = Layout.from_config(cfg)
+    job = TrainJob(tcfg, layout, resolve_sources(tcfg.data, cfg.prepare.offline_sources), cfg.evaluate, cfg.paths,
+                   Path(cfg.source))
     torch.manual_seed(0)
     model = build_model("tiny-rn", head_hidden=512)
     floor = vm_hwm_mib()  # imports and the model, before any data
     t0 = time.perf_counter()
-    dataset, ids = build_dataset(cfg, layout, tcfg, image_size, get_tokenizer("tiny-rn",
-                                                                              context_length=model.context_length))
-    log_training_data(cfg, layout, tcfg, Tracker())  # MLflow off: the manifest read and digest, not MLflow's work
-    feats = load_teacher(layout, tcfg, ids)
+    dataset = job.dataset(image_size, get_tokenizer("tiny-rn", context_length=model.context_length))
+    ids = dataset.ids
+    job.log_training_data(Tracker())  # MLflow off: the manifest read and digest, not MLflow's work
+    feats = job.teacher(ids)
     t_data = time.perf_counter() - t0
     del ids
     rss_data = vm_hwm_mib()
     m = min(m, len(dataset))
-    idx = sample_episode(len(dataset), m, seed=0, episode=0)
-    loader = episode_loader(dataset, idx, DistInfo(), batch_size=128, num_workers=workers, device=torch.device("cpu"))
+    loader = RunLoader(dataset, episode_size=m, seed=0, batch_size=128, extract_batch_size=128, num_workers=workers,
+                       info=DistInfo(), device=torch.device("cpu"), n_episodes=1)
+    idx = loader.indices(0)
     t0 = time.perf_counter()
-    ep = extract_features(model, loader, m, torch.device("cpu"), DistInfo(), contextlib.nullcontext)
+    ep = extract_features(model, loader.pass_of(0, "extract"), m, torch.device("cpu"), DistInfo(),
+                          contextlib.nullcontext)
     t_extract = time.perf_counter() - t0
+    loader.close()
     t0 = time.perf_counter()
     EpisodePrototypes.build(ep.h_image, ep.h_text, torch.from_numpy(feats[idx]), k=max(1, m // 10), backend="torch",
                             seed=0)

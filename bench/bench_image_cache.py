@@ -1,6 +1,6 @@
 """What the decoded-image cache (``train.image_cache_mb``) saves a training run's data side.
 
-The run's training dataset as the train stage builds it (``protoclip.train.stage.build_dataset``: the manifest's
+The run's training dataset as the train stage builds it (``protoclip.train.stage.TrainJob.dataset``: the manifest's
 train split, the run's augmentation, its tokenizer) is read item by item in the order of the whole run (every
 episode's indices, ``--passes`` times: 2 for a method with an extraction pass, as ProtoCLIP and PCL, 1 for CLIP),
 without the model, with the cache off and on, in alternating rounds, at one thread as the DAG's jobs run. The
@@ -16,6 +16,7 @@ import argparse
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -25,7 +26,8 @@ from protoclip.project import load_config
 from protoclip.registry import method_class
 from protoclip.train.episode import episode_size_for, sample_episode
 from protoclip.train.schedule import Schedule
-from protoclip.train.stage import build_dataset
+from protoclip.data.loading.training_set import resolve_sources
+from protoclip.train.stage import TrainJob
 
 
 def read_run(dataset, order, passes: int, seed: int) -> tuple[float, torch.Tensor]:
@@ -55,8 +57,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     cache_mb = tcfg.image_cache_mb if args.cache_mb is None else args.cache_mb
     model = method_class(tcfg.method).build_model(tcfg)
     tokenizer = get_tokenizer(tcfg.model, context_length=model.context_length)
-    layout = Layout.from_config(cfg)
-    M = len(build_dataset(cfg, layout, tcfg, model.image_size, tokenizer)[0])
+    job = TrainJob(tcfg, Layout.from_config(cfg), resolve_sources(tcfg.data, cfg.prepare.offline_sources),
+                   cfg.evaluate, cfg.paths, Path(cfg.source))
+    M = len(job.dataset(model.image_size, tokenizer))
     m = episode_size_for(tcfg.episode_size, M)
     n_episodes = Schedule.build(base_lr=tcfg.lr, epochs=tcfg.epochs, dataset_size=M, episode_size=m,
                                 batch_size=tcfg.batch_size, warmup_episodes=tcfg.warmup_episodes,
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for r in range(args.rounds):
         for name, mb in (("none", 0), ("cache", cache_mb)) if r % 2 == 0 else (("cache", cache_mb), ("none", 0)):
             tcfg.image_cache_mb = mb  # a fresh dataset each time: the cache starts empty, as in a run
-            dataset = build_dataset(cfg, layout, tcfg, model.image_size, tokenizer)[0]
+            dataset = job.dataset(model.image_size, tokenizer)
             seconds, total = read_run(dataset, order, args.passes, tcfg.seed)
             times[name].append(seconds)
             sums.setdefault(name, total)

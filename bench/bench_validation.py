@@ -44,7 +44,10 @@ def main() -> None:
     from protoclip.tracking import training_run
     from protoclip.train.episode import episode_size_for
     from protoclip.train.schedule import n_episodes
-    from protoclip.train.stage import log_model, provenance_tags, resolve_sources, run_train
+    from protoclip.data.loading.training_set import resolve_sources
+    from protoclip.models.export_openclip import export_or_copy
+    from protoclip.tracking import log_model
+    from protoclip.train.stage import provenance_tags, run_train
     from protoclip.train.validation import due
 
     project = Path(args.project).resolve()
@@ -71,14 +74,14 @@ def main() -> None:
         t0 = time.perf_counter()
         with training_run(cfg, f"{args.run}-model-logging", None) as tracker:
             log_model(tracker, layout.model(args.run), f"{args.run}-model-logging",
-                      provenance_tags({}, "", "bench"))
+                      provenance_tags({}, "", "bench"), export_or_copy)
         log_s = time.perf_counter() - t0
         from protoclip.models import get_tokenizer, load_model
         from protoclip.train.validation import build_validator
 
         model, _ = load_model(layout.model(args.run))
         t0 = time.perf_counter()
-        build_validator(cfg, cfg.run(args.run), model.image_size,
+        build_validator(cfg.evaluate, layout, cfg.run(args.run), model.image_size,
                         get_tokenizer(model.name, context_length=model.context_length))
         setup_s = time.perf_counter() - t0
 
@@ -87,7 +90,7 @@ def main() -> None:
     schedules = []  # (episodes, the run's validation settings)
     for name in base.run_names():
         tcfg = base.run(name)
-        M = int(manifest["source"].isin(resolve_sources(base, tcfg)).sum())
+        M = int(manifest["source"].isin(resolve_sources(tcfg.data, base.prepare.offline_sources)).sum())
         M = max(1, int(-(-tcfg.subset_fraction * M // 1))) if tcfg.subset_fraction < 1 else M
         schedules.append((n_episodes(tcfg.epochs, M, episode_size_for(tcfg.episode_size, M)), tcfg.validation))
     total_ep = sum(n for n, _ in schedules)

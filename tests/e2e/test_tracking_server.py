@@ -192,7 +192,8 @@ def test_a_model_registered_through_the_server_loads_in_open_clip(server, tmp_pa
     from protoclip.config.strict import to_dict
     from protoclip.tracking import training_run
     from protoclip.train.config import TrainConfig
-    from protoclip.train.stage import log_model
+    from protoclip.models.export_openclip import export_or_copy
+    from protoclip.tracking import log_model
 
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(key, server.job_env()[key])
@@ -204,7 +205,7 @@ def test_a_model_registered_through_the_server_loads_in_open_clip(server, tmp_pa
     cfg = load_config(config_file(tmp_path, server.uri))
     tags = {"protoclip.code_commit": "c" * 40, "protoclip.config_sha256": "f" * 64, "protoclip.data_digest": "d" * 64}
     with training_run(cfg, "served", None, []) as tracker:
-        assert log_model(tracker, tmp_path / "model.pt", "served", tags) == "1"
+        assert log_model(tracker, tmp_path / "model.pt", "served", tags, export_or_copy) == "1"
         run_id = tracker.run_id
     client = mlflow.tracking.MlflowClient(server.uri)
     (version,) = client.search_model_versions("name = 'served'")

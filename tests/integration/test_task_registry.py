@@ -92,6 +92,6 @@ def test_a_task_marked_for_validation_runs_while_training(toy_task, project):
                                                                   tasks=["label_stats"]))
     torch.manual_seed(0)
     model = models.build_model("tiny-rn", head_hidden=32, head_out=16)
-    validator = build_validator(cfg, tcfg, model.image_size, tokenizer=lambda texts: None)
+    validator = build_validator(cfg.evaluate, Layout.from_config(cfg), tcfg, model.image_size, tokenizer=lambda texts: None)
     out = validator(model)
     assert (out["val/label_stats/mean_label"], out["val/label_stats/n_labels"]) == (4.5, 10)

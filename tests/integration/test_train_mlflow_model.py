@@ -176,7 +176,8 @@ def test_a_model_open_clip_cannot_represent_is_registered_as_model_pt_alone(tmp_
     from protoclip.config.strict import to_dict
     from protoclip.tracking import training_run
     from protoclip.train.config import TrainConfig
-    from protoclip.train.stage import log_model
+    from protoclip.models.export_openclip import export_or_copy
+    from protoclip.tracking import log_model
 
     tcfg = TrainConfig(name="nclip_run", method="nclip", teacher=None, model="tiny-rn", image_size=32,
                        head_hidden=32, head_out=16)
@@ -185,7 +186,7 @@ def test_a_model_open_clip_cannot_represent_is_registered_as_model_pt_alone(tmp_
                eval_spec=tcfg.method_class().eval_spec(tcfg))
     cfg = load_config(tiny_project(tmp_path, {"paths": {"mlflow_system_metrics": False}}, n=4))
     with training_run(cfg, "nclip_run", None, []) as tracker:
-        assert log_model(tracker, tmp_path / "model.pt", "nclip_run", {"protoclip.data_digest": "d"}) == "1"
+        assert log_model(tracker, tmp_path / "model.pt", "nclip_run", {"protoclip.data_digest": "d"}, export_or_copy) == "1"
         run_id = tracker.run_id
     c = store(cfg)
     assert [a.path for a in c.list_artifacts(run_id, "model")] == ["model/model.pt"]

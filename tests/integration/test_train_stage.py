@@ -11,7 +11,8 @@ from protoclip.data.loading.manifest import to_frame, write_manifest
 from protoclip.errors import ConfigError
 from protoclip.files.layout import Layout
 from protoclip.files.records import read_train_log
-from protoclip.train.stage import resolve_sources, run_train
+from protoclip.data.loading.training_set import resolve_sources
+from protoclip.train.stage import run_train
 from testkit.training import one_thread
 from testkit.training import stage_project as _project
 
@@ -53,7 +54,7 @@ def test_missing_teacher_cache_names_path_and_command(tmp_path):
 def test_resolve_sources_expands_offline(tmp_path):
     cfg = load_config(_project(tmp_path, teacher=False))
     tcfg = cfg.run("clip")
-    assert resolve_sources(cfg, tcfg) == ["tuxpaint"]  # default data: ['offline']
+    assert resolve_sources(tcfg.data, cfg.prepare.offline_sources) == ["tuxpaint"]  # default data: ['offline']
 
 
 def test_empty_manifest_given_to_train_is_one_line_exit_2(tmp_path, capsys):
@@ -66,3 +67,31 @@ def test_empty_manifest_given_to_train_is_one_line_exit_2(tmp_path, capsys):
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("protoclip train:")]  # not MLflow's
     assert len(err) == 1 and str(layout.manifest) in err[0] and "no pairs" in err[0] and "Traceback" not in err[0]
     assert not layout.model("clip").exists()
+
+
+def test_the_stage_reads_the_sections_of_its_protocol_and_hands_on_no_project_config(tmp_path, monkeypatch):
+    """run_train reads of the project config only what TrainProject names (the run, paths, prepare's offline
+    sources, the evaluation sets, the source file, the targets), and none of its parts receives the config:
+    the data set, the validator, the loop and the model's MLflow version get their own values."""
+    import protoclip.train.stage as stage
+    from protoclip.project import ProjectConfig
+
+    cfg = load_config(_project(tmp_path, teacher=False))
+    members = {name for cls in stage.TrainProject.__mro__ for name in vars(cls) if not name.startswith("_")}
+    read: set[str] = set()
+
+    class Watched:  # the config, noting each member read
+        def __getattr__(self, name):
+            read.add(name)
+            return getattr(cfg, name)
+
+    handed: list[str] = []
+    for name in ("training_pairs", "build_validator", "train", "register_model"):
+        def spy(*args, _real=getattr(stage, name), _name=name, **kwargs):
+            if any(isinstance(a, (ProjectConfig, Watched)) for a in (*args, *kwargs.values())):
+                handed.append(_name)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(stage, name, spy)
+    assert run_train(Watched(), "clip").exists()
+    assert read and read <= members, read - members
+    assert handed == []

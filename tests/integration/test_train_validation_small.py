@@ -20,7 +20,7 @@ def validator_for(tmp_path, heldout: int):
     tcfg = TrainConfig(method="clip", validation=ValidationConfig(every_episodes=1, dataset="heldout_pairs",
                                                                   tasks=["retrieval"]))
     model = models.build_model("tiny-rn", head_hidden=32, head_out=16)
-    return build_validator(cfg, tcfg, model.image_size, tokenizer=models.get_tokenizer("tiny-rn")), model
+    return build_validator(cfg.evaluate, Layout.from_config(cfg), tcfg, model.image_size, tokenizer=models.get_tokenizer("tiny-rn")), model
 
 
 def test_a_held_out_slice_too_small_leaves_training_without_curves(tmp_path, caplog):

@@ -13,10 +13,11 @@ from protoclip.config.protocols import PlacedProject, Project, RunSettings, Targ
 from protoclip.report.paper_targets import ReportProject
 from protoclip.teacher.config import TeacherProject
 from protoclip.toy.config import ToyProject
+from protoclip.train.stage import TrainProject
 from testkit import REPO
 
 PROJECT_PROTOCOLS = [Project, PlacedProject, PrepareProject, EvaluateProject, ReportProject, TeacherProject,
-                     ToyProject]
+                     ToyProject, TrainProject]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 
 from protoclip.project import load_config
 from protoclip.errors import ConfigError
-from protoclip.train.stage import subsample_pairs
+from protoclip.data.loading.training_set import subsample_pairs
 
 
 def test_subsets_are_seeded_nested_and_in_manifest_order():

@@ -2,7 +2,7 @@
 :data:`protoclip.tasks.TASKS` marked ``validation``: zero-shot, optionally kNN and retrieval), as open_clip's
 ``--zeroshot-frequency``, so that MLflow's chart view compares runs while they train.
 
-    validator = build_validator(cfg, tcfg, model.image_size, tokenizer)   # None: off, or why not is logged
+    validator = build_validator(cfg.evaluate, layout, tcfg, model.image_size, tokenizer)  # None: off (the log says why)
     model = train(..., validator=validator)     # -> val/<task>/<metric> in the episode records and MLflow
 
 The numbers are those ``protoclip evaluate`` computes (the same adapters on the same features), on a fixed seeded
@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,9 +35,6 @@ from protoclip.files.layout import Layout
 from protoclip.tasks import TASKS
 from protoclip.train.checkpoint import restore_rng, rng_state
 from protoclip.train.config import TrainConfig, ValidationConfig
-
-if TYPE_CHECKING:  # the stage hands the project config in; the assembler stands above train/
-    from protoclip.project import ProjectConfig
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +134,11 @@ def identity(x: Any) -> Any:
     return x
 
 
-def build_validator(cfg: ProjectConfig, tcfg: TrainConfig, image_size: int, tokenizer: Callable
+def build_validator(ecfg: EvaluateConfig, layout: Layout, tcfg: TrainConfig, image_size: int, tokenizer: Callable
                     ) -> Validator | None:
-    """The run's validator, its set loaded and prepared for the model's ``image_size`` (evaluation transform) and
-    ``tokenizer``; None when ``validation.every_episodes`` is 0 or the set
-    cannot serve (not there, no labels or prompts, an image-only method without a kNN task): training goes on
+    """The run's validator (``ecfg``: the evaluation sets and the seed it reads), its set loaded and prepared for
+    the model's ``image_size`` (evaluation transform) and ``tokenizer``; None when ``validation.every_episodes``
+    is 0 or the set cannot serve (not there, no labels or prompts, an image-only method without a kNN task): training goes on
     without curves, and the log says why."""
     from protoclip.models.checkpoint import EvalSpec
 
@@ -151,10 +148,10 @@ def build_validator(cfg: ProjectConfig, tcfg: TrainConfig, image_size: int, toke
     name = vcfg.dataset
     spec = EvalSpec(**tcfg.method_class().eval_spec(tcfg))
     tasks = [t for t in vcfg.tasks if not (spec.image_only and TASKS[t].text)]
-    ds_cfg = cfg.evaluate.datasets.get(name) or EvalDatasetConfig(kind="offline")  # load_config checked the name
+    ds_cfg = ecfg.datasets.get(name) or EvalDatasetConfig(kind="offline")  # load_config checked the name
     why = None
     try:
-        ds = load_eval_set(name, ds_cfg, Layout.from_config(cfg), seed=cfg.evaluate.seed, tasks=tasks)
+        ds = load_eval_set(name, ds_cfg, layout, seed=ecfg.seed, tasks=tasks)
     except UserError as err:  # broken evaluation data stops `evaluate`, not the training it would only watch
         ds, why = None, str(err)
     if isinstance(ds, Skipped):
@@ -175,15 +172,15 @@ def build_validator(cfg: ProjectConfig, tcfg: TrainConfig, image_size: int, toke
     transform = eval_transform(image_size)
     probe, templates, captions = (any(getattr(TASKS[t], what) for t in tasks)
                                   for what in ("probe", "templates", "captions"))
-    ds = subsample_set(ds, vcfg.max_images if probe else None, vcfg.max_images, cfg.evaluate.seed)
+    ds = subsample_set(ds, vcfg.max_images if probe else None, vcfg.max_images, ecfg.seed)
     ds = replace(ds, test=prepare(ds.test, transform), templates=ds.templates if templates else [],
                  train=prepare(ds.train, transform) if probe else None,
-                 captions=capped_captions(ds.captions, vcfg.max_images, cfg.evaluate.seed, transform)
+                 captions=capped_captions(ds.captions, vcfg.max_images, ecfg.seed, transform)
                  if captions else None)
     log.info("run %s: validation on %s (%s) every %d episodes: %d test images%s, decoded in %.1f s", tcfg.name,
              name, ", ".join(tasks), vcfg.every_episodes, len(ds.test),
              f", {len(ds.train)} train images" if ds.train is not None else "", time.perf_counter() - t0)
-    return Validator(vcfg, ds, tasks, spec, cfg.evaluate, tokenizer)
+    return Validator(vcfg, ds, tasks, spec, ecfg, tokenizer)
 
 
 __all__ = ["Validator", "build_validator", "due"]
