@@ -4,7 +4,8 @@
 cannot import it back (that would close a circle). Their functions that take the whole config type it with
 :class:`Project` (or a package's extension of it: ``EvaluateProject`` in protoclip.evaluate.config, ...), which
 lists what that code reads; ``ProjectConfig`` is the one implementation (tests/unit/test_project.py checks it
-has every member). Code above the assembler (protoclip.dag, the CLI, train's stage) uses ``ProjectConfig`` itself.
+has every member). The train stage, too, reads it through a protocol (``TrainProject`` in protoclip.train.stage);
+only code above the assembler (protoclip.dag, the CLI) uses ``ProjectConfig`` itself.
 """
 from __future__ import annotations
 
