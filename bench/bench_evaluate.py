@@ -13,7 +13,7 @@ evaluates a copy of the run's ``model.pt`` (trained by ``make run``) in a tempor
 
 Variants (``--repeats`` rounds, interleaved):
 
-* ``before``: the L-BFGS linear probe on the raw features (``evaluate.linear_center: false``, the offline
+* ``before``: the L-BFGS linear probe on the raw features (``evaluate.linear.center: false``, the offline
   default until this change; an earlier result of this script, 10k/5k -> 5k/5k Fashion-MNIST, is in
   ``bench/results/evaluate_cpu2_2026-11-25.txt``);
 * ``now``: the config as it is (``config/config.yaml``: features centred, an exact reparametrisation).
@@ -37,7 +37,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFLINE = ("fashion_mnist", "digits", "heldout_pairs")
-BEFORE = {"linear_center": False}  # the L-BFGS probe on raw features, as before (metrics.linear)
+BEFORE = {"linear": {"center": False}}  # the L-BFGS probe on raw features, as before (metrics.linear)
 
 
 def variant_config(tmp: Path, name: str) -> Path:

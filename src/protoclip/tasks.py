@@ -1,9 +1,11 @@
-"""The evaluation tasks: each task's properties (:class:`Task`, one table: :data:`TASKS`) and what a task did on a
-set (:class:`TaskStatus`).
+"""The evaluation tasks: each task's properties (:class:`Task`, the registry :data:`TASKS`) and what a task did on
+a set (:class:`TaskStatus`).
 
-The plan, the loaders, validation while training, collect, the report's tables and the claims ledger read a task's
-properties here, never a list of task names of their own: a task declared once (here, or through :func:`register`)
-with its adapter is planned, evaluated, tabled and, marked so, validated.
+A task is one module of :mod:`protoclip.evaluate.tasks` that declares its :class:`Task` with :func:`register`:
+its adapter, its settings (its own ``evaluate.<name>`` config section), its minimum-data rule, its resampling
+unit and its chance level. The modules are imported when this module is first imported (:func:`load_tasks`), so
+adding a task edits no other file: the plan, the loaders, validation while training, collect, the report's
+tables and the claims ledger read a task's properties here, never a list of task names of their own.
 
 =========== ==================================================
 task        what it measures (paper)
@@ -20,6 +22,8 @@ temperature temperature paper Fig. 1 / Fig. 8 / Table 11
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
@@ -49,41 +53,56 @@ class Task:
     examples: str = ""
     score: bool = False  # its metrics are scores on their own scale (ARI, AMI, NEMD), not percentages
     validation: bool = False  # validation while training may run it (train.validation.tasks)
+    order: float = 1000.0  # where summaries and tables list it (TASKS is kept in this order; a plug-in: last)
+    # its settings: the dataclass of its own config section ``evaluate.<name>`` (read as ``cfg.evaluate.<name>``,
+    # built strictly like every section); None: it has none
+    settings: type | None = None
+    # its minimum-data rule on the extracted features of a labelled set: ``(SetFeatures, Similarity) -> why it
+    # cannot run`` (a TaskStatus.TOO_SMALL reason) or None (protoclip.evaluate.plan.too_small)
+    too_small: Callable[[Any, Any], str | None] | None = None
+    # its chance level, from a metrics file's ``metrics``: the headline's value a random scorer gets (the tables'
+    # captions state it), None when the file does not say; no function: the task states none
+    chance: Callable[[dict], float | None] | None = None
+    title: str = ""  # how captions name it ("Zero-shot chance level")
+    digits: int = 2  # decimals of its numbers in the paper tables
+    # the settings a run's evaluation logs as MLflow params: ``(its settings section, run name) -> {key: value}``
+    params: Callable[[Any, str], dict] | None = None
 
 
-_ADAPTERS = "protoclip.evaluate.adapters:"
-
-# every task, in the order summaries list them; metrics as in the paper's tables
-TASKS: dict[str, Task] = {t.name: t for t in (
-    Task("zeroshot", ("top1", "top5"), _ADAPTERS + "task_zeroshot",  # Table VI
-         templates=True, text=True, examples="hits", validation=True),
-    Task("linear", ("top1",), _ADAPTERS + "task_linear", probe=True, examples="hits"),  # Table VII
-    Task("knn", ("top1",), _ADAPTERS + "task_knn", probe=True, examples="hits", validation=True),  # Table VII
-    Task("retrieval", ("mean_recall", "image_to_text_R@1", "text_to_image_R@1"),  # Table VIII
-         _ADAPTERS + "task_retrieval", labels=False, captions=True, text=True, examples="ranks", validation=True),
-    Task("clustering", ("ari", "ami"), _ADAPTERS + "task_clustering", examples="clusters", score=True),  # Table XII
-    Task("nemd", ("nemd", "uniformity", "intra_class_spread"),  # PAUC / methods-spec 3.4
-         _ADAPTERS + "task_nemd", score=True),
-    Task("tsne", ("n_points",), _ADAPTERS + "task_tsne", figure=True),  # a figure (Fig. 8): no table
-    # the temperature study: tau* at ratio 1 (Fig. 1), the pairs (Fig. 1 / 8), the tokens (Table 11); caption
-    # pairs and / or a zero-shot set's token subsets
-    Task("temperature", ("equilibrium_scale", "n_pairs", "tokens"), _ADAPTERS + "task_temperature",
-         templates=True, captions=True, any_input=True, text=True),
-)}
+TASKS: dict[str, Task] = {}  # every registered task, in ``order`` (the order summaries list them)
+TASKS_PACKAGE = "protoclip.evaluate.tasks"  # every module of it is a task module (or the tasks' shared base)
 
 
 def register(task: Task) -> Task:
-    """Add ``task`` to :data:`TASKS` (a task defined outside this table: a plug-in, a test's toy task)."""
+    """Add ``task`` to :data:`TASKS` (a task module's declaration, or a test's toy task), in ``order``."""
     if task.name in TASKS:
         raise ValueError(f"evaluation task {task.name!r} is already registered")
     if not task.name.isidentifier() or task.name == "tasks":  # it names files beside an evaluation's tasks.json
         raise ValueError(f"evaluation task name {task.name!r}: letters, digits and '_', and not 'tasks'")
-    TASKS[task.name] = task
+    ordered = sorted([*TASKS.values(), task], key=lambda t: t.order)  # stable: equal orders keep registration's
+    TASKS.clear()
+    TASKS.update((t.name, t) for t in ordered)
     return task
 
 
 def unregister(name: str) -> None:
     TASKS.pop(name)
+
+
+def load_tasks() -> None:
+    """Import every module of :data:`TASKS_PACKAGE` (each registers its task as it is imported).
+
+    Found, not listed, so that a task is one file. The task modules import at their top only what is light
+    (dataclasses, this module, :mod:`protoclip.evaluate.protocols`): the config loader imports this module, and
+    the adapters import numpy's metric code and torch only when they run."""
+    package = importlib.import_module(TASKS_PACKAGE)
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{TASKS_PACKAGE}.{info.name}")
+
+
+def task_sections() -> dict[str, type]:
+    """{task name: the dataclass of its ``evaluate.<name>`` section} of every task that has settings."""
+    return {name: t.settings for name, t in TASKS.items() if t.settings is not None}
 
 
 def task_names(where: Callable[[Task], bool] = lambda t: True) -> tuple[str, ...]:
@@ -142,5 +161,9 @@ def check_tasks(names, where: str = "") -> None:
         raise ValueError(f"{where}unknown evaluation task '{unknown[0]}' (known: {', '.join(TASKS)})")
 
 
-__all__ = ["TASKS", "Task", "register", "unregister", "task_names", "SKIPPED", "STATUS", "NOT_APPLICABLE", "NOT_RUN",
+# the task modules register themselves here; at the bottom, since they import Task and register from this module
+# (the task package is above this module: imported by name, as the method registry imports its methods)
+load_tasks()
+
+__all__ = ["TASKS", "TASKS_PACKAGE", "Task", "register", "unregister", "load_tasks", "task_sections", "task_names", "SKIPPED", "STATUS", "NOT_APPLICABLE", "NOT_RUN",
            "TaskStatus", "check_tasks"]

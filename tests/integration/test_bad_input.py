@@ -114,12 +114,13 @@ def test_good_neighbours_of_the_bad_values_load(tmp_path):
 
 @pytest.mark.parametrize("section,key,value", [
     ("evaluate", "device", "gpu"), ("teacher", "device", "GPU"), ("evaluate", "seed", -1), ("teacher", "seed", -1),
-    ("toy", "seed", -1), ("evaluate", "nemd_max_pairs", 0), ("evaluate", "tsne_max_points", 0),
+    ("toy", "seed", -1), ("evaluate.nemd", "max_pairs", 0), ("evaluate.tsne", "max_points", 0),
     ("toy", "kmeans_redo", 0), ("prepare", "openclipart_max_keywords", -1),
 ])
 def test_bad_values_of_other_sections_name_the_key(tmp_path, section, key, value):
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({section: {key: value}}))
+    head, _, sub = section.partition(".")  # evaluate.nemd: a task's section
+    path.write_text(yaml.safe_dump({head: {sub: {key: value}} if sub else {key: value}}))
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert f"{section}." in str(err.value) and key in str(err.value) and str(path) in str(err.value)

@@ -38,7 +38,7 @@ def _evaluate(cfg, monkeypatch) -> ParamsTracker:
 
 def test_a_run_pattern_picks_its_papers_protocol(project, monkeypatch):
     cfg, layout = project
-    cfg.evaluate.linear_protocol_runs = {"ti*": "mocov3"}
+    cfg.evaluate.linear.protocol_runs = {"ti*": "mocov3"}
     tracker = _evaluate(cfg, monkeypatch)
     m = json.loads(layout.metrics(RUN, "linear", "digits").read_text())["metrics"]
     assert m["protocol"] == "mocov3" and m["solver"] == "sgd" and m["lr"] == 1.0 and "C" not in m
@@ -59,11 +59,11 @@ def test_a_pattern_matching_no_run_is_a_warning_and_two_matching_one_run_stop(pr
     import logging
 
     cfg, layout = project
-    cfg.evaluate.linear_protocol_runs = {"pcl_*": "pcl"}
+    cfg.evaluate.linear.protocol_runs = {"pcl_*": "pcl"}
     with caplog.at_level(logging.WARNING, logger="protoclip.evaluate.stage"):
         _evaluate(cfg, monkeypatch)
-    assert "evaluate.linear_protocol_runs: pcl_* match no run" in caplog.text
+    assert "evaluate.linear.protocol_runs: pcl_* match no run" in caplog.text
     assert json.loads(layout.metrics(RUN, "linear", "digits").read_text())["metrics"]["protocol"] == "protoclip"
-    cfg.evaluate.linear_protocol_runs = {"ti*": "pcl", "*ny": "nclip"}
-    with pytest.raises(ConfigError, match="matches several evaluate.linear_protocol_runs patterns"):
+    cfg.evaluate.linear.protocol_runs = {"ti*": "pcl", "*ny": "nclip"}
+    with pytest.raises(ConfigError, match="matches several evaluate.linear.protocol_runs patterns"):
         run_evaluate(cfg, RUN, tasks=["linear"], datasets=["digits"])

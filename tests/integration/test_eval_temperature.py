@@ -66,14 +66,15 @@ def _encode(model, cfg, imgs, texts):
 def test_temperature_task_matches_the_model(tmp_path, kind):
     from PIL import Image
 
-    from protoclip.evaluate.config import EvaluateConfig, TemperatureDiagnosticsConfig
-    from protoclip.evaluate.adapters import task_temperature, task_zeroshot
+    from protoclip.evaluate.config import EvaluateConfig
+    from protoclip.evaluate.tasks.temperature import TemperatureConfig, task_temperature
+    from protoclip.evaluate.tasks.zeroshot import task_zeroshot
     from protoclip.evaluate.plan import too_small
     from protoclip.losses.distances import neg_distance
 
     cfg = _cfg("multitoken") if kind == "multitoken" else tiny_config(method="clip", model="tiny-vit")
-    ecfg = EvaluateConfig(temperature=TemperatureDiagnosticsConfig(
-        batch_sizes=[3, 8], shuffle_shares=[0.0], scale_min=0.5, scale_max=50.0, scale_steps=5, histogram_bins=4))
+    ecfg = EvaluateConfig(sections={"temperature": TemperatureConfig(
+        batch_sizes=[3, 8], shuffle_shares=[0.0], scale_min=0.5, scale_max=50.0, scale_steps=5, histogram_bins=4)})
     model, ds, imgs, x = _features(tmp_path, cfg, ecfg)
     assert too_small("temperature", x.feats, x.similarity) is None
     result = task_temperature(x)

@@ -182,7 +182,10 @@ def test_feature_extractor_and_stage_use_the_method_similarity(tmp_path, kind):
     from protoclip.data.loading.transforms import eval_transform
     from protoclip.evaluate.config import EvaluateConfig
     from protoclip.evaluate.datasets import ArraySplit, CaptionSet, LabelledSet
-    from protoclip.evaluate.adapters import SetInput, task_retrieval, task_zeroshot, zeroshot_classifier
+    from protoclip.evaluate.adapters import SetInput
+    from protoclip.evaluate.tasks.retrieval import task_retrieval
+    from protoclip.evaluate.tasks.zeroshot import task_zeroshot
+    from protoclip.evaluate.adapters import zeroshot_classifier
     from protoclip.evaluate.features import FeatureExtractor
     from protoclip.losses.distances import neg_distance
     from protoclip.losses.nclip import nclip_similarity

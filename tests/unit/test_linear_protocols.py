@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from protoclip.evaluate.adapters import SetInput, task_linear
+from protoclip.evaluate.adapters import SetInput
 from protoclip.evaluate.config import EvaluateConfig
+from protoclip.evaluate.tasks.linear import LinearConfig, task_linear
 from protoclip.evaluate.metrics.linear import linear_probe
 from protoclip.evaluate.metrics.linear_sgd import build_heads, pick_lr, sgd_protocol_probe
 from protoclip.evaluate.protocols import NAMES, PROTOCOLS
@@ -134,7 +135,8 @@ def test_default_protocol_is_the_lbfgs_probe_unchanged(tmp_path):
 
 def test_a_run_with_a_paper_protocol_is_scored_by_it(tmp_path):
     f = _feats()
-    x = SetInput(f, _Set(), EvaluateConfig(device="cpu"), tmp_path / "f.png", linear_protocol="pcl")
+    cfg = EvaluateConfig(device="cpu", sections={"linear": LinearConfig(protocol_runs={"pcl_*": "pcl"})})
+    x = SetInput(f, _Set(), cfg, tmp_path / "f.png", run="pcl_in1k")  # the run's protocol: its pattern's
     m = task_linear(x).metrics
     want = sgd_protocol_probe(f.train_z, f.train_y, f.test_z, f.test_y, PROTOCOLS["pcl"], num_classes=3)
     assert m == {**want, "solver": "sgd", "protocol": "pcl"}
@@ -142,22 +144,23 @@ def test_a_run_with_a_paper_protocol_is_scored_by_it(tmp_path):
 
 
 def test_config_names_the_protocol_per_run_and_rejects_bad_names():
-    cfg = EvaluateConfig(linear_protocol_runs={"pcl_*": "pcl", "pauc_*": "pcl", "pt_*": "mocov3"})
+    cfg = LinearConfig(protocol_runs={"pcl_*": "pcl", "pauc_*": "pcl", "pt_*": "mocov3"})
     cfg.validate()
-    assert [cfg.linear_protocol_of(r) for r in ("pcl_in1k_s0", "pauc_in100", "pt_sphere_init1", "t3_clip")] == [
+    assert [cfg.protocol_of(r) for r in ("pcl_in1k_s0", "pauc_in100", "pt_sphere_init1", "t3_clip")] == [
         "pcl", "pcl", "mocov3", "protoclip"]
     assert NAMES == ("protoclip", "pcl", "nclip", "mocov3") == ("protoclip", *PROTOCOLS)
     with pytest.raises(ValueError, match="unknown linear protocol 'moco'"):
-        EvaluateConfig(linear_protocol="moco").validate()
-    with pytest.raises(ValueError, match=r"linear_protocol_runs\['pcl_\*'\]: unknown linear protocol 'PCL'"):
-        EvaluateConfig(linear_protocol_runs={"pcl_*": "PCL"}).validate()
-    two = EvaluateConfig(linear_protocol_runs={"pcl_*": "pcl", "*_in1k": "nclip"})
+        LinearConfig(protocol="moco").validate()
+    with pytest.raises(ValueError, match=r"linear.protocol_runs\['pcl_\*'\]: unknown linear protocol 'PCL'"):
+        LinearConfig(protocol_runs={"pcl_*": "PCL"}).validate()
+    two = LinearConfig(protocol_runs={"pcl_*": "pcl", "*_in1k": "nclip"})
     with pytest.raises(ValueError, match="several"):
-        two.linear_protocol_of("pcl_in1k")
+        two.protocol_of("pcl_in1k")
     with pytest.raises(ValueError, match="several"):
-        two.check_protocol_runs(["pcl_in100", "pcl_in1k"])
-    assert cfg.check_protocol_runs(["pcl_in1k", "pauc_in1k"]) == ["pt_*"]  # unmatched: returned, not an error
-    assert cfg.check_protocol_runs(["pcl_in1k", "pauc_in1k", "pt_x"]) == []
+        EvaluateConfig(sections={"linear": two}).check_runs(["pcl_in100", "pcl_in1k"])
+    # unmatched patterns: a warning naming them, not an error
+    assert cfg.check_runs(["pcl_in1k", "pauc_in1k"]) == ["evaluate.linear.protocol_runs: pt_* match no run"]
+    assert cfg.check_runs(["pcl_in1k", "pauc_in1k", "pt_x"]) == []
 
 
 def test_the_paper_configuration_scores_each_papers_runs_under_its_own_protocol():
@@ -165,18 +168,18 @@ def test_the_paper_configuration_scores_each_papers_runs_under_its_own_protocol(
 
     cfg = load_config(REPO / "config" / "paper.yaml")
     ev = cfg.evaluate
-    assert ev.check_protocol_runs(cfg.run_names()) == []  # every pattern names runs of paper.yaml
+    assert ev.check_runs(cfg.run_names()) == []  # every pattern names runs of paper.yaml
     want = {"pcl": "pcl", "pauc": "pcl", "pm_nclip": "nclip", "pm_xclip": "nclip", "pm_clip_vitb16_s": "nclip",
             "pt_": "mocov3", "pm_clip_multi32x16": "mocov3", "pm_clip_vitb16_t5": "mocov3",
             "pm_protoclip": "protoclip", "t3_": "protoclip"}
     for run in cfg.run_names():
         prefix = max((p for p in want if run.startswith(p)), key=len, default=None)
         if prefix is not None:
-            assert ev.linear_protocol_of(run) == want[prefix], run
-    assert ev.linear_protocol == "protoclip"
-    assert load_config(REPO / "config" / "config.yaml").evaluate.linear_protocol_runs == {}
+            assert ev.linear.protocol_of(run) == want[prefix], run
+    assert ev.linear.protocol == "protoclip"
+    assert load_config(REPO / "config" / "config.yaml").evaluate.linear.protocol_runs == {}
     pcl_only = load_config(REPO / "config" / "paper_pcl.yaml")  # PCL / PAUC alone: its protocol for every run
-    assert {pcl_only.evaluate.linear_protocol_of(r) for r in pcl_only.run_names()} == {"pcl"}
+    assert {pcl_only.evaluate.linear.protocol_of(r) for r in pcl_only.run_names()} == {"pcl"}
 
 
 def test_a_diverged_head_is_never_picked_and_a_diverged_probe_stops():

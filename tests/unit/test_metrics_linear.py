@@ -192,12 +192,13 @@ def test_fit_split_with_a_single_class_is_one_clear_error():
 
 
 def test_the_linear_task_searches_C_at_the_configured_resolution(tmp_path, caplog):
-    """evaluate.linear_steps_per_decade reaches the probe: CLIP's 8 steps per decade take one halving round more
+    """evaluate.linear.steps_per_decade reaches the probe: CLIP's 8 steps per decade take one halving round more
     than the default 4 (its fits: the points of the rounds before, and 1 or 2 new ones, fewer at the grid's edge)."""
     import logging
 
-    from protoclip.evaluate.adapters import SetInput, task_linear
+    from protoclip.evaluate.adapters import SetInput
     from protoclip.evaluate.config import EvaluateConfig
+    from protoclip.evaluate.tasks.linear import LinearConfig, task_linear
     from protoclip.evaluate.set_features import SetFeatures
 
     rng = np.random.default_rng(0)
@@ -208,9 +209,9 @@ def test_the_linear_task_searches_C_at_the_configured_resolution(tmp_path, caplo
     for steps in (4, 8):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="protoclip.evaluate.metrics.linear"):
-            task_linear(SetInput(feats, None, EvaluateConfig(linear_steps_per_decade=steps), tmp_path / "f.png"))
+            task_linear(SetInput(feats, None, EvaluateConfig(sections={"linear": LinearConfig(steps_per_decade=steps)}), tmp_path / "f.png"))
         msgs = [r.getMessage() for r in caplog.records if r.getMessage().endswith(" fits")]
         fits[steps] = int(msgs[0].split()[-2])
     assert fits[4] >= 7 and fits[8] - fits[4] in (1, 2), fits
-    with pytest.raises(ValueError, match="linear_steps_per_decade"):
-        EvaluateConfig(linear_steps_per_decade=0).validate()
+    with pytest.raises(ValueError, match="steps_per_decade must be >= 1"):
+        LinearConfig(steps_per_decade=0).validate()

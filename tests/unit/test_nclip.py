@@ -206,7 +206,8 @@ def test_evaluation_score_exact_for_sharp_head_logits():
 def test_zeroshot_logs_the_image_as_target_variant(tmp_path):
     """The zero-shot task of an nCLIP run adds image_as_target: top-k of p_I . log p_T (image distribution as the
     target, spec 1.7.4), here against a float64 argmax; the headline stays the symmetric score."""
-    from protoclip.evaluate.adapters import SetInput, task_zeroshot
+    from protoclip.evaluate.adapters import SetInput
+    from protoclip.evaluate.tasks.zeroshot import task_zeroshot
     from protoclip.evaluate.config import EvaluateConfig
     from protoclip.evaluate.set_features import SetFeatures
     from protoclip.train.methods.nclip import NCLIPCrossEntropy

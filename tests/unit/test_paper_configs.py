@@ -431,10 +431,10 @@ def test_paper_path_validates_and_refines_the_linear_probe():
     """Curves while training (a held-out slice: retrieval on about 10k of CC 2.5M's pairs) and CLIP's C search
     at 8 steps per decade; the offline default keeps 4 (its tables unchanged)."""
     assert CFG.prepare.heldout_fraction * 2_500_000 == pytest.approx(10_000)
-    assert CFG.evaluate.linear_steps_per_decade == 8
+    assert CFG.evaluate.linear.steps_per_decade == 8
     assert all(CFG.run(n).validation.every_episodes > 0 and CFG.run(n).validation.tasks == ["retrieval"]
                for n in CFG.run_names())
-    assert load_config(REPO / "config" / "config.yaml").evaluate.linear_steps_per_decade == 4
+    assert load_config(REPO / "config" / "config.yaml").evaluate.linear.steps_per_decade == 4
 
 
 def test_corpus_sizes_are_the_papers():

@@ -137,6 +137,7 @@ def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
 # the generated config schema and its key table leave it out (protoclip.dag.schema)
 INTERNAL = "internal"
 SECTIONS = "sections"  # field metadata key: the field holds sections other packages register (open_sections)
+REGISTERED_BY = "registered_by"  # beside it: who registers them, in words (the generated config docs say it)
 
 
 def open_sections(cls: type) -> tuple[str | None, dict[str, type]]:
@@ -168,6 +169,9 @@ def build(cls: type, data: dict | None, where: str = "<config>", prefix: str = "
     holder, sections = open_sections(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init and f.name != holder]
     unknown = sorted(set(data) - set(names) - set(sections))
+    moved = [key for key in unknown if key in getattr(cls, "MOVED", {})]
+    if moved:  # a key a section replaced (cls.MOVED: {old key: its new dotted key})
+        raise ConfigError(f"{where}: '{prefix}{moved[0]}' is now '{prefix}{cls.MOVED[moved[0]]}'")
     if unknown:
         raise ConfigError(
             f"{where}: unknown key '{prefix}{unknown[0]}' (known keys of '{prefix.rstrip('.') or '<top>'}': "
@@ -290,4 +294,4 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-__all__ = ["build", "open_sections", "INTERNAL", "SECTIONS", "to_dict", "deep_merge", "require_path", "read_yaml", "StrictLoader", "DuplicateKeyError"]
+__all__ = ["build", "open_sections", "INTERNAL", "SECTIONS", "REGISTERED_BY", "to_dict", "deep_merge", "require_path", "read_yaml", "StrictLoader", "DuplicateKeyError"]

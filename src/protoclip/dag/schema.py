@@ -22,7 +22,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from protoclip.config.strict import INTERNAL, open_sections, to_dict
+from protoclip.config.strict import INTERNAL, REGISTERED_BY, open_sections, to_dict
 
 SCHEMA_FILE = Path("workflow/schemas/config.schema.yaml")
 README_FILE = Path("config/README.md")
@@ -155,9 +155,10 @@ def section_schema(cls: type) -> dict:
         props[f.name] = prop
     # e.g. train.nclip: registered by the nclip method. The schema ships with the package: the sections of the
     # package's own methods (a method defined elsewhere, such as a test's, is not part of it)
+    by = next((f.metadata.get(REGISTERED_BY) for f in dataclasses.fields(cls) if f.name == holder), None)
     for key, section in sorted((k, v) for k, v in sections.items() if v.__module__.startswith("protoclip.")):
         sub = section_schema(section)
-        sub["description"] = ("Registered by a training method (protoclip.registry). "
+        sub["description"] = (f"Registered by {by or 'a training method (protoclip.registry)'}. "
                               + sub.get("description", "")).strip()
         props[key] = sub
     out: dict = {"description": class_doc(cls)} if class_doc(cls) else {}

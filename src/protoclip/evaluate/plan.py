@@ -110,24 +110,16 @@ def plan_tasks(name: str, ds: EvalSet | Skipped | None, wanted: list[str], image
 
 
 def too_small(task: str, feats: SetFeatures, similarity: Similarity) -> TaskStatus | None:
-    """Why the extracted splits are too small for ``task``, or its inputs unfit (None: it runs)."""
+    """Why the extracted splits of a labelled set are too small for ``task``, or its inputs unfit (None: it runs):
+    a probe's train split needs 2 classes; the rest is the task's own minimum-data rule (``Task.too_small``)."""
     if not feats.labelled:
         return None
-    counts = np.bincount(feats.test_y)
+    t = TASKS[task]
     reason = None
-    if task == "nemd" and (counts >= 2).sum() < 2:
-        reason = "NEMD needs at least 2 classes with >= 2 test images"
-    elif task == "clustering" and (counts > 0).sum() < 2:
-        reason = "clustering needs at least 2 classes in the test split"
-    elif task == "tsne" and len(feats.test_y) < 3:
-        reason = "t-SNE needs at least 3 test images"
-    elif TASKS[task].probe and len(np.unique(feats.train_y)) < 2:
+    if t.probe and len(np.unique(feats.train_y)) < 2:
         reason = "the train split has fewer than 2 classes"
-    elif task == "temperature":
-        if not similarity.distance:  # e.g. nCLIP's -CE: Eq. 1 / Fig. 8 do not apply
-            reason = f"the {similarity.name} similarity is not a distance"
-        elif not feats.captions and not (similarity.tokens > 1 and feats.test_s is not None):
-            reason = "no caption pairs, and a single-token run has no token subsets"
+    elif t.too_small is not None:
+        reason = t.too_small(feats, similarity)
     return TaskStatus(TaskStatus.TOO_SMALL, reason) if reason else None
 
 

@@ -4,7 +4,7 @@ or the released open_clip checkpoint its ``pretrained`` section names (evaluated
     protoclip evaluate --config config/config.yaml --run protoclip_tiny_s0 [--task knn] [--dataset digits]
 
 Per set: plan the tasks (:mod:`protoclip.evaluate.plan`), extract the set's features once
-(:mod:`protoclip.evaluate.features`, cached), run each task's adapter (:mod:`protoclip.evaluate.adapters`) and
+(:mod:`protoclip.evaluate.features`, cached), run each task's adapter (:mod:`protoclip.evaluate.tasks`) and
 write ``results/runs/<run>/eval/<set>/<task>.json`` (plus ``<task>.examples.npz`` for a task that keeps
 per-example results, which the claims ledger resamples), log the numbers to the run's MLflow run as
 ``eval/<task>/<set>/<metric>``, and write ``tasks.json`` last: the folder's completion marker
@@ -122,7 +122,7 @@ class SetEvaluation:
         feats = self.extractor.features(self.layout.features(self.run, name), ds,
                                         work=self.layout.eval_progress(self.run, name)) if runnable else {}
         x = SetInput(feats, ds, self.ecfg, self.layout.tsne_figure(self.run, name), self.extractor.similarity,
-                     self.extractor, linear_protocol=self.ecfg.linear_protocol_of(self.run))
+                     self.extractor, run=self.run)
         for task in runnable:
             if (small := too_small(task, feats, x.similarity)) is not None:
                 log.warning("%s: %s not run (%s)", name, task, small.reason)
@@ -166,26 +166,30 @@ class SetEvaluation:
         return metrics_file, examples
 
 
+def task_params(ecfg: EvaluateConfig, run: str) -> dict[str, Any]:
+    """The task settings a run's evaluation logs as MLflow params (each task's ``params``, from its section)."""
+    return {key: value for task in TASKS.values() if task.params is not None
+            for key, value in task.params(ecfg.sections.get(task.name), run).items()}
+
+
 def run_evaluate(cfg: EvaluateProject, run: str, tasks: list[str] | None = None, datasets: list[str] | None = None,
                  targets: list[str] | None = None) -> list[Path]:
     """Evaluate ``run`` on the configured sets (``datasets``: some of them); returns the metrics files written.
     ``targets``: table targets (MLflow tags). The run's ``metrics.json`` is ``collect``'s, a stage of its own."""
     ecfg: EvaluateConfig = cfg.evaluate
-    try:  # a run two patterns of linear_protocol_runs match stops here, before any run is scored
-        unmatched = ecfg.check_protocol_runs(cfg.run_names())
+    try:  # e.g. a run two patterns of the linear protocol's runs match stops here, before any run is scored
+        warnings = ecfg.check_runs(cfg.run_names())
     except ValueError as err:
         raise ConfigError(f"{cfg.source}: {err}") from None
-    if unmatched:  # an overlay without some experiment files leaves their patterns unmatched: not an error
-        log.warning("evaluate.linear_protocol_runs: %s match no run of %s", ", ".join(unmatched), cfg.source)
+    for warning in warnings:  # an overlay without some experiment files leaves their patterns unmatched
+        log.warning("%s of %s", warning, cfg.source)
     tasks, names = _requested(cfg, tasks, datasets)
     layout = Layout.from_config(cfg)
     extractor = _extractor(cfg, run, layout)
     pretrained = cfg.run(run).pretrained
     written: list[Path] = []
     with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
-        tracker.log_params({"evaluate": {"seed": ecfg.seed, "knn_k": ecfg.knn_k,
-                                         "knn_temperature": ecfg.knn_temperature,
-                                         "linear_protocol": ecfg.linear_protocol_of(run)}})
+        tracker.log_params({"evaluate": {"seed": ecfg.seed, **task_params(ecfg, run)}})
         if pretrained.enabled:  # what a trained run's MLflow run says of its training, this says of its checkpoint
             from protoclip.models.pretrained import source_label
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from protoclip.files.atomic import atomic_path
 from protoclip.evaluate.set_features import SetFeatures
+from protoclip.evaluate.tasks.clustering import TASK as CLUSTERING
 from protoclip.report.paper_targets import ReportProject, TargetConfig
 from protoclip.report.values import PHASES, Results, paper_numbers
 
@@ -148,7 +149,7 @@ def plot_tsne(cfg: ReportProject, results: Results, target: TargetConfig, out: P
         for i, c in enumerate(classes):
             m = y0[idx] == c
             ax.scatter(emb[m, 0], emb[m, 1], s=4, color=cmap(i % cmap.N), label=str(c))
-        scores = results.metrics(run, "clustering", dataset) or {}
+        scores = results.metrics(run, CLUSTERING.name, dataset) or {}
         ari, ami = scores.get("ari"), scores.get("ami")
         extra = f"  ARI {ari:.3f} / AMI {ami:.3f}" if isinstance(ari, float) and isinstance(ami, float) else ""
         ax.set_title(f"{row.label} ({run}){extra}", fontsize=9)

@@ -23,6 +23,7 @@ from protoclip.claims.ledger import signed, with_interval
 from protoclip.files.layout import Layout
 from protoclip.report.paper_targets import ReportProject, TargetConfig
 from protoclip.report.values import Cell, Results, paper_numbers, paper_value
+from protoclip.tasks import TASKS
 
 OURS, PAPER = "ours", "paper"
 
@@ -44,7 +45,7 @@ def run_label(cfg: ReportProject, base: str | None) -> str:
         return f"{base}: not configured"
     rc = cfg.run(runs[0])
     seeds = f"{len(runs)} seeds" if len(runs) > 1 else "1 seed"
-    teacher = f", teacher {rc.teacher}" if rc.method == "protoclip" and rc.teacher else ""
+    teacher = f", teacher {rc.teacher}" if rc.reads_teacher() else ""  # the method says whether it reads one
     budget = f"{rc.steps} steps" if rc.steps is not None else f"{rc.epochs:g} ep"
     return f"{base}: {rc.method}, {rc.model}, {'+'.join(rc.data)}, {budget}{teacher}, {seeds}"
 
@@ -55,7 +56,7 @@ def build_table(cfg: ReportProject, results: Results, target: TargetConfig,
     :class:`protoclip.report.ledger_table.ClaimEngine` giving the difference rows their intervals (None: points only)."""
     entry = paper_numbers(target.paper_key)
     columns = []
-    mappings, chance = [], {}
+    mappings, chance = [], {}  # chance: {task: {set: its chance level}} of the columns whose task states one
     for col in target.columns:
         if col.task == "epochs":
             columns.append((col, [], ""))
@@ -64,9 +65,9 @@ def build_table(cfg: ReportProject, results: Results, target: TargetConfig,
         columns.append((col, sets, note))
         if note:
             mappings.append(note)
-        if col.task == "zeroshot":
+        if TASKS[col.task].chance is not None:
             runs = [r for b in target.runs() for r in cfg.run_group(b)]
-            chance.update(results.chance(sets, runs))
+            chance.setdefault(col.task, {}).update(results.chance(col.task, sets, runs))
     data, long, labels = [], [], []
     cells: dict[str, dict[str, Cell]] = {}  # paper row key -> column label -> our cell (for difference rows)
     runs = {row.paper_key: row.run for row in target.rows}  # paper row key -> our run group (difference rows)
@@ -82,7 +83,7 @@ def build_table(cfg: ReportProject, results: Results, target: TargetConfig,
                 cell = results.cell(row.run, col, sets)
             cells.setdefault(row.paper_key, {})[col.label] = cell
             pv = paper_value(entry, row.paper_key, col.paper_key)
-            digits = 3 if col.metric in ("ari", "ami") else 2
+            digits = TASKS[col.task].digits if col.task in TASKS else 2
             line[(col.label, OURS)] = cell.fmt(digits) if row.run else ""
             line[(col.label, PAPER)] = _fmt_paper(pv)
             long.append({"target": target.id, "row": row.label, "row_kind": "run", "column": col.label,
@@ -115,8 +116,10 @@ def build_table(cfg: ReportProject, results: Results, target: TargetConfig,
                    "interval in brackets (seeds with a small-sample t correction, test examples bootstrapped and "
                    "paired; results/tables/claims.md); "
                    "without brackets: no per-example results to resample.")
-    if chance:
-        cap.append("Zero-shot chance level: " + ", ".join(f"{d} {c:.1f}%" for d, c in sorted(chance.items())) + ".")
+    for task, levels in chance.items():
+        if levels:
+            cap.append(f"{TASKS[task].title} chance level: "
+                       + ", ".join(f"{d} {c:.1f}%" for d, c in sorted(levels.items())) + ".")
     return table, " ".join(cap), long
 
 

@@ -39,6 +39,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from protoclip.evaluate.config import EvaluateConfig
 from protoclip.config.protocols import Project
+from protoclip.evaluate.tasks.clustering import TASK as CLUSTERING
 from protoclip.tasks import TASKS as EVAL_TASKS
 
 SPECIAL_TASKS = ("epochs",)  # computed from train logs, not metrics files
@@ -156,7 +157,7 @@ class TargetConfig:
                     out.setdefault(d, set()).add(c.task)
         if self.plot == "tsne":  # features only: t-SNE is computed by the report on the cached features
             for d in self.tsne_dataset:
-                out.setdefault(d, set()).add("clustering")
+                out.setdefault(d, set()).add(CLUSTERING.name)  # the figure's titles print its ARI / AMI
         return out
 
 

@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 
 from protoclip.files.atomic import atomic_path
+from protoclip.evaluate.tasks.temperature import TASK as TEMPERATURE
 from protoclip.files.records import read_train_log
 from protoclip.report.paper_targets import ReportProject
 
@@ -52,7 +53,7 @@ def temperature_diagnostics(cfg: ReportProject, results, target) -> dict[str, di
     (each column's set: the paper's where present, else the stand-in; Results.column_sets). Labels match
     the figure's curve labels ``"<row label> (<run>)"``; rows without results are left out."""
     out: dict[str, dict] = {}
-    columns = [c for c in target.columns if c.task == "temperature"]
+    columns = [c for c in target.columns if c.task == TEMPERATURE.name]
     for row in target.rows:
         group = cfg.run_group(row.run) if row.run else []
         if not group:
@@ -61,7 +62,7 @@ def temperature_diagnostics(cfg: ReportProject, results, target) -> dict[str, di
         for col in columns:
             sets, _ = results.column_sets(target, col)
             for d in sets:
-                m = results.metrics(group[0], "temperature", d)
+                m = results.metrics(group[0], TEMPERATURE.name, d)
                 if m and "skipped" not in m:
                     merged.update({k: v for k, v in m.items() if k not in merged})
         if merged:

@@ -26,7 +26,7 @@ from protoclip.files import records
 from protoclip.files.records import PHASES
 from protoclip.files.layout import Layout
 from protoclip.report.paper_targets import ColumnConfig, ReportProject, TargetConfig
-from protoclip.tasks import TaskStatus
+from protoclip.tasks import TASKS, TaskStatus
 
 
 
@@ -186,14 +186,15 @@ class Results:
                         out.setdefault(dataset, status.line)
         return dict(sorted(out.items()))
 
-    def chance(self, datasets: list[str], runs: list[str]) -> dict[str, float]:
-        """Chance top-1 (100 / classes) of zero-shot sets, from the metrics files' ``n_classes``."""
-        out = {}
+    def chance(self, task: str, datasets: list[str], runs: list[str]) -> dict[str, float]:
+        """{set: chance level of ``task``'s headline} (its ``Task.chance``, from the first of ``runs`` whose
+        metrics file states it: zero-shot's 100 / classes)."""
+        rule, out = TASKS[task].chance, {}
         for d in datasets:
             for r in runs:
-                m = self.metrics(r, "zeroshot", d)
-                if m and "n_classes" in m:
-                    out[d] = 100.0 / m["n_classes"]
+                m = self.metrics(r, task, d)
+                if m and rule is not None and (level := rule(m)) is not None:
+                    out[d] = level
                     break
         return out
 

@@ -22,7 +22,7 @@ Headline (deviation from step 4, for §3.4.7's bound): the spec's eps = 0.05 Sin
 above the exact EMD on synthetic class clusters and 12 % on the offline default's features, far
 beyond the 2 % the spec itself requires. So the headline ``nemd`` is the **exact EMD** (POT network
 simplex) whenever there are at most ``EXACT_MAX_PAIRS`` pairs: that is every set the stage evaluates,
-since it caps pairs at ``evaluate.nemd_max_pairs`` = 5000; at n_max = 256 one exact pair takes ~60 ms
+since it caps pairs at ``evaluate.nemd.max_pairs`` = 5000; at n_max = 256 one exact pair takes ~60 ms
 on one CPU core, less than the eps = 0.05 batched Sinkhorn per pair on CPU. Beyond that, the headline
 is Sinkhorn at eps = 0.01 (0.7 % bias on the test blobs, vs 2.6 % at 0.02 and 6 % at 0.05). With
 ``diagnostic=True`` the other value (the spec's eps = 0.05 Sinkhorn cost next to an exact headline)
