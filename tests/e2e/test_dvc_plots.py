@@ -82,7 +82,7 @@ def test_dvc_yaml_declares_a_plot_per_run_curve_table_and_figure(project):
 @pytest.mark.skipif(DVC is None, reason="dvc is not installed")
 def test_dvc_renders_the_plots(project):
     root, cfg = project
-    claims_json = str(Layout.from_config(cfg).claims_files()[4])
+    claims_json = str(Layout.from_config(cfg).claims_files().json)
     (root / "dvc.yaml").write_text(yaml.safe_dump({"metrics": [claims_json], "plots": dvc_plots(cfg)},
                                                   sort_keys=False))
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}

@@ -539,12 +539,12 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert p.holm == REPRODUCED and small.holm == NOT_RESOLVED
 
     # the files: every claim once, never a blank verdict; the json for DVC; the forest plot
-    frame = pd.read_csv(files["csv"])
+    frame = pd.read_csv(files.csv)
     assert list(frame["id"]) == [r.claim.id for r in rows] and frame["verdict"].notna().all()
     assert set(frame["direction"]) <= set(ledger.VERDICTS) and set(frame["magnitude"]) <= set(ledger.VERDICTS)
-    js = json.loads(files["json"].read_text())
+    js = json.loads(files.json.read_text())
     assert js["planted"]["direction"] == REPRODUCED and js["planted"]["margin"] == 5.0
-    md = files["md"].read_text()
+    md = files.md.read_text()
     assert "+10.00 [" in md and f"{len(rows)} distinct claims, 5 not run" in md
     assert "| not resolved; not the paper's scale" in md  # a point's magnitude: no 90 % interval printed
     # the first line counts decisive rows only: the not-decisive and at-chance ones apart
@@ -559,8 +559,8 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert "m = 5: [5, 15]" in md and "what it would take" in md
     # each margin beside the seed spread its interval used: planted's own seeds (a's 3, b's 1), not c's
     assert "(m = 5: [5, 15]); the seed spread in its interval: these runs' own seeds (3 and 1): pooled seed sd" in md
-    assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "reproduced" in files["rst"].read_text()
+    assert files.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "reproduced" in files.rst.read_text()
 
 
 @pytest.mark.parametrize("planted", [True], ids=["paper_scale"], indirect=True)

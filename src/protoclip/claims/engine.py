@@ -37,7 +37,7 @@ from protoclip.claims.units import chance_of, examples_kind, init_variance, metr
 from protoclip.files import records
 
 
-# a resolved paper target and one of its columns (protoclip.report.paper_targets.Target, Column): the
+# a resolved paper target and one of its columns (protoclip.report.paper_targets.TargetConfig, ColumnConfig): the
 # engine reads their ``id``, ``rows`` (``label``, ``run``), ``columns`` and a column's ``label``, ``task``, ``metric``
 Target = Any
 Column = Any

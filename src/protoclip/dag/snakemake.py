@@ -46,12 +46,12 @@ def report_outputs(cfg: ProjectConfig, report) -> dict:
                            labels={"target": name})
         out[f"{name}_caption"] = str(caption)
     # the claims ledger: its table and forest plot in their own category, captioned with the verdict rule
-    md, csv, tex, htm, js, png, rst = (str(p) for p in lay.claims_files())
-    flag = {"caption": os.path.abspath(rst), "category": "Claims"}
-    out["claims"] = report(htm, labels={"target": "claims ledger"}, **flag)
-    out["claims_plot"] = report(png, labels={"target": "claims forest plot"}, **flag)
-    out["claims_files"] = [md, csv, tex, js]
-    out["claims_caption"] = rst
+    files = lay.claims_files()
+    flag = {"caption": os.path.abspath(files.rst), "category": "Claims"}
+    out["claims"] = report(str(files.html), labels={"target": "claims ledger"}, **flag)
+    out["claims_plot"] = report(str(files.png), labels={"target": "claims forest plot"}, **flag)
+    out["claims_files"] = [str(p) for p in (files.md, files.csv, files.tex, files.json)]
+    out["claims_caption"] = str(files.rst)
     return out
 
 

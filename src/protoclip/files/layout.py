@@ -32,7 +32,7 @@ The formats of the result files live in :mod:`protoclip.files.records`. Layout i
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -55,6 +55,29 @@ class TrainFiles:
     log: Path  # train_log.jsonl
     log_work: Path  # checkpoints/train_log.jsonl
     checkpoint: Path  # checkpoints/last.pt
+
+
+@dataclass(frozen=True)
+class ClaimsFiles:
+    """The claims ledger's files by name (protoclip.report.ledger_table writes them): the tables
+    ``tables/claims.{md,csv,tex,html}``, the numbers and verdicts for DVC's metrics ``tables/claims.json``, the
+    forest plot ``figures/claims.png`` and its caption ``report/claims.rst``. Iterating gives them in that order
+    (every one a workflow output)."""
+
+    md: Path
+    csv: Path
+    tex: Path
+    html: Path
+    json: Path
+    png: Path
+    rst: Path
+
+    def __iter__(self):
+        return iter(tuple(getattr(self, f.name) for f in fields(self)))
+
+    def artifacts(self) -> tuple[Path, ...]:
+        """The files logged to MLflow with the claims run (the caption is the Snakemake report's only)."""
+        return self.md, self.csv, self.tex, self.html, self.json, self.png
 
 
 # The config's `paths:` section: where the stages read and write, and the MLflow store
@@ -271,11 +294,12 @@ class Layout:
             return [(self.tables / target_id).with_suffix(s) for s in (".csv", ".md", ".tex", ".html")]
         return [self.figures / f"{target_id}.png"]
 
-    def claims_files(self) -> list[Path]:
-        """The claims ledger (protoclip.report.ledger_table): ``tables/claims.{md,csv,tex,html,json}``, the forest plot
-        ``figures/claims.png`` and its caption ``report/claims.rst``."""
-        return ([(self.tables / "claims").with_suffix(s) for s in (".md", ".csv", ".tex", ".html", ".json")]
-                + [self.figures / "claims.png", self.caption("claims")])
+    def claims_files(self) -> ClaimsFiles:
+        """The claims ledger's files by name (:class:`ClaimsFiles`)."""
+        table = self.tables / "claims"
+        return ClaimsFiles(md=table.with_suffix(".md"), csv=table.with_suffix(".csv"), tex=table.with_suffix(".tex"),
+                           html=table.with_suffix(".html"), json=table.with_suffix(".json"),
+                           png=self.figures / "claims.png", rst=self.caption("claims"))
 
     @property
     def targets_long(self) -> Path:

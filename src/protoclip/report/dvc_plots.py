@@ -76,7 +76,7 @@ def dvc_plots(cfg: ReportProject) -> list[dict | str]:
 
     # ours against the paper, Table VI's differences, the training curves per target: image plots too
     plots += [str(layout.figures / f"{name}.png") for name in summary_names(cfg)]
-    plots.append(str(layout.claims_files()[5]))  # the claims ledger's forest plot (protoclip.report.ledger_table)
+    plots.append(str(layout.claims_files().png))  # the claims ledger's forest plot (protoclip.report.ledger_table)
     return plots
 
 

@@ -28,7 +28,7 @@ from protoclip.claims.engine import ClaimEngine, judge_claims
 from protoclip.claims.rows import LedgerRow, NotRun, summary_text
 from protoclip.files import records
 from protoclip.files.atomic import atomic_path, write_text
-from protoclip.files.layout import Layout
+from protoclip.files.layout import ClaimsFiles, Layout
 from protoclip.report.paper_targets import ReportProject
 from protoclip.report.tables import rst_escape
 from protoclip.report.values import Results
@@ -99,34 +99,33 @@ def rule_text(cfg: ReportProject) -> str:
             f"This ledger: {scale}. Not run: {ledger.RULES['not run']}.")
 
 
-def write_ledger(cfg: ReportProject, rows: list[LedgerRow]) -> dict[str, Path]:
-    """``claims.{md,csv,tex,html,json}``, the forest plot and its caption; returns the paths by suffix."""
-    lay = Layout.from_config(cfg)
-    md, csv, tex, htm, js, png, rst = lay.claims_files()
+def write_ledger(cfg: ReportProject, rows: list[LedgerRow]) -> ClaimsFiles:
+    """``claims.{md,csv,tex,html,json}``, the forest plot and its caption; returns their paths by name."""
+    files = Layout.from_config(cfg).claims_files()
     frame, shown = ledger_frame(rows), _display(rows, cfg.claims.confidence)
     summary = summary_text(rows)
     head = f"**Claims ledger.** {summary}. {rule_text(cfg)}"
     body = shown.to_markdown(index=False, disable_numparse=True) if rows else "(no claims configured)"
-    write_text(md, f"{head}\n\n{body}\n")
+    write_text(files.md, f"{head}\n\n{body}\n")
     if not rows:  # no claim configured: the files still exist (DVC and Snakemake outputs), with their header
         frame = pd.DataFrame(columns=list(LedgerRow(_NO_CLAIM).record()))
         shown = pd.DataFrame(columns=["claim", "verdict"])
-    with atomic_path(csv) as tmp:
+    with atomic_path(files.csv) as tmp:
         frame.to_csv(tmp, index=False)
-    with atomic_path(tex) as tmp:
+    with atomic_path(files.tex) as tmp:
         shown.to_latex(tmp, index=False, caption=head.replace("**", ""), label="tab:claims", escape=True,
                        longtable=True)
-    write_text(htm, f"<p>{html.escape(head.replace('**', ''))}</p>\n"
+    write_text(files.html, f"<p>{html.escape(head.replace('**', ''))}</p>\n"
                + shown.to_html(classes="paper-table", border=1, index=False) + "\n")
-    records.write_claims(js, {r.claim.id: {
+    records.write_claims(files.json, {r.claim.id: {
         "ours": r.ours, "ci_low": r.lo, "ci_high": r.hi, "ci90_low": r.lo90, "ci90_high": r.hi90,
         "paper": r.claim.paper_value, "margin": r.claim.margin, "p_holm": r.p_holm, "verdict": r.verdict,
         "direction": r.direction, "magnitude": r.magnitude} for r in rows})
-    forest_plot(rows, png)
-    write_text(rst, rst_escape(f"Claims ledger: each claim's paper number (red diamond) and its margin (red band) "
-                               f"beside our estimate with its 95 % (thin) and 90 % (thick) intervals, one panel per "
-                               f"unit. {summary}. {rule_text(cfg)}") + "\n")
-    return {"md": md, "csv": csv, "tex": tex, "html": htm, "json": js, "png": png, "rst": rst}
+    forest_plot(rows, files.png)
+    write_text(files.rst, rst_escape(f"Claims ledger: each claim's paper number (red diamond) and its margin (red "
+                                     f"band) beside our estimate with its 95 % (thin) and 90 % (thick) intervals, "
+                                     f"one panel per unit. {summary}. {rule_text(cfg)}") + "\n")
+    return files
 
 
 COLORS = {ledger.REPRODUCED: "#2a9d4b", ledger.CONTRADICTED: "#c0392b", ledger.NOT_RESOLVED: "#7f7f7f",
@@ -193,7 +192,8 @@ def forest_plot(rows: list[LedgerRow], out: Path) -> Path:
     return out
 
 
-def run_ledger(cfg: ReportProject, results: Results, engine: ClaimEngine | None = None) -> tuple[list[LedgerRow], dict]:
+def run_ledger(cfg: ReportProject, results: Results, engine: ClaimEngine | None = None
+               ) -> tuple[list[LedgerRow], ClaimsFiles]:
     """Every configured claim evaluated and written; returns the rows and the files."""
     engine = engine or ClaimEngine(cfg, results)
     rows = judge_claims(engine, cfg.paper_claims())
@@ -208,8 +208,8 @@ def log_ledger(cfg: ReportProject, tracker) -> None:
     verdict in words, and each question's: filter the runs table with
     ``tags.`protoclip.claim.cc_linear_32ep.direction` = 'reproduced'``), our estimate, intervals, the paper's
     number and margin and the Holm-adjusted p as metrics, the ledger files as artifacts."""
-    lay = Layout.from_config(cfg)
-    ledger_json = lay.claims_files()[4]
+    files = Layout.from_config(cfg).claims_files()
+    ledger_json = files.json
     if not ledger_json.exists():
         return
     claims = records.read_claims(ledger_json)
@@ -226,7 +226,7 @@ def log_ledger(cfg: ReportProject, tracker) -> None:
             if isinstance(c.get(key), (int, float)) and math.isfinite(c[key]):
                 metrics[f"claim/{cid}/{key}"] = float(c[key])
     tracker.log_metrics(metrics)
-    for path in lay.claims_files()[:6]:
+    for path in files.artifacts():
         tracker.log_artifact(path, "claims")
 
 

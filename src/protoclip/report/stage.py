@@ -82,8 +82,8 @@ def run_report(cfg: ReportProject) -> Path:
             lines += [f"## {target.id}", "", caption, "", f"![{target.id}](../figures/{png.name})", ""]
         write_text(layout.caption(target.id), rst_escape(caption) + "\n")
     rows, files = run_ledger(cfg, results, engine)  # the claims ledger (protoclip.report.ledger_table)
-    lines += ["## Claims ledger", "", files["md"].read_text().strip(), "",
-              f"![claims](../figures/{files['png'].name})", ""]
+    lines += ["## Claims ledger", "", files.md.read_text().strip(), "",
+              f"![claims](../figures/{files.png.name})", ""]
     with atomic_path(layout.targets_long) as tmp:  # every target cell, ours and the paper's
         pd.DataFrame(cells).to_csv(tmp, index=False)
     with atomic_path(layout.metrics_long) as tmp:
