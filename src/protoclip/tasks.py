@@ -31,9 +31,10 @@ from typing import Any, Callable, ClassVar
 @dataclass(frozen=True)
 class Task:
     """One evaluation task: what it reads of a set, what its tables show, how the ledger resamples it, where it
-    may run. ``adapter`` runs it (``SetInput -> TaskResult``, :mod:`protoclip.evaluate.adapters`): a
-    ``"module:function"`` path, imported when the task first runs (the config loader reads this table without
-    importing the evaluation code), or the function itself."""
+    may run, its settings and rules. ``adapter`` runs it (``SetInput -> TaskResult``,
+    :mod:`protoclip.evaluate.tasks.base`): the function itself (a task module's, which imports its metric code
+    inside it) or a ``"module:function"`` path, imported when the task first runs
+    (:func:`protoclip.evaluate.adapters.adapter_of`)."""
 
     name: str
     metrics: tuple[str, ...]  # the metrics its table cells show, the first the headline (collect's summary line)
