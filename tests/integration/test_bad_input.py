@@ -126,6 +126,18 @@ def test_bad_values_of_other_sections_name_the_key(tmp_path, section, key, value
     assert f"{section}." in str(err.value) and key in str(err.value) and str(path) in str(err.value)
 
 
+@pytest.mark.parametrize("old,new", [("knn_k", "knn.k"), ("linear_protocol_runs", "linear.protocol_runs"),
+                                     ("tsne_max_points", "tsne.max_points")])
+def test_a_task_setting_under_its_old_loose_key_names_its_section(tmp_path, old, new):
+    """The task settings moved into their tasks' sections (evaluate.<task>): a config still giving an old key stops
+    naming the key to write instead, not as an unknown key."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"evaluate": {old: {} if old.endswith("runs") else 1}}))
+    with pytest.raises(ConfigError, match=f"'evaluate.{old}' is now 'evaluate.{new}'") as err:
+        load_config(path)
+    assert str(path) in str(err.value)
+
+
 MODEL_CASES = [  # (build_model keyword arguments, checked at load as these run keys)
     dict(name="tiny-rn", image_size=48), dict(name="tiny-rn", image_size=64), dict(name="tiny-rn", image_size=32),
     dict(name="tiny-vit", image_size=60), dict(name="tiny-vit", image_size=24),
