@@ -452,7 +452,6 @@ class ClaimEngine:
                 }.get(note, note or "no result")
 
 
-
 def judge_claims(engine: ClaimEngine, claims: list[ClaimConfig]) -> list[LedgerRow]:
     """Every claim's row, then the ledger-wide steps over them all (:func:`protoclip.claims.rows.finish`)."""
     return finish([engine.evaluate(c) for c in claims], engine.settings)
