@@ -37,7 +37,8 @@ def eval_project(tmp_path: Path, datasets: dict) -> ProjectConfig:
     cfg = ProjectConfig()
     cfg.paths = PathsConfig(data_dir=tmp_path / "data", results_dir=tmp_path / "results",
                             mlflow_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    cfg.evaluate = EvaluateConfig(datasets=datasets, batch_size=8, device="cpu", sections={"tsne": TsneConfig(max_points=200)})
+    cfg.evaluate = EvaluateConfig(datasets=datasets, batch_size=8, device="cpu",
+                                  sections={"tsne": TsneConfig(max_points=200)})
     cfg._runs = {RUN: ({"method": "clip"}, "<test>")}  # the run evaluated (its model file decides how)
     return cfg
 
