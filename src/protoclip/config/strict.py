@@ -2,7 +2,8 @@
 
 :func:`build` makes a dataclass from a mapping (an unknown key or a wrong type stops naming file and key, e.g.
 ``'train.lr' must be float, got str``; ``1e9`` is accepted, ``.nan`` / ``.inf`` are not), then runs its
-``validate()``; :func:`read_yaml` refuses repeated keys (:class:`StrictLoader`), folders, non-UTF-8 and invalid
+``validate()``; a key the dataclass lists in its ``MOVED`` ({old key: new dotted key}) stops naming where it went;
+:func:`read_yaml` refuses repeated keys (:class:`StrictLoader`), folders, non-UTF-8 and invalid
 YAML naming file and line; :func:`to_dict`, :func:`deep_merge`, :func:`require_path`. It knows no section:
 those live with their packages and ``protoclip.project`` composes them.
 """
