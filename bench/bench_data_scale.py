@@ -164,7 +164,7 @@ class StandInTeacher:
 def teacher_child(data_dir: str, dim: int, points_per_dim: int) -> None:
     """The real teacher stage on a prepared manifest with the stand-in encoder; one JSON line."""
     from protoclip.project import PathsConfig, ProjectConfig
-    from protoclip.teacher.cache import run_teacher
+    from protoclip.teacher.stage import run_teacher
     from protoclip.teacher.config import TeacherConfig
 
     floor = vm_hwm_mib()  # the imports (torch for the encoders, scikit-learn, pyarrow): before any work

@@ -77,6 +77,7 @@ def test_report_removes_killed_writes_in_its_folders(cfg, monkeypatch):
 
 def test_teacher_removes_its_own_killed_writes_only(cfg, monkeypatch):
     import protoclip.teacher.cache as cache
+    from protoclip.teacher.stage import run_teacher
 
     layout = Layout.from_config(cfg)
     out = layout.teacher_features(cfg.teacher.name)
@@ -84,7 +85,7 @@ def test_teacher_removes_its_own_killed_writes_only(cfg, monkeypatch):
     other = killed_write(layout.teacher_features("another-teacher"))  # a job running beside this one
     monkeypatch.setattr(cache, "train_captions", stop)
     with pytest.raises(Stop):
-        cache.run_teacher(cfg)
+        run_teacher(cfg)
     assert not any(p.exists() for p in mine) and other.exists()
 
 

@@ -11,7 +11,8 @@ import torch
 
 from protoclip.project import ProjectConfig
 from protoclip.files.layout import Layout
-from protoclip.teacher.cache import fit_pca, load_teacher_features, lookup, run_teacher
+from protoclip.teacher.cache import fit_pca, load_teacher_features, lookup
+from protoclip.teacher.stage import run_teacher
 from protoclip.teacher.encoders import TextTeacher, load_text_teacher, mean_pool, packaged_path
 from testkit import REPO
 from testkit.processes import BIN
@@ -314,6 +315,7 @@ sys.path.insert(0, sys.argv[1])  # the child is a bare interpreter: tests/ for t
 from testkit.teachers import HashTeacher
 import protoclip.teacher.cache as cache
 from protoclip.project import ProjectConfig
+from protoclip.teacher.stage import run_teacher
 
 where, root = sys.argv[2], sys.argv[3]
 cfg = ProjectConfig()
@@ -333,7 +335,7 @@ if where == "project":
     def dying(self, x):
         os.kill(os.getpid(), signal.SIGKILL)  # the PCA is saved; the cache's temp file is half written
     cache.Projection.apply = dying
-cache.run_teacher(cfg, teacher=Killed())
+run_teacher(cfg, teacher=Killed())
 """
 
 

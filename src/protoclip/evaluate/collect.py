@@ -15,7 +15,7 @@ from typing import Any
 
 from protoclip.files import records
 from protoclip.files.atomic import clean_stale_temps_of
-from protoclip.evaluate.config import EvaluateProject
+from protoclip.evaluate.config import EvalDatasetConfig, EvaluateProject
 from protoclip.evaluate.datasets import missing_reason
 from protoclip.evaluate.plan import static_tasks
 from protoclip.files.layout import Layout
@@ -40,12 +40,17 @@ def summary_table(summary: dict[str, dict[str, Any]]) -> str:
 
 
 def run_collect(cfg: EvaluateProject, run: str) -> Path:
-    """Write ``run``'s ``metrics.json`` and print the summary. A set whose data exists but that no paper target
-    of this run shows (so no job evaluated it) is simply absent."""
-    layout = Layout.from_config(cfg)
+    """The stage's entry: ``run``'s ``metrics.json`` from the run's evaluation folders and the configured sets
+    (the layout and ``evaluate.datasets``, all that :func:`collect` reads of the config)."""
+    return collect(Layout.from_config(cfg), run, cfg.evaluate.datasets)
+
+
+def collect(layout: Layout, run: str, datasets: dict[str, EvalDatasetConfig]) -> Path:
+    """Write ``run``'s ``metrics.json`` and print the summary. A set of ``datasets`` whose data exists but that no
+    paper target of this run shows (so no job evaluated it) is simply absent."""
     clean_stale_temps_of([layout.metrics_summary(run)])  # a killed collect's half-written metrics.json
     summary = records.run_results(layout, run)
-    for name, ds_cfg in cfg.evaluate.datasets.items():
+    for name, ds_cfg in datasets.items():
         reason = missing_reason(name, ds_cfg, layout)
         if not layout.eval_dir(run, name).is_dir() and reason is not None:
             for task in static_tasks(name, ds_cfg):

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from protoclip.config.architectures import is_torchvision
 from protoclip.config.protocols import Project
+from protoclip.config.strict import require_path
+from protoclip.files.layout import Layout
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +39,6 @@ CONFIG_FILE = "open_clip_config.json"  # what `local-dir:` and `hf-hub:` read (m
 
 class ExportError(ValueError):
     """A run open_clip cannot represent; the message says why in one line."""
-
-
-def export_dir(cfg: Project, run: str) -> Path:
-    """Default output folder of ``protoclip export --run <run>`` (Layout.export_dir: ``results/export/<run>``)."""
-    from protoclip.files.layout import Layout
-
-    return Layout.from_config(cfg).export_dir(run)
 
 
 def open_clip_model_cfg(model) -> dict:
@@ -142,13 +137,13 @@ def export_or_copy(model_path: Path, folder: Path) -> str:
 
 
 def run_export(cfg: Project, run: str, out: str | Path | None = None) -> Path:
-    """``protoclip export``: the run's ``model.pt`` -> ``out`` (default :func:`export_dir`)."""
-    from protoclip.files.layout import Layout
-    from protoclip.config.strict import require_path
-
-    cfg.run(run)  # an unknown run is a config error naming the defined ones
-    model_path = require_path(Layout.from_config(cfg).model(run), f"export run '{run}'")
-    return export_openclip(model_path, out if out is not None else export_dir(cfg, run))
+    """``protoclip export``, the stage's entry: of the config it reads the run's name (an unknown run is a config
+    error naming the defined ones) and the layout, which names the run's ``model.pt`` and the default ``out``
+    (``results/export/<run>``); :func:`export_openclip` gets those two paths."""
+    cfg.run(run)
+    layout = Layout.from_config(cfg)
+    model_path = require_path(layout.model(run), f"export run '{run}'")
+    return export_openclip(model_path, out if out is not None else layout.export_dir(run))
 
 
 def add_arguments(p, name: str) -> None:
@@ -166,7 +161,7 @@ def main(args) -> int:
     return 0
 
 
-__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "ExportError", "export_dir", "export_notes", "export_openclip",
+__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "ExportError", "export_notes", "export_openclip",
            "export_or_copy",
            "export_refusal",
            "open_clip_model_cfg", "preprocess_cfg", "run_export"]

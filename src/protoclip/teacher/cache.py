@@ -15,7 +15,7 @@ node. Projected features are not re-normalised (as the official ``RoBERTa.py``).
 weights, captions, pca_dim, sample rule, max_length, seed) matches the ``.json`` does no work.
 
     protoclip teacher                                  # via the CLI, or:
-    from protoclip.teacher.cache import run_teacher, load_teacher_features
+    from protoclip.teacher.stage import run_teacher    # the stage's entry: build_cache(cfg.teacher, layout)
     ids, feats, meta = load_teacher_features(run_teacher(cfg))
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from protoclip.files.datafiles import TEACHER, reading
 from protoclip.data.corpus.dedup import KeySpill
 from protoclip.data.loading.manifest import manifest_batches
 from protoclip.files.layout import Layout
-from protoclip.teacher.config import TeacherProject
+from protoclip.teacher.config import TeacherConfig
 from protoclip.teacher.encoders import (
     PACKAGED, TextTeacher, cached_weights, find_weights, packaged_path, load_text_teacher, sha256_file,
 )
@@ -304,13 +304,11 @@ def write_cache(out: Path, captions: TrainCaptions, raw: RawFeatures, proj: Proj
 
 
 # --------------------------------------------------------------------------- stage
-def run_teacher(cfg: TeacherProject, teacher: TextTeacher | None = None) -> Path:
-    """Write ``layout.teacher_features(cfg.teacher.name)`` (+ .json); skip when it is up to date.
+def build_cache(tc: TeacherConfig, layout: Layout, teacher: TextTeacher | None = None) -> Path:
+    """Write ``layout.teacher_features(tc.name)`` (+ .json); skip when it is up to date.
 
-    ``teacher`` overrides loading ``cfg.teacher.name`` (tests, or a model already in memory).
+    ``teacher`` overrides loading ``tc.name`` (tests, or a model already in memory).
     """
-    tc = cfg.teacher
-    layout = Layout.from_config(cfg)
     out, meta_path = layout.teacher_features(tc.name), layout.teacher_meta(tc.name)
     clean_stale_temps_of([out, meta_path])  # a killed run's half-written cache (other teachers' jobs share the folder)
     captions = train_captions(layout)
@@ -363,7 +361,7 @@ def run_teacher(cfg: TeacherProject, teacher: TextTeacher | None = None) -> Path
 
 # --------------------------------------------------------------------------- readers
 def load_teacher_features(path: str | Path) -> tuple[np.ndarray, np.ndarray, dict]:
-    """``(ids str [N], features float32 [N, pca_dim], meta)`` of a cache written by :func:`run_teacher`.
+    """``(ids str [N], features float32 [N, pca_dim], meta)`` of a cache written by :func:`build_cache`.
 
     ``meta`` is the ``.json`` beside the file ({} if absent) plus ``pca_mean``, ``pca_components`` (arrays),
     with which ``(raw - pca_mean) @ pca_components.T`` reproduces the features from raw teacher outputs.
