@@ -19,7 +19,7 @@ from protoclip.errors import ConfigError
 from protoclip.models import EvalSpec, read_eval_spec, save_model
 from protoclip.config.strict import build, to_dict
 from protoclip.train.config import TrainConfig
-from protoclip.train.methods.base import Method, MultiView, register
+from protoclip.train.methods.base import Method, register
 from protoclip.registry import METHODS, method_class
 from protoclip.similarity import Similarity
 from testkit import REPO
@@ -70,7 +70,7 @@ class ToyAlign(Method):
 
     @classmethod
     def train_transform(cls, cfg: TrainConfig, image_size: int):
-        from protoclip.data.loading.transforms import train_transform
+        from protoclip.data.loading.transforms import MultiView, train_transform
 
         aug = train_transform(image_size, cfg.augmentation)
         return MultiView(aug, aug)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from protoclip.data.loading.transforms import image_form
 from protoclip.files.layout import Layout
 from protoclip.train.loop import train
 from protoclip.train.methods.base import method_class
@@ -23,8 +24,8 @@ _threads = pytest.fixture(autouse=True)(one_thread)
 
 
 class JpegPairs(PilPairs):
-    """PilPairs stored as JPEG files (quality 90): a transform that ``takes_bytes`` gets the file, others the
-    decoded picture, as ImageTextDataset does."""
+    """PilPairs stored as JPEG files (quality 90): a transform whose form is the stored file gets the file, others
+    the decoded picture, as ImageTextDataset does."""
 
     def __init__(self, transform, n: int = 48):
         super().__init__(transform, n=n)
@@ -36,7 +37,7 @@ class JpegPairs(PilPairs):
         self.images = [Image.open(io.BytesIO(f)).convert("RGB") for f in self.files]
 
     def __getitem__(self, i: int):
-        if getattr(self.transform, "takes_bytes", False):
+        if image_form(self.transform).stored:
             return self.transform(self.files[i]), self.tokens[i], f"s{i:04d}"
         return super().__getitem__(i)
 

@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from protoclip.files.layout import Layout
 from protoclip.files.records import PHASES, read_train_log
 from protoclip.train.distributed import DistInfo
-from protoclip.train.episode import episode_loader, rank_positions, sample_episode
+from protoclip.train.episode import rank_positions, sample_episode
 from protoclip.train.loader import RunLoader
 from protoclip.train.loop import train
 from testkit.training import RandomPairs, last_state, one_thread, tiny_config, tiny_model, training_records
@@ -45,6 +46,21 @@ class PidPairs(RandomPairs):
         return super().__getitem__(i)
 
 
+class EpisodeItems(Dataset):
+    """One episode's items ``(image, tokens, position)`` in episode order, read when asked (the oracle of a
+    DataLoader made per pass)."""
+
+    def __init__(self, base, indices: np.ndarray):
+        self.base, self.indices = base, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, p: int):
+        image, tokens, _ = self.base[int(self.indices[p])]
+        return image, tokens, p
+
+
 def make(dataset, *, workers: int, n_episodes: int = 3, info: DistInfo = DistInfo(), episode_size: int = 12,
          batch_size: int = 4, extract_batch_size: int = 8) -> RunLoader:
     return RunLoader(dataset, episode_size=episode_size, seed=7, batch_size=batch_size,
@@ -61,8 +77,9 @@ def assert_same_batches(a: list, b: list) -> None:
     assert len(a) == len(b)
     for pa, pb in zip(a, b):
         assert len(pa) == len(pb) and len(pa) > 0
-        for (ia, ta, qa), (ib, tb, qb) in zip(pa, pb):
-            assert torch.equal(qa, qb) and torch.equal(ta, tb) and torch.equal(ia, ib)
+        for a_, b_ in zip(pa, pb):
+            assert torch.equal(a_.positions, b_.positions) and torch.equal(a_.tokens, b_.tokens)
+            assert len(a_.views) == len(b_.views) and all(torch.equal(x, y) for x, y in zip(a_.views, b_.views))
 
 
 def test_an_image_cache_leaves_the_batches_of_worker_processes_unchanged(tiny_manifest):
@@ -99,11 +116,11 @@ def test_batches_are_the_episode_draw_split_by_rank_in_each_pass_size(world):
                 p = loader.pass_of(episode, pass_)
                 batches = list(p)
                 assert len(p) == len(batches) == -(-len(mine) // size)
-                assert [len(b[2]) for b in batches[:-1]] == [size] * (len(batches) - 1)
-                assert torch.cat([b[2] for b in batches]).tolist() == mine.tolist()  # positions, in order
+                assert [len(b) for b in batches[:-1]] == [size] * (len(batches) - 1)
+                assert torch.cat([b.positions for b in batches]).tolist() == mine.tolist()  # positions, in order
                 # the images are those of the drawn items: the base data set's image plus its 0.1-sd noise
-                for images, _tokens, pos in batches:
-                    diff = images - data.images[drawn[pos.numpy()]]
+                for b in batches:
+                    diff = b.images - data.images[drawn[b.positions.numpy()]]
                     assert diff.abs().max() < 1.0 and 0.05 < diff.std() < 0.15
         assert np.array_equal(loader.indices(2), sample_episode(30, m, seed=7, episode=2))
         loader.close()
@@ -116,13 +133,13 @@ def test_without_workers_the_draws_are_those_of_a_loader_per_pass():
     passes = [(0, "extract"), (0, "train"), (1, "train"), (2, "extract"), (2, "train")]
     torch.manual_seed(3)
     loader = make(data, workers=0)
-    ours = [torch.cat([b[0] for b in p]) for p in read(loader, passes)]
+    ours = [torch.cat([b.images for b in p]) for p in read(loader, passes)]
     after = torch.rand(3)
     torch.manual_seed(3)
     oracle = []
     for episode, pass_ in passes:
-        per_pass = episode_loader(data, sample_episode(30, 12, seed=7, episode=episode), DistInfo(),
-                                  batch_size=8 if pass_ == "extract" else 4, num_workers=0, device=CPU)
+        items = EpisodeItems(data, sample_episode(30, 12, seed=7, episode=episode))
+        per_pass = DataLoader(items, batch_size=8 if pass_ == "extract" else 4, shuffle=False, num_workers=0)
         oracle.append(torch.cat([b[0] for b in tqdm(per_pass, disable=True)]))
     assert all(torch.equal(a, b) for a, b in zip(ours, oracle))
     assert torch.equal(after, torch.rand(3))
@@ -148,7 +165,7 @@ def test_with_workers_batches_depend_on_neither_prefetch_resume_nor_worker_count
     assert_same_batches(cut + read(second, passes[3:]), oracle)
     second.close()
     # the augmentation draws differ between passes and episodes (the seed key holds both)
-    assert not torch.equal(oracle[1][0][0], oracle[2][0][0])
+    assert not torch.equal(oracle[1][0].images, oracle[2][0].images)
 
 
 def test_the_workers_read_on_into_the_next_pass_and_restart_only_when_the_pattern_changes(tmp_path, monkeypatch):

@@ -8,8 +8,7 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from protoclip.data.loading.transforms import CROP_SCALE, train_transform
-from protoclip.train.methods.base import MultiView
+from protoclip.data.loading.transforms import CROP_SCALE, MultiView, train_transform
 
 
 def test_mocov2_steps_and_two_views():

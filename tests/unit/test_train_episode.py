@@ -9,13 +9,13 @@ import torch
 
 from protoclip.train.distributed import DistInfo
 from protoclip.train.episode import (
-    episode_loader,
     episode_size_for,
     extract_features,
     rank_positions,
     sample_episode,
     size_stats,
 )
+from protoclip.train.loader import RunLoader
 from protoclip.train.methods.protoclip import n_clusters
 from testkit.training import RandomPairs, one_thread, tiny_config, tiny_model
 
@@ -71,8 +71,12 @@ def test_extract_features_equals_eval_forward_in_episode_order():
     model = tiny_model(cfg).train()
     data = _Fixed(n=20)
     idx = sample_episode(20, 12, seed=0, episode=0)
-    loader = episode_loader(data, idx, DistInfo(), batch_size=5, num_workers=0, device=torch.device("cpu"))
-    feats = extract_features(model, loader, 12, torch.device("cpu"), DistInfo(), contextlib.nullcontext)
+    loader = RunLoader(data, episode_size=12, seed=0, batch_size=4, extract_batch_size=5, num_workers=0,
+                       info=DistInfo(), device=torch.device("cpu"), n_episodes=1)
+    assert np.array_equal(loader.indices(0), idx)
+    feats = extract_features(model, loader.pass_of(0, "extract"), 12, torch.device("cpu"), DistInfo(),
+                             contextlib.nullcontext)
+    loader.close()
     assert model.training  # train mode restored
     model.eval()
     with torch.no_grad():

@@ -19,14 +19,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Iterable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from protoclip.data.loading.transforms import normalize_batch
+from protoclip.data.loading.batch import Batch
 from protoclip.train.distributed import DistInfo, all_gather_cat
 
 log = logging.getLogger(__name__)
@@ -62,30 +61,6 @@ def rank_positions(episode_size: int, info: DistInfo) -> np.ndarray:
     return padded[info.rank:: info.world_size]
 
 
-class EpisodeItems(Dataset):
-    """The episode's items of a base ``ImageTextDataset``: ``(image, tokens, position in episode)``."""
-
-    def __init__(self, base: Dataset, indices: np.ndarray, positions: np.ndarray):
-        self.base, self.indices, self.positions = base, np.asarray(indices), np.asarray(positions)
-
-    def __len__(self) -> int:
-        return len(self.positions)
-
-    def __getitem__(self, i: int):
-        pos = int(self.positions[i])
-        image, tokens, _sample_id = self.base[int(self.indices[pos])]
-        return image, tokens, pos
-
-
-def episode_loader(base: Dataset, indices: np.ndarray, info: DistInfo, batch_size: int, num_workers: int,
-                   device: torch.device) -> DataLoader:
-    """Batches of this rank's share of the episode, in episode order (the episode draw is already random), from a
-    DataLoader of their own (benchmarks and tests; the trainer reads :mod:`protoclip.train.loader`'s)."""
-    items = EpisodeItems(base, indices, rank_positions(len(indices), info))
-    return DataLoader(items, batch_size=batch_size, shuffle=False, num_workers=num_workers, drop_last=False,
-                      pin_memory=device.type == "cuda", persistent_workers=False)
-
-
 @dataclass
 class EpisodeFeatures:
     h_image: torch.Tensor  # [m, d_h] float32 on the model's device, episode order
@@ -94,19 +69,21 @@ class EpisodeFeatures:
 
 
 @torch.no_grad()
-def extract_features(model: torch.nn.Module, loader: DataLoader, episode_size: int, device: torch.device,
+def extract_features(model: torch.nn.Module, loader: Iterable[Batch], episode_size: int, device: torch.device,
                      info: DistInfo, autocast: Callable[[], ContextManager], desc: str = "extract") -> EpisodeFeatures:
-    """h^I, h^T of every episode item with the current model in eval mode (train mode restored after)."""
+    """h^I, h^T of every episode item with the current model in eval mode (train mode restored after);
+    ``loader``: this rank's batches of the episode's ``extract`` pass (the run's loader, ``pass_of``)."""
     was_training = model.training
     model.eval()
     feats_i, feats_t, poss = [], [], []
     try:
-        for images, tokens, pos in tqdm(loader, desc=desc, leave=False, disable=not info.is_main):
+        for batch in tqdm(loader, desc=desc, leave=False, disable=not info.is_main):
+            on = batch.on_device(device)
             with autocast():
-                out = model(normalize_batch(images.to(device, non_blocking=True)), tokens.to(device, non_blocking=True))
+                out = model(on.images, on.tokens)
             feats_i.append(out["h_image"].float())
             feats_t.append(out["h_text"].float())
-            poss.append(pos.to(device, non_blocking=True))
+            poss.append(batch.positions.to(device, non_blocking=True))
     finally:
         model.train(was_training)
     h_i, h_t, pos = torch.cat(feats_i), torch.cat(feats_t), torch.cat(poss)

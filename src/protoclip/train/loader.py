@@ -7,12 +7,13 @@ is the DataLoader's batch sampler: set to a sequence of (episode, pass), it yiel
 episode (:func:`~protoclip.train.episode.rank_positions`) in batches of each pass's size. :class:`RunLoader` holds
 the one DataLoader, with ``persistent_workers`` when ``num_workers > 0`` (the workers start once per run, or once per
 resumed segment, instead of twice per episode), and hands out each pass as an iterable of
-``(images, tokens, positions)`` batches::
+:class:`~protoclip.data.loading.batch.Batch` es (images stacked by the run's
+:class:`~protoclip.data.loading.transforms.ImageForm`, tokens, positions)::
 
     loader = RunLoader(dataset, episode_size=m, seed=0, batch_size=512, extract_batch_size=1024,
-                       num_workers=8, info=info, device=device, n_episodes=n)
-    for images, tokens, pos in loader.pass_of(episode, "extract"): ...
-    for images, tokens, pos in loader.pass_of(episode, "train"): ...
+                       num_workers=8, info=info, device=device, n_episodes=n, form=image_form(transform))
+    for batch in loader.pass_of(episode, "extract"): ...  # batch.views, batch.tokens, batch.positions
+    for batch in loader.pass_of(episode, "train"): ...
     wait = loader.take_wait()  # seconds waited for the first batch of each pass since the last call
     loader.close()
 
@@ -38,6 +39,7 @@ then a pure function of those four numbers, whatever the worker count, the prefe
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import random
 import time
@@ -47,7 +49,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from protoclip.data.loading.batch import Batch, collate
 from protoclip.data.loading.device_augment import DeviceAugment, key_seed
+from protoclip.data.loading.transforms import ImageForm
 from protoclip.train.distributed import DistInfo
 from protoclip.train.episode import rank_positions, sample_episode
 
@@ -148,13 +152,14 @@ class Pass:
 
 
 class RunLoader:
-    """The run's one DataLoader over ``dataset`` (items ``(image, tokens, id)``), serving :class:`Pass` es
-    (see the module docstring). ``batch_size`` / ``extract_batch_size``: this rank's batch of each pass;
-    ``n_episodes``: the schedule's episodes (nothing is read past the last). :meth:`close` stops the workers."""
+    """The run's one DataLoader over ``dataset`` (items ``(image, tokens, id)``, images of ``form``), serving
+    :class:`Pass` es (see the module docstring). ``batch_size`` / ``extract_batch_size``: this rank's batch of
+    each pass; ``n_episodes``: the schedule's episodes (nothing is read past the last). :meth:`close` stops the
+    workers."""
 
     def __init__(self, dataset: Dataset, *, episode_size: int, seed: int, batch_size: int, extract_batch_size: int,
                  num_workers: int, info: DistInfo, device: torch.device, n_episodes: int,
-                 augment: DeviceAugment | None = None):
+                 augment: DeviceAugment | None = None, form: ImageForm = ImageForm()):
         self.workers, self.n_episodes = num_workers > 0, n_episodes
         self.augment, self.device, self.seed = augment, device, seed
         self.batches = EpisodeBatches(len(dataset), episode_size, seed, info,
@@ -163,7 +168,8 @@ class RunLoader:
         # (items reseed) and the main process's RNG stream must not depend on when the workers started (resume)
         self.loader: DataLoader | None = DataLoader(
             RunItems(dataset), batch_sampler=self.batches, num_workers=num_workers,
-            pin_memory=device.type == "cuda", persistent_workers=self.workers,
+            collate_fn=functools.partial(collate, form=form), pin_memory=device.type == "cuda",
+            persistent_workers=self.workers,
             generator=torch.Generator().manual_seed(seed) if self.workers else None)
         self._it: Iterator | None = None
         self._queue: collections.deque[tuple[int, str]] = collections.deque()  # the passes self._it yields next
@@ -229,22 +235,14 @@ class RunLoader:
             else:  # left part-way (an error, a break): start afresh at the next pass asked
                 self._queue.clear()
 
-    def _on_device(self, batch, episode: int, pass_: str):
-        """``(images, tokens, positions)`` with the images (each view) on the device, augmented and normalised."""
-        images, tokens, pos = batch
-        key = (self.seed, episode, PASSES.index(pass_), int(pos[0]))  # positions are on the host: no device read
-
-        def one(view: torch.Tensor, v: int) -> torch.Tensor:
-            return self.augment(view.to(self.device, non_blocking=True), (*key, v))
-
-        if isinstance(images, (list, tuple)) and images and isinstance(images[0], (bytes, bytearray)):
-            # stored files (decode_on: device): decoded, cropped and flipped here first
-            images = self.augment(self.augment.decode_crop(list(images), (*key, 0), self.device), (*key, 0))
-        elif isinstance(images, (list, tuple)):
-            images = type(images)(one(view, v) for v, view in enumerate(images))
-        else:
-            images = one(images, 0)
-        return images, tokens, pos
+    def _on_device(self, batch: Batch, episode: int, pass_: str) -> Batch:
+        """The batch with its images (each view) on the device, augmented and normalised."""
+        key = (self.seed, episode, PASSES.index(pass_), int(batch.positions[0]))  # on the host: no device read
+        if batch.stored:  # stored files (decode_on: device): decoded, cropped and flipped here first
+            image = self.augment.decode_crop(list(batch.stored), (*key, 0), self.device)
+            return batch.with_views([self.augment(image, (*key, 0))])
+        return batch.with_views([self.augment(view.to(self.device, non_blocking=True), (*key, v))
+                                 for v, view in enumerate(batch.views)])
 
     def close(self) -> None:
         """Stop the worker processes (the loader serves no more passes)."""

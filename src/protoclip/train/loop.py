@@ -50,7 +50,9 @@ import yaml
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from protoclip.data.loading.transforms import normalize_batch
+from protoclip.data.loading.batch import Batch
+from protoclip.data.loading.device_augment import DeviceAugment
+from protoclip.data.loading.transforms import image_form
 from protoclip.files.atomic import write_text
 from protoclip.errors import ConfigError
 from protoclip.config.strict import to_dict
@@ -174,22 +176,6 @@ def temperatures(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def to_device(x, device: torch.device, memory_format: torch.memory_format = torch.preserve_format):
-    """A batch field (a tensor, or a list/tuple of tensors for multi-view methods) on ``device``."""
-    if isinstance(x, (list, tuple)):
-        return type(x)(to_device(v, device, memory_format) for v in x)
-    return x.to(device, non_blocking=True, memory_format=memory_format)
-
-
-def device_images(x, device: torch.device, memory_format: torch.memory_format = torch.preserve_format):
-    """Training images (a uint8 batch from the training transform, or a list/tuple of them for multi-view
-    methods) on ``device``, normalised there (:func:`protoclip.data.loading.transforms.normalize_batch`); float images
-    pass through unchanged."""
-    if isinstance(x, (list, tuple)):
-        return type(x)(device_images(v, device, memory_format) for v in x)
-    return normalize_batch(x.to(device, non_blocking=True, memory_format=memory_format))
-
-
 class TrainForward(torch.nn.Module):
     """The method's forward (model outputs + exponentiated logit scales), keeping only the outputs the loss uses.
 
@@ -272,18 +258,16 @@ class Session:
 
 
 def run_loader(cfg: TrainConfig, dataset: Dataset, sched: Schedule, info: DistInfo, device: torch.device,
-               image_size: int) -> RunLoader:
+               image_size: int, method: Method) -> RunLoader:
     """The run's one DataLoader (:mod:`protoclip.train.loader`): this rank's batches of both passes of every
-    episode, its workers started once. ``extract_batch_size`` is global like ``batch_size`` (null: twice it)."""
+    episode, its workers started once, stacking the images in the form of the method's training transform.
+    ``extract_batch_size`` is global like ``batch_size`` (null: twice it)."""
     extract = cfg.extract_batch_size if cfg.extract_batch_size is not None else 2 * cfg.batch_size
-    augment = None
-    if cfg.augment_on == "device":
-        from protoclip.data.loading.device_augment import DeviceAugment
-
-        augment = DeviceAugment(cfg.augmentation, image_size)
+    augment = DeviceAugment(cfg.augmentation, image_size) if cfg.augment_on == "device" else None
     return RunLoader(dataset, episode_size=sched.episode_size, seed=cfg.seed, batch_size=sched.batch_size,
                      extract_batch_size=per_rank_batch(extract, info.world_size), num_workers=cfg.num_workers,
-                     info=info, device=device, n_episodes=sched.n_episodes, augment=augment)
+                     info=info, device=device, n_episodes=sched.n_episodes, augment=augment,
+                     form=image_form(method.train_transform(cfg, image_size)))
 
 
 def setup_device(name: str) -> tuple[torch.device, DistInfo]:
@@ -324,8 +308,7 @@ def world_record(cfg: TrainConfig, info: DistInfo) -> dict[str, int]:
             "global_batch": cfg.batch_size}  # batch_size is the global batch (train/schedule.py)
 
 
-def train_step(s: Session, images, tokens, pos: torch.Tensor, prototypes: Any, step: int, episode: int,
-               window: StepWindow) -> None:
+def train_step(s: Session, batch: Batch, prototypes: Any, step: int, episode: int, window: StepWindow) -> None:
     """One optimizer step on one batch; its ``step`` record stays on the device in ``window`` (no host read).
 
     A non-finite loss term or gradient norm is not raised here (that would wait for the device every step):
@@ -335,11 +318,10 @@ def train_step(s: Session, images, tokens, pos: torch.Tensor, prototypes: Any, s
     # statistics of the image encoder keep updating in train mode
     lr, image_lr = s.sched.lr(step), s.sched.image_lr(step)
     set_lrs(s.optimizer, lr, image_lr)
-    images = device_images(images, s.device, torch.channels_last if s.channels_last else torch.preserve_format)
-    tokens = to_device(tokens, s.device)
+    batch = batch.on_device(s.device, torch.channels_last if s.channels_last else torch.preserve_format)
     with s.autocast():
-        out = s.net(images, tokens)
-    terms = s.method.terms(s.model, out, pos.to(s.device, non_blocking=True), prototypes)
+        out = s.net(batch.images, batch.tokens)
+    terms = s.method.terms(s.model, out, batch.positions.to(s.device, non_blocking=True), prototypes)
     loss = s.method.total(terms)
     head, loss_bad = window.loss_flag(terms, loss, s.info)
     s.optimizer.zero_grad(set_to_none=True)
@@ -385,12 +367,12 @@ def run_episode(s: Session, episode: int, step: int) -> tuple[dict[str, Any], in
 
     window = StepWindow(s.cfg.log_every_steps, s.cfg.log_every, keep, s.checkpoint, s.device,
                         overflow_skips=s.scaler is not None)
-    for images, tokens, pos in tqdm(s.loader.pass_of(episode, "train"), desc=f"episode {episode}", leave=False,
-                                    disable=not s.info.is_main):
-        if len(pos) < 2:  # BatchNorm (heads, ResNet) cannot train on one sample; the same on every rank
+    for batch in tqdm(s.loader.pass_of(episode, "train"), desc=f"episode {episode}", leave=False,
+                      disable=not s.info.is_main):
+        if len(batch) < 2:  # BatchNorm (heads, ResNet) cannot train on one sample; the same on every rank
             log.warning("episode %d: skipping a final batch of 1 item", episode)
             continue
-        train_step(s, images, tokens, pos, prototypes, step, episode, window)
+        train_step(s, batch, prototypes, step, episode, window)
         if window.due():  # the one host read of the interval: check, write the kept lines, add to the sums
             window.flush(sums)
         step += 1
@@ -562,7 +544,7 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
                 autocast=autocast, tlog=tlog, tracker=tracker, curves=Curves(tracker, enabled=info.is_main),
                 checkpoint=files.checkpoint, resume_key=key, validator=validator, scaler=scaler,
                 channels_last=channels_last,
-                loader=run_loader(cfg, dataset, sched, info, device, model.image_size))
+                loader=run_loader(cfg, dataset, sched, info, device, model.image_size, method))
     log_start(s, progress, config, files.config, resumed=state is not None)
     try:
         run_episodes(s, progress, stop_after_episodes)

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 from protoclip.errors import ConfigError
 from protoclip.data.loading.reading import SEP, TarCache, read_checked, read_image  # noqa: F401  (re-exported)
 from protoclip.data.loading.manifest import absolute_paths, manifest_sources, read_manifest
+from protoclip.data.loading.transforms import image_form
 from protoclip.files.layout import Layout
 
 
@@ -163,6 +164,7 @@ class ImageTextDataset(Dataset):
         self.offsets = df["offset"].to_numpy(np.int64) if "offset" in df.columns else np.full(n, -1, np.int64)
         self.sizes = df["size"].to_numpy(np.int64) if "size" in df.columns else np.full(n, -1, np.int64)
         self.transform = transform
+        self.reads_stored = image_form(transform).stored  # the transform takes the file (decode_on: device)
         self.tokenizer = tokenizer
         self._tokens = (torch.as_tensor(tokenizer(df["caption"].tolist())).to(torch.int32)
                         if 0 < n <= token_cache_rows else None)
@@ -182,7 +184,7 @@ class ImageTextDataset(Dataset):
         return image
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, str]:
-        if getattr(self.transform, "takes_bytes", False):  # decoded on the training device (train.decode_on)
+        if self.reads_stored:  # decoded on the training device (train.decode_on)
             return self.transform(self.stored(i)), self.tokens(i), self.ids[i]
         image = self.transform(self.image(i))
         return image, self.tokens(i), self.ids[i]

@@ -18,7 +18,7 @@ code (megvii-research/protoclip, ``src/open_clip/transform.py``, augmentation
   [pcl-protonce.txt Sec. 4; ref-code facebookresearch/moco main_moco.py ``--aug-plus``]:
   RandomResizedCrop(scale 0.2-1) + ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8 + grayscale p=0.2 + Gaussian blur
   (sigma 0.1-2 at 224 px, p=0.5; kernel 10 % of the side, SimCLR's) + horizontal flip, in MoCo's order.
-  Two-view methods draw it twice per image (``protoclip.train.methods.base.MultiView``).
+  Two-view methods draw it twice per image (:class:`MultiView`).
 * ``mocov1``: MoCo v1's augmentation, which PCL v1 and PAUC state ("random crop, random color jittering, random
   horizontal flip, and random grayscale conversion": pcl-protonce.txt Sec. 4.1, pauc-nemd.txt Sec. 4.1; ref-code
   main_moco.py without ``--aug-plus``): RandomResizedCrop(scale 0.2-1) + grayscale p=0.2 + ColorJitter(0.4, 0.4,
@@ -41,6 +41,7 @@ centre crop). Images are converted to RGB first.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
@@ -78,16 +79,47 @@ def gaussian_blur(image_size: int, kind: Kind) -> T.RandomApply:
     return T.RandomApply([GaussianBlur(kernel, sigma=sigma)], p=BLUR_P[kind])
 
 
+@dataclass(frozen=True)
+class ImageForm:
+    """What a run's training items hold as their image."""
+
+    views: int = 1  # image tensors per item: 1 = one tensor; n > 1 = a tuple of n (a MultiView)
+    stored: bool = False  # the stored file's bytes, decoded on the training device (train.decode_on: device)
+
+    def __post_init__(self):
+        if self.views < 1 or (self.stored and self.views != 1):
+            raise ValueError(f"an image form has >= 1 views and stored files only as one view, got {self}")
+
+
+def image_form(transform: Callable) -> ImageForm:
+    """The form of the images ``transform`` gives: the one it declares (``form``: MultiView, EncodedImage), else
+    one tensor. The one rule for it: the dataset (what it reads) and the loader (how it stacks) both ask here."""
+    form = getattr(transform, "form", None)
+    return form if form is not None else ImageForm()
+
+
 class EncodedImage:
     """The workers' transform under ``train.decode_on: device``: the stored image file's bytes, untouched
-    (:class:`protoclip.data.loading.pairs.ImageTextDataset` hands them over undecoded to a transform that
-    ``takes_bytes``); the batch is decoded, cropped and flipped on the device by
+    (:class:`protoclip.data.loading.pairs.ImageTextDataset` hands a transform of this form the file, undecoded);
+    the batch is decoded, cropped and flipped on the device by
     :meth:`protoclip.data.loading.device_augment.DeviceAugment.decode_crop`."""
 
-    takes_bytes = True
+    form = ImageForm(stored=True)
 
     def __call__(self, data: bytes) -> bytes:
         return data
+
+
+class MultiView:
+    """A transform giving several views of one image: ``MultiView(t1, t2)(img) -> (t1(img), t2(img))`` (a method
+    that reads several views per item returns one from its ``train_transform``)."""
+
+    def __init__(self, *transforms: Callable):
+        self.transforms = transforms
+        self.form = ImageForm(views=len(transforms))
+
+    def __call__(self, img):
+        return tuple(t(img) for t in self.transforms)
 
 
 def train_transform(image_size: int, kind: Kind = "protoclip", photometric: str = "workers",
@@ -163,5 +195,6 @@ def eval_transform(image_size: int) -> Callable:
     return image_transform(image_size, is_train=False)
 
 
-__all__ = ["Kind", "EncodedImage", "train_transform", "normalize_batch", "normalize_unit", "to_unit", "eval_transform",
-           "gaussian_blur", "blur_params", "CROP_SCALE", "CROP_ONLY", "JITTER_P", "BLUR_P"]
+__all__ = ["Kind", "EncodedImage", "ImageForm", "MultiView", "image_form", "train_transform", "normalize_batch",
+           "normalize_unit", "to_unit", "eval_transform", "gaussian_blur", "blur_params", "CROP_SCALE", "CROP_ONLY",
+           "JITTER_P", "BLUR_P"]

@@ -67,8 +67,8 @@ class EpisodeData:
 
     dataset: Dataset  # the whole training set (items as the method's train_transform makes them)
     indices: np.ndarray  # the episode's dataset indices, training order
-    # this rank's batches of the episode's extraction pass, (images, tokens, positions) in episode order, from the
-    # run's one DataLoader (protoclip.train.loader; batches of train.extract_batch_size)
+    # this rank's batches of the episode's extraction pass (protoclip.data.loading.batch.Batch) in episode order,
+    # from the run's one DataLoader (protoclip.train.loader; batches of train.extract_batch_size)
     loader: Pass
     info: DistInfo
     device: torch.device
@@ -153,11 +153,12 @@ class Method:
 
     @classmethod
     def train_transform(cls, cfg: TrainConfig, image_size: int) -> Callable:
-        """PIL image -> what the batch's ``images`` holds. A method that needs several views per item returns
-        a tuple of tensors here (e.g. :class:`protoclip.train.methods.base.MultiView`); the default collate
-        then gives ``images`` as a list of [B, 3, H, W] tensors. The loop moves each to the device and normalises the
-        uint8 ones there (:func:`protoclip.data.loading.transforms.normalize_batch`; float views pass unchanged), so
-        :meth:`forward` gets float images. With ``augment_on: device`` the uint8 views are crops and flips only:
+        """PIL image -> an item's image. A method that needs several views per item returns a
+        :class:`protoclip.data.loading.transforms.MultiView` here; the loader stacks its views by that form
+        (:class:`protoclip.data.loading.batch.Batch`: ``views``, and ``images`` a list of [B, 3, H, W] tensors
+        for :meth:`forward`). The loop moves each to the device and normalises the uint8 ones there
+        (:func:`protoclip.data.loading.transforms.normalize_batch`; float views pass unchanged), so :meth:`forward`
+        gets float images. With ``augment_on: device`` the uint8 views are crops and flips only:
         the loader applies the rest on the device (:mod:`protoclip.data.loading.device_augment`)."""
         from protoclip.data.loading.transforms import train_transform
 
@@ -220,14 +221,4 @@ class Method:
             raise ValueError(f"method {self.name!r} has no state to load, got keys {sorted(state)}")
 
 
-class MultiView:
-    """A transform giving several views of one image: ``MultiView(t1, t2)(img) -> (t1(img), t2(img))``."""
-
-    def __init__(self, *transforms: Callable):
-        self.transforms = transforms
-
-    def __call__(self, img):
-        return tuple(t(img) for t in self.transforms)
-
-
-__all__ = ["METHODS", "EpisodeData", "Method", "MultiView", "build_method", "method_class", "register"]
+__all__ = ["METHODS", "EpisodeData", "Method", "build_method", "method_class", "register"]

@@ -11,8 +11,9 @@ Mapping onto the episodic trainer (methods-spec 5 item 2): one PCL *epoch* is on
   tower (the offline default's tiny-rn) the head stays ProtoCLIP's SwAV MLP, as before.
   Key encoder: :class:`protoclip.models.momentum.MomentumEncoder` of the same (EMA ``pcl.momentum``), held by the
   method (not the saved model) and checkpointed with the queue through :meth:`PCLMethod.state_dict`.
-* Data: every item gives three views (:class:`MultiView`): two draws of ``augmentation`` (use ``mocov2``) for the
-  query and the key, and the evaluation centre crop for the E-step [PCL Sec. 4.1: "center-cropped images"].
+* Data: every item gives three views (:class:`~protoclip.data.loading.transforms.MultiView`): two draws of
+  ``augmentation`` (use ``mocov2``) for the query and the key, and the evaluation centre crop for the E-step
+  [PCL Sec. 4.1: "center-cropped images"].
 * ``begin_episode`` = E-step, from episode ``pcl.infonce_only_episodes`` on (warm-up: InfoNCE only): momentum
   features of the centre crops of every episode item (key encoder in eval mode, gathered over DDP ranks),
   k-means at every K of the K list + phi on rank 0 (:func:`protoclip.losses.pcl.build_clusterings`), broadcast.
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from protoclip.config.architectures import is_torchvision
 from protoclip.train.config import TrainConfig
-from protoclip.train.methods.base import EpisodeData, Method, MultiView
+from protoclip.train.methods.base import EpisodeData, Method
 from protoclip.registry import register
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ class PCLMethod(Method):
 
     @classmethod
     def train_transform(cls, cfg: TrainConfig, image_size: int) -> Callable:
-        from protoclip.data.loading.transforms import eval_transform, train_transform
+        from protoclip.data.loading.transforms import MultiView, eval_transform, train_transform
 
         aug = train_transform(image_size, cfg.augmentation, cfg.augment_on)
         return MultiView(aug, aug, eval_transform(image_size))  # query view, key view, centre crop (E-step)
@@ -210,12 +211,12 @@ class PCLMethod(Method):
         feats, poss = [], []
         try:
             with torch.no_grad():  # the key encoder is frozen: these features and their gather need no graph
-                for images, _tokens, pos in tqdm(data.loader, desc=f"pcl E-step {episode}", leave=False,
-                                                 disable=not data.info.is_main):
+                for batch in tqdm(data.loader, desc=f"pcl E-step {episode}", leave=False,
+                                  disable=not data.info.is_main):
                     with data.autocast():
-                        x = normalize_batch(images[2].to(data.device, non_blocking=True))  # float: unchanged
+                        x = normalize_batch(batch.views[2].to(data.device, non_blocking=True))  # float: unchanged
                         feats.append(self._key(x).float())
-                    poss.append(pos.to(data.device, non_blocking=True))
+                    poss.append(batch.positions.to(data.device, non_blocking=True))
         finally:
             self._key.train(was)
         f, pos = all_gather_cat(torch.cat(feats), data.info), all_gather_cat(torch.cat(poss), data.info)
