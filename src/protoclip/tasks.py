@@ -166,5 +166,6 @@ def check_tasks(names, where: str = "") -> None:
 # (the task package is above this module: imported by name, as the method registry imports its methods)
 load_tasks()
 
-__all__ = ["TASKS", "TASKS_PACKAGE", "Task", "register", "unregister", "load_tasks", "task_sections", "task_names", "SKIPPED", "STATUS", "NOT_APPLICABLE", "NOT_RUN",
+__all__ = ["TASKS", "TASKS_PACKAGE", "Task", "register", "unregister", "load_tasks", "task_sections", "task_names",
+           "SKIPPED", "STATUS", "NOT_APPLICABLE", "NOT_RUN",
            "TaskStatus", "check_tasks"]

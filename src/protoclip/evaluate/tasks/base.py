@@ -1,6 +1,7 @@
 """What a task's adapter reads on one set (:class:`SetInput`) and returns (:class:`TaskResult`), and what several
 tasks compute alike (split sizes, per-image labels, the zero-shot classifier that zero-shot and the temperature
-study's token subsets share). Light on purpose: the config loader imports the task modules (protoclip.tasks.load_tasks)."""
+study's token subsets share). Light on purpose: the config loader imports the task modules
+(protoclip.tasks.load_tasks)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

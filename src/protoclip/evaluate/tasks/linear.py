@@ -1,6 +1,7 @@
 """The linear probe on z^I, not normalised (paper Sec. IV-C2, Table VII): the run's linear protocol, ProtoCLIP's
 (L-BFGS, :func:`protoclip.evaluate.metrics.linear.linear_probe`; SGD above ``sgd_above`` samples) or another
-paper's SGD recipe (:mod:`protoclip.evaluate.protocols`, :func:`protoclip.evaluate.metrics.linear_sgd.sgd_protocol_probe`).
+paper's SGD recipe (:mod:`protoclip.evaluate.protocols`,
+:func:`protoclip.evaluate.metrics.linear_sgd.sgd_protocol_probe`).
 Settings: ``evaluate.linear``."""
 from __future__ import annotations
 

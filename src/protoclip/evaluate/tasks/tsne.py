@@ -1,5 +1,5 @@
-"""The t-SNE figure of z^I on the test split (paper Fig. 8; :func:`protoclip.evaluate.metrics.embedding_plots.tsne_plot`):
-a figure, no table. Settings: ``evaluate.tsne``."""
+"""The t-SNE figure of z^I on the test split (paper Fig. 8;
+:func:`protoclip.evaluate.metrics.embedding_plots.tsne_plot`): a figure, no table. Settings: ``evaluate.tsne``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
