@@ -15,6 +15,7 @@ from protoclip.evaluate.datasets import CaptionSet, load_eval_set
 from protoclip.evaluate.plan import not_applicable, plan_tasks, static_tasks
 from protoclip.evaluate.stage import run_evaluate
 from protoclip.files import records
+from protoclip.files.layout import Layout
 from protoclip.report.paper_targets import ColumnConfig
 from protoclip.report.tables import collect_metrics, table_tasks, task_table
 from protoclip.report.values import Results
