@@ -315,7 +315,7 @@ def test_evaluate_with_a_truncated_model_exits_2_with_one_line(model_file, tmp_p
 
 # --------------------------------------------------------------------------- the CLI guard
 def test_cli_turns_any_user_error_into_one_line_and_keeps_bugs_as_tracebacks(tmp_path, capsys, monkeypatch):
-    import protoclip.toy.pauc_nemd as toy
+    import protoclip.toy.stage as toy
     from protoclip.errors import UserError
 
     class SomeDataError(UserError):  # any stage's own user-error class

@@ -91,10 +91,11 @@ def test_teacher_removes_its_own_killed_writes_only(cfg, monkeypatch):
 
 def test_toy_removes_killed_writes_of_its_outputs(cfg, monkeypatch):
     import protoclip.toy.pauc_nemd as toy
+    from protoclip.toy.stage import run_toy_nemd
 
     layout = Layout.from_config(cfg)
     left = [killed_write(p) for p in layout.toy_files().values()]
     monkeypatch.setattr(toy, "make_blobs3d", stop)
     with pytest.raises(Stop):
-        toy.run_toy_nemd(cfg, layout)
+        run_toy_nemd(cfg, layout)
     assert not any(p.exists() for p in left)

@@ -11,6 +11,7 @@ from protoclip.evaluate.metrics import nemd as nemd_metric
 from protoclip.files.layout import Layout
 from protoclip.toy import pauc_nemd
 from protoclip.toy.config import ToyConfig
+from protoclip.toy.stage import run_toy_nemd
 
 TINY = {"n_classes": [3, 5], "samples_per_class": 30, "epochs": 3, "warmup_epochs": 1, "batch_size": 32,
         "queue_size": 64, "kmeans_iters": 5, "kmeans_redo": 1, "nemd_n_max": 20, "hidden": 16}
@@ -34,7 +35,7 @@ def test_toy_stage_uses_the_suite_nemd_and_writes_outputs(tmp_path, monkeypatch)
         return out
 
     monkeypatch.setattr(nemd_metric, "nemd", spy)
-    png = pauc_nemd.run_toy_nemd(cfg)
+    png = run_toy_nemd(cfg)
     assert len(calls) == 4  # 2 class counts x {PCL, PAUC}
     table = pd.read_csv(tmp_path / "results" / "toy" / "pauc_toy.csv")
     assert list(table.method) == ["pcl", "pauc", "pcl", "pauc"] and list(table.n_classes) == [3, 3, 5, 5]

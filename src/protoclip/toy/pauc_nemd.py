@@ -33,12 +33,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from protoclip.files.atomic import atomic_path, write_text
+from protoclip.files.layout import Layout
 from protoclip.evaluate.metrics import knn as knn_metric
 from protoclip.evaluate.metrics import nemd as nemd_metric
 from protoclip.losses.pauc import pauc_loss
 from protoclip.losses.pcl import PCL_NEGATIVES, build_clusterings, capped_negatives, infonce, protonce
 from protoclip.models.momentum import FeatureQueue, MomentumEncoder
-from protoclip.toy.config import ToyConfig, ToyProject
+from protoclip.toy.config import ToyConfig
 
 log = logging.getLogger(__name__)
 
@@ -193,12 +194,9 @@ def markdown_table(table: pd.DataFrame) -> str:
             + "\n".join(lines) + "\n")
 
 
-def run_toy_nemd(cfg: ToyProject, layout=None) -> Path:
-    """The ``toy-nemd`` stage: every class count x {PCL, PAUC}; writes the figure and the tables."""
-    from protoclip.files.layout import Layout
-
-    layout = layout or Layout.from_config(cfg)
-    tcfg: ToyConfig = cfg.toy
+def toy_nemd(tcfg: ToyConfig, layout: Layout) -> Path:
+    """The ``toy-nemd`` experiment of section ``tcfg``: every class count x {PCL, PAUC}; writes the figure and the
+    tables where ``layout`` names them (:func:`protoclip.toy.stage.run_toy_nemd` is the stage's entry)."""
     threads = torch.get_num_threads()
     # tensors of a few thousand x 64 floats: extra threads only add synchronisation; faiss's OpenMP likewise.
     # Restored afterwards (the stage may run inside a test process).
@@ -240,4 +238,4 @@ def _run(tcfg: ToyConfig, layout) -> Path:
     return paths["figure"]
 
 
-__all__ = ["make_blobs3d", "ToyEncoder", "train_toy", "evaluate_toy", "run_toy_nemd", "METHODS"]
+__all__ = ["make_blobs3d", "ToyEncoder", "train_toy", "evaluate_toy", "toy_nemd", "METHODS"]

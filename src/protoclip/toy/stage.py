@@ -2,11 +2,22 @@
 
     protoclip toy-nemd --config config/config.yaml   # -> results/toy/
 
-The work is :func:`protoclip.toy.pauc_nemd.run_toy_nemd`.
+:func:`run_toy_nemd` is the stage's entry: of the project config it reads the ``toy`` section and the layout, and
+hands them to :func:`protoclip.toy.pauc_nemd.toy_nemd`.
 """
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from protoclip.files.layout import Layout
+from protoclip.toy.config import ToyProject
+from protoclip.toy.pauc_nemd import toy_nemd
+
+
+def run_toy_nemd(cfg: ToyProject, layout: Layout | None = None) -> Path:
+    """The figure and tables of the toy experiment of ``cfg.toy``; returns the figure's path."""
+    return toy_nemd(cfg.toy, layout or Layout.from_config(cfg))
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -14,7 +25,5 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from protoclip.toy.pauc_nemd import run_toy_nemd
-
     run_toy_nemd(args.cfg)
     return 0
