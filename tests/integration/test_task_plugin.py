@@ -1,8 +1,8 @@
 """An evaluation task added as one module reaches every consumer: a toy task declared here the way each module of
 protoclip.evaluate.tasks declares its own (its Task with adapter, settings section, minimum-data rule, chance level,
 resampling unit and MLflow params) is read from the config, planned, evaluated, tabled with its chance level by the
-report, resampled by the claims ledger and accepted by validation while training. No file of the package is edited.
-(tests/integration/test_task_registry.py runs a toy task through collect and a validator as well.)"""
+report, resampled by the claims ledger and run by validation while training. No file of the package is edited.
+(tests/integration/test_task_registry.py runs a toy task through collect as well.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -115,5 +115,21 @@ def test_a_task_module_is_planned_evaluated_reported_and_resampled(toy_task, pro
     assert chance_of(TOY, "top1", examples, {"n_classes": 10})[0] == 10.0
 
 
-def test_a_task_module_marked_for_validation_is_accepted_by_it(toy_task):
-    ValidationConfig(tasks=[TOY]).validate()
+def test_a_task_module_marked_for_validation_runs_while_training(toy_task, project):
+    """Validation scores the model by the task's adapter with the task's own settings."""
+    import torch
+
+    from protoclip import models
+    from protoclip.files.layout import Layout
+    from protoclip.train.config import TrainConfig
+    from protoclip.train.validation import build_validator
+
+    cfg, _ = project
+    cfg.evaluate.toy_below.below = 2
+    tcfg = TrainConfig(method="clip", validation=ValidationConfig(every_episodes=1, dataset="digits", tasks=[TOY]))
+    tcfg.validation.validate()
+    torch.manual_seed(0)
+    model = models.build_model("tiny-rn", head_hidden=32, head_out=16)
+    validator = build_validator(cfg.evaluate, Layout.from_config(cfg), tcfg, model.image_size,
+                                tokenizer=lambda texts: None)
+    assert validator(model)[f"val/{TOY}/top1"] == 20.0  # labels 0 and 1: 4 of digits' 20 test images
