@@ -89,7 +89,7 @@ def prepare_child(pattern: str, out: str, workers: int) -> None:
     """Run the real prepare stage on the shards alone; print one JSON line of timings and peak RSS."""
     from protoclip.project import PathsConfig, ProjectConfig
     from protoclip.data.config import PrepareConfig, UserDataConfig
-    from protoclip.data.corpus.prepare import run_prepare
+    from protoclip.data.stage import run_prepare
 
     cfg = ProjectConfig(paths=PathsConfig(data_dir=Path(out) / "data", results_dir=Path(out) / "results"),
                         prepare=PrepareConfig(offline_sources=[], eval_sets=[], num_workers=workers,

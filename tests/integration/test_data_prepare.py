@@ -18,6 +18,7 @@ from protoclip.project import PathsConfig, ProjectConfig
 from protoclip.data.corpus import debs, evalsets, openclipart, prepare, tuxpaint
 from protoclip.data.config import PrepareConfig, UserDataConfig
 from protoclip.data.corpus.split import split_of
+from protoclip.data.stage import run_prepare
 from protoclip.files.layout import Layout
 from testkit.data import make_png, svg
 
@@ -81,7 +82,7 @@ def world(tmp_path):
 
 def test_prepare_end_to_end(world, capsys):
     cfg, layout = world
-    report = prepare.run_prepare(cfg)
+    report = run_prepare(cfg)
     df = pd.read_parquet(layout.manifest)
     assert list(df.columns) == ["id", "path", "caption", "source", "label", "sha256", "split", "licence", "offset",
                                 "size"]
@@ -127,16 +128,45 @@ def test_prepare_end_to_end(world, capsys):
     assert "tuxpaint" in out and "total" in out
 
 
+def test_the_stage_reads_its_section_and_the_paths_and_hands_on_no_project_config(world, monkeypatch):
+    """run_prepare reads of the project config only what PrepareProject names (the prepare section, the paths),
+    and the work (prepare_corpus) gets the section and the layout, never the config."""
+    import protoclip.data.stage as stage
+    from protoclip.data.config import PrepareProject
+
+    cfg, layout = world
+    members = {name for cls in PrepareProject.__mro__ for name in vars(cls) if not name.startswith("_")}
+    read: set[str] = set()
+
+    class Watched:  # the config, noting each member read
+        def __getattr__(self, name):
+            read.add(name)
+            return getattr(cfg, name)
+
+    handed: list[tuple] = []
+
+    def spy(*args, **kwargs):
+        handed.append((*args, *kwargs.values()))
+        return prepare.prepare_corpus(*args, **kwargs)
+    monkeypatch.setattr(stage, "prepare_corpus", spy)
+    report = stage.run_prepare(Watched())
+    assert report["total"] == {"kept": 6, "dropped": 7}
+    assert read and read <= members, read - members
+    (section, where), = handed
+    assert section is cfg.prepare and isinstance(where, Layout)
+    assert (where.data_dir, where.results_dir) == (layout.data_dir, layout.results_dir)
+
+
 def test_prepare_second_run_is_up_to_date(world, capsys, monkeypatch):
     cfg, layout = world
-    first = prepare.run_prepare(cfg)
+    first = run_prepare(cfg)
     mtime = layout.manifest.stat().st_mtime_ns
 
     def boom(*a, **k):
         raise AssertionError("a second run must not rebuild")
     monkeypatch.setattr(prepare, "build_offline_pairs", boom)
     capsys.readouterr()
-    assert prepare.run_prepare(cfg) == first
+    assert run_prepare(cfg) == first
     assert "up to date" in capsys.readouterr().out
     assert layout.manifest.stat().st_mtime_ns == mtime
     # a changed user-data file or config is not up to date
@@ -157,12 +187,12 @@ def test_config_rejects_bad_user_data_names():
 def test_unusable_user_file_stops_before_anything_prepared_is_touched(world):
     from protoclip.errors import ConfigError
     cfg, layout = world
-    prepare.run_prepare(cfg)
+    run_prepare(cfg)
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in layout.prepared.rglob("*") if p.is_file()}
     csv = Path(cfg.prepare.user_data[0].path)
     csv.write_text("filepath,text\nu1.png,a blue square\n")  # the configured caption column is gone
     with pytest.raises(ConfigError, match=r"pairs.csv: user data 'mine': no column 'caption'"):
-        prepare.run_prepare(cfg)
+        run_prepare(cfg)
     after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in layout.prepared.rglob("*") if p.is_file()}
     assert after == before  # manifest, report, fingerprint, rendered images: untouched
 
@@ -170,7 +200,7 @@ def test_unusable_user_file_stops_before_anything_prepared_is_touched(world):
 def test_stale_temp_files_of_killed_writes_are_cleaned_at_start(world):
     from protoclip.files.atomic import atomic_path, clean_stale_temps
     cfg, layout = world
-    prepare.run_prepare(cfg)
+    run_prepare(cfg)
     # what a write killed inside atomic_path leaves: make one for real, then "kill" it before the rename
     with pytest.raises(KeyboardInterrupt):
         with atomic_path(layout.manifest) as tmp:
@@ -188,7 +218,7 @@ def test_stale_temp_files_of_killed_writes_are_cleaned_at_start(world):
         path.write_bytes(b"x")
     from protoclip.files.atomic import TEMP_NAME
     assert TEMP_NAME.fullmatch(real_tmp.name)  # the pattern matches the names atomic_path really makes
-    prepare.run_prepare(cfg)  # up to date, but the leftovers go
+    run_prepare(cfg)  # up to date, but the leftovers go
     assert not any(p.exists() for p in leftovers) and all(p.exists() for p in keep)
     assert clean_stale_temps(layout.prepared) == []
 
@@ -207,13 +237,13 @@ def test_reader_rules_version_rebuilds_user_data_only(world, monkeypatch):
 def test_replaced_image_behind_an_unchanged_csv_is_not_up_to_date(world, capsys):
     """The fingerprint covers the images a CSV names (size + mtime), not only the CSV."""
     cfg, layout = world
-    prepare.run_prepare(cfg)
+    run_prepare(cfg)
     assert prepare.is_up_to_date(cfg.prepare, layout)
     user = Path(cfg.prepare.user_data[0].path).parent
     make_png(user / "u2.png", "green", "triangle")  # same name, other picture; the CSV is untouched
     assert not prepare.is_up_to_date(cfg.prepare, layout)
     capsys.readouterr()
-    prepare.run_prepare(cfg)
+    run_prepare(cfg)
     assert "up to date" not in capsys.readouterr().out
     df = pd.read_parquet(layout.manifest).set_index("id")
     assert df.loc["mine/u2.png", "sha256"] == hashlib.sha256((user / "u2.png").read_bytes()).hexdigest()
@@ -225,7 +255,7 @@ def test_prepare_killed_after_the_manifest_is_not_trusted(world, monkeypatch, ca
     """Killed between replacing the manifest and writing its fingerprint: a rerun with the earlier config
     must rebuild, not find the earlier fingerprint and trust the other config's manifest."""
     cfg, layout = world
-    prepare.run_prepare(cfg)
+    run_prepare(cfg)
     old = cfg.prepare.heldout_fraction
     cfg.prepare.heldout_fraction = 0.6
 
@@ -233,13 +263,13 @@ def test_prepare_killed_after_the_manifest_is_not_trusted(world, monkeypatch, ca
         raise KeyboardInterrupt  # stands for SIGKILL after write_manifest
     monkeypatch.setattr(prepare, "build_eval_sets", killed)
     with pytest.raises(KeyboardInterrupt):
-        prepare.run_prepare(cfg)
+        run_prepare(cfg)
     monkeypatch.undo()
     assert not layout.prepare_fingerprint.exists()
     cfg.prepare.heldout_fraction = old
     assert not prepare.is_up_to_date(cfg.prepare, layout)
     capsys.readouterr()
-    prepare.run_prepare(cfg)
+    run_prepare(cfg)
     assert "up to date" not in capsys.readouterr().out
     df = pd.read_parquet(layout.manifest)
     assert all(r.split == split_of(r.id, cfg.prepare.seed, old) for r in df.itertuples())
@@ -304,7 +334,7 @@ def test_streamed_manifest_is_the_old_writers_bytes(world, monkeypatch, tmp_path
         captured["offline"] = copy.deepcopy(out)  # before prepare adds its duplicate counts to the drops
         return out
     monkeypatch.setattr(prepare, "build_offline_pairs", keep_offline)
-    report = prepare.run_prepare(cfg)
+    report = run_prepare(cfg)
     offline, offline_drops = captured["offline"]
     user_pairs, user_drops = [], {}
     for u in cfg.prepare.user_data:
@@ -361,7 +391,7 @@ def test_max_pairs_keeps_a_seeded_subset_independent_of_order(tmp_path):
                                                                       path=str(user / "other.csv"))]))
 
     def kept(cfg):
-        report = prepare.run_prepare(cfg)
+        report = run_prepare(cfg)
         df = pd.read_parquet(Layout.from_config(cfg).manifest)
         return set(df[df["source"] == "capped"]["id"]), set(df[df["source"] == "whole"]["id"]), report
 
@@ -395,10 +425,10 @@ def test_a_corpus_the_user_has_not_got_is_skipped_and_the_others_prepared(tmp_pa
                                                   UserDataConfig(name="shards", format="wds",
                                                                  path=str(tmp_path / "absent" / "{0..1}.tar"))]))
     with caplog.at_level("WARNING"):
-        prepare.run_prepare(cfg)
+        run_prepare(cfg)
     df = pd.read_parquet(Layout.from_config(cfg).manifest)
     assert sorted(df["id"]) == [f"have/w{i}.png" for i in range(3)]
     assert any("user data 'imagenet' skipped: imagenet: no file of" in r.getMessage() for r in caplog.records)
     cfg.prepare.user_data = cfg.prepare.user_data[1:]  # nothing there to prepare: the absence is an error
     with pytest.raises(FileNotFoundError, match="train.csv"):
-        prepare.run_prepare(cfg)
+        run_prepare(cfg)

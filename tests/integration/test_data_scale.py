@@ -156,7 +156,7 @@ def test_image_read_error_exits_2_with_one_line_through_the_cli(tmp_path, capsys
 
     def boom(*a, **k):
         raise ImageReadError(f"{tmp_path}/x.png: the image changed since `protoclip prepare`")
-    monkeypatch.setattr("protoclip.data.corpus.prepare.run_prepare", boom)
+    monkeypatch.setattr("protoclip.data.stage.run_prepare", boom)
     conf = tmp_path / "config.yaml"
     conf.write_text(f"paths: {{data_dir: {tmp_path}/data, results_dir: {tmp_path}/results}}\n")
     assert cli.main(["prepare", "--config", str(conf)]) == 2

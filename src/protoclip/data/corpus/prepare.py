@@ -1,7 +1,10 @@
 """The ``prepare`` stage: pinned packages -> caption pairs, manifest, report, eval sets.
 
     protoclip prepare --config config/config.yaml
-    # or: from protoclip.data.corpus.prepare import run_prepare; counts = run_prepare(load_config(...))
+    # or: from protoclip.data.stage import run_prepare; counts = run_prepare(load_config(...))
+
+:func:`prepare_corpus` does the work on the ``prepare`` section and the layout it is handed
+(:func:`protoclip.data.stage.run_prepare`, the stage's entry, narrows the project config to them).
 
 Steps: download/verify/unpack the pinned Debian packages the configured sources need
 (``protoclip.data.corpus.debs``); scan each offline source (``tuxpaint``, ``openclipart``, ``emoji``) and
@@ -46,7 +49,7 @@ import pyarrow.compute as pc
 from protoclip.files.atomic import clean_stale_temps, write_json
 from protoclip.data.corpus import debs, emoji, evalsets, openclipart, tuxpaint, userdata
 from protoclip.data.corpus.captions import english_lexicon
-from protoclip.data.config import PrepareConfig, PrepareProject
+from protoclip.data.config import PrepareConfig
 from protoclip.data.corpus.csvfile import Malformed
 from protoclip.data.corpus.dedup import REASONS, PairDedup, Removed
 from protoclip.data.corpus.images import Candidate, render_all
@@ -264,10 +267,9 @@ def write_deduplicated(path: Path, batches, removed: Removed, drops: dict[str, c
     return kept, splits
 
 
-def run_prepare(cfg: PrepareProject) -> dict:
-    """Build (or confirm up to date) every prepared output; return the report dict."""
-    layout = Layout.from_config(cfg)
-    p: PrepareConfig = cfg.prepare
+def prepare_corpus(p: PrepareConfig, layout: Layout) -> dict:
+    """Build (or confirm up to date) every prepared output of section ``p`` where ``layout`` names them; return
+    the report dict."""
     clean_stale_temps(layout.prepared)  # a killed earlier run's half-written outputs
     current = fingerprint(p, layout)  # before anything is read: a change during the scan shows next time
     if is_up_to_date(p, layout, current):
@@ -353,5 +355,5 @@ def _prepare(layout: Layout, p: PrepareConfig, scratch: Path, current: str) -> d
     return report
 
 
-__all__ = ["FORMAT_VERSION", "run_prepare", "fingerprint", "is_up_to_date", "needed_packages", "format_counts",
+__all__ = ["FORMAT_VERSION", "prepare_corpus", "fingerprint", "is_up_to_date", "needed_packages", "format_counts",
            "write_deduplicated"]
