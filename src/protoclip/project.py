@@ -218,10 +218,24 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
     cfg.source = str(path)
     check_same_quantity(data.get("train") or {}, f"{path}: train")
     check_same_quantity(cfg.train_force, f"{path}: train_force")
+    runs, groups, declared, targets = _read_experiments(cfg, path)
+    _add_config_runs(cfg, path, runs, groups, declared)
+    cfg._runs, cfg._groups = runs, groups
+    _check_targets(cfg, path, targets)
+    cfg._targets = {tid: (t, where) for tid, (t, where, _) in targets.items()}
+    cfg._claims = _read_claims(path, cfg)
+    _check_runs(cfg, path, runs)
+    return cfg
+
+
+def _read_experiments(cfg: ProjectConfig, path: Path) -> tuple[dict, dict, dict, dict]:
+    """The runs (seed-expanded: name -> (overrides, file)), seed groups, runs as declared (before seed expansion,
+    for the identity check) and targets (id -> (target, file, whether its file's runs count)) of the experiment and
+    target files that ``cfg`` lists, in their order."""
     runs: dict[str, tuple[dict, str]] = {}
     groups: dict[str, list[str]] = {}
-    declared: dict[str, tuple[dict, str]] = {}  # as written (before seed expansion), for the identity check
-    targets: dict[str, tuple[Any, str]] = {}
+    declared: dict[str, tuple[dict, str]] = {}
+    targets: dict[str, tuple[Any, str, bool]] = {}
     target_files = [(f, True) for f in cfg.experiments] + [(f, False) for f in cfg.targets if f not in cfg.experiments]
     for exp, with_runs in target_files:
         exp_path = (path.parent / exp) if not Path(exp).is_absolute() else Path(exp)
@@ -248,6 +262,12 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
             if t.id in targets:
                 raise ConfigError(f"{exp_path}: target '{t.id}' is already declared in {targets[t.id][1]}")
             targets[t.id] = (t, str(exp_path), with_runs)
+    return runs, groups, declared, targets
+
+
+def _add_config_runs(cfg: ProjectConfig, path: Path, runs: dict, groups: dict, declared: dict) -> None:
+    """Add the runs the config file itself declares (``runs:``) to ``runs`` / ``groups``; a name the experiment
+    files already define is an error."""
     for name, ov in cfg.runs.items():
         if name in runs or name in groups:
             raise ConfigError(f"{path}: run '{name}' is already defined in {runs.get(name, declared.get(name))[1]}")
@@ -258,19 +278,24 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
             groups[name] = list(expanded)
         for run_name, run_ov in expanded.items():
             runs[run_name] = (run_ov, str(path))
-    cfg._runs, cfg._groups = runs, groups
-    for tid, (t, where, with_runs) in targets.items():  # a target of a listed experiment must have runs here
+
+
+def _check_targets(cfg: ProjectConfig, path: Path, targets: dict) -> None:
+    """A target of a listed experiment must have runs here, and its columns' sets must be configured."""
+    for tid, (t, where, with_runs) in targets.items():
         wanted = [r.run for r in t.rows if r.run]
         if with_runs and wanted and not t.resolved(cfg).runs_configured(cfg):
             raise ConfigError(f"{where}: target '{tid}': none of its rows' runs ({wanted}) is defined")
         if with_runs:
             _check_columns_have_sets(t, where, cfg.evaluate.datasets, path)
-    cfg._targets = {tid: (t, where) for tid, (t, where, _) in targets.items()}
-    cfg._claims = _read_claims(path, cfg)
+
+
+def _check_runs(cfg: ProjectConfig, path: Path, runs: dict) -> None:
+    """Validate every run now, not when it starts training: its data sources and its validation set."""
     # the prepared sources a run can train on: 'offline' only while prepare.offline_sources lists some (with none,
     # the default train.data [offline] would read no pairs: a pyarrow error deep in training, before this check)
     sources = {u.name for u in cfg.prepare.user_data} | ({"offline"} if cfg.prepare.offline_sources else set())
-    for name in runs:  # validate every run now, not when it starts training
+    for name in runs:
         tcfg = cfg.run(name)
         unknown = [] if tcfg.pretrained.enabled else [d for d in tcfg.data if d not in sources]
         if not tcfg.data and not tcfg.pretrained.enabled:
@@ -288,7 +313,6 @@ def load_config(path: str | Path = "config/config.yaml", overrides: dict | None 
             raise ConfigError(f"{runs[name][1]}: run '{name}': validation.dataset '{val.dataset}' is not a set of "
                               f"evaluate.datasets in {path} (configured: "
                               f"{', '.join(sorted(cfg.evaluate.datasets)) or 'none'}; {HELDOUT} needs no entry)")
-    return cfg
 
 
 __all__ = ["ProjectConfig", "PathsConfig", "load_config", "expand_seeds"]

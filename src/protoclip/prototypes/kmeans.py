@@ -334,19 +334,8 @@ def kmeans(
     """
     xt = _as_float_tensor(x)
     n, d = xt.shape
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"kmeans: k must be a positive int, got {k!r}")
-    k = int(k)
-    if k > n:
-        raise ValueError(f"kmeans: k={k} clusters requested but only N={n} samples given (need k <= N)")
-    if iters < 0:
-        raise ValueError(f"kmeans: iters must be >= 0, got {iters}")
-    if init not in ("kmeans", "random", "kmeans++"):
-        raise ValueError(f"kmeans: init must be 'kmeans', 'random' or 'kmeans++', got {init!r}")
-    if nredo < 1:
-        raise ValueError(f"kmeans: nredo must be >= 1, got {nredo}")
+    k = _checked_k(k, n, iters, init, nredo)
     n_iter = 0 if init == "random" else int(iters)
-
     init_t: torch.Tensor | None = None
     if init_centroids is not None:
         init_t = _as_float_tensor(init_centroids).to(xt.device)
@@ -356,22 +345,7 @@ def kmeans(
     chosen = resolve_backend(backend, xt.device, gpu)
     best: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     for redo in range(1 if init_t is not None else nredo):
-        run_seed = int(seed) + redo
-        start = init_t
-        if start is None and init == "kmeans++":
-            start = kmeanspp_init(xt, k, run_seed)
-        if chosen == "torch":
-            if start is None:
-                start = random_init(xt, k, run_seed)
-                if spherical:
-                    start = _normalize(start)
-            centroids, n_split = _lloyd_torch(xt, start, n_iter, spherical)
-            if n_split:
-                logger.debug("kmeans[torch]: %d empty-cluster splits", n_split)
-        else:
-            init_np = None if start is None else start.cpu().numpy()
-            cent_np = _lloyd_faiss(xt.cpu().numpy(), k, init_np, n_iter, run_seed, spherical, gpu=(chosen == "faiss-gpu"))
-            centroids = torch.from_numpy(cent_np).to(xt.device)
+        centroids = _one_run(xt, k, init_t, init, chosen, int(seed) + redo, n_iter, spherical)
         # Final assignment with the returned centroids, as the authors do with kmeans.index.search(x, 1)
         # [ref-code clustering.py]; computed in torch for both backends so the objective is defined identically.
         labels, dists = assign(xt, centroids)
@@ -383,6 +357,42 @@ def kmeans(
     objective = float(dists.double().sum())
     logger.info("kmeans[%s]: N=%d d=%d k=%d iters=%d objective=%.6g empty=%d", chosen, n, d, k, n_iter, objective, n_empty)
     return KMeansResult(centroids, labels, objective, sizes, n_empty, chosen)
+
+
+def _checked_k(k: int, n: int, iters: int, init: str, nredo: int) -> int:
+    """:func:`kmeans`'s arguments checked (a ValueError naming the first bad one); ``k`` as an int."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"kmeans: k must be a positive int, got {k!r}")
+    k = int(k)
+    if k > n:
+        raise ValueError(f"kmeans: k={k} clusters requested but only N={n} samples given (need k <= N)")
+    if iters < 0:
+        raise ValueError(f"kmeans: iters must be >= 0, got {iters}")
+    if init not in ("kmeans", "random", "kmeans++"):
+        raise ValueError(f"kmeans: init must be 'kmeans', 'random' or 'kmeans++', got {init!r}")
+    if nredo < 1:
+        raise ValueError(f"kmeans: nredo must be >= 1, got {nredo}")
+    return k
+
+
+def _one_run(xt: torch.Tensor, k: int, start: torch.Tensor | None, init: str, chosen: str, run_seed: int,
+             n_iter: int, spherical: bool) -> torch.Tensor:
+    """One k-means run's centroids [k, d] on ``xt``'s device: from ``start`` (given centroids), else k-means++
+    seeds or the backend's own random draw with ``run_seed``, then ``n_iter`` Lloyd iterations on ``chosen``."""
+    if start is None and init == "kmeans++":
+        start = kmeanspp_init(xt, k, run_seed)
+    if chosen == "torch":
+        if start is None:
+            start = random_init(xt, k, run_seed)
+            if spherical:
+                start = _normalize(start)
+        centroids, n_split = _lloyd_torch(xt, start, n_iter, spherical)
+        if n_split:
+            logger.debug("kmeans[torch]: %d empty-cluster splits", n_split)
+        return centroids
+    init_np = None if start is None else start.cpu().numpy()
+    cent_np = _lloyd_faiss(xt.cpu().numpy(), k, init_np, n_iter, run_seed, spherical, gpu=(chosen == "faiss-gpu"))
+    return torch.from_numpy(cent_np).to(xt.device)
 
 
 __all__ = [
