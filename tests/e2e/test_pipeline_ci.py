@@ -167,25 +167,26 @@ def check_project(root: Path, cfg_file: Path, args: tuple) -> None:
 
 
 def check_ledger(cfg, results: Path) -> None:
-    """The claims ledger lists every claim of config/claims.yaml with a verdict, never blank: "not run" with its
-    reason where this config has no runs (or data) for it; the claims on runs the fixture trains have intervals;
+    """The claims ledger lists every claim of config/claims.yaml with a verdict, never blank: "not run", "skipped"
+    or "unavailable" with its reason where this config has no runs (or data, or no evaluation) for it; the claims on runs the fixture trains have intervals;
     the paper tables' difference rows carry theirs."""
-    from protoclip.claims.ledger import NOT_RUN, VERDICTS
+    from protoclip.claims.ledger import NOT_JUDGED, SKIPPED, VERDICTS
 
     ledger = pd.read_csv(results / "tables" / "claims.csv")
     assert list(ledger["id"]) == [c.id for c in cfg.paper_claims()] and len(ledger) >= 40
     for question in ("direction", "magnitude"):
         assert ledger[question].isin(VERDICTS).all(), ledger[["id", question]].to_string()
     assert not ledger["magnitude"].isin(["reproduced", "contradicted"]).any()  # offline: no magnitude decided
-    not_run = ledger[ledger["verdict"] == NOT_RUN]
+    not_run = ledger[ledger["verdict"].isin(NOT_JUDGED)]
     assert not_run["reason"].fillna("").str.len().gt(0).all(), not_run[["id", "reason"]].to_string()
     ran = ledger.set_index("id")
     for cid in ("cc_linear_32ep", "cc_zeroshot_32ep", "f9_epoch_overhead", "f9_extraction_share", "xclip_zeroshot",
                 "nclip_zeroshot", "xclip_retrieval", "multitoken_zeroshot", "pauc_vs_pcl_linear"):
-        assert ran.loc[cid, "verdict"] != NOT_RUN, (cid, ran.loc[cid, "reason"])
+        assert ran.loc[cid, "verdict"] not in NOT_JUDGED, (cid, ran.loc[cid, "reason"])
         assert ran.loc[cid, "ci_low"] <= ran.loc[cid, "ours"] <= ran.loc[cid, "ci_high"], cid
     assert "run t3_no_roberta is not configured" in ran.loc["t10_proto", "reason"]  # not trained by the fixture
     assert ran.loc["t6_nine_of_fourteen", "reason"].startswith("Birdsnap: skipped: birdsnap not found")
+    assert ran.loc["t6_nine_of_fourteen", "verdict"] == SKIPPED  # its runs trained; a set's data is absent
     assert (results / "figures" / "claims.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     t5 = (results / "tables" / "table_V.md").read_text()
     assert re.search(r"\| [+-]\d+\.\d\d \[[+-]?\d+\.\d\d, [+-]?\d+\.\d\d\] \|", t5), t5[-3000:]

@@ -518,7 +518,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     assert nk.verdict == NOT_RUN and "nokeep: no per-example results for linear on digits" in nk.reason
     assert nk.ours == pytest.approx(5.0)  # the point stands without an interval
     assert by["absent"].verdict == NOT_RUN and "target table_nowhere is not declared" in by["absent"].reason
-    assert by["untestable"].verdict == NOT_RUN and by["untestable"].reason == "no such run here"
+    assert by["untestable"].verdict == ledger.UNAVAILABLE and by["untestable"].reason == "no such run here"
     # costs: shares paired within each run (extraction 1 / 3 of the training phase), overhead between runs
     assert by["share"].ours == pytest.approx(100 / 3, rel=0.03) and by["share"].direction == NOT_TESTED
     assert by["share"].runs == "a (3 seeds)" and by["share"].hi - by["share"].lo < 5
@@ -545,7 +545,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     js = json.loads(files.json.read_text())
     assert js["planted"]["direction"] == REPRODUCED and js["planted"]["margin"] == 5.0
     md = files.md.read_text()
-    assert "+10.00 [" in md and f"{len(rows)} distinct claims, 5 not run" in md
+    assert "+10.00 [" in md and f"{len(rows)} distinct claims, 4 not run, 0 skipped, 1 unavailable" in md
     assert "| not resolved; not the paper's scale" in md  # a point's magnitude: no 90 % interval printed
     # the first line counts decisive rows only: the not-decisive and at-chance ones apart
     assert ("direction (24 tested): 10 decisive (7 reproduced, 3 contradicted, Holm within each paper), "
@@ -554,7 +554,7 @@ def test_planted_ledger_asks_both_questions_offline(planted):
     # each question counted over the rows whose claim asks it, as the rows give it: the at-chance rows ask no
     # magnitude, so the magnitudes are the 8 claims with a magnitude test (3 differences and counts, 4 costs, the
     # equilibrium)
-    asked = [r for r in rows if r.claim.magnitude != "none" and r.magnitude != NOT_RUN]
+    asked = [r for r in rows if r.claim.magnitude != "none" and r.magnitude not in ledger.NOT_JUDGED]
     assert len(asked) == 8 and "magnitude (8 tested): 0 decisive (0 reproduced, 0 contradicted), 8 not resolved" in md
     assert "m = 5: [5, 15]" in md and "what it would take" in md
     # each margin beside the seed spread its interval used: planted's own seeds (a's 3, b's 1), not c's

@@ -178,6 +178,7 @@ def test_first_line_counts_each_question_over_the_rows_that_ask_it():
     assert (rows[3].direction, rows[3].magnitude) == (ledger.AT_CHANCE, ledger.AT_CHANCE)
     assert rows[2].verdict == ledger.AT_CHANCE and rows[2].p is None and rows[2].reason == "b at chance"
     text = summary_text(rows)
-    assert text == ("5 distinct claims, 1 not run; direction (4 tested): 1 decisive (1 reproduced, 0 contradicted, "
-                    "Holm within each paper), 1 not resolved, 2 at chance: not judged; magnitude (2 tested): 0 "
-                    "decisive (0 reproduced, 0 contradicted), 1 not resolved, 1 at chance: not judged")
+    assert text == ("5 distinct claims, 1 not run, 0 skipped, 0 unavailable; direction (4 tested): 1 decisive (1 "
+                    "reproduced, 0 contradicted, Holm within each paper), 1 not resolved, 2 at chance: not judged; "
+                    "magnitude (2 tested): 0 decisive (0 reproduced, 0 contradicted), 1 not resolved, 1 at chance: "
+                    "not judged")

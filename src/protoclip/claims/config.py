@@ -98,7 +98,7 @@ class ClaimConfig:
     margin: float | None = None  # m, in the ledger's unit, fixed before any number of ours (margin_why says how)
     margin_why: str = ""  # the margin's justification, printed with the claim
     phase: str | None = None  # `share`: extract | kmeans | pbt
-    unavailable: str | None = None  # no target of the project can test it: the reason (the claim reads not run)
+    unavailable: str | None = None  # no target of the project can test it: the reason (the claim reads unavailable)
     note: str = ""  # our reading and the offline stand-ins, printed with the claim
     also: list[Citation] = field(default_factory=list)  # other places the paper prints this claim
     # the ledger's unit where neither the kind nor the column says it ("% of memory", "logit scale"); None:

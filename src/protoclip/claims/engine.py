@@ -31,10 +31,11 @@ from protoclip.claims import grid, ledger
 from protoclip.claims.bootstrap import Component, CountsCache, MutualInfo, Units, resample_runs
 from protoclip.claims.config import ClaimConfig, ClaimsConfig
 from protoclip.claims.intervals import Estimate, combine, holm
-from protoclip.claims.rows import HOLM_ALPHA, LedgerRow, NotRun, Side, at_chance, claim_sign, finish, judge, \
-    judge_estimate
+from protoclip.claims.rows import HOLM_ALPHA, LedgerRow, NotRun, Side, Skipped, Unavailable, at_chance, claim_sign, \
+    finish, judge, judge_estimate
 from protoclip.claims.units import chance_of, examples_kind, init_variance, metric_units
 from protoclip.files import records
+from protoclip.tasks import TaskStatus
 
 
 # a resolved paper target and one of its columns (protoclip.report.paper_targets.TargetConfig, ColumnConfig): the
@@ -48,6 +49,7 @@ class ClaimsProject(Protocol):
 
     claims: ClaimsConfig
     source: Any
+    evaluate: Any  # its datasets' `tasks`: a task a set leaves out is skipped, not "not run"
 
     def paper_targets(self) -> list: ...
     def run_group(self, base: str) -> list[str]: ...
@@ -221,7 +223,7 @@ class ClaimEngine:
         row = LedgerRow(claim)
         try:
             if claim.unavailable:
-                raise NotRun(claim.unavailable)
+                raise Unavailable(claim.unavailable)
             target = None if claim.kind == "toy" else self.target(claim)
             if claim.kind in ("best", "most", "equilibrium", "toy"):  # grids and tables (protoclip.claims.grid)
                 return grid.evaluate(self, claim, target, row)
@@ -239,7 +241,7 @@ class ClaimEngine:
             else:
                 self._cost(claim, runs_a, runs_b, row)
         except NotRun as why:
-            row.direction = row.magnitude = ledger.NOT_RUN
+            row.direction = row.magnitude = why.verdict
             row.reason = str(why)
         finally:
             row.seconds = time.perf_counter() - t0
@@ -263,10 +265,11 @@ class ClaimEngine:
             cells = [self.results.cell(base, col, sets) for base in (base_a, base_b)]
             missing = next((c for c in cells if c.mean is None), None)
             if missing is not None:
+                why = self._why_empty(missing.note, runs_a + runs_b, col, sets)
                 if claim.kind == "count" or len(claim.columns) > 1:
-                    raise NotRun(f"{label}: {self._why_empty(missing.note, runs_a + runs_b, col, sets)}"
-                                 + (f" ({len(claim.columns)} sets needed)" if claim.kind == "count" else ""))
-                raise NotRun(self._why_empty(missing.note, runs_a + runs_b, col, sets))
+                    why = type(why)(f"{label}: {why}" + (f" ({len(claim.columns)} sets needed)"
+                                                         if claim.kind == "count" else ""))
+                raise why
             columns.append((col, sets))
             diffs.append(cells[0].mean - cells[1].mean)
             notes.append(note)
@@ -438,8 +441,10 @@ class ClaimEngine:
         if len(runs_a) == 1 and (stat == "single" or len(runs_b) == 1):
             row.seed_note = "one run a side: episodes only, the spread between repeated runs not measured"
 
-    def _why_empty(self, note: str, runs: list[str], col: Column, sets: list[str]) -> str:
-        """The one-line reason of an empty cell: the first skip line of its runs' result files, or the note."""
+    def _why_empty(self, note: str, runs: list[str], col: Column, sets: list[str]) -> NotRun:
+        """Why a cell is empty, as the exception its claim raises: :class:`Skipped` where data is absent (the first
+        skip line of its runs' result files, or its runs' training data) or the set's ``tasks`` leave the task
+        out, :class:`NotRun` naming the note else."""
         for r in runs:
             # a set whose data is missing has no evaluation folder: `collect` put its skip line in metrics.json
             summary = self.results.summary(r).get(col.task, {})
@@ -447,9 +452,16 @@ class ClaimEngine:
                 result = self.results.metrics(r, col.task, d) or summary.get(d)
                 if (line := records.skip_line(result)) is not None:
                     more = sum(self.results.value(r, col.task, x, col.metric) is None for x in sets) - 1
-                    return line + (f" (and {more} more of {len(sets)} sets)" if more > 0 else "")
-        return {"no result": f"no result of {col.task} {col.metric} on {' + '.join(sets)} for {', '.join(runs)}"
-                }.get(note, note or "no result")
+                    kind = Skipped if records.status_of(result).state == TaskStatus.MISSING else NotRun
+                    return kind(line + (f" (and {more} more of {len(sets)} sets)" if more > 0 else ""))
+        if note.startswith("skipped: "):  # the runs' training data is absent (Results.skipped_run)
+            return Skipped(note)
+        left_out = [d for d in sets if d in self.cfg.evaluate.datasets
+                    and col.task not in self.cfg.evaluate.datasets[d].tasks]
+        if left_out:
+            return Skipped(f"skipped: {col.task} is not among evaluate.datasets.{left_out[0]}.tasks here")
+        return NotRun({"no result": f"no result of {col.task} {col.metric} on {' + '.join(sets)} for "
+                                    f"{', '.join(runs)}"}.get(note, note or "no result"))
 
 
 def judge_claims(engine: ClaimEngine, claims: list[ClaimConfig]) -> list[LedgerRow]:

@@ -35,13 +35,18 @@ CONTRADICTED = "contradicted"
 NOT_RESOLVED = "not resolved"
 NOT_TESTED = "not tested"  # the claim asks no such question (direction: none / magnitude: none)
 NOT_RUN = "not run"
+# the runs are configured but the data a run or an evaluation needs is absent here, or this configuration leaves
+# the evaluation out (a set's `tasks`): the reason names which
+SKIPPED = "skipped"
+UNAVAILABLE = "unavailable"  # no run or evaluation of this project can test it (claims.yaml `unavailable`)
 NOT_DECISIVE = "examples only: not decisive"  # one seed a side and no seed spread of the task to combine
 AT_CHANCE = "at chance: not judged"  # a side whose score is not above its chance level by its interval
 # one run a side of a score with no test examples to resample (NEMD: a mean over class pairs): a point, no interval
 ONE_VALUE = "one value a side: not decisive"
 OUTCOMES = (REPRODUCED, CONTRADICTED, NOT_RESOLVED)
-VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_TESTED, NOT_RUN, NOT_DECISIVE, AT_CHANCE,
-            ONE_VALUE)  # of each question
+VERDICTS = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, NOT_TESTED, NOT_RUN, SKIPPED, UNAVAILABLE, NOT_DECISIVE,
+            AT_CHANCE, ONE_VALUE)  # of each question
+NOT_JUDGED = (NOT_RUN, SKIPPED, UNAVAILABLE)  # no number of ours to judge: the row gives the reason
 ONE_SEED = "examples only, seed spread not measured"
 NO_SPREAD = "seed spread not measured on both sides"
 OFFLINE = "not the paper's scale (claims.paper_scale: false)"
@@ -68,7 +73,12 @@ RULES = {
                 "decisive",
     "chance": "each side's score against its chance level (top-1: 1 / classes, top-5: 5 / classes, R@k: k / "
               "candidates, ARI / AMI: 0); a side whose 95 % interval does not lie above it: at chance: not judged",
-    "not run": "the runs, the data set or the per-example results are absent (the reason is given)",
+    "not run": "the runs or the per-example results the claim needs are not among this configuration's results (the "
+               "reason is given)",
+    "skipped": "its runs are configured, but the data a run or an evaluation needs is absent, or this configuration "
+               "leaves that evaluation out (the reason names which)",
+    "unavailable": "no run or evaluation of this project can test it (claims.yaml `unavailable`: the data, evaluation "
+                   "or hardware it would need)",
     "one value": "a score with no test examples to resample (NEMD) is judged on its seeds' spread alone (the "
                  "pooled two-sample t interval); one run a side gives a point and no interval: one value a side: "
                  "not decisive",
@@ -166,9 +176,9 @@ def gate_magnitude(raw: str, paper_scale: bool, seed_measured: bool) -> tuple[st
 
 
 def verdict_text(direction: str, magnitude: str) -> str:
-    """What held, in words: ``direction reproduced, magnitude not resolved``; ``not run`` and ``at chance: not
-    judged`` alone."""
-    for alone in (NOT_RUN, AT_CHANCE):
+    """What held, in words: ``direction reproduced, magnitude not resolved``; ``not run``, ``skipped``,
+    ``unavailable`` and ``at chance: not judged`` alone."""
+    for alone in (*NOT_JUDGED, AT_CHANCE):
         if alone in (direction, magnitude):
             return alone
     parts = [f"direction {direction}" if direction != NOT_TESTED else "",
@@ -188,7 +198,8 @@ def with_interval(point: float, lo: float, hi: float, digits: int = 2, sign: boo
     return f"{f(point)} [{f(lo)}, {f(hi)}]"
 
 
-__all__ = ["REPRODUCED", "CONTRADICTED", "NOT_RESOLVED", "NOT_TESTED", "NOT_RUN", "OUTCOMES", "VERDICTS", "RULES",
+__all__ = ["REPRODUCED", "CONTRADICTED", "NOT_RESOLVED", "NOT_TESTED", "NOT_RUN", "SKIPPED", "UNAVAILABLE",
+           "NOT_JUDGED", "OUTCOMES", "VERDICTS", "RULES",
            "ONE_SEED", "NO_SPREAD", "OFFLINE", "NOT_DECISIVE", "AT_CHANCE", "ONE_VALUE", "direction_verdict",
            "sign_test", "sign_verdict", "chance_level", "decide", "magnitude_verdict", "gate_magnitude",
            "verdict_text", "signed", "with_interval"]

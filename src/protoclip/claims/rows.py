@@ -23,7 +23,21 @@ UNITS = {"difference": "points", "gain": "points", "count": "sets", "share": "% 
 
 
 class NotRun(Exception):
-    """Why a claim (or an interval) cannot be decided: its one-line reason."""
+    """Why a claim (or an interval) cannot be decided: its one-line reason; ``verdict`` is the row's."""
+
+    verdict = ledger.NOT_RUN
+
+
+class Skipped(NotRun):
+    """The claim's runs are configured, but data they or their evaluation need is absent (or left out here)."""
+
+    verdict = ledger.SKIPPED
+
+
+class Unavailable(NotRun):
+    """No run or evaluation of this project can test the claim (claims.yaml ``unavailable``)."""
+
+    verdict = ledger.UNAVAILABLE
 
 @dataclass
 class Side:
@@ -111,8 +125,8 @@ class LedgerRow:
 
     def rules(self) -> str:
         c = self.claim
-        if self.direction == ledger.NOT_RUN:
-            return ledger.RULES["not run"]
+        if self.direction in ledger.NOT_JUDGED:
+            return ledger.RULES[self.direction]
         out = []
         if self.direction == ledger.ONE_VALUE:
             out.append("direction: " + ledger.RULES["one value"])
@@ -239,14 +253,14 @@ def finish(rows: list[LedgerRow], settings: ClaimsConfig) -> list[LedgerRow]:
     (:func:`needs_text`)."""
     for r in rows:
         est = r.estimate
-        if r.claim.kind == "best" and r.direction not in (ledger.NOT_RUN, ledger.AT_CHANCE) and not all(
+        if r.claim.kind == "best" and r.direction not in (*ledger.NOT_JUDGED, ledger.AT_CHANCE) and not all(
                 e.seed_measured for e, _ in r.set_estimates) and (spread := task_spread(r, rows)) is not None:
             var, dof, source = spread
             r.set_estimates = [(e if e.seed_measured else e.with_seed_spread(var, dof, source), d)
                                for e, d in r.set_estimates]
             judge_best(r, settings)
         if est is None or est.seed_measured or r.claim.kind != "difference" or r.direction in (
-                ledger.NOT_RUN, ledger.AT_CHANCE):
+                *ledger.NOT_JUDGED, ledger.AT_CHANCE):
             continue
         spread = task_spread(r, rows)
         if spread is not None:
@@ -255,7 +269,7 @@ def finish(rows: list[LedgerRow], settings: ClaimsConfig) -> list[LedgerRow]:
             judge_estimate(r, est.with_seed_spread(var, dof, source), settings)
             r.ours = ours
     tested = [r for r in rows if r.p is not None and r.direction not in (ledger.NOT_DECISIVE, ledger.AT_CHANCE,
-                                                                         ledger.NOT_RUN)]
+                                                                         *ledger.NOT_JUDGED)]
     for paper in dict.fromkeys(r.claim.paper for r in tested):
         family = [r for r in tested if r.claim.paper == paper]
         for r, adj in zip(family, holm([r.p for r in family])):
@@ -382,8 +396,9 @@ def _count_needs(row: LedgerRow, rows: list[LedgerRow]) -> str:
 def summary_text(rows: list[LedgerRow]) -> str:
     """Counts of distinct claims (each claim is one row; one claim printed twice by a paper is one row), each
     question counted over the rows whose claim asks it (``direction`` / ``magnitude`` not ``none``)."""
-    ran = [r for r in rows if r.direction != ledger.NOT_RUN]
-    parts = [f"{len(rows)} distinct claims, {len(rows) - len(ran)} not run"]
+    ran = [r for r in rows if r.direction not in ledger.NOT_JUDGED]
+    parts = [f"{len(rows)} distinct claims, " + ", ".join(
+        f"{sum(r.direction == v for r in rows)} {v}" for v in ledger.NOT_JUDGED)]
     for q in ("direction", "magnitude"):
         vals = [getattr(r, q) for r in ran if getattr(r.claim, q) != "none" and getattr(r, q) != ledger.NOT_TESTED]
         if vals:
@@ -397,6 +412,7 @@ def summary_text(rows: list[LedgerRow]) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["UNITS", "HOLM_ALPHA", "PLANNING_FLOOR", "NotRun", "Side", "LedgerRow", "claim_sign", "judge",
+__all__ = ["UNITS", "HOLM_ALPHA", "PLANNING_FLOOR", "NotRun", "Skipped", "Unavailable", "Side", "LedgerRow",
+           "claim_sign", "judge",
            "judge_estimate", "judge_best", "at_chance", "finish", "task_spread", "used_spread", "needs_text",
            "summary_text"]

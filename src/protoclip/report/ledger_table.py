@@ -25,7 +25,7 @@ import pandas as pd
 from protoclip.claims import ledger
 from protoclip.claims.config import ClaimConfig
 from protoclip.claims.engine import ClaimEngine, judge_claims
-from protoclip.claims.rows import LedgerRow, NotRun, summary_text
+from protoclip.claims.rows import LedgerRow, summary_text
 from protoclip.files import records
 from protoclip.files.atomic import atomic_path, write_text
 from protoclip.files.layout import ClaimsFiles, Layout
@@ -44,7 +44,7 @@ def ledger_frame(rows: list[LedgerRow]) -> pd.DataFrame:
 
 
 def _magnitude_cell(r: LedgerRow) -> str:
-    if r.magnitude in (ledger.NOT_RUN, ledger.NOT_TESTED):
+    if r.magnitude in (*ledger.NOT_JUDGED, ledger.NOT_TESTED):
         return r.magnitude
     iv = f": 90 % {r._fmt(r.ours, r.lo90, r.hi90)}" if r.lo90 is not None else ""  # none: a point only
     return f"{r.magnitude}{iv}" + (f"; {r.magnitude_why}" if r.magnitude_why else "")
@@ -96,7 +96,8 @@ def rule_text(cfg: ReportProject) -> str:
             f"{ledger.RULES['at_most']}. "
             f"{ledger.RULES['gate'].capitalize()}. Decisive: {ledger.RULES['decisive']}. Chance: "
             f"{ledger.RULES['chance']}. Holm: {ledger.RULES['holm']}. One value: {ledger.RULES['one value']}. "
-            f"This ledger: {scale}. Not run: {ledger.RULES['not run']}.")
+            f"This ledger: {scale}. Not run: {ledger.RULES['not run']}. Skipped: {ledger.RULES['skipped']}. "
+            f"Unavailable: {ledger.RULES['unavailable']}.")
 
 
 def write_ledger(cfg: ReportProject, rows: list[LedgerRow]) -> ClaimsFiles:
@@ -129,7 +130,8 @@ def write_ledger(cfg: ReportProject, rows: list[LedgerRow]) -> ClaimsFiles:
 
 
 COLORS = {ledger.REPRODUCED: "#2a9d4b", ledger.CONTRADICTED: "#c0392b", ledger.NOT_RESOLVED: "#7f7f7f",
-          ledger.NOT_TESTED: "#7f7f7f", ledger.NOT_RUN: "#bbbbbb", ledger.NOT_DECISIVE: "#7f7f7f",
+          ledger.NOT_TESTED: "#7f7f7f", ledger.NOT_RUN: "#bbbbbb", ledger.SKIPPED: "#bbbbbb",
+          ledger.UNAVAILABLE: "#bbbbbb", ledger.NOT_DECISIVE: "#7f7f7f",
           ledger.ONE_VALUE: "#7f7f7f",
           ledger.AT_CHANCE: "#bbbbbb"}
 
@@ -230,5 +232,4 @@ def log_ledger(cfg: ReportProject, tracker) -> None:
         tracker.log_artifact(path, "claims")
 
 
-# NotRun (protoclip.claims.rows) stays importable here for the report's tables (protoclip.report.paper_tables)
-__all__ = ["NotRun", "run_ledger", "write_ledger", "forest_plot", "log_ledger", "rule_text"]
+__all__ = ["run_ledger", "write_ledger", "forest_plot", "log_ledger", "rule_text"]
