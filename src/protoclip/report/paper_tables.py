@@ -20,6 +20,7 @@ import pandas as pd
 
 from protoclip.files.atomic import atomic_path, write_text
 from protoclip.claims.ledger import signed, with_interval
+from protoclip.claims.rows import NotRun
 from protoclip.files.layout import Layout
 from protoclip.report.paper_targets import ReportProject, TargetConfig
 from protoclip.report.values import Cell, Results, paper_numbers, paper_value
@@ -53,7 +54,7 @@ def run_label(cfg: ReportProject, base: str | None) -> str:
 def build_table(cfg: ReportProject, results: Results, target: TargetConfig,
                 engine=None) -> tuple[pd.DataFrame, str, list[dict]]:
     """(display table, caption, long records) of a table target. ``engine``: a
-    :class:`protoclip.report.ledger_table.ClaimEngine` giving the difference rows their intervals (None: points only)."""
+    :class:`protoclip.claims.engine.ClaimEngine` giving the difference rows their intervals (None: points only)."""
     entry = paper_numbers(target.paper_key)
     columns = []
     mappings, chance = [], {}  # chance: {task: {set: its chance level}} of the columns whose task states one
@@ -129,8 +130,6 @@ def difference_row(target: TargetConfig, columns: list, cells: dict[str, dict[st
     """(table line, long records) of a difference row: ours = minuend mean - subtrahend mean (same columns, same
     data sets), signed as the paper prints, with its interval when ``engine`` can resample it (``runs``: paper
     row key -> our run group); paper = its printed difference (``paper_numbers.yaml``)."""
-    from protoclip.report.ledger_table import NotRun
-
     a, b = cells.get(diff["minuend"], {}), cells.get(diff["subtrahend"], {})
     line = {("", "ours: run"): f"difference of our means: {diff['minuend']} - {diff['subtrahend']}"}
     recs = []

@@ -225,19 +225,6 @@ class Results:
                     n=len(rel))
 
 
-def episode_times(log_path: Path) -> dict[str, np.ndarray] | None:
-    """Seconds of each episode phase per episode, ``{phase: [episodes]}`` plus ``total`` (their sum), in episode
-    order; None without a log. A resumed run may repeat an episode record: the last record of each episode
-    counts. The claims ledger resamples these (protoclip.report.ledger_table)."""
-    per_episode = {int(rec["episode"]): rec for rec in records.read_train_log(log_path, kind="episode")}
-    if not per_episode:
-        return None
-    recs = [per_episode[e] for e in sorted(per_episode)]
-    out = {s: np.array([float(r.get(f"time/{s}", 0.0)) for r in recs]) for s in PHASES}
-    out["total"] = sum(out[s] for s in PHASES)
-    return out
-
-
 def phase_times(log_path: Path) -> dict[str, float] | None:
     """Seconds per episode phase summed over a run's episodes, plus ``total`` and ``episodes``; None without a
     log.
@@ -253,5 +240,5 @@ def phase_times(log_path: Path) -> dict[str, float] | None:
     return out if math.isfinite(out["total"]) else None
 
 
-__all__ = ["PaperNumber", "paper_numbers", "paper_value", "Cell", "Results", "phase_times", "episode_times", "mean_std",
+__all__ = ["PaperNumber", "paper_numbers", "paper_value", "Cell", "Results", "phase_times", "mean_std",
            "PHASES"]
