@@ -41,11 +41,14 @@ GROUPS = {
     # Snakemake on the repository itself: each run with --config or two config files rewrites the one resolved
     # config (.snakemake/protoclip/config.yaml) that the test then reads
     "repo-snakemake": ("tests/e2e/test_workflow.py",),
+    # one module-scoped DAG read by both tests of the file
+    "related-miniature": ("tests/e2e/test_paper_related_miniature.py",),
 }
 GROUP_OF_FIXTURE = {"slurm_cluster": "slurm", "mlflow_server": "tracking-server"}
 # Started first, on different workers (longest first: the suite ends when its longest worker does): the SLURM
-# group (~13 min with the paper miniature) and the offline default's DAG (~8 min under the fork server).
-LONGEST = ("slurm", "tests/e2e/test_pipeline_ci.py")
+# group (~13 min with the paper miniature), the offline default's DAG (~8 min under the fork server) and the related
+# papers' miniature.
+LONGEST = ("slurm", "tests/e2e/test_pipeline_ci.py", "related-miniature")
 
 
 def group_of(nodeid: str) -> str | None:

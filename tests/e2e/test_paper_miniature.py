@@ -39,7 +39,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -52,8 +51,8 @@ from protoclip.files.records import read_train_log
 from protoclip.config.strict import read_yaml
 from protoclip.teacher.encoders import packaged_path
 from testkit import REPO
-from testkit.data import COLORS, SHAPES, add_member, make_png
 from testkit.processes import project_env, run
+from testkit.paper import shards
 from testkit.slurm import SlurmWatch, job_logs
 from testkit.tmpdirs import module_folder
 from testkit.workflow import workflow_copy
@@ -63,21 +62,6 @@ VICTIM = "t3_clip"  # the SLURM run's train job that is cancelled after its firs
 # what the test cluster's node has, per job (workflow/profiles/slurm/site.yaml's keys)
 SITE = {"account": None, "partition": "debug", "cpu_partition": None, "cpus_per_gpu": 1, "mem_mb_per_gpu": 1000,
         "cpus": 1, "mem_mb": 1000, "runtime": 30}
-
-
-def shards(folder: Path) -> str:
-    """Three webdataset shards of 60 distinct pairs each (Fig. 7's 10 % subset: 18 pairs, one batch); the
-    brace-range pattern that names them."""
-    folder.mkdir(parents=True)
-    pairs = [(c, s, size) for size in range(30, 48, 2) for c in COLORS for s in SHAPES]
-    drawn = folder / "draw.png"
-    for k in range(3):
-        with tarfile.open(folder / f"{k:05d}.tar", "w") as tar:
-            for i, (color, shape, size) in enumerate(pairs[k * 60:(k + 1) * 60]):
-                add_member(tar, f"s{k}_{i:03d}.png", make_png(drawn, color, shape, size).read_bytes())
-                add_member(tar, f"s{k}_{i:03d}.txt", f"a {color} {shape}".encode())
-    drawn.unlink()
-    return f"{folder}/{{00000..00002}}.tar"
 
 
 RELATED_EXPERIMENTS = ("paper_methods.yaml", "paper_temperature.yaml", "paper_pcl.yaml")
