@@ -20,24 +20,13 @@ import yaml
 
 from protoclip.dag.code_version import FINGERPRINTS
 from testkit import REPO
-from testkit.corpus import SOURCE, fixture_corpus, fixture_labelled_set
+from testkit.corpus import fixture_corpus, fixture_labelled_set
 from testkit.processes import project_env, run
+from testkit.workflow import ci_fixture_config
 
 RUN = "clip_tiny_s0"
 CONFIG = "config/ci_fixture.yaml"
 GIT = dict(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
-
-
-def ci_fixture_config(root: Path) -> dict:
-    """``root``'s config/ci.yaml with the fixture data and one experiment file (its runs and targets: Table V)."""
-    cfg = yaml.safe_load((root / "config" / "ci.yaml").read_text())
-    cfg["experiments"] = ["experiments/table_V.yaml"]
-    cfg["prepare"].update(offline_sources=[], eval_sets=["digits"], heldout_fraction=0.2, user_data=[
-        {"name": SOURCE, "format": "csv", "path": "userdata/pairs.csv", "label_key": "label"}])
-    cfg["train_force"] = {**cfg["train_force"], "data": [SOURCE], "episode_size": 48, "batch_size": 16}
-    cfg.setdefault("paths", {}).update(mlflow_log_models=False, keep_finished_checkpoints=False)
-    cfg["evaluate"]["datasets"]["fashion_mnist"] = {"kind": "offline", "path": "fixtures/fashion_mnist.npz"}
-    return cfg
 
 
 def jobs_of(dry_run: str) -> dict[str, int]:
@@ -59,7 +48,8 @@ def test_fresh_clone_dvc_repro_and_both_tools_agree_on_up_to_date(tmp_path):
     fixture_corpus(clone)
     (clone / "fixtures").mkdir()
     fixture_labelled_set(clone / "fixtures" / "fashion_mnist.npz")
-    (clone / CONFIG).write_text(yaml.safe_dump(ci_fixture_config(clone), sort_keys=False))
+    cfg = ci_fixture_config(clone / "config" / "ci.yaml", ["experiments/table_V.yaml"])  # its runs and targets
+    (clone / CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
     sh("protoclip", "dvc-yaml", "--config", CONFIG)
     stages = yaml.safe_load((clone / "dvc.yaml").read_text())["stages"]
     summary = next(iter(stages[f"collect_{RUN}"]["metrics"]))

@@ -39,7 +39,7 @@ import yaml
 from testkit import REPO
 from testkit.corpus import SOURCE, fixture_corpus, fixture_labelled_set
 from testkit.processes import run, snakemake
-from testkit.workflow import workflow_copy
+from testkit.workflow import ci_fixture_config, workflow_copy
 
 # The experiment files whose runs the test trains: every method and model (tiny RN, tiny ViT, multi-token; CLIP,
 # ProtoCLIP, nCLIP, xCLIP, PCL, PAUC), the main runs with their 3 seeds (Tables IV-VIII, XII, Figs. 7-9), a
@@ -52,20 +52,10 @@ TRAINED = ["experiments/table_V.yaml", "experiments/methods.yaml", "experiments/
 
 def fixture_config(root: Path) -> dict:
     """config/ci.yaml with the fixture data, tiny sizes and a subset of its runs (see the module doc)."""
-    cfg = yaml.safe_load((REPO / "config" / "ci.yaml").read_text())
-    assert set(TRAINED) <= set(cfg["experiments"])
-    cfg["targets"] = cfg["experiments"]  # every target of the offline default is written
-    cfg["experiments"] = TRAINED
-    cfg["prepare"].update(offline_sources=[], eval_sets=["digits"], heldout_fraction=0.2, user_data=[
-        {"name": SOURCE, "format": "csv", "path": "userdata/pairs.csv", "label_key": "label"}])
-    # after every run's own overrides: the fixture corpus (96 training pairs), episodes of 48 in batches of 16
-    cfg["train_force"] = {**cfg["train_force"], "data": [SOURCE], "episode_size": 48, "batch_size": 16}
-    # no model copies in MLflow (a tiny run's model.pt and open_clip export are ~100 MB: temporary disk); what they
-    # are is tested by tests/e2e/test_mlflow_ui_model.py and tests/integration/test_train_mlflow_model.py
-    cfg.setdefault("paths", {}).update(mlflow_log_models=False, keep_finished_checkpoints=False)
-    # the paper's sets stay where ci.yaml looks for them (data/external/: absent, skipped)
-    cfg["evaluate"]["datasets"]["fashion_mnist"] = {"kind": "offline", "path": "fixtures/fashion_mnist.npz"}
-    return cfg
+    every = yaml.safe_load((REPO / "config" / "ci.yaml").read_text())["experiments"]
+    assert set(TRAINED) <= set(every)
+    # the model copies left out are tested by tests/e2e/test_mlflow_ui_model.py and test_train_mlflow_model.py
+    return {**ci_fixture_config(REPO / "config" / "ci.yaml", TRAINED), "targets": every}  # every target written
 
 
 def make_project(root: Path) -> Path:
