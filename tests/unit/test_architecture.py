@@ -1,0 +1,172 @@
+"""docs/architecture.md's floors table is the code's: every import between two modules of src/protoclip (at a module's
+top, inside a function or under TYPE_CHECKING) goes from a room to a room on a lower floor, or stays in its room,
+except the upward imports the doc declares; every module lives in a room of the table and every room of the table
+exists; only the modules the doc names load others by name. And the house's sizes: no function over 80 lines, no
+module over 600 (the project's style)."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from testkit import REPO
+
+SRC = REPO / "src" / "protoclip"
+DOC = REPO / "docs" / "architecture.md"
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 600
+
+
+def floors_table(doc: str) -> dict[str, int]:
+    """room -> floor, from the doc's Layers table: a room is a path under src/protoclip, a folder ending in "/"."""
+    section = doc.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rooms: dict[str, int] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for room in re.findall(r"`([^`]+)`", cells[1]):
+                assert room not in rooms, f"{room} stands on two floors"
+                rooms[room] = int(cells[0])
+    return rooms
+
+
+def declared_upward(doc: str) -> set[tuple[str, str]]:
+    """The (room, room) pairs of the doc's "Declared upward imports" line: `a` -> `b` each, or none."""
+    line = next(x for x in doc.splitlines() if x.startswith("Declared upward imports"))
+    return set(re.findall(r"`([^`]+)` -> `([^`]+)`", line))
+
+
+def modules(root: Path = SRC) -> dict[str, Path]:
+    """dotted name -> file, every module of the package (a package by its __init__.py)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imports(source: str, known: set[str]) -> set[str]:
+    """The project modules a file imports anywhere in it (``from a.b import c`` is a.b.c when that is a module)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    out = set()
+    for name in names:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name.startswith("protoclip"):
+            out.add(name)
+    return out
+
+
+def room_of(path: Path, rooms: dict[str, int], root: Path = SRC) -> str | None:
+    """The longest room of the table that holds ``path``."""
+    rel = path.relative_to(root).as_posix()
+    held = [r for r in rooms if rel == r or (r.endswith("/") and rel.startswith(r))]
+    return max(held, key=len) if held else None
+
+
+def is_face(path: Path, known: set[str]) -> bool:
+    return path.name == "__init__.py" and not imports(path.read_text(encoding="utf-8"), known)
+
+
+def upward_imports(rooms: dict[str, int], root: Path = SRC) -> list[tuple[str, str, str]]:
+    """(room, room, what) per import whose target's room is not on a lower floor than the importer's (same room:
+    fine)."""
+    mods = modules(root)
+    known = set(mods)
+    out = []
+    for name, path in mods.items():
+        here = room_of(path, rooms, root)
+        for target in sorted(imports(path.read_text(encoding="utf-8"), known) - {name}):
+            there = room_of(mods[target], rooms, root)
+            if here is None or there is None or here == there:
+                continue
+            if rooms[there] >= rooms[here]:
+                out.append((here, there, f"{name} (floor {rooms[here]}) imports {target} (floor {rooms[there]})"))
+    return out
+
+
+def missing_rooms(rooms: dict[str, int], root: Path = SRC) -> list[str]:
+    """Modules no room holds (faces excepted), and rooms of the table that hold no module."""
+    mods = modules(root)
+    known = set(mods)
+    homeless = [p.relative_to(root).as_posix() for p in mods.values()
+                if room_of(p, rooms, root) is None and not is_face(p, known)]
+    empty = [r for r in rooms if not any(room_of(p, {r: 0}, root) for p in mods.values())]
+    return homeless + [f"{r}: in the table, not in the code" for r in empty]
+
+
+DOC_TEXT = DOC.read_text(encoding="utf-8")
+ROOMS = floors_table(DOC_TEXT)
+
+
+def test_the_table_is_read():
+    assert len(ROOMS) > 20 and ROOMS["cli.py"] > ROOMS["project.py"] > ROOMS["train/"] > ROOMS["errors.py"] == 1
+
+
+def test_every_import_goes_down_or_is_declared():
+    declared = declared_upward(DOC_TEXT)
+    assert [what for here, there, what in upward_imports(ROOMS) if (here, there) not in declared] == []
+
+
+def test_every_module_has_a_room_and_every_room_a_module():
+    assert missing_rooms(ROOMS) == []
+
+
+def test_the_check_flags_an_upward_import_and_a_missing_room(tmp_path):
+    """By construction: a low module that imports a higher one, a module no room holds, a room that is gone."""
+    pkg = tmp_path / "protoclip"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text("")
+    (pkg / "low" / "a.py").write_text("def f():\n    from protoclip.high import g\n    return g\n")
+    (pkg / "high.py").write_text("g = 1\n")
+    (pkg / "stray.py").write_text("import protoclip.high\n")
+    rooms = {"__init__.py": 1, "low/": 1, "high.py": 2, "gone.py": 3}
+    assert upward_imports(rooms, pkg) == [
+        ("low/", "high.py", "protoclip.low.a (floor 1) imports protoclip.high (floor 2)")]
+    assert missing_rooms(rooms, pkg) == ["stray.py", "gone.py: in the table, not in the code"]
+    assert upward_imports({"__init__.py": 1, "low/": 3, "high.py": 2, "stray.py": 3}, pkg) == []
+    assert upward_imports({"__init__.py": 1, "low/": 2, "high.py": 2}, pkg) != []  # one floor: not below
+
+
+def test_only_the_named_modules_load_by_name():
+    """The doc's "Loads by name" paragraph names every module that calls importlib.import_module."""
+    para = DOC_TEXT.split("Loads by name", 1)[1].split("\n\n", 1)[0]
+    named = {r for r in re.findall(r"`([a-z_/]+\.py)`", para)}
+    calling = {p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py")
+               if "import_module(" in p.read_text(encoding="utf-8")}
+    assert calling == named
+
+
+def long_definitions(root: Path = SRC) -> list[str]:
+    """Functions over MAX_FUNCTION_LINES lines (decorators to last line) and modules over MAX_MODULE_LINES."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(root).as_posix()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            out.append(f"{rel}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if node.end_lineno - start + 1 > MAX_FUNCTION_LINES:
+                    out.append(f"{rel}:{node.name}: {node.end_lineno - start + 1} lines")
+    return out
+
+
+def test_no_function_over_80_lines_no_module_over_600():
+    assert long_definitions() == []
+
+
+@pytest.mark.parametrize("lines, flagged", [(MAX_FUNCTION_LINES, False), (MAX_FUNCTION_LINES + 1, True)])
+def test_the_size_check_counts_a_function_from_its_def_to_its_last_line(tmp_path, lines, flagged):
+    body = "".join("    x = 1\n" for _ in range(lines - 1))
+    (tmp_path / "m.py").write_text(f"def f():\n{body}")
+    assert bool(long_definitions(tmp_path)) is flagged
