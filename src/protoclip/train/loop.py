@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 import numpy as np
+from open_clip.modified_resnet import ModifiedResNet
 import torch
 import yaml
 from torch.utils.data import Dataset
@@ -152,8 +153,6 @@ def masked_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> No
 def channels_last_(model: torch.nn.Module, device: torch.device) -> bool:
     """A ResNet image tower on CUDA in channels_last memory format (cuDNN's NHWC convolutions under autocast);
     returns whether the training images are to follow. CPU runs and ViTs are left as they are."""
-    from open_clip.modified_resnet import ModifiedResNet
-
     visual = getattr(getattr(model, "clip", None), "visual", None)
     if device.type != "cuda" or not isinstance(visual, ModifiedResNet):
         return False

@@ -52,7 +52,7 @@ from protoclip.files.atomic import clean_stale_temps_of, write_json
 from protoclip.files.hashing import json_sha256, sha256_file
 from protoclip.files.layout import Layout, PathsConfig
 from protoclip.files.provenance import git_commit
-from protoclip.jobs import run_lock
+from protoclip.jobs import launch, run_lock
 from protoclip.models import get_tokenizer, save_model
 from protoclip.models.export_openclip import export_or_copy
 from protoclip.registry import method_class
@@ -236,8 +236,6 @@ def add_arguments(p, name: str) -> None:
 def main(args) -> int:
     """Hold the run, then its GPUs (a job waiting for another process's training holds no GPU meanwhile); a run
     on k > 1 GPUs restarts this same command as k torchrun ranks."""
-    from protoclip.jobs import launch
-
     cfg = args.cfg
     k = launch.train_gpus(cfg.run(args.run))
     with run_lock.hold_run(Layout.from_config(cfg).train_lock(args.run), f"train {args.run}"), \

@@ -29,9 +29,11 @@ from protoclip.evaluate.datasets import (CaptionSet, LabelledSet, Skipped, load_
                                          subsample_set)
 from protoclip.evaluate.datasets.sets import Indexed
 from protoclip.evaluate.adapters import SetInput, adapter_of
+from protoclip.evaluate.features import ModelFeatures
 from protoclip.evaluate.plan import not_applicable
 from protoclip.evaluate.stage import metric_numbers
 from protoclip.files.layout import Layout
+from protoclip.models.checkpoint import EvalSpec
 from protoclip.tasks import TASKS
 from protoclip.train.checkpoint import restore_rng, rng_state
 from protoclip.train.config import TrainConfig, ValidationConfig
@@ -100,8 +102,6 @@ class Validator:
         return due(self.cfg, episode, n_episodes, stopped_early)
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
-        from protoclip.evaluate.features import ModelFeatures
-
         modes = [(m, m.training) for m in model.modules()]
         device = next(model.parameters()).device
         # every RNG training draws from, python's and numpy's too: a module first imported here may draw from them
@@ -140,8 +140,6 @@ def build_validator(ecfg: EvaluateConfig, layout: Layout, tcfg: TrainConfig, ima
     the model's ``image_size`` (evaluation transform) and ``tokenizer``; None when ``validation.every_episodes``
     is 0 or the set cannot serve (not there, no labels or prompts, an image-only method without a kNN task): training goes on
     without curves, and the log says why."""
-    from protoclip.models.checkpoint import EvalSpec
-
     vcfg = tcfg.validation
     if vcfg.every_episodes <= 0:
         return None

@@ -89,7 +89,7 @@ class Method:
     sections: dict[str, type] = {}  # the config sections registered with the method (@register(..., sections=))
 
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
-        from protoclip.train.distributed import DistInfo
+        from protoclip.train.distributed import DistInfo  # heavy: torch, config loads methods
 
         self.cfg = cfg
         self.info = info if info is not None else DistInfo()
@@ -141,7 +141,7 @@ class Method:
     @classmethod
     def build_model(cls, cfg: TrainConfig) -> torch.nn.Module:
         """A randomly initialised model for ``cfg`` (it must have ``param_groups``, ``image_size``)."""
-        from protoclip.models import build_model
+        from protoclip.models import build_model  # heavy: torch, config loads methods
 
         model = build_model(cfg.model, head_hidden=cfg.head_hidden, head_out=cfg.head_out,
                             init_temperature=cfg.loss.init_temperature, head=cls.head_for(cfg),
@@ -160,7 +160,7 @@ class Method:
         (:func:`protoclip.data.loading.transforms.normalize_batch`; float views pass unchanged), so :meth:`forward`
         gets float images. With ``augment_on: device`` the uint8 views are crops and flips only:
         the loader applies the rest on the device (:mod:`protoclip.data.loading.device_augment`)."""
-        from protoclip.data.loading.transforms import train_transform
+        from protoclip.data.loading.transforms import train_transform  # heavy: torch, config loads methods
 
         return train_transform(image_size, cfg.augmentation, cfg.augment_on, cfg.decode_on)
 

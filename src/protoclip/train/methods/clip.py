@@ -36,7 +36,7 @@ class ProductSphere(Similarity):
         return self.subspheres
 
     def pre(self, z: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
-        from protoclip.losses.distances import product_sphere
+        from protoclip.losses.distances import product_sphere  # heavy: torch, config loads methods
 
         return product_sphere(z.float(), self.subspheres).flatten(1)
 
@@ -63,7 +63,7 @@ class CLIPMethod(Method):
         self._global_clip = None
         self._clip_stats: dict[str, float] = {}
         if self.info.enabled:
-            from open_clip.loss import ClipLoss
+            from open_clip.loss import ClipLoss  # heavy: open_clip, config loads methods
 
             self._global_clip = ClipLoss(local_loss=False, gather_with_grad=True, rank=self.info.rank,
                                          world_size=self.info.world_size)
@@ -79,10 +79,10 @@ class CLIPMethod(Method):
 
     def clip_terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """L_CLIP with the configured distance (``loss.distance``; sphere = ProtoCLIP Eq. 1 / open_clip)."""
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # heavy: torch, config loads methods
 
-        from protoclip.losses.clip import clip_loss
-        from protoclip.losses.distances import contrastive_loss, temperature_stats
+        from protoclip.losses.clip import clip_loss  # heavy: torch, config loads methods
+        from protoclip.losses.distances import contrastive_loss, temperature_stats  # heavy: torch, config loads methods
 
         scale = out["logit_scale"] if "logit_scale" in out else model.logit_scale.exp()
         zi, zt = out["z_image"].float(), out["z_text"].float()
@@ -91,7 +91,7 @@ class CLIPMethod(Method):
                             **temperature_stats(zi.detach(), zt.detach(), scale.detach(), distance, m)}
         if distance != "sphere":
             if self.info.enabled:  # global batch, gathered with gradient as open_clip's ClipLoss does
-                from open_clip.loss import gather_features
+                from open_clip.loss import gather_features  # heavy: open_clip, config loads methods
 
                 zi, zt = gather_features(zi, zt, local_loss=False, gather_with_grad=True, rank=self.info.rank,
                                          world_size=self.info.world_size)
@@ -127,7 +127,7 @@ class CLIPMethod(Method):
     def after_step(self, model: torch.nn.Module) -> None:
         """1/tau clipped after every optimizer step: the CLIP scale at ``cfg.clip_max_logit_scale()`` (Table I:
         100 for the sphere; 3.95 for ps_negtrace, temperature paper Table 5), tau_Proto at ``max_logit_scale``."""
-        from protoclip.losses.clip import clamp_logit_scale_
+        from protoclip.losses.clip import clamp_logit_scale_  # heavy: torch, config loads methods
 
         clamp_logit_scale_(model.logit_scale, self.cfg.clip_max_logit_scale())
         if getattr(model, "proto_logit_scale", None) is not None:

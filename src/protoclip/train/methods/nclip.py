@@ -47,7 +47,7 @@ class NCLIPConfig:
 def in_batch_accuracy(sim: torch.Tensor) -> torch.Tensor:
     """% of rows and columns of a square similarity matrix whose maximum is on the diagonal (mean of both);
     a float64 0-d tensor on the device."""
-    import torch
+    import torch  # heavy: torch, config loads methods
 
     with torch.no_grad():
         target = torch.arange(sim.shape[0], device=sim.device)
@@ -65,25 +65,25 @@ class NCLIPCrossEntropy(Similarity):
     distance = False
 
     def pre(self, z: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
-        import torch
+        import torch  # heavy: torch, config loads methods
 
         return torch.log_softmax(h.float(), dim=1)
 
     def ensemble(self, pre: torch.Tensor) -> torch.Tensor:
         """The log of the mean probability vector, logsumexp_k(log p_k) - log n (exact where p underflows)."""
-        import numpy as np
-        import torch
+        import numpy as np  # heavy: numpy, config loads methods
+        import torch  # heavy: torch, config loads methods
 
         return torch.logsumexp(pre, 0, keepdim=True) - float(np.log(pre.shape[0]))
 
     def image(self, z: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
-        import torch
+        import torch  # heavy: torch, config loads methods
 
         logp = self.pre(z, h)
         return 0.5 * torch.cat([logp.exp(), logp], 1)
 
     def text(self, pre: torch.Tensor) -> torch.Tensor:
-        import torch
+        import torch  # heavy: torch, config loads methods
 
         return torch.cat([pre, pre.exp()], 1)
 
@@ -100,7 +100,7 @@ class NCLIPMethod(CLIPMethod):
     similarity = NCLIPCrossEntropy
 
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
-        from protoclip.losses.nclip import NCLIPLoss
+        from protoclip.losses.nclip import NCLIPLoss  # heavy: torch, config loads methods
 
         super().__init__(cfg, info)
         self._nclip = NCLIPLoss(cfg.nclip.lambda1, cfg.nclip.lambda2, world_size=self.info.world_size)
@@ -125,10 +125,10 @@ class NCLIPMethod(CLIPMethod):
 
     def terms(self, model: torch.nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
               state: Any) -> dict[str, torch.Tensor]:
-        import torch
-        import torch.nn.functional as F
+        import torch  # heavy: torch, config loads methods
+        import torch.nn.functional as F  # heavy: torch, config loads methods
 
-        from protoclip.losses.nclip import nclip_similarity
+        from protoclip.losses.nclip import nclip_similarity  # heavy: torch, config loads methods
 
         terms = self.nclip_terms(out)
         with torch.no_grad():

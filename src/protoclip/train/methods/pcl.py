@@ -123,7 +123,7 @@ class PCLMethod(Method):
     def resolved(self, episode_size: int) -> dict[str, Any]:
         """The K list and the negative prototypes drawn per clustering for an episode of ``episode_size`` items
         (the E-step clusters the episode); a cap below ``pcl.negatives`` is logged here, once per (re)start."""
-        from protoclip.losses.pcl import drawn_negatives
+        from protoclip.losses.pcl import drawn_negatives  # heavy: torch, config loads methods
 
         ks = cluster_counts(self.cfg, episode_size)
         r = drawn_negatives(self.cfg.pcl.negatives, ks)
@@ -134,14 +134,16 @@ class PCLMethod(Method):
 
     @classmethod
     def train_transform(cls, cfg: TrainConfig, image_size: int) -> Callable:
-        from protoclip.data.loading.transforms import MultiView, eval_transform, train_transform
+        from protoclip.data.loading.transforms import (MultiView, eval_transform,
+                                                       train_transform)  # heavy: torch, config loads methods
 
         aug = train_transform(image_size, cfg.augmentation, cfg.augment_on)
         return MultiView(aug, aug, eval_transform(image_size))  # query view, key view, centre crop (E-step)
 
     def _setup(self, model: nn.Module, device: torch.device) -> None:
         """Build the key encoder (a copy of the online one) and the queue once; load a resumed state."""
-        from protoclip.models.momentum import FeatureQueue, ImageEncoder, MomentumEncoder
+        from protoclip.models.momentum import (FeatureQueue, ImageEncoder,
+                                               MomentumEncoder)  # heavy: torch, config loads methods
 
         if self._key is not None:
             return
@@ -161,7 +163,7 @@ class PCLMethod(Method):
         return True  # the text tower and the temperatures get no gradient
 
     def forward(self, model: nn.Module, images: Any, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-        import torch
+        import torch  # heavy: torch, config loads methods
 
         if self._key is None:
             self._setup(model, images[0].device)
@@ -173,8 +175,8 @@ class PCLMethod(Method):
 
     def begin_episode(self, model: nn.Module, data: EpisodeData, episode: int
                       ) -> tuple[Any, dict[str, float], dict[str, float]]:
-        from protoclip.losses.pcl import build_clusterings, drawn_negatives
-        from protoclip.train.distributed import broadcast_object
+        from protoclip.losses.pcl import build_clusterings, drawn_negatives  # heavy: torch, config loads methods
+        from protoclip.train.distributed import broadcast_object  # heavy: torch, config loads methods
 
         self._setup(model, data.device)
         if episode < self.cfg.pcl.infonce_only_episodes:
@@ -198,12 +200,12 @@ class PCLMethod(Method):
 
     def _extract(self, data: EpisodeData, episode: int) -> torch.Tensor:
         """Key-encoder features [m, d] of the centre crops of every episode item (eval mode), episode order."""
-        import torch
-        import torch.nn.functional as F
-        from tqdm.auto import tqdm
+        import torch  # heavy: torch, config loads methods
+        import torch.nn.functional as F  # heavy: torch, config loads methods
+        from tqdm.auto import tqdm  # heavy: tqdm, config loads methods
 
-        from protoclip.data.loading.transforms import normalize_batch
-        from protoclip.train.distributed import all_gather_cat, sync_buffers
+        from protoclip.data.loading.transforms import normalize_batch  # heavy: torch, config loads methods
+        from protoclip.train.distributed import all_gather_cat, sync_buffers  # heavy: torch, config loads methods
 
         sync_buffers(self._key, data.info)
         was = self._key.training
@@ -226,10 +228,10 @@ class PCLMethod(Method):
 
     def terms(self, model: nn.Module, out: dict[str, torch.Tensor], positions: torch.Tensor,
               state: Clusterings | None) -> dict[str, torch.Tensor]:
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # heavy: torch, config loads methods
 
-        from protoclip.losses.pauc import pauc_loss
-        from protoclip.losses.pcl import drawn_negatives, infonce, protonce
+        from protoclip.losses.pauc import pauc_loss  # heavy: torch, config loads methods
+        from protoclip.losses.pcl import drawn_negatives, infonce, protonce  # heavy: torch, config loads methods
 
         q = F.normalize(out["h_image"].float(), dim=1)
         k = out["h_key"].float()
@@ -260,7 +262,7 @@ class PCLMethod(Method):
         return dict(self._diag)
 
     def after_step(self, model: nn.Module) -> None:
-        from protoclip.train.distributed import all_gather_cat
+        from protoclip.train.distributed import all_gather_cat  # heavy: torch, config loads methods
 
         self._key.update(self._online)
         if self._keys is not None:

@@ -55,7 +55,7 @@ class ProtoCLIPMethod(CLIPMethod):
 
     def __init__(self, cfg: TrainConfig, info: DistInfo | None = None):
         super().__init__(cfg, info)
-        from protoclip.losses.proto import ProtoLoss
+        from protoclip.losses.proto import ProtoLoss  # heavy: torch, config loads methods
 
         self._proto_loss = ProtoLoss()
         self._phi: tuple[torch.Tensor, torch.Tensor] | None = None  # loss.phi_protonce: (image side, text side)
@@ -72,12 +72,12 @@ class ProtoCLIPMethod(CLIPMethod):
 
     def begin_episode(self, model: torch.nn.Module, data: EpisodeData, episode: int
                       ) -> tuple[Any, dict[str, float], dict[str, float]]:
-        import numpy as np
-        import torch
-        import torch.nn.functional as F
+        import numpy as np  # heavy: numpy, config loads methods
+        import torch  # heavy: torch, config loads methods
+        import torch.nn.functional as F  # heavy: torch, config loads methods
 
-        from protoclip.train.distributed import sync_buffers
-        from protoclip.train.episode import extract_features
+        from protoclip.train.distributed import sync_buffers  # heavy: torch, config loads methods
+        from protoclip.train.episode import extract_features  # heavy: torch, config loads methods
 
         t0 = time.perf_counter()
         sync_buffers(model, data.info)
@@ -93,7 +93,7 @@ class ProtoCLIPMethod(CLIPMethod):
         prototypes = prototypes.to(data.device) if hasattr(prototypes, "to") else prototypes
         self._phi = None
         if self.cfg.loss.phi_protonce:  # same features and prototypes on every rank -> same phi
-            from protoclip.losses.pcl import relative_concentration
+            from protoclip.losses.pcl import relative_concentration  # heavy: torch, config loads methods
 
             a_t = prototypes.text.assignments.to(data.device)
             a_i = prototypes.image.assignments.to(data.device)
@@ -121,21 +121,21 @@ class ProtoCLIPMethod(CLIPMethod):
     def _pcl_terms(self, out: dict[str, torch.Tensor], positions: torch.Tensor, state: Any,
                    scale: torch.Tensor) -> dict[str, torch.Tensor]:
         """The ``phi_protonce`` replacement of ``proto`` and the PAUC terms (module docstring)."""
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # heavy: torch, config loads methods
 
         h_i, h_t = F.normalize(out["h_image"].float(), dim=1), F.normalize(out["h_text"].float(), dim=1)
         pos = positions.to(state.device).long()
         a_t, a_i = state.text.assignments.to(state.device)[pos], state.image.assignments.to(state.device)[pos]
         terms: dict[str, torch.Tensor] = {}
         if self.cfg.loss.phi_protonce:
-            from protoclip.losses.pcl import phi_proto_ce
+            from protoclip.losses.pcl import phi_proto_ce  # heavy: torch, config loads methods
 
             if self._phi is None:
                 raise RuntimeError("loss.phi_protonce: no phi for this episode (begin_episode not run)")
             terms["proto"] = 0.5 * (phi_proto_ce(h_i, state.cls_image, a_t, self._phi[0], scale, state.valid_image)
                                     + phi_proto_ce(h_t, state.cls_text, a_i, self._phi[1], scale, state.valid_text))
         if self.cfg.pauc.enabled:
-            from protoclip.losses.pauc import pauc_terms
+            from protoclip.losses.pauc import pauc_terms  # heavy: torch, config loads methods
 
             a = self.cfg.pauc
             kw = dict(s=a.s, t=a.t, tau_c=a.tau_c, unif_log=a.unif_log)
@@ -157,7 +157,7 @@ class ProtoCLIPMethod(CLIPMethod):
 def build_episode_prototypes(feats: EpisodeFeatures, cfg: TrainConfig, info: DistInfo, episode: int,
                              use_teacher: bool) -> tuple[Any, dict[str, float], float, float]:
     """Prototypes of the episode on rank 0, broadcast to all ranks -> (prototypes, stats, t_kmeans, t_pbt)."""
-    from protoclip.train.distributed import broadcast_object
+    from protoclip.train.distributed import broadcast_object  # heavy: torch, config loads methods
 
     protos, stats, t_km, t_pbt = None, {}, 0.0, 0.0
     if info.is_main:
@@ -173,8 +173,8 @@ def build_episode_prototypes(feats: EpisodeFeatures, cfg: TrainConfig, info: Dis
 def _build(feats: EpisodeFeatures, cfg: TrainConfig, k: int, episode: int, use_teacher: bool):
     """Adapter to ``EpisodePrototypes.build``; the k-means seed changes per episode and is a pure function of
     (seed, episode), so a resumed run re-draws the same initialisation."""
-    from protoclip.prototypes.episode import EpisodePrototypes
-    from protoclip.train.episode import size_stats
+    from protoclip.prototypes.episode import EpisodePrototypes  # heavy: torch, config loads methods
+    from protoclip.train.episode import size_stats  # heavy: torch, config loads methods
 
     protos = EpisodePrototypes.build(
         feats.h_image, feats.h_text, teacher=feats.teacher if use_teacher else None, k=k,
