@@ -288,3 +288,42 @@ def test_an_evaluation_without_probe_or_kmeans_leaves_sklearn_unimported():
             "print(knn_classifier(x, y, x, y, k=3)['top1'], 'sklearn' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["100.0", "False"]
+
+
+def test_the_stage_reads_its_protocol_and_hands_the_config_to_the_mlflow_run_only(project, monkeypatch):
+    """run_evaluate reads of the project config only what EvaluateProject names, and of its parts only the MLflow
+    run (tracking.evaluation_run: the store and the run's paper targets) receives the config: the request check,
+    the task params, the feature extractor and the per-set evaluation get their own values."""
+    import protoclip.evaluate.stage as stage
+    from protoclip.evaluate.config import EvaluateProject
+    from protoclip.project import ProjectConfig
+
+    cfg, layout = project
+    members = {name for cls in EvaluateProject.__mro__ for name in vars(cls) if not name.startswith("_")}
+    read: set[str] = set()
+
+    class Watched:  # the config, noting each member read
+        def __getattr__(self, name):
+            read.add(name)
+            return getattr(cfg, name)
+
+    handed: list[str] = []
+    for name in ("_requested", "task_params", "_extractor", "SetEvaluation"):
+        def spy(*args, _real=getattr(stage, name), _name=name, **kwargs):
+            if any(isinstance(a, (ProjectConfig, Watched)) for a in (*args, *kwargs.values())):
+                handed.append(_name)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(stage, name, spy)
+    tracked: list[tuple] = []
+
+    @contextmanager
+    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
+        tracked.append((isinstance(cfg_, Watched), run))
+        yield RecordingTracker()
+
+    monkeypatch.setattr(stage, "evaluation_run", fake_evaluation_run)
+    written = stage.run_evaluate(Watched(), RUN, tasks=["knn"], datasets=["digits"])
+    assert [p.relative_to(layout.run_dir(RUN)).as_posix() for p in written] == ["eval/digits/knn.json"]
+    assert read and read <= members, read - members
+    assert handed == [] and tracked == [(True, RUN)]
+    assert "git_commit" in json.loads(layout.metrics(RUN, "knn", "digits").read_text())["provenance"]

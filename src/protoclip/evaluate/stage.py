@@ -70,31 +70,36 @@ def _still_valid(old_marker: dict | None, folder: Path, model_sha256: str) -> li
                    and name.removesuffix(".examples.npz") in kept_tasks]
 
 
-def _requested(cfg: EvaluateProject, tasks: list[str] | None,
-               datasets: list[str] | None) -> tuple[list[str], list[str]]:
-    """(tasks, data sets) of an evaluation request, checked against the task names and the configured sets."""
+def _requested(tasks: list[str] | None, datasets: list[str] | None, configured: list[str],
+               source: str) -> tuple[list[str], list[str]]:
+    """(tasks, data sets) of an evaluation request, checked against the task names and the ``configured`` sets
+    (evaluate.datasets of the config file ``source``)."""
     tasks = list(tasks or TASKS)
     try:
         check_tasks(tasks)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    names = list(datasets or cfg.evaluate.datasets)
-    bad = [d for d in names if d not in cfg.evaluate.datasets]
+    names = list(datasets or configured)
+    bad = [d for d in names if d not in configured]
     if bad:
-        raise ConfigError(f"{cfg.source}: data set '{bad[0]}' is not under evaluate.datasets "
-                          f"(configured: {', '.join(cfg.evaluate.datasets) or 'none'})")
+        raise ConfigError(f"{source}: data set '{bad[0]}' is not under evaluate.datasets "
+                          f"(configured: {', '.join(configured) or 'none'})")
     return tasks, names
 
 
 @dataclass
 class SetEvaluation:
-    """One run's evaluation on its sets: the model, what every set shares, and the one MLflow run."""
+    """One run's evaluation on its sets: the model, what every set shares, and the one MLflow run. Each metrics
+    file records ``provenance`` (this process's code and packages, and the evaluation's seed)."""
     ecfg: EvaluateConfig
     layout: Layout
     run: str
     extractor: Any  # protoclip.evaluate.features.FeatureExtractor of the run's model
     tracker: Any  # protoclip.tracking.Tracker
-    provenance: dict = field(default_factory=dict)
+    provenance: dict = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.provenance = provenance(self.ecfg.seed)
 
     @property
     def model_sha256(self) -> str:
@@ -183,34 +188,35 @@ def run_evaluate(cfg: EvaluateProject, run: str, tasks: list[str] | None = None,
         raise ConfigError(f"{cfg.source}: {err}") from None
     for warning in warnings:  # an overlay without some experiment files leaves their patterns unmatched
         log.warning("%s of %s", warning, cfg.source)
-    tasks, names = _requested(cfg, tasks, datasets)
+    tasks, names = _requested(tasks, datasets, list(ecfg.datasets), cfg.source)
+    params = {"evaluate": {"seed": ecfg.seed, **task_params(ecfg, run)}}
     layout = Layout.from_config(cfg)
-    extractor = _extractor(cfg, run, layout)
     pretrained = cfg.run(run).pretrained
+    extractor = _extractor(ecfg, pretrained, layout.model(run), run)
     written: list[Path] = []
     with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
-        tracker.log_params({"evaluate": {"seed": ecfg.seed, **task_params(ecfg, run)}})
+        tracker.log_params(params)
         if pretrained.enabled:  # what a trained run's MLflow run says of its training, this says of its checkpoint
             from protoclip.models.pretrained import source_label
 
             tracker.log_params({"pretrained": {"model": pretrained.model, "tag": pretrained.tag}})
             tracker.set_tags({"protoclip.pretrained": source_label(pretrained.model, pretrained.tag)})
-        job = SetEvaluation(ecfg, layout, run, extractor, tracker, provenance(ecfg.seed))
+        job = SetEvaluation(ecfg, layout, run, extractor, tracker)
         for name in names:
             written += job.evaluate(name, tasks)
     return written
 
 
-def _extractor(cfg: EvaluateProject, run: str, layout: Layout):
-    """The features of ``run``'s model: its ``model.pt``, or the released checkpoint its ``pretrained`` section
-    names (no training job: protoclip.models.pretrained)."""
+def _extractor(ecfg: EvaluateConfig, pretrained: Any, model: Path, run: str):
+    """The features of ``run``'s model: its ``model`` file, or the released checkpoint its ``pretrained`` section
+    (train.config.PretrainedConfig) names (no training job: protoclip.models.pretrained); on the evaluation
+    section's device, batch size, workers and chunk size."""
     from protoclip.evaluate.features import FeatureExtractor, PretrainedFeatures  # torch: not needed by `collect`
 
-    ecfg, pretrained = cfg.evaluate, cfg.run(run).pretrained
     sizes = (ecfg.device, ecfg.batch_size, ecfg.num_workers, ecfg.extract_chunk_batches)
     if pretrained.enabled:
         return PretrainedFeatures(pretrained.model, pretrained.tag, *sizes)
-    return FeatureExtractor(require_path(layout.model(run), f"evaluate run '{run}'"), *sizes)
+    return FeatureExtractor(require_path(model, f"evaluate run '{run}'"), *sizes)
 
 
 # --------------------------------------------------------------------------- `protoclip evaluate`
