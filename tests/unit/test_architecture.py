@@ -170,3 +170,22 @@ def test_the_size_check_counts_a_function_from_its_def_to_its_last_line(tmp_path
     body = "".join("    x = 1\n" for _ in range(lines - 1))
     (tmp_path / "m.py").write_text(f"def f():\n{body}")
     assert bool(long_definitions(tmp_path)) is flagged
+
+
+def third_party(path: Path) -> set[str]:
+    """The top-level packages outside the project that a file imports anywhere in it."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names - {"protoclip"}
+
+
+def test_mlflow_only_through_tracking_snakemake_and_dvc_only_in_dag():
+    """The doc's rule: MLflow is reached only through tracking.py; the workflow tools only from dag/."""
+    users = {pkg: sorted(p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py") if pkg in third_party(p))
+             for pkg in ("mlflow", "snakemake", "dvc")}
+    assert users["mlflow"] == ["tracking.py"]
+    assert all(p.startswith("dag/") for p in users["snakemake"] + users["dvc"]), users
