@@ -189,3 +189,61 @@ def test_mlflow_only_through_tracking_snakemake_and_dvc_only_in_dag():
              for pkg in ("mlflow", "snakemake", "dvc")}
     assert users["mlflow"] == ["tracking.py"]
     assert all(p.startswith("dag/") for p in users["snakemake"] + users["dvc"]), users
+
+
+def top_level_names(path: Path) -> set[str]:
+    """What a module defines or imports at its top (functions, classes, assignments, imported names)."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+CONFIG_KEYS = {"train.validation.tasks"}  # config keys the doc writes that spell like a module's name
+EXTENSIONS = {"json", "png", "py", "yaml", "md", "csv", "tex", "html", "npz", "jsonl"}
+
+
+def references(doc: str, root: Path = SRC) -> set[str]:
+    """The doc's code spans' dotted names that start at the package or at one of its top-level rooms
+    (``protoclip.files.records.PHASES``, ``files.records.PHASES``), without ``protoclip.``."""
+    tops = {p.stem if p.suffix == ".py" else p.name for p in root.iterdir() if not p.name.startswith("_")}
+    refs = set()
+    for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", doc, flags=re.S)):
+        for ref in re.findall(r"(?<![\w./])([a-z_]+(?:\.\w+)+)", span):
+            parts = ref.split(".")[1:] if ref.startswith("protoclip.") else ref.split(".")
+            if parts and parts[0] in tops and ".".join(parts) not in CONFIG_KEYS and parts[-1] not in EXTENSIONS:
+                refs.add(".".join(parts))
+    return refs
+
+
+def stale_names(doc: str, root: Path = SRC) -> list[str]:
+    """The doc's references to a module's name (``files.records.PHASES``) whose module does not define or import
+    that name at its top (the recipes' examples, ``my...``, aside). A reference that stops at a package and goes on
+    with a name the package does not hold is a config key (``train.pcl``), not checked."""
+    out = []
+    for ref in sorted(references(doc, root)):
+        parts = ref.split(".")
+        for i in range(len(parts), 0, -1):
+            module = root.joinpath(*parts[:i]).with_suffix(".py")
+            package = root.joinpath(*parts[:i]) / "__init__.py"
+            if module.is_file() or package.is_file():
+                break
+        rest = parts[i:]
+        if not rest or any(p.startswith("my") for p in parts):
+            continue
+        if module.is_file() and rest[0] not in top_level_names(module):
+            out.append(ref)
+    return out
+
+
+def test_the_doc_names_what_the_code_defines():
+    """A moved or renamed function, class or constant that docs/architecture.md still names where it was fails."""
+    assert stale_names(DOC_TEXT) == []
+    assert stale_names("`protoclip.report.values.PHASES_GONE`, `files.records.PHASES`, `records.Nope`, "
+                       "`teacher.cache.gone`, `train.pcl`") == ["report.values.PHASES_GONE", "teacher.cache.gone"]
