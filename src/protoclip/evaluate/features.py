@@ -35,6 +35,10 @@ from protoclip.evaluate.datasets import EvalSet, ImageSplit, LabelledSet
 from protoclip.evaluate.batches import image_batches
 from protoclip.evaluate.resumable import ExtractionProgress, encode_images_resumable
 from protoclip.evaluate.set_features import SetFeatures
+from protoclip.models import get_tokenizer, load_model, read_eval_spec
+from protoclip.models.checkpoint import EvalSpec, ModelFileError
+from protoclip.models.pretrained import load_pretrained
+from protoclip.similarity import similarity_of
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +101,6 @@ class FeatureExtractor:
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)
         self.model_sha256 = sha256_file(self.model_path)
-        from protoclip.models import read_eval_spec
-        from protoclip.models.checkpoint import ModelFileError
-        from protoclip.similarity import similarity_of
-
         self.spec = read_eval_spec(self.model_path)  # how the training method scores this model
         try:
             self.similarity = similarity_of(self.spec.method, self.spec.similarity, self.spec.subspheres)
@@ -110,8 +110,6 @@ class FeatureExtractor:
 
     # ---- lazy model
     def _load(self) -> None:
-        from protoclip.models import get_tokenizer, load_model
-
         self._model, _config = load_model(self.model_path, self.device)
         self._model.eval()
         self.tokenizer = get_tokenizer(self._model.name, context_length=self._model.context_length)
@@ -221,12 +219,8 @@ class ModelFeatures(FeatureExtractor):
 
     def __init__(self, model: Any, spec: Any, device: torch.device, batch_size: int = 256,
                  tokenizer: Callable | None = None, transform: Callable | None = None):
-        from protoclip.models import get_tokenizer
-
         self.model_path, self.model_sha256 = None, None  # type: ignore[assignment]
         self.device, self.batch_size, self.num_workers = device, int(batch_size), 0
-        from protoclip.similarity import similarity_of
-
         self.spec, self.chunk_batches = spec, 16
         self.similarity = similarity_of(spec.method, spec.similarity, spec.subspheres)
         self._model = model
@@ -241,10 +235,6 @@ class PretrainedFeatures(FeatureExtractor):
 
     def __init__(self, model: str | None, tag: str, device: str = "auto", batch_size: int = 256,
                  num_workers: int = 0, chunk_batches: int = 16):
-        from protoclip.models.checkpoint import EvalSpec
-        from protoclip.models.pretrained import load_pretrained
-        from protoclip.similarity import similarity_of
-
         self.model_path = None  # type: ignore[assignment]
         self.device, self.batch_size, self.num_workers = resolve_device(device), int(batch_size), int(num_workers)
         self.chunk_batches = int(chunk_batches)

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from protoclip.evaluate.datasets.classes import ClassNamesError, prompt_classes, prompt_templates, templates_from_file
+from protoclip.evaluate.datasets.imagenet import load_imagenet
 from protoclip.evaluate.datasets.sets import (IMAGE_SUFFIXES, EvalDataError, FileSplit, LabelledSet, images_under,
                                               norm, read_lines)
 from protoclip.evaluate.prompts import canonical, has_prompts, load_prompts
@@ -98,8 +99,6 @@ def _classes_by_id(name: str, root: Path, folders: list[str]) -> tuple[list[str]
 def load_folder(name: str, root: Path, need_train: bool = True) -> LabelledSet:
     """``root/<split>/<class>/<image>`` with splits train (optional) and test (ImageNet: by wnid, :mod:`.imagenet`)."""
     if canonical(name) == "imagenet":
-        from protoclip.evaluate.datasets.imagenet import load_imagenet
-
         return load_imagenet(name, root, need_train)
     dirs = {s: split_dir(root, s) for s in SPLIT_DIRS}
     if dirs["test"] is None:

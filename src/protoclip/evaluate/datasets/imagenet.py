@@ -62,7 +62,7 @@ def _devkit_members(root: Path) -> tuple[bytes, bytes, str] | None:
 
 def _devkit_wnids(gt: bytes, meta: bytes, source: str, n_images: int) -> list[str]:
     """The wnid of each validation image (file-name order) from the devkit's ground truth and meta.mat."""
-    from scipy.io import loadmat
+    from scipy.io import loadmat  # heavy: scipy, only when ImageNet's devkit is read
 
     try:
         synsets = loadmat(io.BytesIO(meta), squeeze_me=True)["synsets"]
@@ -96,7 +96,7 @@ def _loc_solution_wnids(csv_path: Path, images: list[Path]) -> list[str]:
 
 
 def _meta_bin_wnids(meta_bin: Path, n_images: int) -> list[str]:
-    import torch
+    import torch  # heavy: torch, only when ImageNet is read
 
     try:
         _, val_wnids = torch.load(meta_bin, weights_only=False)

@@ -219,7 +219,7 @@ class WdsSplit:
 
     def samples(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """``(shard, sample dict)`` in shard order; one pipeline per shard so that a cut shard is named."""
-        import webdataset as wds
+        import webdataset as wds  # heavy: webdataset (torch), only when shards are read
 
         for shard in self.shards:
             samples = iter(wds.WebDataset([shard], shardshuffle=False, empty_check=False))

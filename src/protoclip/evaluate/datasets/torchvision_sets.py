@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from protoclip.evaluate.datasets.classes import prompt_classes
+from protoclip.evaluate.datasets.imagenet import load_imagenet
 from protoclip.evaluate.datasets.sets import EvalDataError, LabelledSet, TorchvisionSplit
 from protoclip.evaluate.prompts import canonical
 
@@ -66,7 +67,7 @@ def _split_files_only(cls, train_files: list[str], test_files: list[str]):
 
 
 def _table() -> dict[str, TvSet]:
-    from torchvision import datasets as tvd
+    from torchvision import datasets as tvd  # heavy: torchvision, only when a set is read
 
     cifar10 = _split_files_only(tvd.CIFAR10, [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"])
     cifar100 = _split_files_only(tvd.CIFAR100, ["train"], ["test"])
@@ -140,8 +141,6 @@ def load_torchvision(name: str, path: Path, need_train: bool = True) -> Labelled
     A test split that torchvision cannot find raises FileNotFoundError (the set is skipped as not found)."""
     key = canonical(name)
     if key == "imagenet":
-        from protoclip.evaluate.datasets.imagenet import load_imagenet
-
         return load_imagenet(name, path, need_train)
     table = _table()
     if key not in table:

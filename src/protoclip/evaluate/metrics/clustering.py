@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 
 from protoclip.evaluate.metrics._inputs import ArrayLike, features_np, l2_normalize_np, labels_np
+from protoclip.prototypes.kmeans import load_faiss
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def kmeans_runs(
     if backend == "sklearn":
         if spherical:
             raise ValueError("spherical k-means needs backend='faiss'")
-        from sklearn.cluster import KMeans  # here, not at import: an evaluation without k-means never loads it
+        from sklearn.cluster import KMeans  # heavy: sklearn, only when k-means runs
 
         for init_seed in init_seeds(seed, n_init):
             km = KMeans(n_clusters=k, n_init=1, max_iter=max_iter, random_state=init_seed)
@@ -73,8 +74,6 @@ def kmeans_runs(
             runs.append((float(km.inertia_), pred))
         return runs
     if backend == "faiss":
-        from protoclip.prototypes.kmeans import load_faiss  # imported here: only this backend needs it
-
         faiss = load_faiss()
 
         xf = np.ascontiguousarray(x, dtype=np.float32)
@@ -125,7 +124,8 @@ def cluster_scores(
     if normalize:
         x = l2_normalize_np(x)
     runs = kmeans_runs(x, k, seed=seed, n_init=n_init, backend=backend)
-    from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score
+    from sklearn.metrics import (adjusted_mutual_info_score,
+                                 adjusted_rand_score)  # heavy: sklearn, only when scored
 
     aris = np.array([adjusted_rand_score(y, pred) for _, pred in runs])
     amis = np.array([adjusted_mutual_info_score(y, pred) for _, pred in runs])

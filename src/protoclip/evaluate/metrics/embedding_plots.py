@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def tsne_embed(x: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> tuple[np.ndarray, float]:
     """2-D t-SNE coordinates and final KL divergence; perplexity is capped below N/3 for tiny inputs."""
-    from sklearn.manifold import TSNE
+    from sklearn.manifold import TSNE  # heavy: sklearn, only when a t-SNE runs
 
     perp = float(min(perplexity, max(1.0, (x.shape[0] - 1) / 3.0)))
     tsne = TSNE(n_components=2, init="pca", random_state=seed, perplexity=perp)
@@ -46,10 +46,10 @@ def tsne_plot(
     legend_max: int = 20,
 ) -> dict[str, float]:
     """Write a t-SNE scatter plot to ``out_png``; returns {"n_points", "n_classes", "kl_divergence"}."""
-    import matplotlib
+    import matplotlib  # heavy: matplotlib, only when a figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib, only when a figure is drawn
 
     x = features_np(features, "features")
     y = labels_np(labels, "labels", x.shape[0])

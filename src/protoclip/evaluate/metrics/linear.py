@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -64,8 +65,8 @@ Init = tuple[np.ndarray, np.ndarray]  # (coef_, intercept_) of an earlier fit
 def _fit_logreg(x: np.ndarray, y: np.ndarray, C: float, max_iter: int, seed: int,
                 init: Init | None = None) -> LogisticRegression:
     # lbfgs, multinomial; with ``init`` L-BFGS starts from that solution (sklearn's warm_start reads coef_)
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.exceptions import ConvergenceWarning  # heavy: sklearn, only when a probe runs
+    from sklearn.linear_model import LogisticRegression  # heavy: sklearn, only when a probe runs
 
     clf = LogisticRegression(C=C, max_iter=max_iter, random_state=seed, warm_start=init is not None)
     if init is not None:
@@ -86,7 +87,7 @@ def split_validation(y: np.ndarray, val_fraction: float, seed: int) -> tuple[np.
     _, counts = np.unique(y, return_counts=True)
     n_val = max(1, int(round(val_fraction * len(y))))
     stratify = y if counts.min() >= 2 and n_val >= len(counts) and len(y) - n_val >= len(counts) else None
-    from sklearn.model_selection import train_test_split
+    from sklearn.model_selection import train_test_split  # heavy: sklearn, only when a probe runs
 
     fit_idx, val_idx = train_test_split(idx, test_size=n_val, random_state=seed, stratify=stratify)
     return np.sort(fit_idx), np.sort(val_idx)
@@ -186,7 +187,6 @@ def linear_probe(
         pbar.update(1)
         return float((clf.predict(xtr[val_idx]) == ytr[val_idx]).mean())
 
-    from threadpoolctl import threadpool_limits  # a scikit-learn dependency
 
     with threadpool_limits(threads):
         best_C, tried = search_C(val_accuracy, C_grid, steps_per_decade)

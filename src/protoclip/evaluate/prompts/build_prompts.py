@@ -34,6 +34,7 @@ import re
 from pathlib import Path
 
 from protoclip.errors import MissingExtraError, import_extra
+from protoclip.files.atomic import write_text
 
 # our key -> section title in clip-prompts.md; expected number of classes (ProtoCLIP Table II)
 CLIP_SECTIONS: dict[str, tuple[str, int]] = {
@@ -98,8 +99,9 @@ def parse_clip_prompts(text: str) -> dict[str, dict[str, list[str]]]:
 
 
 def imagenet_entry() -> dict[str, list[str]]:
-    from clip_benchmark.datasets.builder import all_imagenet_wordnet_ids
-    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
+    from clip_benchmark.datasets.builder import all_imagenet_wordnet_ids  # optional: clip_benchmark (the prompts extra)
+    from open_clip.zero_shot_metadata import (IMAGENET_CLASSNAMES,
+                                              OPENAI_IMAGENET_TEMPLATES)  # heavy: open_clip, only for ImageNet
 
     templates = [t("{}") for t in OPENAI_IMAGENET_TEMPLATES]  # the lambdas, rendered with a placeholder
     wnids = list(all_imagenet_wordnet_ids)  # label order: the sorted WordNet ids (torchvision's ImageNet targets)
@@ -130,7 +132,7 @@ def _norm(name: str) -> str:
 def label_order(key: str, names: list[str]) -> list[str]:
     """``names`` (CLIP's spellings) in the label order of CLIP_benchmark's list for ``key``; fails unless both
     name the same classes."""
-    from clip_benchmark.datasets import builder
+    from clip_benchmark.datasets import builder  # optional: clip_benchmark (the prompts extra)
 
     order = json.loads(Path(builder.__file__).with_name("en_classnames.json").read_text())[LABEL_ORDER[key]]
     by_key = {_norm(n): n for n in names}
@@ -176,7 +178,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reference", type=Path, default=Path("/work/shared/reference/clip-prompts.md"))
     p.add_argument("--out", type=Path, default=Path(__file__).with_name("zeroshot_prompts.json"))
     args = p.parse_args(argv)
-    from protoclip.files.atomic import write_text
 
     try:  # CLIP_benchmark (with pycocotools and pycocoevalcap) is the 'prompts' extra, only this script needs it
         import_extra("clip_benchmark", "prompts", "build_prompts")

@@ -61,14 +61,14 @@ def sizes(f: SetFeatures, train: bool = False) -> dict[str, int]:
 
 def with_labels(hits: dict[str, np.ndarray], f: SetFeatures) -> dict[str, np.ndarray]:
     """Per-image hits plus the test labels they were scored against (runs are paired on the same images)."""
-    import numpy as np
+    import numpy as np  # heavy: numpy, config loads tasks
 
     return {**hits, "labels": np.asarray(f.test_y)}
 
 
 def classes_with(f: SetFeatures, min_images: int = 1) -> int:
     """How many classes have at least ``min_images`` test images (the minimum-data rules)."""
-    import numpy as np
+    import numpy as np  # heavy: numpy, config loads tasks
 
     return int((np.bincount(f.test_y) >= min_images).sum())
 
@@ -78,10 +78,11 @@ def zeroshot_classifier(x: SetInput) -> np.ndarray:
     similarity, the text side of its dot product from the prompts' ensembled ``pre``. Built once per set."""
     key = "s" if x.similarity.dot_product else "z"
     if key not in x.classifiers:
-        import torch
-        from tqdm import tqdm
+        import torch  # heavy: torch, config loads tasks
+        from tqdm import tqdm  # heavy: tqdm, config loads tasks
 
-        from protoclip.evaluate.metrics.zeroshot import _fill, build_zeroshot_classifier
+        from protoclip.evaluate.metrics.zeroshot import (_fill,
+                                                         build_zeroshot_classifier)  # heavy: torch, config loads tasks
 
         ds, sim = x.ds, x.similarity
         if not sim.dot_product:

@@ -8,7 +8,7 @@ from protoclip.tasks import Task, register
 
 
 def task_clustering(x: SetInput) -> TaskResult:
-    from protoclip.evaluate.metrics.clustering import cluster_scores
+    from protoclip.evaluate.metrics.clustering import cluster_scores  # heavy: torch, config loads tasks
 
     m, assign = cluster_scores(x.feats.test_z, x.feats.test_y, seed=x.cfg.seed, per_example=True)
     return TaskResult(m, "z_image (L2-normalised)", sizes(x.feats), with_labels(assign, x.feats))

@@ -22,7 +22,7 @@ class KnnConfig:
 
 
 def task_knn(x: SetInput) -> TaskResult:
-    from protoclip.evaluate.metrics.knn import knn_classifier
+    from protoclip.evaluate.metrics.knn import knn_classifier  # heavy: torch, config loads tasks
 
     f, s = x.feats, x.cfg.knn
     m, hits = knn_classifier(f.train_z, f.train_y, f.test_z, f.test_y, k=s.k, T=s.temperature,

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
-from protoclip.evaluate.protocols import PROTOCLIP, ProtocolName, check_protocol
+from protoclip.evaluate.protocols import PROTOCLIP, PROTOCOLS, ProtocolName, check_protocol
 from protoclip.evaluate.tasks.base import SetInput, TaskResult, sizes, with_labels
+from protoclip.jobs.devices import resolve_device
 from protoclip.tasks import Task, register
 
 
@@ -57,15 +58,13 @@ class LinearConfig:
 def task_linear(x: SetInput) -> TaskResult:
     """The run's linear protocol on z^I: ProtoCLIP's (L-BFGS, SGD above sgd_above samples) or a paper's own SGD
     recipe (evaluate.protocols); ``protocol`` in the metrics names it."""
-    from protoclip.evaluate.metrics.linear import linear_probe, sgd_linear_probe
+    from protoclip.evaluate.metrics.linear import linear_probe, sgd_linear_probe  # heavy: torch, config loads tasks
 
     f, cfg, s = x.feats, x.cfg, x.cfg.linear
     protocol = s.protocol_of(x.run)
     args = (f.train_z, f.train_y, f.test_z, f.test_y)
     if protocol != PROTOCLIP:
-        from protoclip.evaluate.metrics.linear_sgd import sgd_protocol_probe
-        from protoclip.evaluate.protocols import PROTOCOLS
-        from protoclip.jobs.devices import resolve_device
+        from protoclip.evaluate.metrics.linear_sgd import sgd_protocol_probe  # heavy: torch, config loads tasks
 
         m, hits = sgd_protocol_probe(*args, PROTOCOLS[protocol], seed=cfg.seed, num_classes=len(x.ds.classnames),
                                      device=resolve_device(cfg.device), per_example=True)

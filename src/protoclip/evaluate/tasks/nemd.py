@@ -20,7 +20,7 @@ class NemdConfig:
 
 
 def task_nemd(x: SetInput) -> TaskResult:
-    from protoclip.evaluate.metrics.nemd import nemd_report
+    from protoclip.evaluate.metrics.nemd import nemd_report  # heavy: torch, config loads tasks
 
     f, cfg, s = x.feats, x.cfg, x.cfg.nemd
     # methods-spec 3.4: NEMD on h^I (the prototype space) and on z^I separately; h^I is the headline

@@ -8,9 +8,9 @@ from protoclip.tasks import Task, register
 
 
 def task_retrieval(x: SetInput) -> TaskResult:
-    import numpy as np
+    import numpy as np  # heavy: numpy, config loads tasks
 
-    from protoclip.evaluate.metrics.retrieval import retrieval_recall
+    from protoclip.evaluate.metrics.retrieval import retrieval_recall  # heavy: torch, config loads tasks
 
     f = x.feats
     if x.similarity.dot_product:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protoclip.evaluate.tasks.base import SetInput, TaskResult, zeroshot_classifier
+from protoclip.jobs.devices import resolve_device
 from protoclip.tasks import Task, register
 
 
@@ -37,17 +38,16 @@ class TemperatureConfig:
             raise ValueError("temperature.histogram_bins, token_draws must be >= 1 and histogram_max_points >= 2")
 
     def scales(self) -> list[float]:
-        import numpy as np
+        import numpy as np  # heavy: numpy, config loads tasks
 
         return np.geomspace(self.scale_min, self.scale_max, self.scale_steps).tolist()
 
 
 def task_temperature(x: SetInput) -> TaskResult:
     """Only for a similarity that is a distance (:func:`too_small`)."""
-    import numpy as np
+    import numpy as np  # heavy: numpy, config loads tasks
 
-    from protoclip.evaluate.metrics import temperature as tm
-    from protoclip.jobs.devices import resolve_device
+    from protoclip.evaluate.metrics import temperature as tm  # heavy: torch, config loads tasks
 
     f, cfg, sim = x.feats, x.cfg, x.similarity
     t: TemperatureConfig = cfg.temperature

@@ -19,7 +19,7 @@ class TsneConfig:
 
 
 def task_tsne(x: SetInput) -> TaskResult:
-    from protoclip.evaluate.metrics.embedding_plots import tsne_plot
+    from protoclip.evaluate.metrics.embedding_plots import tsne_plot  # heavy: torch, config loads tasks
 
     m = tsne_plot(x.feats.test_z, x.feats.test_y, x.ds.classnames, x.figure, seed=x.cfg.seed,
                   max_points=x.cfg.tsne.max_points, title=f"{x.ds.name}: t-SNE of z_image")

@@ -10,7 +10,7 @@ from protoclip.tasks import Task, register
 
 
 def task_zeroshot(x: SetInput) -> TaskResult:
-    from protoclip.evaluate.metrics.zeroshot import zeroshot_classify
+    from protoclip.evaluate.metrics.zeroshot import zeroshot_classify  # heavy: torch, config loads tasks
 
     f, sim = x.feats, x.similarity
     if sim.dot_product:
