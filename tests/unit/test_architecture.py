@@ -247,3 +247,21 @@ def test_the_doc_names_what_the_code_defines():
     assert stale_names(DOC_TEXT) == []
     assert stale_names("`protoclip.report.values.PHASES_GONE`, `files.records.PHASES`, `records.Nope`, "
                        "`teacher.cache.gone`, `train.pcl`") == ["report.values.PHASES_GONE", "teacher.cache.gone"]
+
+
+def missing_paths(doc: str, repo: Path = REPO) -> list[str]:
+    """The doc's code spans' ``.py`` paths that no file of the repository ends with (the recipes' ``my...`` aside)."""
+    files = [p.relative_to(repo).as_posix() for top in ("src", "tests", "bench", "workflow", "config")
+             for p in (repo / top).rglob("*.py")] + [p.name for p in repo.glob("*.py")]
+    out = []
+    for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", doc, flags=re.S)):
+        for path in re.findall(r"((?:[\w.]+/)*\w+\.py)\b", span):
+            if "my" not in path.split("/")[-1][:2] and not any(f == path or f.endswith("/" + path) for f in files):
+                out.append(path)
+    return sorted(set(out))
+
+
+def test_the_doc_names_files_that_exist():
+    assert missing_paths(DOC_TEXT) == []
+    assert missing_paths("`train/gone.py`, `methods/base.py`, `src/protoclip/train/methods/mymethod.py`") == [
+        "train/gone.py"]
