@@ -1,8 +1,11 @@
-"""docs/architecture.md's floors table is the code's: every import between two modules of src/protoclip (at a module's
-top, inside a function or under TYPE_CHECKING) goes from a room to a room on a lower floor, or stays in its room,
-except the upward imports the doc declares; every module lives in a room of the table and every room of the table
-exists; only the modules the doc names load others by name. And the house's sizes: no function over 80 lines, no
-module over 600 (the project's style)."""
+"""docs/architecture.md is the code's.
+
+Its floors table: every import between two modules of src/protoclip (at a module's top, inside a function or under
+TYPE_CHECKING) goes from a room to a room on a lower floor, or stays in its room, except the upward imports the doc
+declares; every module lives in a room of the table and every room of the table exists; only the modules the doc
+names load others by name; MLflow only through tracking.py, Snakemake and DVC only in dag/. Its names: every
+``<module>.<name>`` it writes is defined there, every ``.py`` path it writes exists. And the house's sizes: no
+function over 80 lines, no module over 600 (the project's style)."""
 from __future__ import annotations
 
 import ast
@@ -72,6 +75,7 @@ def room_of(path: Path, rooms: dict[str, int], root: Path = SRC) -> str | None:
 
 
 def is_face(path: Path, known: set[str]) -> bool:
+    """A package's __init__.py that imports nothing of the project: it needs no room."""
     return path.name == "__init__.py" and not imports(path.read_text(encoding="utf-8"), known)
 
 
@@ -134,6 +138,7 @@ def test_the_check_flags_an_upward_import_and_a_missing_room(tmp_path):
     assert missing_rooms(rooms, pkg) == ["stray.py", "gone.py: in the table, not in the code"]
     assert upward_imports({"__init__.py": 1, "low/": 3, "high.py": 2, "stray.py": 3}, pkg) == []
     assert upward_imports({"__init__.py": 1, "low/": 2, "high.py": 2}, pkg) != []  # one floor: not below
+    assert declared_upward("Declared upward imports (...): `low/` -> `high.py` (why).") == {("low/", "high.py")}
 
 
 def test_only_the_named_modules_load_by_name():
