@@ -23,7 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from protoclip.files.atomic import atomic_path
+from protoclip.files.layout import Layout
 from protoclip.report.paper_targets import ReportProject
+from protoclip.report.summary_figures import summary_names
 
 TRAIN_LOSS_PLOT = "training loss"  # plot id of the training curves in dvc.yaml
 
@@ -55,8 +57,6 @@ def write_plot_data(layout, runs: list[str], losses: pd.DataFrame, records: list
 
 def dvc_plots(cfg: ReportProject) -> list[dict | str]:
     """The top-level ``plots:`` entries of dvc.yaml for ``cfg``'s runs and paper targets (paths as in dvc.yaml)."""
-    from protoclip.files.layout import Layout
-
     layout = Layout.from_config(cfg)
     runs = cfg.run_names()
     plots: list[dict] = []
@@ -72,7 +72,6 @@ def dvc_plots(cfg: ReportProject) -> list[dict | str]:
                                                     "title": f"{t.id}: {field}", "x_label": field, "y_label": ""}})
         else:
             plots.append(str(layout.target_files(t.id, t.kind)[0]))  # the figure's PNG: an image plot
-    from protoclip.report.summary_figures import summary_names
 
     # ours against the paper, Table VI's differences, the training curves per target: image plots too
     plots += [str(layout.figures / f"{name}.png") for name in summary_names(cfg)]

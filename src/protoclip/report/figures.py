@@ -23,16 +23,17 @@ from protoclip.files.atomic import atomic_path
 from protoclip.evaluate.set_features import SetFeatures
 from protoclip.evaluate.tasks.clustering import TASK as CLUSTERING
 from protoclip.report.paper_targets import ReportProject, TargetConfig
+from protoclip.report.temperature import plot_temperature, temperature_diagnostics
 from protoclip.report.values import PHASES, Results, paper_numbers
 
 log = logging.getLogger(__name__)
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # heavy: matplotlib, only when a figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib, only when a figure is drawn
 
     return plt
 
@@ -116,7 +117,7 @@ def shared_subsample(n: int, max_points: int, seed: int = 0) -> np.ndarray:
 
 
 def plot_tsne(cfg: ReportProject, results: Results, target: TargetConfig, out: Path) -> None:
-    from sklearn.manifold import TSNE
+    from sklearn.manifold import TSNE  # heavy: sklearn, only when a t-SNE runs
 
     plt = _plt()
     rows = [r for r in target.rows if r.run][:2]
@@ -239,8 +240,6 @@ def plot_time_split(cfg: ReportProject, results: Results, target: TargetConfig, 
 def plot_temperature_rows(cfg: ReportProject, results: Results, target: TargetConfig, out: Path) -> None:
     """The temperature study (protoclip.report.temperature): one curve per row's run (first seed), and the
     runs' temperature diagnostics (its ``task: temperature`` columns)."""
-    from protoclip.report.temperature import plot_temperature, temperature_diagnostics
-
     logs = {f"{r.label} ({run})": results.layout.train_log(run)
             for r in target.rows if r.run and (group := cfg.run_group(r.run)) for run in group[:1]}
     if not plot_temperature(logs, out, temperature_diagnostics(cfg, results, target)):

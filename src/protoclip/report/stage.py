@@ -24,12 +24,19 @@ from pathlib import Path
 
 import pandas as pd
 
+from protoclip.claims.engine import ClaimEngine
 from protoclip.files.atomic import atomic_path, clean_stale_temps, write_text
 from protoclip.files.layout import Layout
 from protoclip.jobs.launch import rank_threads
+from protoclip.report.dvc_plots import write_plot_data
+from protoclip.report.figures import write_figure
+from protoclip.report.ledger_table import log_ledger, run_ledger
+from protoclip.report.paper_tables import write_table
 from protoclip.report.paper_targets import ReportProject
+from protoclip.report.summary_figures import write_summary_figures
 from protoclip.report.tables import collect_metrics, rst_escape, table_tasks, task_table, train_losses
 from protoclip.report.values import Results
+from protoclip.tracking import claims_run, log_report
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +49,6 @@ def job_cpus(env: dict | None = None) -> int:
 
 
 def run_report(cfg: ReportProject) -> Path:
-    from protoclip.claims.engine import ClaimEngine
-    from protoclip.report.ledger_table import run_ledger
-    from protoclip.report.dvc_plots import write_plot_data
-    from protoclip.report.figures import write_figure
-    from protoclip.report.paper_tables import write_table
-    from protoclip.report.summary_figures import write_summary_figures
-
     layout = Layout.from_config(cfg)
     for folder in (layout.tables, layout.figures, layout.report_dir):
         clean_stale_temps(folder)  # the report job is these folders' only writer: a killed run's temp files
@@ -117,9 +117,6 @@ def run_report(cfg: ReportProject) -> Path:
 
 def log_to_mlflow(cfg: ReportProject) -> None:
     """The report's tables and figures as artifacts of a ``report`` MLflow run; each claim into a ``claims`` run."""
-    from protoclip.report.ledger_table import log_ledger
-    from protoclip.tracking import claims_run, log_report
-
     log_report(cfg)
     with claims_run(cfg) as tracker:
         log_ledger(cfg, tracker)

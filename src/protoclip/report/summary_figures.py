@@ -95,7 +95,7 @@ def plot_ours_vs_paper(points: pd.DataFrame, out: Path, title: str) -> None:
         ax.set_ylabel(f"ours ({unit})")
         ax.set_title("accuracy / recall" if unit == "%" else "ARI / AMI", fontsize=10)
         ax.grid(alpha=0.3)
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # heavy: matplotlib, only when a figure is drawn
 
     counts = points.groupby("target", sort=False).size()
     handles = [Line2D([], [], marker="o", linestyle="", color=colors[t], label=f"{t} ({counts[t]})") for t in targets]

@@ -149,10 +149,10 @@ def plot_temperature(train_logs: dict[str, str | Path], out_png: str | Path,
     curves = temperature_curves(train_logs)
     if not curves:
         return False
-    import matplotlib
+    import matplotlib  # heavy: matplotlib, only when a figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib, only when a figure is drawn
 
     diagnostics = {k: v for k, v in (diagnostics or {}).items() if v}
     ref = next((d for d in diagnostics.values() if d.get("sweep")), None)
