@@ -24,6 +24,9 @@ from pathlib import Path
 
 import yaml
 
+import protoclip
+from protoclip.files.atomic import write_text
+
 FINGERPRINTS = "code-fingerprints.yaml"  # beside dvc.yaml: a DVC params file, one key per command
 PACKAGE = "protoclip"
 CLI = "protoclip.cli"
@@ -39,8 +42,6 @@ DIGITS = 16  # hex digits kept of each sha256 (64 bits: no accidental equality b
 
 def package_root() -> Path:
     """The folder of the ``protoclip`` package this process runs (the code the stage commands run)."""
-    import protoclip
-
     return Path(protoclip.__file__).parent
 
 
@@ -179,7 +180,5 @@ def write_fingerprints(path: str | Path = FINGERPRINTS, root: Path | None = None
     text = fingerprints_text(values)
     path = Path(path)
     if not path.is_file() or path.read_text() != text:
-        from protoclip.files.atomic import write_text
-
         write_text(path, text)
     return values

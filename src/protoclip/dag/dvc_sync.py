@@ -8,7 +8,12 @@ stages are :func:`protoclip.dag.stages.stages`; the file times are put back in D
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from itertools import groupby
 from pathlib import Path
+
+import yaml
 
 from protoclip.project import ProjectConfig
 from protoclip.dag.filetimes import restamp
@@ -28,9 +33,6 @@ def dvc_commit(cfg: ProjectConfig, config_file: str, default_config: str, made: 
     a message, when the commands read overridden config (dvc.yaml describes ``default_config``), when the folder
     is not a DVC repository, or when dvc.yaml is stale (``protoclip dvc-yaml`` rewrites it).
     """
-    import subprocess
-    import sys
-
     if not Path(".dvc").is_dir() or not Path(dvc_yaml).is_file():
         return []
     if config_file != default_config:
@@ -63,9 +65,7 @@ def dvc_commit_stages(names: list[str]) -> None:
     writing DVC's run cache (``.dvc/cache/runs``, a memo that lets ``dvc repro`` restore outputs of a stage run
     before; nothing here reads it). tests/e2e/test_dvc_roundtrip.py checks that ``dvc status`` is clean after it.
     """
-    from itertools import groupby
-
-    from dvc.repo import Repo, lock_repo
+    from dvc.repo import Repo, lock_repo  # heavy: dvc, only when the DAG syncs with DVC
 
     wanted = set(names)
     with Repo() as repo, lock_repo(repo):
@@ -83,8 +83,6 @@ def dvc_commit_stages(names: list[str]) -> None:
 
 def locked_stages(lock: str | Path = "dvc.lock") -> set[str]:
     """The stage names dvc.lock records (empty when there is none)."""
-    import yaml
-
     path = Path(lock)
     if not path.is_file():
         return set()

@@ -14,6 +14,7 @@ import ast
 import dataclasses
 import inspect
 import io
+import sys
 import textwrap
 import tokenize
 import types
@@ -23,6 +24,8 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from protoclip.config.strict import INTERNAL, REGISTERED_BY, open_sections, to_dict
+from protoclip.files.atomic import write_text
+from protoclip.project import ProjectConfig
 
 SCHEMA_FILE = Path("workflow/schemas/config.schema.yaml")
 README_FILE = Path("config/README.md")
@@ -171,8 +174,6 @@ def section_schema(cls: type) -> dict:
 
 def project_schema() -> dict:
     """The whole project config's schema (what ``config/config.yaml`` and every ``--configfile`` may hold)."""
-    from protoclip.project import ProjectConfig
-
     body = section_schema(ProjectConfig)
     return {"$schema": JSON_SCHEMA_DIALECT,
             "title": "protoclip-repro project config",
@@ -286,8 +287,6 @@ def generated_files(root: Path | str = ".") -> dict[Path, str]:
 
 def write_generated(root: Path | str = ".", check: bool = False) -> list[Path]:
     """Write the generated files (``check``: write nothing); returns the ones whose text differed."""
-    from protoclip.files.atomic import write_text
-
     stale = []
     for path, text in generated_files(root).items():
         if not path.exists() or path.read_text(encoding="utf-8") != text:
@@ -309,8 +308,6 @@ def add_arguments(p, name: str) -> None:
 
 
 def main(args) -> int:
-    import sys
-
     stale = write_generated(args.root, check=args.check)
     for path in stale:
         print(f"protoclip schema: {path} {'is stale: run `protoclip schema`' if args.check else 'written'}",

@@ -10,10 +10,15 @@ import copy
 import os
 from pathlib import Path
 
+import yaml
+
 from protoclip.project import ProjectConfig
 from protoclip.dag.stages import Out
 from protoclip.files.layout import Layout
 from protoclip.config.strict import read_yaml
+from protoclip.files.atomic import write_text
+from protoclip.files.hashing import json_sha256
+from protoclip.report.summary_figures import summary_names
 
 
 def outputs(targets: dict[str, Out], directory) -> dict:
@@ -38,7 +43,6 @@ def report_outputs(cfg: ProjectConfig, report) -> dict:
         else:
             out[t.id] = report(paths[0], category="Figures", **flag)
         out[f"{t.id}_caption"] = str(caption)
-    from protoclip.report.summary_figures import summary_names
 
     for name in summary_names(cfg):  # ours vs the paper, Table VI's differences, training curves: Figures too
         caption = lay.caption(name)
@@ -120,8 +124,6 @@ def repeated_configfile_flag(argv: list[str]) -> str | None:
 def settings_digest(section) -> str:
     """sha256 (16 hex digits) of a job's resolved settings as canonical JSON: the rule param that reruns the job
     when, and only when, they change (not the name of the file that holds them)."""
-    from protoclip.files.hashing import json_sha256
-
     return json_sha256(section)[:16]
 
 
@@ -138,8 +140,6 @@ def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_co
     meaning "relative to the file that listed them" (rewritten relative to the resolved file; from
     ``--config``: relative to the working directory).
     """
-    import yaml
-
     sources = list(cli_files) or [default_file]
     if len(sources) == 1 and merged == read_yaml(sources[0]):
         return sources[0]
@@ -166,8 +166,6 @@ def resolve_config(merged: dict, default_file: str, cli_files: list[str], cli_co
             + yaml.safe_dump(data, sort_keys=False))
     path = Path(resolved_path)
     if not path.exists() or path.read_text() != text:
-        from protoclip.files.atomic import write_text
-
         write_text(path, text)
     return resolved_path
 
