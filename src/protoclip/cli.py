@@ -81,7 +81,7 @@ class _Version(argparse.Action):
                          help="print the version, the code's commit and the main libraries', then exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from protoclip.files.provenance import version_line
+        from protoclip.files.provenance import version_line  # heavy: importlib.metadata, only for --version
 
         print(version_line())
         parser.exit()
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     launch.progress_for_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
-        from protoclip.project import load_config  # here: a command handed to the fork server never needs it
+        from protoclip.project import load_config  # heavy: numpy, a command handed to the fork server never needs it
 
         args.cfg = load_config(args.config) if COMMANDS[stage].config else None
         return module.main(args) or 0

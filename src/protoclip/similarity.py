@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+from protoclip.registry import method_class
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -60,8 +62,6 @@ class Similarity:
 def similarity_of(method: str | None, name: str, subspheres: int = 1) -> Similarity:
     """The similarity ``name`` of a model trained by ``method`` (None: saved without one, cosine only), from the
     method's class in the registry. ValueError when the method is unknown or has no such similarity."""
-    from protoclip.registry import method_class
-
     cls = Similarity if method is None else method_class(method).similarity_class(name)
     if cls.name != name:
         raise ValueError(f"method {method!r} scores by {cls.name!r}, not {name!r}")

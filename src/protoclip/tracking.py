@@ -33,10 +33,12 @@ import re
 import tempfile
 import time
 from contextlib import contextmanager
+import fcntl
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from protoclip.config.protocols import Project
+from protoclip.files.layout import Layout
 
 log = logging.getLogger(__name__)
 # the store's error when a concurrent job inserted the same dataset first (SQLite's and PostgreSQL's wording)
@@ -156,7 +158,7 @@ class MlflowTracker(Tracker):
     def log_dataset(self, frame, name: str, digest: str | None = None, source: str | None = None,
                     context: str = "training") -> None:
         """``mlflow.log_input`` of a pandas frame (e.g. the run's manifest rows) under ``name``."""
-        import mlflow.data
+        import mlflow.data  # heavy: mlflow, only when tracking is on
 
         ds = mlflow.data.from_pandas(frame, source=source, name=name, digest=digest)
         for attempt in range(3):
@@ -214,7 +216,6 @@ def _file_lock(path: Path | None) -> Iterator[None]:
     if path is None:
         yield
         return
-    import fcntl
 
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -227,7 +228,7 @@ def _file_lock(path: Path | None) -> Iterator[None]:
 def _mlflow(cfg: Project):
     """The configured mlflow module (tracking URI set, experiment created with its kind tag), or None."""
     try:
-        import mlflow
+        import mlflow  # heavy: mlflow, only when tracking is on
     except ImportError:  # pragma: no cover - mlflow is a declared dependency
         log.warning("mlflow not importable: metrics are written to files only")
         return None
@@ -261,7 +262,7 @@ def _client(mlflow, sqlite: bool, wait_s: float = 300.0):
     """The MLflow client, its store opened. On SQLite, opening reads the schema on a connection of SQLite's default
     5 s busy timeout (MLflow's own sessions wait 20 s), so on a busy machine a job whose write holds the store
     longer stops this one with "database is locked": it is retried, with a warning, for up to ``wait_s``."""
-    import sqlalchemy.exc
+    import sqlalchemy.exc  # heavy: sqlalchemy, only when tracking is on
 
     delay, end = 0.5, time.monotonic() + wait_s
     while True:
@@ -320,7 +321,7 @@ def system_metrics(cfg: Project) -> bool:
     if not cfg.paths.mlflow_system_metrics:
         return False
     try:
-        import psutil  # noqa: F401
+        import psutil  # optional: psutil, only for MLflow's system metrics  # noqa: F401
     except ImportError:
         log.warning("psutil is not installed: no MLflow system metrics (pip install psutil)")
         return False
@@ -456,8 +457,6 @@ def claims_run(cfg: Project) -> Iterator[Tracker]:
 
 def log_report(cfg: Project) -> str | None:
     """Log ``results/tables`` and ``results/figures`` as artifacts of a new ``report`` run; returns its id."""
-    from protoclip.files.layout import Layout
-
     layout = Layout.from_config(cfg)
     with report_run(cfg) as tracker:
         for folder in (layout.tables, layout.figures):

@@ -14,6 +14,7 @@ open_clip model: torchvision's image-only ResNet-50 (PCL / PAUC's encoder; :data
 """
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
 import importlib.util
@@ -155,8 +156,6 @@ def released_tags() -> dict[str, tuple[str, ...]]:
     ``open_clip/pretrained.py`` without importing it (it imports torch): each ``_PRETRAINED`` entry is a
     ``dict(tag=_pcfg(...), ...)``, inline or named, and every model with QuickGELU tags also has a ``-quickgelu``
     name with those tags (the module's own loop). Imports open_clip only when the file does not parse that way."""
-    import ast
-
     spec = importlib.util.find_spec("open_clip")
     try:
         file = Path(next(iter(spec.submodule_search_locations or []))) / "pretrained.py"
@@ -177,7 +176,7 @@ def released_tags() -> dict[str, tuple[str, ...]]:
                     if any(ts.values())})
         return {m: tuple(ts) for m, ts in out.items()}
     except (StopIteration, OSError, SyntaxError, KeyError, AttributeError, TypeError, ValueError):
-        import open_clip  # another open_clip layout: ask it (slow: torch)
+        import open_clip  # heavy: open_clip (torch), only for another layout of its pretrained.py
 
         out: dict[str, list[str]] = {}
         for model, tag in open_clip.list_pretrained():

@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 from contextlib import contextmanager
+import io
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -126,9 +127,7 @@ def save_torch(path: str | Path, obj: Any) -> Path:
     any content-addressed store). Saving to a buffer uses the fixed record prefix ``archive/``: same object,
     same bytes (tests/unit/test_determinism.py).
     """
-    import io
-
-    import torch
+    import torch  # heavy: torch, only when tensors are saved
 
     buf = io.BytesIO()
     torch.save(obj, buf)

@@ -7,6 +7,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from protoclip import __version__
+
 
 def git_commit(cwd: str | Path = ".") -> str:
     """The checkout's commit SHA, with '-dirty' when tracked files differ; 'unknown' outside git."""
@@ -35,8 +37,6 @@ def versions(packages=("torch", "torchvision", "open_clip_torch", "faiss-cpu", "
 def version_line() -> str:
     """``protoclip --version``: the package version, the commit of the code that runs, the libraries results depend
     on most."""
-    from protoclip import __version__
-
     v = versions(("torch", "open_clip_torch"))
     commit = git_commit(Path(__file__).resolve().parent)
     where = f"commit {commit}" if commit != "unknown" else "not a git checkout"
@@ -45,7 +45,7 @@ def version_line() -> str:
 
 
 def device_info() -> dict[str, str]:
-    import torch
+    import torch  # heavy: torch, only when the device is recorded
 
     if torch.cuda.is_available():
         return {"device": "cuda", "gpu": torch.cuda.get_device_name(0), "gpus": str(torch.cuda.device_count()),

@@ -29,7 +29,7 @@ def check_device_name(device: str) -> None:
 
 def resolve_device(device: str) -> torch.device:
     """'auto' -> cuda when available, else cpu; 'cuda[:N]' only when that GPU is visible."""
-    import torch
+    import torch  # heavy: torch, only when a device is resolved
 
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import array
 import atexit
+import ctypes
 import importlib
 import json
 import os
@@ -171,8 +172,6 @@ def _apply_threads(env) -> None:
 
 def _name(name: str) -> None:
     """The name ``ps`` / ``top`` show for this fork (its command line stays the server's)."""
-    import ctypes
-
     ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 

@@ -19,6 +19,7 @@ rerun's, and :func:`progress_for_logs` slows a job log's progress bars to a line
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import signal
@@ -178,8 +179,6 @@ def die_with_launcher(env: dict | None = None) -> None:
 
 
 def _set_parent_death_signal() -> None:
-    import ctypes
-
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
@@ -283,8 +282,9 @@ def run_ranks(placement: Placement, protoclip_args: list[str]) -> int:
     keeping the job's GPU slots while the ranks run. The ranks' arguments are handed over unparsed: torchrun's
     command line would read ``--run`` as an abbreviation of its own ``--run-path`` and stop.
     """
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.elastic.multiprocessing.errors import (
+        ChildFailedError)  # heavy: torch, only when torchrun starts ranks
+    from torch.distributed.run import get_args_parser, run  # heavy: torch, only when torchrun starts ranks
 
     args = get_args_parser().parse_args(torchrun_args(placement.ranks))
     args.training_script_args = list(protoclip_args)

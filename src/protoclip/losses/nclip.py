@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.nn import all_reduce
 
 
 def global_batch_mean(p: torch.Tensor, world_size: int = 1) -> tuple[torch.Tensor, int]:
     """(mean over the batch of every rank, differentiable (sum all-reduced with autograd); that batch's size)."""
     if world_size <= 1:
         return p.mean(0), int(p.shape[0])
-    from torch.distributed.nn import all_reduce
 
     total = all_reduce(p.sum(0))
     count = torch.full((1,), float(p.shape[0]), device=p.device)  # made there: a copy from the host would wait

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from protoclip.prototypes.kmeans import kmeans
+
 log = logging.getLogger(__name__)
 
 PHI_ALPHA = 10.0  # alpha of Eq. 12 [paper Sec. 3.3: "alpha = 10"]
@@ -138,8 +140,6 @@ def build_clusterings(features: torch.Tensor, ks: list[int], tau: float, *, iter
     ``min/max_points_per_centroid`` (10 / 1000: faiss subsamples large inputs) have no counterpart in
     ``protoclip.prototypes.kmeans``: every point is used.
     """
-    from protoclip.prototypes.kmeans import kmeans
-
     _check_features("build_clusterings features", features)
     if not ks:
         raise ValueError("build_clusterings: need at least one K")

@@ -25,6 +25,7 @@ import torch
 
 from protoclip.config.architectures import TORCHVISION_MODELS, check_torchvision, image_step, is_torchvision
 from protoclip.models.model import ProtoCLIPModel
+from protoclip.models.multitoken import make_multitoken
 from protoclip.models.torchvision_image import TorchvisionTower, no_text_tokenizer
 
 log = logging.getLogger(__name__)
@@ -112,8 +113,6 @@ def build_model(
                                   force_custom_text=class_tokens > 0, **overrides)
     embed_dim = overrides.get("embed_dim", cfg["embed_dim"])
     if class_tokens > 0:
-        from protoclip.models.multitoken import make_multitoken
-
         clip = make_multitoken(clip, class_tokens).to(device)
         embed_dim *= class_tokens
     model = ProtoCLIPModel(

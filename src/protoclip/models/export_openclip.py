@@ -26,10 +26,17 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from open_clip.transform import PreprocessCfg
+from safetensors.torch import save as safetensors_bytes
+
 from protoclip.config.architectures import is_torchvision
 from protoclip.config.protocols import Project
 from protoclip.config.strict import require_path
+from protoclip.files.atomic import atomic_path, clean_stale_temps, write_json
+from protoclip.files.hashing import sha256_file
 from protoclip.files.layout import Layout
+from protoclip.models.build import architecture_overrides, model_config
+from protoclip.models.checkpoint import load_model, read_eval_spec
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +51,6 @@ class ExportError(ValueError):
 def open_clip_model_cfg(model) -> dict:
     """The open_clip ``model_cfg`` of a :class:`~protoclip.models.ProtoCLIPModel` (its name's config plus the
     architecture overrides it was built with)."""
-    from protoclip.models.build import architecture_overrides, model_config
-
     cfg = copy.deepcopy(model_config(model.name))
     cfg.update(architecture_overrides(cfg, model.embed_dim, model.context_length, model.image_size))
     return cfg
@@ -54,8 +59,6 @@ def open_clip_model_cfg(model) -> dict:
 def preprocess_cfg(image_size: int) -> dict:
     """open_clip's inference preprocessing at ``image_size``: what ``eval_transform`` builds (open_clip's
     ``image_transform(size, is_train=False)`` with its defaults: OpenAI mean / std, bicubic, shortest-side resize)."""
-    from open_clip.transform import PreprocessCfg
-
     out = asdict(PreprocessCfg(size=int(image_size)))
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items()}
 
@@ -94,11 +97,6 @@ def export_notes(model, config: dict, spec) -> list[str]:
 
 def export_openclip(model_path: str | Path, out_dir: str | Path) -> Path:
     """Write the open_clip folder of the model file ``model_path`` to ``out_dir``; returns ``out_dir``."""
-    from safetensors.torch import save as safetensors_bytes
-
-    from protoclip.files.atomic import atomic_path, clean_stale_temps, write_json
-    from protoclip.files.hashing import sha256_file
-    from protoclip.models.checkpoint import load_model, read_eval_spec
 
     model_path, out_dir = Path(model_path), Path(out_dir)
     model, config = load_model(model_path)

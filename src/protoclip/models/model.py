@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 
+from open_clip.model import CLIP
+from open_clip.transformer import text_global_pool
 import torch
 from torch import nn
 
@@ -93,16 +95,12 @@ HEADS = {"swav": ProjectionHead, "nclip": NCLIPHead, "moco": MoCoHead}
 # tests/unit/test_models.py checks values and gradients against open_clip's own encode_text.
 def trims_text(clip: nn.Module) -> bool:
     """Whether ``clip`` is open_clip's plain CLIP with a causal, EOT-pooled text tower (trimming is exact)."""
-    from open_clip.model import CLIP
-
     return (type(clip) is CLIP and getattr(clip, "text_pool_type", None) == "argmax"
             and getattr(clip, "attn_mask", None) is not None)
 
 
 def encode_text_trimmed(clip: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """open_clip ``CLIP.encode_text(tokens, normalize=False)`` (3.3.0, model.py) on the first L positions only."""
-    from open_clip.transformer import text_global_pool
-
     n = int(tokens.argmax(dim=-1).max()) + 1  # EOT position of the longest caption, + 1
     text = tokens[:, :n]
     cast_dtype = clip.transformer.get_cast_dtype()

@@ -23,6 +23,9 @@ import json
 from pathlib import Path
 from typing import Callable
 
+import open_clip
+from open_clip.factory import _find_checkpoint_in_dir
+from open_clip.pretrained import download_pretrained, get_pretrained_cfg
 import torch
 from torch import nn
 
@@ -44,8 +47,6 @@ def local_folder(tag: str) -> Path | None:
 
 def weights_file(folder: Path) -> Path:
     """The weights open_clip reads from ``folder`` (its own search: ``factory._find_checkpoint_in_dir``)."""
-    from open_clip.factory import _find_checkpoint_in_dir
-
     found = _find_checkpoint_in_dir(folder)
     if not found:
         raise PretrainedError(f"{folder}: no open_clip weights file (open_clip_model.safetensors, "
@@ -61,8 +62,6 @@ def source_label(model: str | None, tag: str) -> str:
 def load_pretrained(model: str | None, tag: str, device: torch.device | str = "cpu"
                     ) -> tuple[ProtoCLIPModel, Callable, Callable, Path]:
     """``(model in eval mode, tokenizer, image transform, weights file)`` of a released checkpoint."""
-    import open_clip
-
     folder = local_folder(tag)
     if folder is not None:
         config = folder / "open_clip_config.json"
@@ -73,8 +72,6 @@ def load_pretrained(model: str | None, tag: str, device: torch.device | str = "c
         model_cfg = json.loads(config.read_text("utf-8"))["model_cfg"]
         clip, _, transform = open_clip.create_model_and_transforms(name, device=device)
     else:
-        from open_clip.pretrained import download_pretrained, get_pretrained_cfg
-
         released = get_pretrained_cfg(model, tag)
         name, model_cfg = model, open_clip.get_model_config(model)
         # the tag's weights, activation and preprocessing (open_clip merges the tag's mean / std / interpolation)

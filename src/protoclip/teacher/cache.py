@@ -213,7 +213,7 @@ def fit_pca(features: np.ndarray, dim: int, seed: int = 0) -> PCA:
     ``covariance_eigh`` (eigendecomposition of the D x D covariance) when N >= D -- exact, deterministic and
     cheap for millions of captions -- else a full SVD. Component signs are fixed by scikit-learn's svd_flip.
     """
-    from sklearn.decomposition import PCA  # here: the train stage reads caches through this module, not scikit-learn
+    from sklearn.decomposition import PCA  # heavy: sklearn, only when a cache is built
 
     n, d = features.shape
     if not 1 <= dim <= min(n, d):

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from protoclip.config.protocols import Project
+from protoclip.jobs.devices import check_device_name
 
 
 @dataclass
@@ -33,7 +34,6 @@ class TeacherConfig:
                              f"{self.pca_max_points_per_dim}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
-        from protoclip.jobs.devices import check_device_name
 
         check_device_name(self.device)
 

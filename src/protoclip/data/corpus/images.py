@@ -99,7 +99,7 @@ def render_svg(data: bytes, size: int) -> Image.Image:
     Rendering at the target width (not at the SVG's own size, then shrinking) keeps thin strokes crisp
     and costs far less for large drawings; :func:`fit_square` then fits tall drawings into the square.
     """
-    import cairosvg  # imported here: cairo is needed only when SVGs are rendered
+    import cairosvg  # heavy: cairosvg, only when SVGs are rendered
 
     try:
         return open_image_bytes(cairosvg.svg2png(bytestring=data, output_width=size))

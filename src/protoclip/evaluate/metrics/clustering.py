@@ -125,7 +125,7 @@ def cluster_scores(
         x = l2_normalize_np(x)
     runs = kmeans_runs(x, k, seed=seed, n_init=n_init, backend=backend)
     from sklearn.metrics import (adjusted_mutual_info_score,
-                                 adjusted_rand_score)  # heavy: sklearn, only when scored
+                                 adjusted_rand_score)  # heavy: sklearn, only when clusterings are scored
 
     aris = np.array([adjusted_rand_score(y, pred) for _, pred in runs])
     amis = np.array([adjusted_mutual_info_score(y, pred) for _, pred in runs])

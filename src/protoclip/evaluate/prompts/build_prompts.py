@@ -99,7 +99,7 @@ def parse_clip_prompts(text: str) -> dict[str, dict[str, list[str]]]:
 
 
 def imagenet_entry() -> dict[str, list[str]]:
-    from clip_benchmark.datasets.builder import all_imagenet_wordnet_ids  # optional: clip_benchmark (the prompts extra)
+    from clip_benchmark.datasets.builder import all_imagenet_wordnet_ids  # optional: clip_benchmark, the prompts extra
     from open_clip.zero_shot_metadata import (IMAGENET_CLASSNAMES,
                                               OPENAI_IMAGENET_TEMPLATES)  # heavy: open_clip, only for ImageNet
 
@@ -132,7 +132,7 @@ def _norm(name: str) -> str:
 def label_order(key: str, names: list[str]) -> list[str]:
     """``names`` (CLIP's spellings) in the label order of CLIP_benchmark's list for ``key``; fails unless both
     name the same classes."""
-    from clip_benchmark.datasets import builder  # optional: clip_benchmark (the prompts extra)
+    from clip_benchmark.datasets import builder  # optional: clip_benchmark, the prompts extra
 
     order = json.loads(Path(builder.__file__).with_name("en_classnames.json").read_text())[LABEL_ORDER[key]]
     by_key = {_norm(n): n for n in names}
