@@ -85,7 +85,7 @@ class ProjectConfig:
         """{run: reason} of the runs none of whose training data exists (every ``prepare.user_data`` set it
         trains on has no file: a user with CC3M but not YFCC). They get no job; the report shows them as
         skipped with the reason, and the runs whose data is there run as usual."""
-        from protoclip.data.corpus.userdata import absent_reason
+        from protoclip.data.corpus.userdata import absent_reason  # heavy: pandas, only when asked which runs lack data
 
         absent = {u.name: why for u in self.prepare.user_data if (why := absent_reason(u))}
         out = {}

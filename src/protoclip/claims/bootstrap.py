@@ -47,6 +47,7 @@ Numpy (and scikit-learn's expected mutual information for AMI): no project confi
 from __future__ import annotations
 
 import multiprocessing
+import traceback
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -202,8 +203,6 @@ def _rows_part(fn: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, a: int,
     try:
         send.send((True, fn(rows[a:b])))
     except BaseException:  # noqa: BLE001 - the parent raises it
-        import traceback
-
         send.send((False, traceback.format_exc()))
     finally:
         send.close()
@@ -222,8 +221,8 @@ def _received(child, receive) -> np.ndarray:
 def adjusted_mutual_info(table: np.ndarray) -> float:
     """sklearn's ``adjusted_mutual_info_score`` (average_method "arithmetic") from a contingency table of counts
     (classes x clusters, no empty row or column), its special cases and float guards included."""
-    from sklearn.metrics import mutual_info_score
-    from sklearn.metrics.cluster._expected_mutual_info_fast import expected_mutual_information
+    from sklearn.metrics import mutual_info_score  # heavy: sklearn, only for AMI resamples
+    from sklearn.metrics.cluster._expected_mutual_info_fast import expected_mutual_information  # heavy: sklearn
 
     rows, cols = table.shape
     if rows == cols == 1:

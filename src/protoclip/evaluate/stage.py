@@ -26,6 +26,7 @@ from protoclip.files import completion, records
 from protoclip.jobs import launch
 from protoclip.errors import ConfigError
 from protoclip.evaluate.adapters import SetInput, adapter_of
+from protoclip.evaluate.collect import run_collect
 from protoclip.evaluate.config import EvaluateConfig, EvaluateProject
 from protoclip.evaluate.datasets import EvalSet, Skipped, load_eval_set
 from protoclip.evaluate.plan import TaskPlan, image_only_method, plan_tasks, static_tasks, too_small
@@ -197,7 +198,7 @@ def run_evaluate(cfg: EvaluateProject, run: str, tasks: list[str] | None = None,
     with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
         tracker.log_params(params)
         if pretrained.enabled:  # what a trained run's MLflow run says of its training, this says of its checkpoint
-            from protoclip.models.pretrained import source_label
+            from protoclip.models.pretrained import source_label  # heavy: open_clip, only for a released checkpoint
 
             tracker.log_params({"pretrained": {"model": pretrained.model, "tag": pretrained.tag}})
             tracker.set_tags({"protoclip.pretrained": source_label(pretrained.model, pretrained.tag)})
@@ -211,7 +212,7 @@ def _extractor(ecfg: EvaluateConfig, pretrained: Any, model: Path, run: str):
     """The features of ``run``'s model: its ``model`` file, or the released checkpoint its ``pretrained`` section
     (train.config.PretrainedConfig) names (no training job: protoclip.models.pretrained); on the evaluation
     section's device, batch size, workers and chunk size."""
-    from protoclip.evaluate.features import FeatureExtractor, PretrainedFeatures  # torch: not needed by `collect`
+    from protoclip.evaluate.features import FeatureExtractor, PretrainedFeatures  # heavy: torch, not needed by collect
 
     sizes = (ecfg.device, ecfg.batch_size, ecfg.num_workers, ecfg.extract_chunk_batches)
     if pretrained.enabled:
@@ -233,7 +234,5 @@ def main(args) -> int:
     with launch.place(cfg.gpus, launch.evaluate_gpus(cfg, args.run), who=f"evaluate {args.run}"):
         run_evaluate(cfg, args.run, tasks=args.task, datasets=args.dataset)
     if args.dataset is None:
-        from protoclip.evaluate.collect import run_collect
-
         run_collect(cfg, args.run)
     return 0

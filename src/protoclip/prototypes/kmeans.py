@@ -18,6 +18,7 @@ in the paper; small, well-separated data and tests) seeds Lloyd with scikit-lear
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -102,8 +103,6 @@ def load_faiss():
     Raises MissingExtraError (an ImportError) naming the extras when faiss is not installed: faiss-cpu and
     faiss-gpu-cu12 are the ``cpu`` and ``gpu`` extras, one or the other (both write one ``faiss`` package folder).
     Every faiss import of the project goes through here."""
-    import sys
-
     if sys.modules.get("faiss") is not None:  # (a None entry blocks the import: `import faiss` below raises)
         return sys.modules["faiss"]
     loader_log = logging.getLogger("faiss.loader")
@@ -250,7 +249,7 @@ def split_empty_clusters(centroids: torch.Tensor, counts: torch.Tensor) -> int:
 
 def kmeanspp_init(x: torch.Tensor, k: int, seed: int) -> torch.Tensor:
     """k-means++ seeding through scikit-learn (O(N k d), sequential: meant for small problems) [k, d]."""
-    from sklearn.cluster import kmeans_plusplus
+    from sklearn.cluster import kmeans_plusplus  # heavy: sklearn, only for init="k-means++"
 
     centers, _ = kmeans_plusplus(x.cpu().numpy(), k, random_state=int(seed))
     return torch.from_numpy(np.ascontiguousarray(centers, dtype=np.float32)).to(x.device)

@@ -139,10 +139,10 @@ COLORS = {ledger.REPRODUCED: "#2a9d4b", ledger.CONTRADICTED: "#c0392b", ledger.N
 def forest_plot(rows: list[LedgerRow], out: Path) -> Path:
     """Each claim's paper number and margin beside our estimate and intervals, one panel per unit (points, %
     of time, sets); the verdict in words at the right, coloured by the direction (or the magnitude)."""
-    import matplotlib
+    import matplotlib  # heavy: matplotlib, only when the plot is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib, only when the plot is drawn
 
     groups = {u: [r for r in rows if r.unit == u] for u in dict.fromkeys(r.unit for r in rows)} or {"points": []}
     heights = [max(len(g), 1) for g in groups.values()]

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from protoclip.evaluate.metrics._inputs import ArrayLike, features_torch, labels_np
+from protoclip.evaluate.metrics.clustering import kmeans_labels
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,8 @@ def sinkhorn_cost(
 
 def exact_emd_cost(x: np.ndarray, y: np.ndarray) -> float:
     """Exact EMD (W1, chord cost, uniform weights) between two point sets with POT's network simplex."""
-    import ot  # POT; only the exact path needs it
-    from scipy.spatial.distance import cdist
+    import ot  # heavy: ot (POT), only on the exact path
+    from scipy.spatial.distance import cdist  # heavy: scipy, only on the exact path
 
     # scipy's direct formula gives exact zeros on equal points (ot.dist's ||x||^2+||y||^2-2xy gives ~1e-9)
     M = cdist(x, y, metric="euclidean")
@@ -274,8 +275,6 @@ def _other_solver(groups: list[torch.Tensor], pairs: list[tuple[int, int]], meth
 
 def kmeans_partition(features: ArrayLike, k: int, seed: int = 0) -> np.ndarray:
     """NEMD partition variant (b): spherical k-means (faiss, 20 iterations, 5 redos) on normalised features."""
-    from protoclip.evaluate.metrics.clustering import kmeans_labels
-
     z = F.normalize(features_torch(features, "features", nonzero=True), dim=1).numpy()
     return kmeans_labels(z, k, seed=seed, n_init=5, max_iter=20, backend="faiss", spherical=True)
 
