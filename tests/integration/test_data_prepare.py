@@ -21,6 +21,7 @@ from protoclip.data.corpus.split import split_of
 from protoclip.data.stage import run_prepare
 from protoclip.files.layout import Layout
 from testkit.data import make_png, svg
+from testkit.handoffs import WatchedConfig, protocol_members
 
 
 def fake_package(layout: Layout, name: str) -> Path:
@@ -135,23 +136,17 @@ def test_the_stage_reads_its_section_and_the_paths_and_hands_on_no_project_confi
     from protoclip.data.config import PrepareProject
 
     cfg, layout = world
-    members = {name for cls in PrepareProject.__mro__ for name in vars(cls) if not name.startswith("_")}
-    read: set[str] = set()
-
-    class Watched:  # the config, noting each member read
-        def __getattr__(self, name):
-            read.add(name)
-            return getattr(cfg, name)
-
+    watched = WatchedConfig(cfg)
     handed: list[tuple] = []
 
     def spy(*args, **kwargs):
         handed.append((*args, *kwargs.values()))
         return prepare.prepare_corpus(*args, **kwargs)
     monkeypatch.setattr(stage, "prepare_corpus", spy)
-    report = stage.run_prepare(Watched())
+    report = stage.run_prepare(watched)
     assert report["total"] == {"kept": 6, "dropped": 7}
-    assert read and read <= members, read - members
+    members = protocol_members(PrepareProject)
+    assert watched.read and watched.read <= members, watched.read - members
     (section, where), = handed
     assert section is cfg.prepare and isinstance(where, Layout)
     assert (where.data_dir, where.results_dir) == (layout.data_dir, layout.results_dir)

@@ -25,6 +25,7 @@ from protoclip.evaluate.stage import run_evaluate
 from protoclip.files.hashing import sha256_file
 from protoclip.files.layout import Layout
 from testkit.evaluation import RUN, RecordingTracker
+from testkit.handoffs import WatchedConfig, protocol_members, spy_handoffs
 from testkit.training import one_thread
 
 _threads = pytest.fixture(autouse=True)(one_thread)
@@ -296,34 +297,21 @@ def test_the_stage_reads_its_protocol_and_hands_the_config_to_the_mlflow_run_onl
     the task params, the feature extractor and the per-set evaluation get their own values."""
     import protoclip.evaluate.stage as stage
     from protoclip.evaluate.config import EvaluateProject
-    from protoclip.project import ProjectConfig
 
     cfg, layout = project
-    members = {name for cls in EvaluateProject.__mro__ for name in vars(cls) if not name.startswith("_")}
-    read: set[str] = set()
-
-    class Watched:  # the config, noting each member read
-        def __getattr__(self, name):
-            read.add(name)
-            return getattr(cfg, name)
-
-    handed: list[str] = []
-    for name in ("_requested", "task_params", "_extractor", "SetEvaluation"):
-        def spy(*args, _real=getattr(stage, name), _name=name, **kwargs):
-            if any(isinstance(a, (ProjectConfig, Watched)) for a in (*args, *kwargs.values())):
-                handed.append(_name)
-            return _real(*args, **kwargs)
-        monkeypatch.setattr(stage, name, spy)
+    watched = WatchedConfig(cfg)
+    handed = spy_handoffs(monkeypatch, stage, ["_requested", "task_params", "_extractor", "SetEvaluation"], watched)
     tracked: list[tuple] = []
 
     @contextmanager
     def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
-        tracked.append((isinstance(cfg_, Watched), run))
+        tracked.append((cfg_ is watched, run))
         yield RecordingTracker()
 
     monkeypatch.setattr(stage, "evaluation_run", fake_evaluation_run)
-    written = stage.run_evaluate(Watched(), RUN, tasks=["knn"], datasets=["digits"])
+    written = stage.run_evaluate(watched, RUN, tasks=["knn"], datasets=["digits"])
     assert [p.relative_to(layout.run_dir(RUN)).as_posix() for p in written] == ["eval/digits/knn.json"]
-    assert read and read <= members, read - members
+    members = protocol_members(EvaluateProject)
+    assert watched.read and watched.read <= members, watched.read - members
     assert handed == [] and tracked == [(True, RUN)]
     assert "git_commit" in json.loads(layout.metrics(RUN, "knn", "digits").read_text())["provenance"]

@@ -13,6 +13,7 @@ from protoclip.files.layout import Layout
 from protoclip.files.records import read_train_log
 from protoclip.data.loading.training_set import resolve_sources
 from protoclip.train.stage import run_train
+from testkit.handoffs import WatchedConfig, protocol_members, spy_handoffs
 from testkit.training import one_thread
 from testkit.training import stage_project as _project
 
@@ -74,24 +75,11 @@ def test_the_stage_reads_the_sections_of_its_protocol_and_hands_on_no_project_co
     sources, the evaluation sets, the source file, the targets), and none of its parts receives the config:
     the data set, the validator, the loop and the model's MLflow version get their own values."""
     import protoclip.train.stage as stage
-    from protoclip.project import ProjectConfig
 
-    cfg = load_config(_project(tmp_path, teacher=False))
-    members = {name for cls in stage.TrainProject.__mro__ for name in vars(cls) if not name.startswith("_")}
-    read: set[str] = set()
-
-    class Watched:  # the config, noting each member read
-        def __getattr__(self, name):
-            read.add(name)
-            return getattr(cfg, name)
-
-    handed: list[str] = []
-    for name in ("training_pairs", "build_validator", "train", "register_model"):
-        def spy(*args, _real=getattr(stage, name), _name=name, **kwargs):
-            if any(isinstance(a, (ProjectConfig, Watched)) for a in (*args, *kwargs.values())):
-                handed.append(_name)
-            return _real(*args, **kwargs)
-        monkeypatch.setattr(stage, name, spy)
-    assert run_train(Watched(), "clip").exists()
-    assert read and read <= members, read - members
+    watched = WatchedConfig(load_config(_project(tmp_path, teacher=False)))
+    handed = spy_handoffs(monkeypatch, stage, ["training_pairs", "build_validator", "train", "register_model"],
+                          watched)
+    assert run_train(watched, "clip").exists()
+    members = protocol_members(stage.TrainProject)
+    assert watched.read and watched.read <= members, watched.read - members
     assert handed == []
