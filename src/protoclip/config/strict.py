@@ -16,7 +16,7 @@ import math
 import re
 import types
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -152,6 +152,24 @@ def open_sections(cls: type) -> tuple[str | None, dict[str, type]]:
         if SECTIONS in f.metadata:
             return f.name, f.metadata[SECTIONS]()
     return None, {}
+
+
+class RegisteredSections:
+    """Base of a config dataclass whose ``sections`` field holds registered sections (:func:`open_sections`):
+    built in code (``TrainConfig()``), every registered section is there with its defaults; each reads as an
+    attribute (``cfg.pcl.tau``). ``section_kind`` names them in the error for an unknown attribute."""
+
+    section_kind: ClassVar[str] = "registered section"
+
+    def __post_init__(self) -> None:
+        _, registered = open_sections(type(self))
+        self.sections = {key: self.sections.get(key) or section() for key, section in registered.items()}
+
+    def __getattr__(self, name: str) -> Any:
+        sections = self.__dict__.get("sections") or {}  # (absent while unpickling: no recursion)
+        if name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__!r} has no attribute or {self.section_kind} {name!r}")
 
 
 @functools.cache
@@ -295,4 +313,4 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-__all__ = ["build", "open_sections", "INTERNAL", "SECTIONS", "REGISTERED_BY", "to_dict", "deep_merge", "require_path", "read_yaml", "StrictLoader", "DuplicateKeyError"]
+__all__ = ["build", "open_sections", "RegisteredSections", "INTERNAL", "SECTIONS", "REGISTERED_BY", "to_dict", "deep_merge", "require_path", "read_yaml", "StrictLoader", "DuplicateKeyError"]

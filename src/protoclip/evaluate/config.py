@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from protoclip.config.protocols import Project
-from protoclip.config.strict import REGISTERED_BY, SECTIONS
+from protoclip.config.strict import REGISTERED_BY, SECTIONS, RegisteredSections
 from protoclip.jobs.devices import check_device_name
 from protoclip.tasks import TASKS, check_tasks, task_sections
 
@@ -47,7 +47,8 @@ class EvalDatasetConfig:
 
 
 @dataclass
-class EvaluateConfig:
+class EvaluateConfig(RegisteredSections):
+    section_kind: ClassVar[str] = "task section"  # (not a field: the unknown-attribute error's word)
     datasets: dict[str, EvalDatasetConfig] = field(default_factory=dict)  # name -> data set
     batch_size: int = 256  # feature extraction batch (images and prompts)
     device: str = "auto"  # auto: cuda when available, else cpu
@@ -72,14 +73,6 @@ class EvaluateConfig:
         "linear_protocol_runs": "linear.protocol_runs", "nemd_max_pairs": "nemd.max_pairs",
         "tsne_max_points": "tsne.max_points"}
 
-    def __post_init__(self) -> None:  # EvaluateConfig() in code: every task's section, its defaults if not given
-        self.sections = {key: self.sections.get(key) or section() for key, section in task_sections().items()}
-
-    def __getattr__(self, name: str) -> Any:
-        sections = self.__dict__.get("sections") or {}  # (absent while unpickling: no recursion)
-        if name in sections:
-            return sections[name]
-        raise AttributeError(f"{type(self).__name__!r} has no attribute or task section {name!r}")
 
     def validate(self) -> None:
         if self.batch_size < 1 or self.num_workers < 0:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from protoclip.jobs.devices import check_device_name
 from protoclip.config.architectures import check_model, check_pretrained
+from protoclip.config.strict import RegisteredSections
 from protoclip.registry import method_class, method_sections
 from protoclip.tasks import task_names
 
@@ -148,7 +149,7 @@ class PretrainedConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(RegisteredSections):
     name: str = "run"  # set from the run's key in the experiment file
     # training method: a name registered in protoclip.train.methods.METHODS (clip, protoclip, nclip, xclip, pcl;
     # multi-class-token CLIP = clip with class_tokens > 0); checked against the registry in validate()
@@ -234,14 +235,6 @@ class TrainConfig:
     # attributes (cfg.pcl.tau), written in YAML beside the fields above (train.pcl.tau); every run has them all
     sections: dict[str, Any] = field(default_factory=dict, metadata={"sections": method_sections})
 
-    def __post_init__(self) -> None:  # TrainConfig() in code: every registered section, its defaults if not given
-        self.sections = {key: self.sections.get(key) or section() for key, section in method_sections().items()}
-
-    def __getattr__(self, name: str) -> Any:
-        sections = self.__dict__.get("sections") or {}  # (absent while unpickling: no recursion)
-        if name in sections:
-            return sections[name]
-        raise AttributeError(f"{type(self).__name__!r} has no attribute or registered section {name!r}")
 
     def method_class(self):
         """The class of ``method`` (protoclip.registry)."""
