@@ -5,6 +5,7 @@ The classifier (prompt-ensembled class embeddings, :func:`protoclip.evaluate.tas
 is built from the model's text side once per set; the temperature task's token subsets reuse it."""
 from __future__ import annotations
 
+from protoclip.claims.ledger import chance_level
 from protoclip.evaluate.tasks.base import SetInput, TaskResult, sizes, with_labels, zeroshot_classifier
 from protoclip.tasks import Task, register
 
@@ -26,8 +27,9 @@ def task_zeroshot(x: SetInput) -> TaskResult:
 
 
 def chance(metrics: dict) -> float | None:
-    """Chance top-1 in % (100 / classes), from the metrics file's ``n_classes`` (the classifier's classes)."""
-    return 100.0 / metrics["n_classes"] if "n_classes" in metrics else None
+    """Chance top-1 in % (the ledger's rule, 100 / classes), from the metrics file's ``n_classes`` (the
+    classifier's classes)."""
+    return chance_level("top1", classes=metrics["n_classes"]) if "n_classes" in metrics else None
 
 
 TASK = register(Task("zeroshot", ("top1", "top5"), task_zeroshot, templates=True, text=True, examples="hits",
