@@ -1,16 +1,8 @@
 """open_clip architecture configs read without importing torch, and the checks a run's model keys must pass.
 
-``load_config`` runs where torch is not wanted (Snakemake parsing the config, ``protoclip runs``), yet a model
-name, ``embed_dim``, ``context_length``, ``image_size`` or ``class_tokens`` the architecture cannot take would
-otherwise fail seconds into the job inside open_clip. :func:`check_model` applies the build-time rules of
-``protoclip.models.build`` at config load and raises a ValueError naming the key. The configs are the JSON files
-open_clip reads (located with importlib, not imported) plus ``protoclip/models/configs/``; ``local-dir:`` names
-read that folder's config, ``hf-hub:`` names are not checked (nothing here goes online). ``tv-resnet50`` is no
-open_clip model: torchvision's image-only ResNet-50 (PCL / PAUC's encoder; :data:`TORCHVISION_MODELS`).
-
-    from protoclip.config.architectures import check_model
-    check_model("tiny-vit", class_tokens=4, image_size=64)   # ok
-    check_model("tiny-rn", class_tokens=4)                     # ValueError: class_tokens ... needs a ViT
+``load_config`` runs where torch is not wanted (Snakemake parsing the config, ``protoclip runs``), yet model keys
+the architecture cannot take would otherwise fail seconds into the job inside open_clip: :func:`check_model`
+applies the build-time rules of ``protoclip.models.build`` at config load instead.
 """
 from __future__ import annotations
 
@@ -69,7 +61,11 @@ def known_models() -> dict[str, Path]:
 
 def model_json(name: str) -> dict | None:
     """The architecture config (embed_dim, vision_cfg, text_cfg) of ``name``; None for ``hf-hub:`` names.
-    Raises ValueError for an unknown name."""
+    Raises ValueError for an unknown name.
+
+    The configs are the JSON files open_clip reads (located with importlib, not imported) plus
+    ``protoclip/models/configs/``; a ``local-dir:`` name reads that folder's config; ``hf-hub:`` names are not
+    checked (nothing here goes online)."""
     if name.startswith("hf-hub:"):
         return None
     if name.startswith("local-dir:"):
@@ -115,7 +111,14 @@ def multitoken_problem(cfg: dict) -> str | None:
 def check_model(name: str, *, embed_dim: int | None = None, context_length: int | None = None,
                 image_size: int | None = None, class_tokens: int = 0, distance: str = "sphere",
                 subspheres: int = 1) -> None:
-    """Raise ValueError naming the key when open_clip model ``name`` cannot be built with these settings."""
+    """Raise ValueError naming the key when open_clip model ``name`` cannot be built with these settings.
+
+    The keys checked are the model name, ``embed_dim``, ``context_length``, ``image_size``, ``class_tokens`` and
+    ``loss.subspheres`` (``tv-resnet50``, torchvision's image-only ResNet-50, by :func:`check_torchvision`)::
+
+        check_model("tiny-vit", class_tokens=4, image_size=64)   # ok
+        check_model("tiny-rn", class_tokens=4)                     # ValueError: class_tokens ... needs a ViT
+    """
     if embed_dim is not None and embed_dim < 1:
         raise ValueError(f"embed_dim must be >= 1 or null, got {embed_dim}")
     if context_length is not None and context_length < 2:

@@ -1,11 +1,8 @@
 """The project config as the packages below its assembler read it: typing protocols for their ``cfg`` parameter.
 
-``protoclip.project.ProjectConfig`` composes every package's config section, so it imports those packages and they
-cannot import it back (that would close a circle). Their functions that take the whole config type it with
-:class:`Project` (or a package's extension of it: ``EvaluateProject`` in protoclip.evaluate.config, ...), which
-lists what that code reads; ``ProjectConfig`` is the one implementation (tests/unit/test_project.py checks it
-has every member). The train stage, too, reads it through a protocol (``TrainProject`` in protoclip.train.stage);
-only code above the assembler (protoclip.dag, the CLI) uses ``ProjectConfig`` itself.
+``protoclip.project.ProjectConfig`` imports every package that owns a config section, so they cannot import it
+back (a circle); they type a whole-config ``cfg`` with :class:`Project` or a package's extension of it, and
+``ProjectConfig`` implements each (docs/architecture.md, after the layer table).
 """
 from __future__ import annotations
 
@@ -49,7 +46,9 @@ class Target(Protocol):
 
 @runtime_checkable
 class Project(Protocol):
-    """The sections and run lookups every package may read (protoclip.project.ProjectConfig)."""
+    """The sections and run lookups every package may read (protoclip.project.ProjectConfig, the one
+    implementation: tests/unit/test_project.py checks it has every member). Only code above the assembler
+    (protoclip.dag, the CLI) uses ``ProjectConfig`` itself."""
 
     @property
     def source(self) -> str: ...  # the config file it was read from

@@ -1,10 +1,6 @@
 """Strict YAML -> dataclass building: the typed, validated reading every config section goes through.
 
-:func:`build` makes a dataclass from a mapping (an unknown key or a wrong type stops naming file and key, e.g.
-``'train.lr' must be float, got str``; ``1e9`` is accepted, ``.nan`` / ``.inf`` are not), then runs its
-``validate()``; a key the dataclass lists in its ``MOVED`` ({old key: new dotted key}) stops naming where it went;
-:func:`read_yaml` refuses repeated keys (:class:`StrictLoader`), folders, non-UTF-8 and invalid
-YAML naming file and line; :func:`to_dict`, :func:`deep_merge`, :func:`require_path`. It knows no section:
+A mistyped or unknown key stops at load time naming file and key, not deep inside a job. It knows no section:
 those live with their packages and ``protoclip.project`` composes them.
 """
 from __future__ import annotations
@@ -180,7 +176,12 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def build(cls: type, data: dict | None, where: str = "<config>", prefix: str = ""):
-    """Build dataclass ``cls`` from ``data`` strictly: unknown keys and wrong types are errors."""
+    """Build dataclass ``cls`` from ``data`` strictly: unknown keys and wrong types are errors.
+
+    Errors name file and key (``'train.lr' must be float, got str``); ``1e9`` is accepted as a number,
+    ``.nan`` / ``.inf`` are not. A key the dataclass lists in its ``MOVED`` ({old key: new dotted key}) stops
+    naming where it went. The built object's ``validate()`` runs last.
+    """
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: '{prefix.rstrip('.') or '<top>'}' must be a mapping, got {type(data).__name__}")
