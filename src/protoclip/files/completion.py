@@ -1,16 +1,9 @@
 """Completion markers: a stage's output folder counts as complete only when its marker says so.
 
 Each file is written atomically, but a stage killed between two files of one folder (``evaluate``: one metrics
-file per task) leaves it half done, and a reader listing the folder would take the tasks that finished for the
-whole. So :func:`start` removes stale temps and the old marker, :func:`finish` writes the marker last with the
-sha256 of every file it vouches for, and readers list through :func:`complete_files` (no marker, or a file
-missing or changed since: a one-line :class:`IncompleteOutputError`). This also covers what Snakemake and DVC
-cannot see: a stage run by hand, a folder damaged after its job finished.
-
-    completion.start(folder, marker)
-    ...write the folder's files...
-    completion.finish(marker, {"tasks": ...}, files)
-    paths = completion.complete_files(folder, marker)   # in a reader
+file per task) leaves it half done, and a reader would take the files that exist for the whole. The marker, written
+last with every file's sha256, also covers what Snakemake and DVC cannot see: a stage run by hand, a folder damaged
+after its job finished.
 """
 from __future__ import annotations
 
@@ -54,7 +47,9 @@ def read_record(path: str | Path) -> dict[str, Any]:
 
 
 def start(folder: str | Path, marker: str | Path) -> dict[str, Any] | None:
-    """Make ``folder`` incomplete before a stage writes into it; returns the old marker's record (or None)."""
+    """Make ``folder`` incomplete before a stage writes into it (stale temps and the old marker removed); returns
+    the old marker's record (or None). A writer calls ``start(folder, marker)``, writes the folder's files, then
+    ``finish(marker, {"tasks": ...}, files)``; a reader lists them with ``complete_files(folder, marker)``."""
     folder, marker = Path(folder), Path(marker)
     clean_stale_temps(folder)
     old = None
@@ -93,7 +88,7 @@ def complete_files(folder: str | Path, marker: str | Path, pattern: str = "*.jso
     """The files of a stage output folder that its marker vouches for, sorted.
 
     No marker: [] when the folder holds no ``pattern`` file besides it, else :class:`IncompleteOutputError`
-    (the stage was killed or failed half-way).
+    (the stage was killed or failed half-way); a listed file missing or changed since: the same one-line error.
     """
     folder, marker = Path(folder), Path(marker)
     present = sorted(p for p in folder.glob(pattern) if p != marker and p.is_file())

@@ -1,33 +1,7 @@
 """Where every stage reads and writes: the one place that knows the on-disk layout (no path is built elsewhere).
 
-    data/raw/debs/*.deb                 pinned Debian packages (apt-get download)
-    data/raw/debs/hashes.json           sha256 recorded where a package differed from its pin
-    data/raw/unpacked/<package>/        dpkg-deb -x of each
-    data/prepared/manifest.parquet      image-caption pairs: id, path, caption, source, label, sha256, split
-    data/prepared/images/<source>/...   rendered RGB PNGs
-    data/prepared/report.json           kept / dropped counts per source and reason
-    data/prepared/fingerprint.json      what the outputs were built from (prepare's up-to-date check)
-    data/prepared/eval/<name>.npz       offline labelled eval sets (images, labels, split, classnames)
-    data/tmp/                           stages' spill files while they run (prepare/: candidate pairs, dedup keys)
-    data/teacher/<teacher>.npz          PCA-reduced teacher features keyed by sample id (+ .json; safe_name)
-    data/teacher/.partial/<stem>/       a teacher run's encoded chunks and fitted PCA until its cache is written
-    results/runs/<run>/                 config.yaml, train_log.jsonl, model.pt (the train stage's outputs)
-    results/runs/<run>/checkpoints/     work in progress, never a workflow output: last.pt, train_log.jsonl,
-                                        mlflow.json (its MLflow run id), train.lock, eval/<set>/ (feature chunks)
-    results/runs/<run>/features/<set>.npz   cached evaluation features (a DVC out only with track_features)
-    results/runs/<run>/eval/<set>/      one evaluation job's outputs (DVC stage evaluate_<run>_<set>):
-        <task>.json, <task>.examples.npz   a task's metrics and per-example results
-        tsne.png                        t-SNE figure (when the task ran)
-        tasks.json                      what each task did; written last: the folder's completion marker
-    results/runs/<run>/metrics.json     all of a run's metrics in one file (`protoclip collect`)
-    results/tables/<target>.{csv,md,tex,html}, results/figures/<target>.png   paper targets (`protoclip report`)
-    results/tables/index.md             every target and the skipped data sets
-    results/tables/claims.{md,csv,tex,html,json}, results/figures/claims.png   the claims ledger
-    results/report/<target>.rst         each target's caption (Snakemake report)
-    results/tables/plots/               dvc.yaml `plots:` data: train_loss/<run>.csv, <table target>.csv
-    results/export/<run>/               `protoclip export`: the run as an open_clip local-dir: folder
-
-The formats of the result files live in :mod:`protoclip.files.records`. Layout imports nothing of the project.
+It imports nothing of the project, so every layer may use it. The tree of files: docs/config.md, "Where every file
+lives"; their formats: :mod:`protoclip.files.records`.
 """
 from __future__ import annotations
 
@@ -122,6 +96,9 @@ class HasPaths(Protocol):
 
 
 class Layout:
+    """Every path under ``paths.data_dir`` and ``paths.results_dir`` (the tree: docs/config.md, "Where every file
+    lives")."""
+
     def __init__(self, data_dir: str | Path = "data", results_dir: str | Path = "results"):
         self.data_dir = Path(data_dir)
         self.results_dir = Path(results_dir)

@@ -1,25 +1,7 @@
-"""The result files' formats, written and read only here (docs/architecture.md, "Records").
+"""The result files' formats, written and read only here: a task's metrics and per-example results, the evaluation
+folder's ``tasks.json`` marker, a run's ``metrics.json``, the claims ledger's ``claims.json`` and the train log.
 
-* ``eval/<set>/<task>.json``: a task that ran has ``metrics`` plus its context; one that did not has ``skipped``
-  (one line: ``skipped: <set> not found at <path>``, ``not applicable: <why>``) and ``status``
-  (:class:`protoclip.tasks.TaskStatus`). :func:`read_metrics` gives one "not run" shape (:func:`status_of`).
-* ``eval/<set>/<task>.examples.npz``: the per-example results the metrics are computed from (hit per test image,
-  rank of each query's first match, each image's cluster, with the ``labels``), so the claims ledger bootstraps
-  them without extracting features again (:func:`write_examples`, :func:`read_examples`).
-* ``eval/<set>/tasks.json``: what each configured task did, the model's sha256 and the probe subsample; the
-  folder's completion marker (:mod:`protoclip.files.completion`), written last: metrics files are listed only
-  through it (:func:`metrics_files`, :func:`run_results`), so a half-done or changed folder is a one-line error.
-* ``results/runs/<run>/metrics.json``: ``{task: {set: metrics or not-run record}}`` (``protoclip collect``).
-* ``results/tables/claims.json``: the claims ledger, ``{claim id: {"ours", "ci_low", "ci_high", "paper",
-  "verdict"}}`` (:func:`write_claims`).
-* ``results/runs/<run>/train_log.jsonl``: one JSON object per line, kinds ``start``, ``resume``, ``step``,
-  ``episode`` (with the phase times ``time/*``), ``early_stop``. Records go first to
-  ``checkpoints/train_log.jsonl`` beside the checkpoint, then to the output, because Snakemake deletes a failed
-  job's outputs; on resume the log is cut back to what the checkpoint covers, so a resumed run's log equals an
-  uninterrupted run's but for ``time/*`` and its ``resume`` records.
-
-    log = TrainLog(path); log.append({"kind": "step", "step": 0, "loss": 1.2})
-    read_train_log(path, kind="episode")
+What each file holds: docs/architecture.md, "Records".
 """
 from __future__ import annotations
 
@@ -94,7 +76,11 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip entries' fixed time: the same arrays g
 
 def write_examples(path: Path, arrays: dict[str, np.ndarray]) -> Path:
     """A task's per-example arrays as an .npz (``np.load`` reads it), byte-deterministic (np.savez stamps each
-    zip entry with the current time: a re-evaluation with identical results would change the file for DVC)."""
+    zip entry with the current time: a re-evaluation with identical results would change the file for DVC).
+
+    They are what the metrics are computed from (hit per test image, rank of each query's first match, each
+    image's cluster, with the ``labels``), so the claims ledger bootstraps them without extracting features again.
+    """
     with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name in sorted(arrays):
             buf = io.BytesIO()
@@ -171,7 +157,8 @@ def collected_results(layout, run: str) -> dict[str, dict[str, dict]]:
 
 def write_tasks(path: Path, run: str, dataset: str, status: dict[str, str], model_sha256: str,
                 subsample: dict | None = None, files: list[Path] = ()) -> Path:
-    """The folder's completion marker, written last: ``status`` plus the sha256 of each metrics file in ``files``
+    """The folder's completion marker, written last: ``status`` (what each configured task did),
+    ``model_sha256`` and the probe ``subsample``, plus the sha256 of each metrics file in ``files``
     (the evaluation must have called ``completion.start`` on the folder before writing any of them)."""
     record: dict[str, Any] = {"run": run, "dataset": dataset, "tasks": status, "model_sha256": model_sha256}
     if subsample is not None:
@@ -181,7 +168,8 @@ def write_tasks(path: Path, run: str, dataset: str, status: dict[str, str], mode
 
 # --------------------------------------------------------------------------- claims.json
 def write_claims(path: Path, claims: dict[str, dict[str, Any]]) -> Path:
-    """The ledger's numbers and verdicts (non-finite numbers as null: JSON has no NaN)."""
+    """The ledger's numbers and verdicts, ``{claim id: {"ours", "ci_low", "ci_high", "paper", "verdict"}}``
+    (non-finite numbers as null: JSON has no NaN)."""
     clean = {cid: {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in c.items()}
              for cid, c in claims.items()}
     return write_json(path, clean)
@@ -223,7 +211,11 @@ class TrainLog:
     workflow's output, readable as training goes). ``work=None``: ``path`` alone. Disabled on non-zero DDP ranks.
 
     A training from scratch calls :meth:`begin`, a resumed one :meth:`resume_at`; the trainer calls
-    :meth:`publish` at the end, so that ``path`` is ``work``'s copy whatever happened to it meanwhile.
+    :meth:`publish` at the end, so that ``path`` is ``work``'s copy whatever happened to it meanwhile. Records go
+    to ``work`` first because Snakemake deletes a failed job's outputs; cut back on resume to what the checkpoint
+    covers, a resumed run's log equals an uninterrupted run's but for ``time/*`` and its ``resume`` records.
+
+        log = TrainLog(path); log.append({"kind": "step", "step": 0, "loss": 1.2})
     """
 
     def __init__(self, path: str | Path, work: str | Path | None = None, enabled: bool = True):
@@ -276,7 +268,9 @@ class TrainLog:
 
 
 def read_train_log(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
-    """Records of a ``train_log.jsonl`` (only those of ``kind`` when given; [] when there is no file)."""
+    """Records of a ``train_log.jsonl`` (only those of ``kind`` when given; [] when there is no file): one JSON
+    object per line, kinds ``start``, ``resume``, ``step``, ``episode`` (with the phase times ``time/*``),
+    ``early_stop``."""
     path = Path(path)
     if not path.exists():
         return []
