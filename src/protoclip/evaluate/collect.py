@@ -1,11 +1,7 @@
-"""`protoclip collect`: a run's results in one file, ``results/runs/<run>/metrics.json``: what the report reads.
+"""`protoclip collect`: a run's results in one file, ``results/runs/<run>/metrics.json`` (also the run's DVC metrics
+file): what the report reads.
 
     protoclip collect --config config/config.yaml --run protoclip_tiny
-
-``{task: {set: metrics or {"skipped": line, "status": ...}}}`` from every evaluation folder of the run that its
-completion marker vouches for (:func:`protoclip.files.records.run_results`; a folder killed half-way stops collect with
-one line naming it), plus the skip status of each configured set whose data is missing (the workflow gives such a
-set no evaluation job). Also the DVC metrics file of the run.
 """
 from __future__ import annotations
 
@@ -46,8 +42,12 @@ def run_collect(cfg: EvaluateProject, run: str) -> Path:
 
 
 def collect(layout: Layout, run: str, datasets: dict[str, EvalDatasetConfig]) -> Path:
-    """Write ``run``'s ``metrics.json`` and print the summary. A set of ``datasets`` whose data exists but that no
-    paper target of this run shows (so no job evaluated it) is simply absent."""
+    """Write ``run``'s ``metrics.json`` and print the summary. It holds ``{task: {set: metrics or {"skipped": line,
+    "status": ...}}}`` from every evaluation folder of the run that its completion marker vouches for
+    (:func:`protoclip.files.records.run_results`; a folder killed half-way stops collect with one line naming it),
+    plus the skip status of each configured set whose data is missing (the workflow gives such a set no evaluation
+    job). A set of ``datasets`` whose data exists but that no paper target of this run shows (so no job evaluated
+    it) is simply absent."""
     clean_stale_temps_of([layout.metrics_summary(run)])  # a killed collect's half-written metrics.json
     summary = records.run_results(layout, run)
     for name, ds_cfg in datasets.items():

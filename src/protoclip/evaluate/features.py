@@ -1,16 +1,5 @@
-"""Frozen features of a trained run on an evaluation set, cached once per (run, set).
-
-What is extracted of a set (image and text features, labels, a method's own similarity embeddings) is a
-:class:`~protoclip.evaluate.set_features.SetFeatures`. The zero-shot classifier is the zero-shot task's
-(protoclip.evaluate.adapters), from :meth:`FeatureExtractor.text_encoder` / :meth:`FeatureExtractor.text_pre`.
-
-The arrays live in ``results/runs/<run>/features/<set>.npz`` (written atomically) with a ``meta_json``
-entry: beside the evaluation job's output folder, not in it, so that a rerun of the job (Snakemake deletes its
-outputs first) still finds them, and DVC stores them only when ``evaluate.track_features`` asks. The cache is
-reused only when the model file's sha256, the data source, the split sizes, the probe subsample (``max_train`` /
-``max_test`` / seed) and the class names / templates are unchanged, so a retrained ``model.pt`` or a changed
-subsample invalidates it. With a ``work`` folder the image features are extracted in chunks there
-(:mod:`protoclip.evaluate.resumable`): a killed extraction continues from its last whole chunk.
+"""Frozen features of a trained run on an evaluation set (a :class:`~protoclip.evaluate.set_features.SetFeatures`),
+extracted once per (run, set) and cached in ``results/runs/<run>/features/<set>.npz``.
 
     ex = FeatureExtractor(layout.model(run), device="auto", batch_size=256)
     feats = ex.features(layout.features(run, "cifar10"), dataset, work=layout.eval_progress(run, "cifar10"))
@@ -122,10 +111,16 @@ class FeatureExtractor:
         return self._model
 
     def text_encoder(self) -> Callable[[list[str]], torch.Tensor]:
+        """``encode_text`` for the zero-shot task's classifier (built in protoclip.evaluate.adapters, with
+        :meth:`text_pre` where the method has a similarity of its own)."""
         return make_text_encoder(self.model, self.tokenizer, self.device, self.batch_size)
 
     # ---- cache
     def cache_key(self, ds: EvalSet) -> dict[str, Any]:
+        """What the cached features of ``ds`` were extracted from: the model file's sha256, the data source, the
+        split sizes, the probe subsample (``max_train`` / ``max_test`` / seed), the class names / templates and
+        captions. A cache is reused only when this is unchanged, so a retrained ``model.pt`` or a changed subsample
+        invalidates it."""
         key: dict[str, Any] = {"version": CACHE_VERSION, "model_sha256": self.model_sha256, "dataset": ds.name,
                                "source": ds.source}
         if isinstance(ds, LabelledSet):
@@ -142,7 +137,13 @@ class FeatureExtractor:
 
     def features(self, cache: str | Path, ds: EvalSet, work: str | Path | None = None) -> SetFeatures:
         """The cached features of ``ds``; extracted on a miss, in resumable chunks under ``work`` when given
-        (removed once the cache file is written)."""
+        (:mod:`protoclip.evaluate.resumable`: a killed extraction continues from its last whole chunk; the folder is
+        removed once the cache file is written).
+
+        ``cache`` (``results/runs/<run>/features/<set>.npz``, written atomically with a ``meta_json`` entry, the
+        :meth:`cache_key`) lies beside the evaluation job's output folder, not in it, so that a rerun of the job
+        (Snakemake deletes its outputs first) still finds it; DVC stores it only when ``evaluate.track_features``
+        asks."""
         cache = Path(cache)
         key = self.cache_key(ds)
         if cache.exists():

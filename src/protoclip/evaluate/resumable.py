@@ -3,17 +3,6 @@ job's outputs, so that a killed job continues where it stopped instead of starti
 
     z, h, y = encode_images_resumable(model, split, transform, device, batch_size=256, desc="imagenet train",
                                       folder=layout.eval_progress(run, "imagenet") / "train", chunk_batches=16)
-
-The work folder (``results/runs/<run>/checkpoints/eval/<set>/``, beside the training checkpoints) is no workflow
-output: Snakemake deletes a failed job's outputs, and with them anything written inside them. Each chunk holds
-``chunk_batches`` whole batches (``chunk_NNNNN.npz``: ``z``, ``h``, ``y``), written atomically; a restarted job
-keeps the chunks before the first missing or unreadable one and encodes from there. Chunks are whole batches,
-so a resumed extraction feeds the model exactly the batches an uninterrupted one does, and on the same machine
-gives the same bits (tests/e2e/test_eval_resume.py kills a real evaluation and compares).
-
-:class:`ExtractionProgress` ties a work folder to what it was extracted for (the feature cache key: model file
-hash, data, subsample): a folder left by another model or data set is removed before anything is reused, and the
-whole folder is removed once the set's feature file is written.
 """
 from __future__ import annotations
 
@@ -37,8 +26,12 @@ CHUNK = "chunk_{:05d}.npz"
 
 
 class ExtractionProgress:
-    """A set's work folder, valid for one ``key`` (the feature cache key and the chunk size: see the module
-    docstring)."""
+    """A set's work folder, valid for one ``key`` (the feature cache key: model file hash, data, subsample; and the
+    chunk size): a folder left by another model or data set is removed before anything is reused, and the whole
+    folder is removed once the set's feature file is written.
+
+    The folder (``results/runs/<run>/checkpoints/eval/<set>/``, beside the training checkpoints) is no workflow
+    output: Snakemake deletes a failed job's outputs, and with them anything written inside them."""
 
     def __init__(self, folder: str | Path, key: dict[str, Any]):
         self.folder, self.key = Path(folder), key
@@ -119,7 +112,13 @@ def encode_images_resumable(model: Any, split: ImageSplit, transform: Callable, 
                             batch_size: int, desc: str, num_workers: int, folder: Path,
                             chunk_batches: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(z [N, d], h [N, d_h], labels [N])`` of every image of ``split``, as
-    :func:`protoclip.evaluate.features.encode_images` returns them, extracted chunk by chunk into ``folder`` (whole chunks found there are kept, not encoded again)."""
+    :func:`protoclip.evaluate.features.encode_images` returns them, extracted chunk by chunk into ``folder`` (whole
+    chunks found there are kept, not encoded again).
+
+    Each chunk holds ``chunk_batches`` whole batches (``chunk_NNNNN.npz``: ``z``, ``h``, ``y``), written atomically;
+    a restarted job keeps the chunks before the first missing or unreadable one and encodes from there. Chunks are
+    whole batches, so a resumed extraction feeds the model exactly the batches an uninterrupted one does, and on the
+    same machine gives the same bits (tests/e2e/test_eval_resume.py kills a real evaluation and compares)."""
 
     n, per_chunk = len(split), batch_size * chunk_batches
     n_chunks = -(-n // per_chunk)

@@ -1,15 +1,6 @@
-"""One evaluation set's frozen features as a run's evaluation reads them, and their cache file.
-
-For a labelled set: image features ``z^I`` (encoder output, not normalised: linear probing uses them as is, the
-other metrics normalise), ``h^I = g^I(z^I)`` (projection head output: the prototype space, used by NEMD) and
-labels, of the test and of the train split. For a caption set (or the captions of ``heldout_pairs``): ``z^I`` of
-its images, ``z^T`` of every caption and ``text_to_image``. Where the run's method scores image-text pairs by a
-similarity of its own (:mod:`protoclip.similarity`), that similarity's dot-product embeddings too: ``test_s`` (a
-set with prompt templates), ``caption_image_s`` / ``caption_text_s``. Absent arrays are None (a caption set has no
-``test_y``; a split left empty is not extracted).
-
-The cache file (``results/runs/<run>/features/<set>.npz``) holds the present arrays under their field names and a
-``meta_json`` entry: what they were extracted from (protoclip.evaluate.features.FeatureExtractor.cache_key).
+"""One evaluation set's frozen features as a run's evaluation reads them (:class:`SetFeatures`), and their cache file
+``results/runs/<run>/features/<set>.npz``: the present arrays under their field names and a ``meta_json`` entry,
+what they were extracted from (protoclip.evaluate.features.FeatureExtractor.cache_key).
 """
 from __future__ import annotations
 
@@ -27,6 +18,13 @@ META = "meta_json"
 
 @dataclass
 class SetFeatures:
+    """For a labelled set: image features ``z^I`` (encoder output, not normalised: linear probing uses them as is,
+    the other metrics normalise), ``h^I = g^I(z^I)`` (projection head output: the prototype space, used by NEMD) and
+    labels, of the test and of the train split. For a caption set (or the captions of ``heldout_pairs``): ``z^I`` of
+    its images, ``z^T`` of every caption and ``text_to_image``. Where the run's method scores image-text pairs by a
+    similarity of its own (:mod:`protoclip.similarity`), that similarity's dot-product embeddings too: ``test_s`` (a
+    set with prompt templates), ``caption_image_s`` / ``caption_text_s``. Absent arrays are None (a caption set has
+    no ``test_y``; a split left empty is not extracted)."""
     test_z: np.ndarray | None = None  # [N_test, d] z^I of the test split
     test_h: np.ndarray | None = None  # [N_test, d_h] h^I = g^I(z^I)
     test_y: np.ndarray | None = None  # [N_test] class index

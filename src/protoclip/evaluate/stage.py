@@ -2,16 +2,6 @@
 or the released open_clip checkpoint its ``pretrained`` section names (evaluated as released, no training job).
 
     protoclip evaluate --config config/config.yaml --run protoclip_tiny_s0 [--task knn] [--dataset digits]
-
-Per set: plan the tasks (:mod:`protoclip.evaluate.plan`), extract the set's features once
-(:mod:`protoclip.evaluate.features`, cached), run each task's adapter (:mod:`protoclip.evaluate.tasks`) and
-write ``results/runs/<run>/eval/<set>/<task>.json`` (plus ``<task>.examples.npz`` for a task that keeps
-per-example results, which the claims ledger resamples), log the numbers to the run's MLflow run as
-``eval/<task>/<set>/<metric>``, and write ``tasks.json`` last: the folder's completion marker
-(:mod:`protoclip.files.completion`), so that a folder killed half-way is never read as complete. A task that does
-not run has a :class:`protoclip.tasks.TaskStatus`, which its metrics file carries where a table cell must say why.
-The workflow runs one job per (run, set) (``--dataset``); without ``--dataset`` the command also writes the run's
-``metrics.json`` (:mod:`protoclip.evaluate.collect`).
 """
 from __future__ import annotations
 
@@ -107,8 +97,16 @@ class SetEvaluation:
         return self.extractor.model_sha256
 
     def evaluate(self, name: str, tasks: list[str]) -> list[Path]:
-        """Every task of ``tasks`` that applies to set ``name``; returns the metrics files written. The folder
-        is incomplete (no tasks.json) from its start until the marker is written last."""
+        """Every task of ``tasks`` that applies to set ``name``; returns the metrics files written.
+
+        Plans the tasks (:mod:`protoclip.evaluate.plan`), extracts the set's features once
+        (:mod:`protoclip.evaluate.features`, cached), runs each task's adapter (:mod:`protoclip.evaluate.tasks`) and
+        writes ``results/runs/<run>/eval/<set>/<task>.json`` (plus ``<task>.examples.npz`` for a task that keeps
+        per-example results, which the claims ledger resamples), logging the numbers to the run's MLflow run as
+        ``eval/<task>/<set>/<metric>``. A task that does not run has a :class:`protoclip.tasks.TaskStatus`, which its
+        metrics file carries where a table cell must say why. The folder is incomplete (no tasks.json) from its
+        start until ``tasks.json``, its completion marker (:mod:`protoclip.files.completion`), is written last, so
+        that a folder killed half-way is never read as complete."""
         folder = self.layout.eval_dir(self.run, name)
         folder.mkdir(parents=True, exist_ok=True)  # the job's output: present even when no task runs
         old_marker = completion.start(folder, self.layout.eval_tasks(self.run, name))
@@ -228,8 +226,9 @@ def add_arguments(p, name: str) -> None:
 
 
 def main(args) -> int:
-    """Take the run's GPU slots (before CUDA starts), then evaluate; an evaluation of every set (no ``--dataset``)
-    also writes the run's ``metrics.json``, as the workflow's ``collect`` job does after its per-set jobs."""
+    """Take the run's GPU slots (before CUDA starts), then evaluate. The workflow runs one job per (run, set)
+    (``--dataset``); an evaluation of every set (no ``--dataset``) also writes the run's ``metrics.json``, as the
+    workflow's ``collect`` job does after its per-set jobs."""
     cfg = args.cfg
     with launch.place(cfg.gpus, launch.evaluate_gpus(cfg, args.run), who=f"evaluate {args.run}"):
         run_evaluate(cfg, args.run, tasks=args.task, datasets=args.dataset)
