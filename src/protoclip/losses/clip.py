@@ -1,23 +1,8 @@
 """Instance-level loss L_CLIP [paper Eq. 1] and the temperature clamp.
 
-L_CLIP is the symmetric InfoNCE over a batch of N image-text pairs with cosine similarities:
-
-    L_CLIP = -( 1/N sum_i log softmax_j(z_i^I . z_j^T / tau)[i] + 1/N sum_i log softmax_j(z_i^T . z_j^I / tau)[i] ) / 2
-
-It is computed by ``open_clip.loss.ClipLoss`` (single process, no feature gathering); this module only fixes
-the conventions used across the project:
-
-* ``logit_scale`` is 1/tau_CLIP *already exponentiated*, i.e. ``model.logit_scale.exp()`` (open_clip's
-  convention; the learnable parameter is log(1/tau), initialised at log(1/0.07) [paper Table I]);
-* z is L2-normalised here (idempotent if the caller already did) since Eq. 1 uses cosine similarity as in
-  CLIP / open_clip;
-* :func:`clamp_logit_scale_` implements "clipped at 100" [paper Sec. IV-A2, Table I] the way open_clip and the
-  authors do it: after every optimizer step, clamp the *log* scale to [0, log(100)]
-  [ref-code src/training/train.py: ``logit_scale.clamp_(0, math.log(100))``].
-
-    from protoclip.losses import clip_loss, clamp_logit_scale_
-    terms = clip_loss(out["z_image"], out["z_text"], model.logit_scale.exp())   # {"clip": scalar}
-    ...; optimizer.step(); clamp_logit_scale_(model.logit_scale); clamp_logit_scale_(model.proto_logit_scale)
+L_CLIP is the symmetric InfoNCE over a batch of image-text pairs, computed by open_clip's ``ClipLoss``; this
+module fixes the project's conventions (exponentiated logit scale, normalised features, the clamp at 100).
+Formula and usage: docs/methods.md, "protoclip.losses.clip".
 """
 from __future__ import annotations
 
@@ -40,7 +25,12 @@ def _check_pair(z_image: torch.Tensor, z_text: torch.Tensor) -> None:
 
 
 def clip_loss(z_image: torch.Tensor, z_text: torch.Tensor, logit_scale: torch.Tensor | float) -> dict[str, torch.Tensor]:
-    """L_CLIP [Eq. 1] of a batch of paired features [N, d]; ``logit_scale`` = 1/tau (exponentiated). -> {"clip"}."""
+    """L_CLIP [Eq. 1] of a batch of paired features [N, d]; ``logit_scale`` = 1/tau (exponentiated). -> {"clip"}.
+
+    ``logit_scale`` follows open_clip's convention, ``model.logit_scale.exp()``: the learnable parameter is
+    log(1/tau), initialised at log(1/0.07) [paper Table I]. z is L2-normalised here (idempotent if the caller
+    already did), since Eq. 1 uses cosine similarity as in CLIP / open_clip. Single process, no feature gathering.
+    """
     _check_pair(z_image, z_text)
     z_image = F.normalize(z_image, dim=-1)
     z_text = F.normalize(z_text, dim=-1)
@@ -51,7 +41,11 @@ def clip_loss(z_image: torch.Tensor, z_text: torch.Tensor, logit_scale: torch.Te
 
 @torch.no_grad()
 def clamp_logit_scale_(param: torch.Tensor, max_scale: float = 100.0) -> torch.Tensor:
-    """Clamp a log-scale parameter in place to [0, log(max_scale)] (1/tau <= 100, tau <= 1); returns it."""
+    """Clamp a log-scale parameter in place to [0, log(max_scale)] (1/tau <= 100, tau <= 1); returns it.
+
+    "Clipped at 100" [paper Sec. IV-A2, Table I], done the way open_clip and the authors do it: after every
+    optimizer step, on the *log* scale [ref-code src/training/train.py: ``logit_scale.clamp_(0, math.log(100))``].
+    """
     if max_scale <= 1.0:
         raise ValueError(f"clamp_logit_scale_: max_scale must be > 1, got {max_scale}")
     param.clamp_(0.0, math.log(max_scale))

@@ -1,25 +1,6 @@
-"""Pluggable distances for the CLIP loss (clip-temperature-multi-class-tokens.txt Table 1, Fig. 6; spec 2.2).
-
-The contrastive loss is the symmetric in-batch cross-entropy over ``logits = -scale * d(u_i, v_j)``
-(the paper writes exp(-tau d), its tau being CLIP's logit scale). :func:`neg_distance` returns ``-d`` [N, M]:
-
-==============  =====================================================  ============  =========
-distance        -d(u, v)                                               range of d    input
-==============  =====================================================  ============  =========
-sphere          u.v / (|u||v|)                     (today's CLIP)      [-1, 1]       any [B, D]
-euclidean       -|u - v|_2 (unnormalised)                              [0, inf)      any [B, D]
-ps_negtrace     sum_k u_k.v_k, u_k = k-th n-chunk normalised: PS(n,m)  [-m, m]       [B, m*n]
-ps_geodesic     -sqrt(sum_k arccos(u_k.v_k)^2)                         [0, sqrt(m)pi] [B, m*n]
-==============  =====================================================  ============  =========
-
-PS(n, m) is m copies of S^{n-1}: the feature is cut into m consecutive chunks of n dims and each chunk is
-L2-normalised (spec 2.2 "product-sphere embedding"); for multi-class-token towers the chunks are the tokens.
-The geodesic clamps the cosine to [-1 + 1e-6, 1 - 1e-6] before arccos, whose gradient diverges at +-1
-(spec 2.7.6): at identical points d = sqrt(m) * arccos(1 - 1e-6) ~ 1.4e-3 sqrt(m), not exactly 0.
-
-    logits = scale * neg_distance(u, v, "ps_negtrace", subspheres=16)
-
-The logit-scale clamp of each distance is a config default: ``protoclip.train.config.DEFAULT_MAX_SCALE``.
+"""Pluggable distances for the CLIP loss: sphere, Euclidean and the product of spheres PS(n, m) with negative trace
+or geodesic distance (clip-temperature-multi-class-tokens.txt Table 1, Fig. 6; spec 2.2), for the temperature
+study. The table of the four distances: docs/methods.md, "protoclip.losses.distances".
 """
 from __future__ import annotations
 
@@ -30,11 +11,17 @@ import torch.nn.functional as F
 
 Distance = Literal["sphere", "euclidean", "ps_negtrace", "ps_geodesic"]
 DISTANCES = ("sphere", "euclidean", "ps_negtrace", "ps_geodesic")
+# the geodesic clamps the cosine to [-1 + eps, 1 - eps] before arccos, whose gradient diverges at +-1 (spec 2.7.6):
+# at identical points d = sqrt(m) * arccos(1 - 1e-6) ~ 1.4e-3 sqrt(m), not exactly 0
 GEODESIC_EPS = 1e-6
 
 
 def product_sphere(x: torch.Tensor, subspheres: int) -> torch.Tensor:
-    """[B, m*n] -> [B, m, n] with every n-chunk unit norm."""
+    """[B, m*n] -> [B, m, n] with every n-chunk unit norm.
+
+    PS(n, m) is m copies of S^{n-1}: the feature is cut into m consecutive chunks of n dims and each chunk is
+    L2-normalised (spec 2.2 "product-sphere embedding"); for multi-class-token towers the chunks are the tokens.
+    """
     if x.ndim != 2 or x.shape[1] % subspheres:
         raise ValueError(f"product sphere: features [B, m*n] with m={subspheres} dividing the width, "
                          f"got {tuple(x.shape)}")
@@ -43,7 +30,11 @@ def product_sphere(x: torch.Tensor, subspheres: int) -> torch.Tensor:
 
 def neg_distance(u: torch.Tensor, v: torch.Tensor, distance: Distance = "sphere",
                  subspheres: int = 1) -> torch.Tensor:
-    """-d(u_i, v_j) for every pair: [N, D] x [M, D] -> [N, M] (the similarity the logits scale)."""
+    """-d(u_i, v_j) for every pair: [N, D] x [M, D] -> [N, M] (the similarity the logits scale).
+
+    ``ps_*`` distances read [N, m*n] features as PS(n, m) with m = ``subspheres`` (:func:`product_sphere`).
+    Example: ``logits = scale * neg_distance(u, v, "ps_negtrace", subspheres=16)``.
+    """
     if u.ndim != 2 or v.ndim != 2 or u.shape[1] != v.shape[1]:
         raise ValueError(f"distance: features must be [N, D] and [M, D], got {tuple(u.shape)} and {tuple(v.shape)}")
     if distance == "sphere":
@@ -64,7 +55,11 @@ def neg_distance(u: torch.Tensor, v: torch.Tensor, distance: Distance = "sphere"
 
 def contrastive_loss(u: torch.Tensor, v: torch.Tensor, scale: torch.Tensor, distance: Distance = "sphere",
                      subspheres: int = 1) -> torch.Tensor:
-    """Symmetric in-batch CE over ``scale * -d(u_i, v_j)`` (pairs on the diagonal; paper Fig. 6)."""
+    """Symmetric in-batch CE over ``scale * -d(u_i, v_j)`` (pairs on the diagonal; paper Fig. 6).
+
+    The paper writes exp(-tau d), its tau being CLIP's logit scale (``scale`` here). The logit-scale clamp of
+    each distance is a config default: ``protoclip.train.config.DEFAULT_MAX_SCALE``.
+    """
     logits = scale * neg_distance(u, v, distance, subspheres)
     labels = torch.arange(u.shape[0], device=u.device)
     return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))

@@ -1,23 +1,6 @@
-"""nCLIP: the non-contrastive cross-modal loss of Zhou et al. (nclip-xclip.txt Eqs. 2-4, Alg. 1; methods-spec 1.2).
-
-With p_I = softmax(h_I), p_T = softmax(h_T) over the K output units of the nCLIP heads (no temperature: the
-heads end in BatchNorm without affine, which sets the scale, spec 1.7.3), every term averaged over the two
-modalities / directions (Alg. 1's final ``/ 2``)::
-
-    ce = -1/2 mean_i (p_I . log p_T + p_T . log p_I)        cross-entropy, NO stop-gradient on either side
-    eh = -1/2 mean_i (p_I . log p_I + p_T . log p_T)        per-sample entropy, minimised (lambda1 = 0.5)
-    he = -1/2 (pbar_I . log pbar_I + pbar_T . log pbar_T)   entropy of the batch mean, maximised (lambda2 = 1.5)
-    L_nCLIP = ce + lambda1 * eh - lambda2 * he
-
-``pbar`` is the mean over the *global* batch: under DDP the per-rank sums are all-reduced with gradient
-(``torch.distributed.nn.all_reduce``; spec 1.7.1), so after DDP's gradient averaging the update equals one
-process's on the whole batch. Everything runs in float32 even under autocast (spec 1.7.7), log-probabilities
-by ``log_softmax``, pbar clamped at 1e-12 before the log. ``kl = ce - eh`` (App. B.1) is logged.
-
-    loss = NCLIPLoss(lambda1=0.5, lambda2=1.5)
-    terms = loss(h_image, h_text)          # {"nclip", "nclip_ce", "nclip_eh", "nclip_he", "nclip_kl"}
-    loss.last_stats                        # detached diagnostics of the batch (std of P, same-argmax,
-                                           # nclip_pbar_batch = the global batch size pbar is averaged over)
+"""nCLIP: the non-contrastive cross-modal loss of Zhou et al. (nclip-xclip.txt Eqs. 2-4, Alg. 1; methods-spec 1.2),
+cross-entropy between the two heads' softmax outputs plus the per-sample and batch-mean entropy terms, with the
+batch mean taken over every DDP rank. The terms written out: docs/methods.md, "protoclip.losses.nclip".
 """
 from __future__ import annotations
 
@@ -27,7 +10,12 @@ from torch.distributed.nn import all_reduce
 
 
 def global_batch_mean(p: torch.Tensor, world_size: int = 1) -> tuple[torch.Tensor, int]:
-    """(mean over the batch of every rank, differentiable (sum all-reduced with autograd); that batch's size)."""
+    """(mean over the batch of every rank, differentiable (sum all-reduced with autograd); that batch's size).
+
+    nCLIP's pbar is the mean over the *global* batch: under DDP the per-rank sums are all-reduced with gradient
+    (``torch.distributed.nn.all_reduce``; spec 1.7.1), so after DDP's gradient averaging the update equals one
+    process's on the whole batch.
+    """
     if world_size <= 1:
         return p.mean(0), int(p.shape[0])
 
@@ -50,7 +38,18 @@ def nclip_similarity(logp_image: torch.Tensor, logp_text: torch.Tensor) -> torch
 
 
 class NCLIPLoss:
-    """Named terms of L_nCLIP (see the module docstring); ``world_size > 1``: pbar over every rank."""
+    """Named terms of L_nCLIP (written out in docs/methods.md, "protoclip.losses.nclip"); ``world_size > 1``:
+    pbar over every rank.
+
+    No temperature: the heads end in BatchNorm without affine, which sets the scale (spec 1.7.3). Everything
+    runs in float32 even under autocast (spec 1.7.7), log-probabilities by ``log_softmax``, pbar clamped at 1e-12
+    before the log. ``kl = ce - eh`` (App. B.1) is logged::
+
+        loss = NCLIPLoss(lambda1=0.5, lambda2=1.5)
+        terms = loss(h_image, h_text)          # {"nclip", "nclip_ce", "nclip_eh", "nclip_he", "nclip_kl"}
+        loss.last_stats                        # detached diagnostics of the batch (std of P, same-argmax,
+                                               # nclip_pbar_batch = the global batch size pbar is averaged over)
+    """
 
     def __init__(self, lambda1: float = 0.5, lambda2: float = 1.5, world_size: int = 1):
         self.lambda1, self.lambda2, self.world_size = float(lambda1), float(lambda2), int(world_size)

@@ -1,30 +1,7 @@
-"""PAUC's prototype regularisers [pauc-nemd.txt, Mo, Sun & Li; Eqs. 4-7] on differentiable batch prototypes.
-
-The paper writes alignment (Eq. 4), uniformity (Eq. 5) and correlation (Eq. 6) over the prototypes c^m, which in
-PCL are k-means centroids fixed during the M-step: applied to them literally the terms have no gradient. We
-follow methods-spec 3.3 ([rec], "implementable definitions"): for clustering m with E-step assignments a_m(i) and
-online l2-normalised embeddings v_i (with gradient), the *batch prototypes* are
-
-    c^_p = normalize( mean_{i in B, a_m(i) = p} v_i )        for every cluster p present in the batch
-
-and, every term minimised and averaged (spec 3.2 "sign problem in Eq. 7": Eq. 7's minus sign in front of the
-bracket would maximise the prototype distances, so all terms enter with a + sign; spec 3.7.4-5):
-
-* alignment ``align`` (Eq. 4, s = 2): ``mean_i ||v_i - c_{a_m(i)}||^s`` against the fixed, normalised centroid
-  (``align_mode='anchor'``, spec default), or ``mean_p ||c^_p - c^'_p||^s`` between the batch prototypes of the
-  two views (``align_mode='two_view'``, closer to Eq. 4's "pairs of positive prototypes"; needs ``v2``);
-* uniformity ``unif`` (Eq. 5, t = 2): ``mean_{p != q} exp(-t ||c^_p - c^_q||^2)`` over distinct clusters present
-  in the batch (no log, as Eq. 5; ``unif_log=True`` takes Wang & Isola's log);
-* correlation ``corr`` (Eq. 6): with pi_p = softmax(c^_p / tau_c) over feature dimensions (tau_c = 0.1; our
-  mapping onto the simplex, Eq. 6's log needs probability vectors), ``mean_{p != q} sum_d pi_p log(pi_q / pi_p)
-  = -mean KL(pi_p || pi_q)``.
-
-With fewer than two clusters in the batch, uniformity and correlation are 0 (no pair). Terms of several
-clusterings are averaged over m (Eq. 7's 1/M). The weights alpha, beta, gamma (spec 3.3 [rec]: 1, 1, 0.1) are
-applied by the caller's ``total``: every term here is unweighted.
-
-    from protoclip.losses.pauc import pauc_terms, pauc_loss
-    terms = pauc_loss(v, positions, clusterings, s=2, t=2, tau_c=0.1)   # {"pauc_align", "pauc_unif", "pauc_corr"}
+"""PAUC's prototype regularisers [pauc-nemd.txt, Mo, Sun & Li; Eqs. 4-7]: alignment, uniformity and correlation,
+computed on differentiable batch prototypes (the means of the batch's online embeddings per cluster), since on
+PCL's fixed k-means centroids the terms would have no gradient (methods-spec 3.3). Definitions and the sign
+choice: docs/methods.md, "protoclip.losses.pauc".
 """
 from __future__ import annotations
 
@@ -51,9 +28,11 @@ def pauc_terms(v: torch.Tensor, assignments: torch.Tensor, centroids: torch.Tens
                s: float = DEFAULT_S, t: float = DEFAULT_T, tau_c: float = DEFAULT_TAU_C,
                align_mode: AlignMode = "anchor", v2: torch.Tensor | None = None,
                unif_log: bool = False) -> dict[str, torch.Tensor]:
-    """The three PAUC terms of one clustering (module docstring). ``v`` [B, d] (normalised here), ``assignments``
-    [B] cluster ids of the batch, ``centroids`` [K, d] the fixed centroids (anchor alignment; normalised here,
-    no gradient), ``v2`` [B, d] the second view's embeddings (two-view alignment)."""
+    """The three PAUC terms of one clustering (defined in docs/methods.md, "protoclip.losses.pauc"). ``v`` [B, d]
+    (normalised here), ``assignments`` [B] cluster ids of the batch, ``centroids`` [K, d] the fixed centroids
+    (anchor alignment; normalised here, no gradient), ``v2`` [B, d] the second view's embeddings (two-view
+    alignment). With fewer than two clusters in the batch, uniformity and correlation are 0 (no pair). Every term
+    is unweighted: the caller's ``total`` applies alpha, beta, gamma (spec 3.3 [rec]: 1, 1, 0.1)."""
     if v.ndim != 2 or assignments.shape != (v.shape[0],):
         raise ValueError(f"pauc_terms: v must be [B, d] and assignments [B], got {tuple(v.shape)}, "
                          f"{tuple(assignments.shape)}")
@@ -87,8 +66,10 @@ def pauc_terms(v: torch.Tensor, assignments: torch.Tensor, centroids: torch.Tens
 
 
 def pauc_loss(v: torch.Tensor, positions: torch.Tensor, clusterings, **kwargs) -> dict[str, torch.Tensor]:
-    """:func:`pauc_terms` averaged over the clusterings (``protoclip.losses.pcl.Clusterings`` or any object with
-    ``centroids`` / ``assignments`` lists); ``positions`` [B] index the assignments of the batch's items."""
+    """:func:`pauc_terms` averaged over the clusterings (Eq. 7's 1/M; ``protoclip.losses.pcl.Clusterings`` or any
+    object with ``centroids`` / ``assignments`` lists); ``positions`` [B] index the assignments of the batch's
+    items. ``terms = pauc_loss(v, positions, clusterings, s=2, t=2, tau_c=0.1)`` -> {"pauc_align", "pauc_unif",
+    "pauc_corr"}."""
     out: dict[str, list[torch.Tensor]] = {}
     for c, a in zip(clusterings.centroids, clusterings.assignments):
         for name, val in pauc_terms(v, a[positions.to(a.device)], c, **kwargs).items():

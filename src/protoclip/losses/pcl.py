@@ -1,26 +1,8 @@
 """PCL's losses [pcl-protonce.txt, Li et al. ICLR 2021]: MoCo's InfoNCE (Eq. 1), ProtoNCE (Eq. 11) and the
-concentration phi (Eq. 12), with the multi-granularity k-means of the E-step.
-
-* :func:`infonce` -- InfoNCE with a MoCo feature queue: one positive key (the momentum encoder's view) and the
-  r queued keys as negatives, temperature tau [Eq. 1; MoCo v2]. -> ``{"infonce"}``.
-* :func:`concentration` -- phi of every prototype, ``phi = sum_z ||v'_z - c|| / (Z log(Z + alpha))``, alpha = 10
-  [Eq. 12], then as the authors' code does it [ref-code salesforce/PCL main_pcl.py ``run_kmeans``, spec 4.2]:
-  clusters with Z <= 1 (and empty ones) get the largest phi of the others, phi is clipped to its [10th, 90th]
-  percentile and rescaled per clustering so that mean(phi) = tau.
-* :func:`build_clusterings` -- the E-step: k-means (the project's one ``protoclip.prototypes.kmeans``) at every
-  granularity K_m on the momentum features, phi against the *unnormalised* centroids, then the centroids
-  l2-normalised (they enter the loss normalised) [spec 4.2, 4.7.1]. -> :class:`Clusterings`.
-* :func:`protonce` -- the prototype part of ProtoNCE averaged over the M clusterings [Eq. 11]: for each
-  clustering the batch's positive prototypes plus r negative prototypes sampled without replacement from the
-  clusters that are nobody's positive, shared by the batch; logits ``v . c_j / phi_j`` (every logit divided by
-  *its own* prototype's phi); the other samples' positives sit in the first B columns as extra negatives (ref-code);
-  ``mask_duplicate_pos`` masks those that equal the row's own prototype [spec 4.2, our option]. -> ``{"protonce"}``.
-
-The full PCL loss is ``infonce + protonce`` (Eq. 11; the trainer adds them, ProtoNCE only after the warm-up).
-
-    from protoclip.losses.pcl import infonce, build_clusterings, protonce
-    cl = build_clusterings(v_momentum, ks=[250, 500, 1000], tau=0.1, seed=0)      # once per epoch (E-step)
-    terms = {**infonce(q, k, queue, tau=0.1), **protonce(q, idx, cl, r=200, generator=g)}   # per batch (M-step)
+concentration phi (Eq. 12), with the multi-granularity k-means of the E-step (:func:`build_clusterings`, once per
+epoch) whose :class:`Clusterings` :func:`protonce` reads per batch. The full PCL loss is ``infonce + protonce``
+(Eq. 11; the trainer adds them, ProtoNCE only after the warm-up). Also the phi-scaled ProtoNCE over a full
+prototype classifier that ProtoCLIP's ``loss.phi_protonce`` uses. Usage: docs/methods.md, "protoclip.losses.pcl".
 """
 from __future__ import annotations
 
@@ -47,7 +29,8 @@ def _check_features(name: str, x: torch.Tensor) -> None:
 
 # --------------------------------------------------------------------------- InfoNCE (MoCo)
 def infonce(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor | None, tau: float) -> dict[str, torch.Tensor]:
-    """InfoNCE of MoCo [PCL Eq. 1]: ``-log exp(q.k+/tau) / (exp(q.k+/tau) + sum_j exp(q.k_j/tau))``, mean over B.
+    """InfoNCE of MoCo [PCL Eq. 1; MoCo v2]: ``-log exp(q.k+/tau) / (exp(q.k+/tau) + sum_j exp(q.k_j/tau))``, mean
+    over B: one positive key (the momentum encoder's view), the r queued keys as negatives. -> ``{"infonce"}``.
 
     ``q`` [B, d] online features (gradient), ``k`` [B, d] momentum keys of the other view (no gradient: detached
     here), ``queue`` [r, d] the queued keys (negatives; ``None`` or 0 rows = no negative but the positive, a
@@ -79,7 +62,8 @@ def concentration(dist: torch.Tensor, assignments: torch.Tensor, k: int, tau: fl
 
     ``phi_c = sum_{z in c} dist_z / (Z_c log(Z_c + alpha))`` for clusters with Z_c > 1; clusters with Z_c <= 1
     get max phi of the others; clip to the percentiles (linear interpolation, numpy's default, as the ref-code's
-    ``np.percentile``); rescale to ``tau * phi / mean(phi)``. Computed in float64.
+    ``np.percentile``); rescale per clustering to ``tau * phi / mean(phi)``. Computed in float64. The steps after
+    Eq. 12 are the authors' code's [ref-code salesforce/PCL main_pcl.py ``run_kmeans``, spec 4.2].
 
     Degenerate case (our choice, not in paper or ref-code, where it divides by zero): when no cluster has two
     members, or every member sits on its centroid (all phi 0), phi = tau for every prototype, i.e. ProtoNCE
@@ -135,8 +119,9 @@ def build_clusterings(features: torch.Tensor, ks: list[int], tau: float, *, iter
     """k-means of ``features`` [N, d] (momentum features, l2-normalised by the caller) at every K in ``ks``.
 
     Euclidean k-means (not spherical), then phi against the unnormalised centroids, then the centroids are
-    l2-normalised [ref-code run_kmeans; spec 4.7.3]. 20 iterations, 5 redos, seed ``seed + m`` for clustering m
-    (ref-code: ``clus.seed = seed`` with seed the clustering index). The ref-code's faiss
+    l2-normalised: they enter the loss normalised [ref-code run_kmeans; spec 4.2, 4.7.1, 4.7.3]. 20 iterations,
+    5 redos, seed ``seed + m`` for clustering m (ref-code: ``clus.seed = seed`` with seed the clustering index),
+    with the project's one k-means, :func:`protoclip.prototypes.kmeans.kmeans`. The ref-code's faiss
     ``min/max_points_per_centroid`` (10 / 1000: faiss subsamples large inputs) have no counterpart in
     ``protoclip.prototypes.kmeans``: every point is used.
     """
@@ -215,8 +200,12 @@ def protonce(q: torch.Tensor, positions: torch.Tensor, clusterings: Clusterings,
 
     ``q`` [B, d] online features (l2-normalised here), ``positions`` [B] the rows of ``clusterings.assignments``
     belonging to the batch. Per clustering: ``cols = [pos_0..pos_{B-1}, neg_1..neg_r]``, logits
-    ``q_i . c_cols / phi_cols``, cross-entropy with target column i for row i (ref-code). Also returns the
-    detached top-1 accuracy of the prototype logits (``protonce_acc``, %), a diagnostic.
+    ``q_i . c_cols / phi_cols`` (every logit divided by *its own* prototype's phi), cross-entropy with target
+    column i for row i (ref-code): the r negative prototypes (:func:`sample_negatives`: without replacement, from
+    the clusters that are nobody's positive) are shared by the batch, and the other samples' positives in the
+    first B columns are extra negatives (ref-code). ``mask_duplicate_pos`` masks those that equal the row's own
+    prototype [spec 4.2, our option]. Also returns the detached top-1 accuracy of the prototype logits
+    (``protonce_acc``, %), a diagnostic.
     """
     _check_features("protonce q", q)
     if positions.shape != (q.shape[0],):

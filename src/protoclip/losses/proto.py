@@ -1,47 +1,7 @@
-"""Prototype-level losses of ProtoCLIP [paper Sec. III, Eqs. 3-5, 7, 8].
-
-Per episode (m samples, Sec. III-D) the method builds the episode's prototypes once
-(:meth:`protoclip.prototypes.episode.EpisodePrototypes.build`: k-means image prototypes C^I and text prototypes
-C^T [Eq. 2], optional external-teacher prototypes C^ext, the assignments of every episode sample, and the
-prototype classifiers: PBT centroids [Eq. 7] or the raw cross-modal prototypes; all detached). Then, for every
-batch, :class:`ProtoLoss` evaluates
-
-    p_i^I = softmax(C_cls^{T->I} h_i^I / tau_Proto)                                   [Eq. 3]
-    y_i^T = softmax(C^T c^T_{a_i^T} / tau_y)   (or one-hot of a_i^T when hard)       [Eq. 5]
-    L_Proto = ( CE(y^T, p^I) + CE(y^I, p^T) ) / 2                                     [Eq. 4]
-    L_Proto^ext = ( CE(onehot(a^ext), p^{I,ext}) + CE(onehot(a^ext), p^{T,ext}) ) / 2  [Eq. 8]
-
-and returns ``{"proto": L_Proto, "proto_external": L_Proto^ext}``; the total [Eq. 9] is the trainer's
-weighted sum with L_CLIP.
-
-Choices where the paper is silent, taken from the authors' code (cited "[ref-code <file>]" =
-github.com/megvii-research/protoclip, src/training/...):
-
-* h is L2-normalised (the model returns normalised projections [ref-code open_clip/model.py
-  ``forward_projection``]); we normalise again here (idempotent). Prototypes, PBT centroids and the
-  classifier are *not* re-normalised: k-means centroids of unit vectors, used as raw linear classifiers
-  [ref-code loss.py ``student_features @ student_centroids.T``].
-* Soft targets are indexed per sample through its teacher assignment: y_i = softmax(C c_{a_i} / tau_y)
-  [ref-code loss.py ``teacher_centroids[labels] @ teacher_centroids.T / T``]; computed per batch rows, never
-  as a K x K table (1.6 GB at K = 20k).
-* tau_Proto is a learnable log-scale like tau_CLIP: the caller passes ``model.proto_logit_scale.exp()`` and
-  clamps the parameter with :func:`protoclip.losses.clamp_logit_scale_` [ref-code train.py].
-* Reduction: mean over the batch samples (Eq. 4 writes a sum over the M samples; a constant factor that the
-  authors' ``nn.CrossEntropyLoss`` also replaces by the mean).
-* External term: hard one-hot targets on the external assignments [paper: "'ground truth' of prototype
-  assignment"; ref-code train.py passes ``teacher_temperature=-1``], always through PBT centroids (the teacher
-  space has another dimension, so its raw prototypes cannot classify h) [paper Sec. III-C2]. Eq. 8's
-  printed parentheses are unbalanced; the term is the mean of both directions as in the ref code.
-  Teacher features are clustered as given (no normalisation) [ref-code main.py].
-* Empty clusters under PBT (a teacher prototype with no assigned sample has no student centroid): the ref
-  code leaves a zero row in the classifier. We instead *drop* those prototypes from the classifier and from
-  the target distribution (renormalised over the remaining prototypes; the ``valid_*`` masks of
-  :class:`~protoclip.prototypes.episode.EpisodePrototypes`, counted in its ``stats``). No sample's hard label
-  can point at one (its own sample would make it non-empty).
-
-    ep = EpisodePrototypes.build(h_img, h_txt, teacher_feats, k=K, pbt=True, soft_targets=True, tau_y=0.01)
-    loss_fn = ProtoLoss()
-    terms = loss_fn(out["h_image"], out["h_text"], positions, ep, model.proto_logit_scale.exp())
+"""Prototype-level losses of ProtoCLIP [paper Sec. III, Eqs. 3-5, 7, 8]: L_Proto and L_Proto^external of each batch
+against the prototypes its episode built once (:class:`protoclip.prototypes.episode.EpisodePrototypes`); the
+trainer adds them to L_CLIP [Eq. 9]. The equations, the choices taken from the authors' code where the paper is
+silent, and usage: docs/methods.md, "protoclip.losses.proto".
 """
 from __future__ import annotations
 
@@ -72,6 +32,8 @@ def soft_target_rows(
     """Targets of samples assigned to ``labels`` [B]: softmax(C c_{label} / tau_y) [Eq. 5] -> [B, K].
 
     ``hard`` gives one-hot rows. ``valid`` [K] bool drops prototypes (exact zeros, rows renormalised).
+    Indexed per sample through its teacher assignment [ref-code loss.py ``teacher_centroids[labels] @
+    teacher_centroids.T / T``]: computed for the batch's rows, never as a K x K table (1.6 GB at K = 20k).
     """
     if prototypes.ndim != 2:
         raise ValueError(f"soft_targets: prototypes must be [K, d], got {tuple(prototypes.shape)}")
@@ -103,7 +65,10 @@ def proto_ce(
     """Cross-entropy of prototype-classifier probabilities against targets [Eqs. 3-4], mean over the B samples.
 
     h [B, d] (used as given), classifier [K, d], targets [B, K] (rows sum to 1), logit_scale = 1/tau_Proto
-    (exponentiated). ``valid`` [K] bool keeps only those prototypes (columns) in the softmax.
+    (exponentiated). ``valid`` [K] bool keeps only those prototypes (columns) in the softmax. Mean over the
+    samples where Eq. 4 writes a sum: a constant factor that the authors' ``nn.CrossEntropyLoss`` also replaces
+    by the mean. The classifier is used raw, not re-normalised [ref-code loss.py
+    ``student_features @ student_centroids.T``].
     """
     if h.ndim != 2 or classifier.ndim != 2 or h.shape[1] != classifier.shape[1]:
         raise ValueError(f"proto_ce: need h [B, d] and classifier [K, d], got {tuple(h.shape)}, {tuple(classifier.shape)}")
@@ -138,7 +103,9 @@ class ProtoLoss(nn.Module):
     augmentations), ``positions`` [B] long = each sample's row in the episode, ``episode`` the episode's
     :class:`~protoclip.prototypes.episode.EpisodePrototypes`, ``proto_logit_scale`` = 1/tau_Proto (``model.proto_logit_scale.exp()``). Returns {"proto",
     "proto_external"} (the latter a constant 0 without a teacher); detached diagnostics (per-direction losses,
-    prototype accuracies in %) are left in ``self.last_stats``.
+    prototype accuracies in %) are left in ``self.last_stats``. h is L2-normalised again here (idempotent);
+    the external term takes hard targets through PBT centroids, and prototypes left empty under PBT are
+    dropped (not the ref code's zero rows): docs/methods.md, "protoclip.losses.proto".
     """
 
     def __init__(self):

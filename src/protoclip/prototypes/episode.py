@@ -1,15 +1,6 @@
 """One episode's prototypes [ProtoCLIP Sec. III-B, III-D; Eqs. 2, 7]: k-means of the episode's features and the
-prototype classifiers, built once per episode and read by :class:`protoclip.losses.proto.ProtoLoss` per batch.
-
-``EpisodePrototypes.build`` clusters h^I and h^T (and the external teacher's features) with
-:func:`protoclip.prototypes.kmeans.kmeans`, translates each modality's clusters back into the other's space
-(Prototype Back Translation, :func:`pbt_centroids`, Eq. 7) or takes the raw cross-modal prototypes, and times
-both phases (``kmeans_seconds``, ``pbt_seconds``: the episode record's ``time/kmeans``, ``time/pbt``).
-Everything in it is detached. Features with NaN/Inf stop with one line naming the episode and the modality.
-
-    ep = EpisodePrototypes.build(h_img, h_txt, teacher_feats, k=K, pbt=True, soft_targets=True, tau_y=0.01,
-                                 seed=seed * 100_003 + episode, episode=episode)
-    ep.stats()   # k-means objective / sizes / empties, PBT-dropped prototypes (the episode record)
+prototype classifiers (Prototype Back Translation or the raw cross-modal prototypes), built once per episode,
+detached, and read by :class:`protoclip.losses.proto.ProtoLoss` per batch.
 """
 from __future__ import annotations
 
@@ -128,6 +119,15 @@ class EpisodePrototypes:
         ``init='random'`` is the "w/o K-means" ablation (random samples as prototypes, 0 Lloyd iterations).
         ``seed`` should change per episode (trainer). ``episode`` only names the episode in errors: features
         with NaN/Inf (a model whose weights broke) raise :class:`NonFiniteFeaturesError` naming it and the modality.
+
+        Clusters h^I and h^T (and the teacher's features) with ``kmeans_fn``, translates each modality's clusters
+        back into the other's space (:func:`pbt_centroids`, Eq. 7) or takes the raw cross-modal prototypes, and
+        times both phases (``kmeans_seconds``, ``pbt_seconds``: the episode record's ``time/kmeans``,
+        ``time/pbt``)::
+
+            ep = EpisodePrototypes.build(h_img, h_txt, teacher_feats, k=K, pbt=True, soft_targets=True, tau_y=0.01,
+                                         seed=seed * 100_003 + episode, episode=episode)
+            ep.stats()   # k-means objective / sizes / empties, PBT-dropped prototypes (the episode record)
         """
         if h_image.ndim != 2 or h_image.shape != h_text.shape:
             raise ValueError(f"EpisodePrototypes: h_image and h_text must both be [m, d], got {tuple(h_image.shape)}, {tuple(h_text.shape)}")

@@ -1,19 +1,7 @@
-"""K-means prototypes for ProtoCLIP episodes [paper Eq. 2, Sec. IV-A3]: :func:`kmeans`, two interchangeable backends.
-
-* ``faiss``: ``faiss.Kmeans`` exactly as the authors call it [ref-code src/training/clustering.py] (Euclidean,
-  not spherical, ``nredo=1``, random-sample initialisation, ``niter`` Lloyd iterations), on GPU when the faiss
-  build has GPUs and the data lives on CUDA (or ``gpu=True``);
-* ``torch``: the same Lloyd loop in torch, for CPU and for CUDA without faiss-gpu, step for step (assign -> mean
-  -> split empty clusters -> optional re-normalisation), so both reach the same objective from the same
-  ``init_centroids``; distances in chunks as ``|x|^2 - 2 x.c + |c|^2`` so memory stays bounded at m = 200k, K = 20k.
-
-``backend='auto'`` takes faiss where it can work on the data's device, else torch. ``init='random'`` is the
-paper's "w/o K-means" ablation [paper Table III]: k random samples, no Lloyd iteration. ``init='kmeans++'`` (not
-in the paper; small, well-separated data and tests) seeds Lloyd with scikit-learn's ``kmeans_plusplus``.
-
-    from protoclip.prototypes import kmeans
-    res = kmeans(h, k=20_000, iters=20, backend="auto", seed=0)
-    res.centroids, res.assignments, res.objective, res.sizes, res.n_empty, res.backend
+"""K-means prototypes for ProtoCLIP episodes [paper Eq. 2, Sec. IV-A3]: :func:`kmeans` with two interchangeable
+backends, faiss as the authors call it and a pure-torch Lloyd loop that follows faiss step for step (CPU, and CUDA
+without faiss-gpu), so that both reach the same objective from the same initial centroids.
+``kmeans(h, k=20_000, iters=20, backend="auto", seed=0)`` -> :class:`KMeansResult`.
 """
 from __future__ import annotations
 
@@ -318,11 +306,18 @@ def kmeans(
         x: features, float tensor (any device) or ndarray; detached and cast to float32.
         k: number of clusters, 1 <= k <= N (K = m / images_per_prototype is the caller's choice).
         iters: Lloyd iterations (paper: 20). Ignored when ``init='random'``.
-        backend: 'auto' | 'faiss' | 'torch' (see module docstring).
+        backend: 'auto' | 'faiss' | 'torch'. ``faiss``: ``faiss.Kmeans`` exactly as the authors call it
+            [ref-code src/training/clustering.py] (Euclidean, not spherical, ``nredo=1``, random-sample
+            initialisation, ``niter`` Lloyd iterations), on GPU when the faiss build has GPUs and the data lives
+            on CUDA (or ``gpu=True``). ``torch``: the same Lloyd loop in torch, step for step (assign -> mean ->
+            split empty clusters -> optional re-normalisation), distances in chunks as ``|x|^2 - 2 x.c + |c|^2``
+            so memory stays bounded at m = 200k, K = 20k. ``auto``: faiss where it can work on the data's
+            device, else torch.
         seed: seed of the random-sample initialisation (each backend uses its own RNG, so the same seed gives
             different inits across backends; pass ``init_centroids`` to compare them).
         init: 'kmeans' (random samples + ``iters`` Lloyd iterations, as faiss), 'random' (random samples,
-            0 iterations: the "w/o K-means" ablation) or 'kmeans++' (sklearn k-means++ seeds + ``iters``).
+            0 iterations: the "w/o K-means" ablation [paper Table III]) or 'kmeans++' (not in the paper; small,
+            well-separated data and tests: scikit-learn's ``kmeans_plusplus`` seeds + ``iters``).
         init_centroids: optional [k, d] starting centroids, used instead of the random draw.
         spherical: L2-normalise centroids after each update. Default False as in the authors' faiss call
             [ref-code clustering.py: faiss.Kmeans(d, k, niter, nredo, verbose, gpu)]; ProtoCLIP's h are already
