@@ -1,19 +1,9 @@
 """Code fingerprints: the one rule for "the code changed" that Snakemake and DVC both follow.
 
-A stage's result depends on the code its command runs, not on comments or docstrings. The fingerprint of a
-command (``train``, ``evaluate``, ...) is a hash over the package modules that command can import, each module
-hashed as its syntax tree without docstrings and positions (``ast.dump``): a comment, a docstring or a reflowed
-line changes no fingerprint; any other edit of a module the command imports changes that command's fingerprint
-only. Which modules: the command's module and the CLI's (``protoclip.cli``, ``protoclip.project``), then every
-package module named by an ``import`` anywhere in them (module level or inside a function) or by a string
-constant (``"protoclip.evaluate.retrieval:run"``, the adapters' and the method registry's dynamic imports; a
-string naming a package counts as all of its modules), and so on: more than a run imports, never less. Data
-files beside a package's modules (prompts JSON, model configs, the papers' numbers) count with those modules,
-JSON and YAML by their parsed content.
-
-Both runners read the same values: the Snakefile computes them at every invocation (a rule param, Snakemake's
-``params`` rerun trigger) and writes them to ``code-fingerprints.yaml``, which each DVC stage lists as a param
-file (``protoclip dvc-yaml`` writes it too; tests/unit/test_code_version.py keeps the committed one current).
+A command's fingerprint hashes the package modules it can import, each as its syntax tree without docstrings and
+positions, so a comment, a docstring or a reflowed line reruns nothing. The Snakefile (a rule param, at every
+invocation) and ``protoclip dvc-yaml`` write them to ``code-fingerprints.yaml``, a param file of every DVC stage;
+the rule and why: docs/dvc.md, "When the code changes".
 """
 from __future__ import annotations
 
@@ -77,7 +67,8 @@ def parse(path: Path) -> ast.Module | None:
 
 def source_digest(path: Path, tree: ast.Module | None = None) -> str:
     """sha256 of a module's code without comments, docstrings and positions (``tree``: its parsed tree), or of a
-    data file's content."""
+    data file's content (JSON and YAML by their parsed content; the data files beside a package's modules, such as
+    prompts JSON, model configs and the papers' numbers, count with those modules)."""
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".py" and (tree := tree or parse(path)) is not None:
         canonical = ast.dump(_strip_docstrings(tree), include_attributes=False)
@@ -99,8 +90,10 @@ def _with_parents(name: str) -> list[str]:
 def imported_names(name: str, path: Path, tree: ast.Module | None, modules: dict[str, Path],
                    strings: bool = True) -> set[str]:
     """The package modules that module ``name`` (file ``path``, syntax ``tree``) may import: its import statements
-    anywhere, and string constants naming a module (``"pkg.mod"`` or ``"pkg.mod:attr"``; a package: all of its
-    modules; not with ``strings=False``: the CLI names every command's module, and runs one)."""
+    anywhere (module level or inside a function), and string constants naming a module (``"pkg.mod"`` or
+    ``"pkg.mod:attr"``: the adapters' and the method registry's dynamic imports; a package: all of its modules;
+    not with ``strings=False``: the CLI names every command's module, and runs one). More than a run imports,
+    never less."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree) if tree is not None else ():

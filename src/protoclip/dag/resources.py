@@ -1,14 +1,8 @@
 """What a job asks of the machine or the cluster, sized per GPU: its threads and, on SLURM, its sbatch resources.
 
 A job's GPU count k comes from the config (a run's ``gpu: k`` for its train job, 1 for a GPU run's evaluation or
-a GPU project's teacher, 0 otherwise). On one machine a GPU job gets k x (cores / GPU slots) threads of the
-Snakemake call's ``--cores`` and ``--resources gpu=N``, so as many GPU jobs as slots fit the cores; a job without
-GPU gets 1 thread. On SLURM the site file ``workflow/profiles/slurm/site.yaml`` (:class:`SiteConfig`) gives CPUs
-and memory per GPU; a k-GPU job asks for k times them on one node (``torchrun --standalone`` is single-node).
-A k-GPU training runs k ranks of threads / k each.
-
-    site = load_site("workflow/profiles/slurm/site.yaml")
-    slurm_resources(site, 2)   # {'nodes': 1, 'cpus_per_task': 16, 'mem_mb_per_cpu': 8000, 'runtime': 2880, ...}
+a GPU project's teacher, 0 otherwise: ``protoclip.jobs.launch``); the rules size their jobs here (``common.smk``'s
+``job_threads``, ``job_resources``), a k-GPU job k times a one-GPU job.
 """
 from __future__ import annotations
 
@@ -51,7 +45,11 @@ def load_site(path: str | Path = SITE_FILE) -> SiteConfig:
 
 
 def local_threads(n_gpus: int, cores: int, gpu_slots: int) -> int:
-    """Threads of a job on one machine: ``n_gpus`` x cores per GPU slot (at least 1 each), 1 without GPU."""
+    """Threads of a job on one machine: ``n_gpus`` x cores per GPU slot (at least 1 each), 1 without GPU.
+
+    ``cores`` and ``gpu_slots`` are the Snakemake call's ``--cores`` and ``--resources gpu=N``, so as many GPU jobs
+    as slots fit the cores; a k-GPU training then runs k ranks of threads / k each
+    (:func:`protoclip.jobs.launch.rank_threads`)."""
     if n_gpus <= 0:
         return 1
     return n_gpus * max(1, cores // max(1, gpu_slots))
@@ -66,7 +64,12 @@ def slurm_resources(site: SiteConfig, n_gpus: int) -> dict:
     """The Snakemake resources the SLURM executor plugin turns into sbatch options, for a job of ``n_gpus``
     GPUs (``gpu`` itself is the rule's own resource: ``--gpus=k``; 0 asks for none). Memory goes per CPU
     (``--mem-per-cpu``, rounded up): k x cpus_per_gpu CPUs then hold k x mem_mb_per_gpu (Snakemake's ``mem_mb``
-    would have to be a number on the local executor too)."""
+    would have to be a number on the local executor too). A k-GPU job asks for k times the site's per-GPU CPUs
+    and memory on one node (``torchrun --standalone`` is single-node)::
+
+        site = load_site("workflow/profiles/slurm/site.yaml")
+        slurm_resources(site, 2)   # {'nodes': 1, 'cpus_per_task': 16, 'mem_mb_per_cpu': 8000, 'runtime': 2880, ...}
+    """
     cpus = slurm_threads(site, n_gpus)
     mem = n_gpus * site.mem_mb_per_gpu if n_gpus > 0 else site.mem_mb
     out = {"nodes": 1, "cpus_per_task": cpus, "mem_mb_per_cpu": -(-mem // cpus), "runtime": site.runtime}

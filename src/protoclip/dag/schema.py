@@ -1,12 +1,9 @@
 """The project config described for people and tools: a JSON Schema and a Markdown key table, both generated.
 
-    protoclip schema            # writes workflow/schemas/config.schema.yaml and config/README.md
-    protoclip schema --check    # exit 1 naming the file that differs from what the code generates
-
-Both are made from the config dataclasses (:class:`protoclip.project.ProjectConfig`, each package's section and
-the methods' registered sections): type and default from each field, its description from the comment beside or
-above it, a section's from its class docstring. The Snakefile validates Snakemake's ``config`` against the schema
-(the workflow catalog's convention); value rules (``validate()``) stay with :func:`protoclip.project.load_config`.
+``protoclip schema [--check]`` writes (or checks) workflow/schemas/config.schema.yaml and config/README.md from the
+config dataclasses: type and default from each field, its description from the comment beside or above it. The
+Snakefile validates Snakemake's ``config`` against the schema (the workflow catalog's convention); value rules
+(``validate()``) stay with :func:`protoclip.project.load_config`.
 """
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
 """The stage graph as data: the one source of truth for the Snakemake rules and for dvc.yaml.
 
-Every stage instance (``prepare``, ``teacher_<t>``, ``train_<run>`` (none for a ``pretrained`` run),
-``evaluate_<run>_<set>``, ``collect_<run>``, ``toy_nemd``, ``report``) is a :class:`Stage`: command, ``deps``,
-DVC params and outputs. ``workflow/rules/*.smk`` take their inputs, outputs and commands from here and
-``protoclip dvc-yaml`` writes ``dvc.yaml`` from :func:`stages`, so both runners run identical commands on
-identical files.
-
-    protoclip dvc-yaml --config config/config.yaml     # rewrite dvc.yaml after changing runs or data sets
-
-``outs`` are what DVC caches (whole folders); ``targets`` the Snakemake outputs, each inside an out. Training
-checkpoints, an evaluation's extraction in progress and its feature files are no output: as an uncached DVC out
-they would read "deleted" after every fresh clone, as a Snakemake output they would be deleted before each job
-(features are a DVC out only with ``evaluate.track_features``). The code a stage runs is its command's key in
-``code-fingerprints.yaml`` (:mod:`protoclip.dag.code_version`), a DVC param of the stage and a param of its
-Snakemake rule: a comment edit reruns nothing, a code edit reruns the stages whose command imports it.
+Every stage instance is a :class:`Stage` (command, deps, DVC params, outputs); ``workflow/rules/*.smk`` take their
+inputs, outputs and commands from here and ``protoclip dvc-yaml`` writes ``dvc.yaml`` from :func:`stages` (run it
+after changing runs or data sets), so both runners run identical commands on identical files.
 """
 from __future__ import annotations
 
@@ -54,6 +43,17 @@ class Out:
 
 @dataclass
 class Stage:
+    """One stage instance (``prepare``, ``teacher_<t>``, ``train_<run>`` (none for a ``pretrained`` run),
+    ``evaluate_<run>_<set>``, ``collect_<run>``, ``toy_nemd``, ``report``): its command and files for both runners.
+
+    ``outs`` are what DVC caches (whole folders); ``targets`` the Snakemake outputs, each inside an out. Training
+    checkpoints, an evaluation's extraction in progress and its feature files are no output: as an uncached DVC
+    out they would read "deleted" after every fresh clone, as a Snakemake output they would be deleted before each
+    job (features are a DVC out only with ``evaluate.track_features``). The code a stage runs is its command's key
+    in ``code-fingerprints.yaml`` (:mod:`protoclip.dag.code_version`), a DVC param of the stage and a param of its
+    Snakemake rule: a comment edit reruns nothing, a code edit reruns the stages whose command imports it.
+    """
+
     name: str  # DVC stage name (the Snakemake job's benchmark file is named after it)
     command: str  # the protoclip subcommand (``train``)
     config_file: str  # the file the command reads (dvc.yaml: config/config.yaml)
