@@ -1,12 +1,6 @@
 """Caption checks shared by every source: decoding, whitespace, and an English-likeness test.
 
-``is_english(text)`` is a documented heuristic (no language-ID package is a project dependency):
-a title counts as English when it contains none of a short list of frequent Italian / French /
-Spanish / German / Dutch function words, and at least ``min_share`` of its alphabetic words are whole words
-of CLIP's own BPE vocabulary (``open_clip``'s ``SimpleTokenizer``; 49k merges learned mostly on
-English web text; ``min_share`` 0.6 means a two-word title needs both). Italian titles such as "Cigno", "Ragnetto incazzato" fail the second test;
-"Chalet di montagna" fails the first. Rare English proper nouns ("Extremadura") are dropped too,
-which costs a few usable pairs but never admits a foreign caption.
+The English test (``is_english``) is a documented heuristic, as no language-ID package is a project dependency.
 """
 from __future__ import annotations
 
@@ -107,7 +101,15 @@ def english_share(text: str, lexicon: frozenset[str]) -> float:
 
 
 def is_english(text: str, lexicon: frozenset[str], min_share: float = 0.6) -> bool:
-    """Heuristic English test (see module docstring)."""
+    """Heuristic English test: no frequent foreign function word, and enough words of CLIP's own vocabulary.
+
+    A title counts as English when it contains none of ``FOREIGN_FUNCTION_WORDS`` (frequent Italian / French /
+    Spanish / German / Dutch function words), and at least ``min_share`` of its alphabetic words are whole words of
+    ``lexicon`` (CLIP's BPE vocabulary, ``open_clip``'s ``SimpleTokenizer``: 49k merges learned mostly on English web
+    text; ``min_share`` 0.6 means a two-word title needs both). Italian titles such as "Cigno", "Ragnetto
+    incazzato" fail the second test; "Chalet di montagna" fails the first. Rare English proper nouns
+    ("Extremadura") are dropped too, which costs a few usable pairs but never admits a foreign caption.
+    """
     if any(w in FOREIGN_FUNCTION_WORDS for w in words(text)):
         return False
     return english_share(text, lexicon) >= min_share

@@ -1,28 +1,7 @@
 """A user CSV/TSV of image-caption pairs, read as a stream of data rows: the one reader and the one image-path rule.
 
-    with CaptionRows(cfg) as rows:          # header checked here: a missing column is a ConfigError naming it
-        for row in rows:                    # row.line (1-based, the header is line 1), row.image, row.caption, row.label
-            path = rows.image_path(row.image)
-    rows.drops                              # malformed_row / extra_fields / missing_fields counts
-    rows.malformed                          # the first MAX_LISTED dropped records: line, rule, how to change it
-
-Every pass over a caption file (prepare's fingerprint of the images it names, the repeated-path pass, the scan)
-uses this reader, so each sees the same rows. The file is streamed, never read whole: UTF-8 (a BOM skipped),
-undecodable bytes kept as surrogate escapes (the row survives; the scan drops its caption as non_utf8_caption),
-any line ends (\n, \r\n, \r). ``csv.reader(strict=True)`` (a stray quote is an error, not a guess), with the csv
-module's field limit raised for the duration (captions are judged by length later, by the scan).
-
-Records and lines (RFC 4180, what pandas reads for open_clip): a quoted field may span lines. A quote left open (a
-typo in a spreadsheet export) would then swallow every following line up to the next quote into one caption, so a
-quoted field is bounded: still open after ``quote_max_lines`` lines or ``quote_max_chars`` characters, or breaking
-its record where it ends (a stray character after the closing quote, another number of fields than the header),
-it is taken for a quote left open. The line where it opened is dropped (``malformed_row``), the lines after it are
-read again as rows of their own, and the message gives the line where it opened and how many rows it would have
-swallowed (up to the line whose quote closes it, or to the end of the file). A typo therefore costs its own row,
-and the bounded look-ahead is all that is held. ``multiline_captions: false`` reads one record a line instead.
-
-Every dropped record is logged (the first ``MAX_LISTED``) with its line, the rule that dropped it and the setting or
-fix that changes it; they are also listed in prepare's report.
+Every pass over a caption file (prepare's fingerprint of the images it names, the repeated-path pass, the scan) uses
+:class:`CaptionRows`, so each sees the same rows; its docstring gives the reading rules.
 """
 from __future__ import annotations
 
@@ -189,7 +168,32 @@ class _Lines:
 
 
 class CaptionRows:
-    """The data rows of one CSV/TSV caption file (see the module docstring); a context manager and an iterable."""
+    """The data rows of one CSV/TSV caption file; a context manager and an iterable.
+
+        with CaptionRows(cfg) as rows:      # header checked here: a missing column is a ConfigError naming it
+            for row in rows:                # row.line (1-based; header: line 1), row.image, row.caption, row.label
+                path = rows.image_path(row.image)
+        rows.drops                          # malformed_row / extra_fields / missing_fields counts
+        rows.malformed                      # the first MAX_LISTED dropped records: line, rule, how to change it
+
+    The file is streamed, never read whole: UTF-8 (a BOM skipped), undecodable bytes kept as surrogate escapes (the
+    row survives; the scan drops its caption as non_utf8_caption), any line ends (LF, CRLF, CR).
+    ``csv.reader(strict=True)`` (a stray quote is an error, not a guess), with the csv module's field limit raised
+    for the duration (captions are judged by length later, by the scan).
+
+    Records and lines (RFC 4180, what pandas reads for open_clip): a quoted field may span lines. A quote left open
+    (a typo in a spreadsheet export) would then swallow every following line up to the next quote into one caption,
+    so a quoted field is bounded: still open after ``quote_max_lines`` lines or ``quote_max_chars`` characters, or
+    breaking its record where it ends (a stray character after the closing quote, another number of fields than the
+    header), it is taken for a quote left open. The line where it opened is dropped (``malformed_row``), the lines
+    after it are read again as rows of their own, and the message gives the line where it opened and how many rows
+    it would have swallowed (up to the line whose quote closes it, or to the end of the file). A typo therefore
+    costs its own row, and the bounded look-ahead is all that is held. ``multiline_captions: false`` reads one
+    record a line instead.
+
+    Every dropped record is logged (the first ``MAX_LISTED``) with its line, the rule that dropped it and the
+    setting or fix that changes it; they are also listed in prepare's report.
+    """
 
     def __init__(self, cfg: UserDataConfig, quiet: bool = False):
         self.cfg, self.quiet = cfg, quiet  # quiet: a pass that only reads the rows (the scan logs what is wrong)
@@ -252,7 +256,7 @@ class CaptionRows:
             log.warning("user data '%s': %s: %s", self.cfg.name, self.path, m.describe())
 
     def _left_open(self, error: str) -> None:
-        """The current record's quote is taken for one left open (see the module docstring)."""
+        """The current record's quote is taken for one left open (see the class docstring)."""
         src = self._lines
         fix = "close the quote in the file"
         if src.refused:

@@ -1,16 +1,7 @@
 """Pinned Debian packages: download (``apt-get download NAME=VERSION``), verify sha256, unpack.
 
-The offline default data (caption corpora, emoji font, Fashion-MNIST) comes from Debian's archive.
-Each package is pinned by name, version and the sha256 it had when the data recipe was written
-(``PINNED`` below; see shared/docs/offline-data.md). Debian point releases can replace a file, so a
-mismatch only warns and records the new hash in ``layout.deb_hashes`` (which the prepare
-fingerprint includes, so the change re-runs the stage); with ``strict_hashes`` it is an error.
-
-Work already done is skipped: a cached ``.deb`` whose hash matches the pinned or recorded one is not
-downloaded again, and an unpacked folder whose marker names the same hash is not unpacked again.
-
-    from protoclip.data.corpus.debs import ensure_unpacked
-    root = ensure_unpacked("openclipart-svg", layout, strict=False)   # -> data/raw/unpacked/openclipart-svg
+The offline default data (caption corpora, emoji font, Fashion-MNIST) comes from Debian's archive, each package
+pinned by name, version and sha256 (``PINNED``; see shared/docs/offline-data.md). Work already done is skipped.
 """
 from __future__ import annotations
 
@@ -54,6 +45,7 @@ class PinnedDeb:
         return f"{self.name}_{self.version.replace(':', '%3a')}_all.deb"
 
 
+# each package's sha256 when the data recipe was written; a mismatch warns and is recorded (see ensure_deb)
 PINNED: dict[str, PinnedDeb] = {p.name: p for p in [
     PinnedDeb("tuxpaint-stamps-default", "2022.06.04-1",
               "6db6c1bfc870a47f1499d6203b083522eacb57c5f9c87d468f2e92eb6d9d5f34"),
@@ -120,7 +112,9 @@ def ensure_deb(name: str, layout: Layout, strict: bool = False,
     """The verified ``.deb`` of package ``name`` in ``layout.debs`` and its sha256.
 
     A cached file whose hash equals the pin (or a hash recorded at an earlier mismatch) is reused.
-    On a mismatch: ``strict`` raises :class:`PackageHashError`; otherwise warn and record the new hash.
+    On a mismatch: ``strict`` raises :class:`PackageHashError`; otherwise warn and record the new hash in
+    ``layout.deb_hashes``, since Debian point releases can replace a file. The prepare fingerprint includes that
+    file, so the change re-runs the stage.
     """
     if name not in PINNED:
         raise KeyError(f"unknown package {name!r} (pinned: {', '.join(PINNED)})")
@@ -149,7 +143,12 @@ def ensure_deb(name: str, layout: Layout, strict: bool = False,
 
 def ensure_unpacked(name: str, layout: Layout, strict: bool = False,
                     download: Callable[[PinnedDeb, Path], Path] = apt_download) -> Path:
-    """``dpkg-deb -x`` package ``name`` into ``layout.unpacked/<name>`` unless its marker says it is done."""
+    """``dpkg-deb -x`` package ``name`` into ``layout.unpacked/<name>`` unless its marker says it is done.
+
+    The marker names the unpacked ``.deb``'s hash, so a folder of the same hash is not unpacked again.
+
+        root = ensure_unpacked("openclipart-svg", layout, strict=False)   # -> data/raw/unpacked/openclipart-svg
+    """
     root = layout.unpacked_package(name)
     marker = root / MARKER
     expected = PINNED[name].sha256 if strict else expected_hashes(layout, [name])[name]

@@ -1,20 +1,7 @@
-"""De-duplicating millions of pairs in bounded memory: keys spilled to disk in hash buckets, one bucket sorted at a time.
+"""De-duplicating millions of pairs in bounded memory: keys spilled to disk in hash buckets, one sorted at a time.
 
-    keys = KeySpill(folder)                     # first occurrence of a key wins (a CSV's repeated image path)
-    keys.add(rows, [key16(s) for s in texts]);  later = keys.later_repeats()     # sorted rows to drop
-
-    dedup = PairDedup(folder)                   # ``manifest.deduplicate``'s rule over a stream of pairs
-    dedup.add(first_row, pairs); ...;  removed = dedup.resolve()              # removed.rows, removed.reasons
-
-Records are appended to ``BUCKETS`` files by the first byte of a key (a BLAKE2b digest, so the buckets are even);
-resolving reads one bucket at a time, so memory is about rows / BUCKETS records (56 bytes each: 3.3 MiB a bucket
-at 15M pairs), not the corpus. Keys are 128-bit BLAKE2b digests of the id, the image's sha256 and the caption:
-two different strings share a digest with probability about n^2 / 2^129 (1e-24 at 15M pairs).
-
-:class:`PairDedup` keeps ``deduplicate``'s rule exactly (a pair is kept unless an earlier *kept* pair has its id or
-its image). A pair whose id and image occur once in the whole stream is always kept; only the pairs that share an id
-or an image with another pair (the conflict set, found bucket by bucket) are replayed through the rule in row order,
-so memory grows with the number of duplicates, not of pairs.
+:class:`KeySpill` finds the rows repeating an earlier key (a CSV's repeated image path); :class:`PairDedup` applies
+``manifest.deduplicate``'s rule to a stream of pairs. Memory grows with one bucket and the duplicates, not the corpus.
 """
 from __future__ import annotations
 
@@ -31,7 +18,10 @@ BLOCK = 1 << 16  # records buffered before they are spread over the bucket files
 
 
 def key16(text: str) -> bytes:
-    """The 128-bit BLAKE2b digest of a string (surrogate escapes kept, so every str has one)."""
+    """The 128-bit BLAKE2b digest of a string (surrogate escapes kept, so every str has one).
+
+    Two different strings share a digest with probability about n^2 / 2^129 (1e-24 at 15M pairs).
+    """
     return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 
@@ -41,7 +31,11 @@ def _keys(texts: Sequence[str]) -> np.ndarray:
 
 
 class Buckets:
-    """Structured records appended in row order, spread over ``BUCKETS`` files by the low byte of field ``key``."""
+    """Structured records appended in row order, spread over ``BUCKETS`` files by the low byte of field ``key``.
+
+    The key is a BLAKE2b digest, so the buckets are even; reading one bucket at a time holds about
+    rows / BUCKETS records (56 bytes each in :data:`PAIR_RECORD`: 3.3 MiB a bucket at 15M pairs), not the corpus.
+    """
 
     def __init__(self, folder: Path, dtype: np.dtype, key: str):
         self.folder, self.dtype, self.key = Path(folder), np.dtype(dtype), key
@@ -93,7 +87,11 @@ KEY_RECORD = np.dtype([("row", "<i8"), ("key", "<u8", (2,))])
 
 
 class KeySpill:
-    """First occurrence wins: which rows repeat a key seen at an earlier row."""
+    """First occurrence wins: which rows repeat a key seen at an earlier row.
+
+        keys = KeySpill(folder)
+        keys.add(rows, [key16(s) for s in texts]);  later = keys.later_repeats()     # sorted rows to drop
+    """
 
     def __init__(self, folder: Path):
         self.buckets = Buckets(folder, KEY_RECORD, "key")
@@ -135,7 +133,16 @@ class Removed:
 
 class PairDedup:
     """``protoclip.data.loading.manifest.deduplicate``'s rule over pairs streamed in manifest order (rows may start
-    negative: the offline pairs come first in the manifest but are logged after the user data's scan)."""
+    negative: the offline pairs come first in the manifest but are logged after the user data's scan).
+
+        dedup = PairDedup(folder)
+        dedup.add(first_row, pairs); ...;  removed = dedup.resolve()              # removed.rows, removed.reasons
+
+    The rule is kept exactly: a pair is kept unless an earlier *kept* pair has its id or its image. A pair whose id
+    and image occur once in the whole stream is always kept; only the pairs that share an id or an image with
+    another pair (the conflict set, found bucket by bucket) are replayed through the rule in row order, so memory
+    grows with the number of duplicates, not of pairs.
+    """
 
     def __init__(self, folder: Path):
         self.by_id = Buckets(Path(folder) / "id", PAIR_RECORD, "id")

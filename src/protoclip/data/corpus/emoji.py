@@ -1,15 +1,7 @@
-"""Colour emoji (Debian ``fonts-noto-color-emoji`` + ``unicode-data`` + ``unicode-cldr-core``).
+"""Colour emoji (Debian ``fonts-noto-color-emoji`` + ``unicode-data`` + ``unicode-cldr-core``) as captioned pairs.
 
-* ``emoji-test.txt`` (unicode-data) lists every emoji sequence with its qualification status, group,
-  subgroup and CLDR short name. Only ``fully-qualified`` sequences are used (the others are the same
-  emoji without the presentation selector) [not_fully_qualified], and sequences with a skin-tone
-  modifier U+1F3FB..U+1F3FF are dropped (five recolourings of one picture per person emoji) [skin_tone].
-* Keywords come from CLDR's English annotations (``annotations/en.xml`` and
-  ``annotationsDerived/en.xml``; CLDR keys omit U+FE0F). Caption = ``"<name>: <kw>, <kw>, ..."``
-  in CLDR's order ("taxi: taxi, vehicle"); the name alone when CLDR has no keywords.
-* The image is the NotoColorEmoji CBDT bitmap rendered with Pillow at size 109 (its only strike);
-  sequences the font cannot draw as one glyph are dropped at render time [no_glyph].
-* Coarse label = ``"<group>/<subgroup>"`` ("Travel & Places/transport-ground").
+Each emoji is captioned with its CLDR name and English keywords and labelled by its emoji-test group; the rules
+(which sequences, which captions) are in :func:`scan_emoji`.
 """
 from __future__ import annotations
 
@@ -84,7 +76,19 @@ def emoji_id(codepoints: tuple[int, ...]) -> str:
 
 def scan_emoji(font_root: str | Path, unicode_root: str | Path,
                cldr_root: str | Path) -> tuple[list[Candidate], collections.Counter]:
-    """Candidates (emoji-test order) and drop counts from the three unpacked packages."""
+    """Candidates (emoji-test order) and drop counts from the three unpacked packages.
+
+    * ``emoji-test.txt`` (unicode-data) lists every emoji sequence with its qualification status, group,
+      subgroup and CLDR short name. Only ``fully-qualified`` sequences are used (the others are the same
+      emoji without the presentation selector) [not_fully_qualified], and sequences with a skin-tone
+      modifier U+1F3FB..U+1F3FF are dropped (five recolourings of one picture per person emoji) [skin_tone].
+    * Keywords come from CLDR's English annotations (``annotations/en.xml`` and
+      ``annotationsDerived/en.xml``; CLDR keys omit U+FE0F). Caption = ``"<name>: <kw>, <kw>, ..."``
+      in CLDR's order ("taxi: taxi, vehicle"); the name alone when CLDR has no keywords.
+    * The image is the NotoColorEmoji CBDT bitmap rendered with Pillow (``images.render_emoji``);
+      sequences the font cannot draw as one glyph are dropped at render time [no_glyph].
+    * Coarse label = ``"<group>/<subgroup>"`` ("Travel & Places/transport-ground").
+    """
     font = Path(font_root) / FONT
     test = Path(unicode_root) / EMOJI_TEST
     cldr = [Path(cldr_root) / p for p in CLDR_FILES]

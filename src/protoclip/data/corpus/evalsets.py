@@ -1,17 +1,4 @@
-"""Offline labelled evaluation sets in one format: ``layout.eval_set(name)`` (.npz).
-
-Arrays: ``images`` uint8 [N, H, W, 3], ``labels`` int64 [N], ``split`` str [N] (``train``/``test``),
-``classnames`` str [C]. Images keep (near) native resolution; the evaluator's ``eval_transform``
-resizes them to the model's input size.
-
-* ``fashion_mnist``: Debian ``dataset-fashion-mnist`` idx files (60k train / 10k t10k, 28x28 gray ->
-  RGB by channel repetition). Image files have a 16-byte header (magic 2051, n, rows, cols), label
-  files an 8-byte one (magic 2049, n); both big-endian, checked.
-* ``digits``: scikit-learn ``load_digits`` (1,797 8x8 images, values 0-16) scaled to 0-255,
-  upscaled 4x to 32x32 with bilinear interpolation (8 px is below any encoder's patch / stem size;
-  32 is the CIFAR scale the tiny encoders are built for), gray -> RGB. No official split exists: a
-  stratified 70/30 train/test split with the fixed seed ``DIGITS_SPLIT_SEED`` (independent of the
-  pretraining split seed, so every run sees the same test digits).
+"""Offline labelled evaluation sets in one format: ``layout.eval_set(name)`` (.npz), Fashion-MNIST and digits.
 
 Captions made from these class names never enter pretraining (they would leak zero-shot labels).
 """
@@ -30,13 +17,19 @@ from protoclip.files.datafiles import PREPARE, reading
 FASHION_DIR = Path("usr/share/datasets/fashion-mnist")
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                    "Ankle boot"]
+# 8 px is below any encoder's patch / stem size; 32 is the CIFAR scale the tiny encoders are built for
 DIGITS_SIZE = 32
-DIGITS_TEST_FRACTION = 0.3
+DIGITS_TEST_FRACTION = 0.3  # digits has no official split: a stratified 70/30 train/test split
+# independent of the pretraining split seed, so every run sees the same test digits
 DIGITS_SPLIT_SEED = 0
 
 
 def read_idx(path: str | Path, expect_magic: int) -> np.ndarray:
-    """Read a (gzipped) idx file: uint8 [N] (labels, magic 2049) or [N, rows, cols] (images, magic 2051)."""
+    """Read a (gzipped) idx file: uint8 [N] (labels, magic 2049) or [N, rows, cols] (images, magic 2051).
+
+    Image files have a 16-byte header (magic 2051, n, rows, cols), label files an 8-byte one (magic 2049, n); both
+    big-endian, checked.
+    """
     p = Path(path)
     raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
     magic, n = struct.unpack(">II", raw[:8])
@@ -59,6 +52,7 @@ def gray_to_rgb(x: np.ndarray) -> np.ndarray:
 
 
 def build_fashion_mnist(unpacked: str | Path) -> dict[str, np.ndarray]:
+    """Debian ``dataset-fashion-mnist``'s idx files (60k train / 10k t10k, 28x28 gray -> RGB by channel repetition)."""
     root = Path(unpacked) / FASHION_DIR
     imgs, labels, splits = [], [], []
     for part, split in (("train", "train"), ("t10k", "test")):
@@ -75,6 +69,8 @@ def build_fashion_mnist(unpacked: str | Path) -> dict[str, np.ndarray]:
 
 def build_digits(size: int = DIGITS_SIZE, seed: int = DIGITS_SPLIT_SEED,
                  test_fraction: float = DIGITS_TEST_FRACTION) -> dict[str, np.ndarray]:
+    """scikit-learn's ``load_digits`` (1,797 8x8 images, values 0-16) scaled to 0-255, upscaled to ``size`` px with
+    bilinear interpolation, gray -> RGB; a stratified train/test split with the fixed ``seed``."""
     from sklearn.datasets import load_digits  # heavy: sklearn, only when the digits set is built
     from sklearn.model_selection import train_test_split  # heavy: sklearn, only when the digits set is built
 
@@ -90,6 +86,9 @@ def build_digits(size: int = DIGITS_SIZE, seed: int = DIGITS_SPLIT_SEED,
 
 
 def validate_eval_set(arrays: dict[str, np.ndarray]) -> None:
+    """The format: ``images`` uint8 [N, H, W, 3], ``labels`` int64 [N], ``split`` str [N] (``train``/``test``),
+    ``classnames`` str [C]. Images keep (near) native resolution; the evaluator's ``eval_transform`` resizes them
+    to the model's input size."""
     x, y, s, c = arrays["images"], arrays["labels"], arrays["split"], arrays["classnames"]
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3:
         raise ValueError(f"images must be uint8 [N,H,W,3], got {x.dtype} {x.shape}")

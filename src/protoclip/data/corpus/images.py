@@ -1,20 +1,8 @@
 """Image rendering for the prepared corpus: raster / SVG / emoji -> square RGB PNG on white.
 
-Every source builder (tuxpaint, openclipart, emoji) produces :class:`Candidate` records; this module
-turns them into ``layout.prepared/images/<source>/...png`` files of ``image_size`` px in a process
-pool (``num_workers``; 1 = in-process) with a tqdm bar. A candidate that cannot be read or rendered
-is not fatal: its result carries a drop reason (``missing_file``, ``empty_file``,
-``undecodable_image``, ``no_glyph``, ``svg_text``) that the prepare report counts.
-
-SVGs with text elements are dropped [svg_text]: cairo draws their glyphs with whatever font fontconfig
-substitutes for the one asked (clip art asks for fonts such as "Arial Black" that no package here ships), and
-the pixels then depend on the machine's fonts and on which texts the same process drew before (cairo's font
-caches; a process pool hands out the files in a different order each run), so the prepared corpus would
-differ from one run to the next. Detected by tag name in the bytes (``text``, ``flowRoot``, any namespace
-prefix); a tag inside a comment also counts, which errs towards dropping.
-
-Images are fitted inside the square keeping their aspect ratio and padded with white (clip art has
-no natural crop; cropping would cut the drawn object), with alpha composited onto white.
+Every source builder (tuxpaint, openclipart, emoji) produces :class:`Candidate` records; :func:`render_all` turns
+them into ``layout.prepared/images/<source>/...png`` files. A candidate that cannot be read or rendered is not
+fatal: its result carries a drop reason that the prepare report counts.
 """
 from __future__ import annotations
 
@@ -36,7 +24,13 @@ log = logging.getLogger(__name__)
 
 Kind = Literal["raster", "svg", "emoji"]
 EMOJI_FONT_SIZE = 109  # the only bitmap strike of NotoColorEmoji's CBDT table (136x128 px glyphs)
-SVG_TEXT = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?(?:text|flowRoot)[\s/>]")  # SVG text elements (module doc)
+# SVG text elements, dropped [svg_text]: cairo draws their glyphs with whatever font fontconfig substitutes for the
+# one asked (clip art asks for fonts such as "Arial Black" that no package here ships), and the pixels then depend on
+# the machine's fonts and on which texts the same process drew before (cairo's font caches; a process pool hands out
+# the files in a different order each run), so the prepared corpus would differ from one run to the next. Detected
+# by tag name in the bytes (``text``, ``flowRoot``, any namespace prefix); a tag inside a comment also counts, which
+# errs towards dropping.
+SVG_TEXT = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?(?:text|flowRoot)[\s/>]")
 
 
 @dataclass(frozen=True)
@@ -73,7 +67,10 @@ def to_rgb_on_white(img: Image.Image) -> Image.Image:
 
 
 def fit_square(img: Image.Image, size: int) -> Image.Image:
-    """Resize (keeping aspect) to fit ``size`` x ``size`` and centre on a white square."""
+    """Resize (keeping aspect) to fit ``size`` x ``size`` and centre on a white square.
+
+    Padded, not cropped: clip art has no natural crop, and cropping would cut the drawn object.
+    """
     img = to_rgb_on_white(img)
     w, h = img.size
     if w <= 0 or h <= 0:
@@ -143,7 +140,11 @@ def render_emoji(seq: str, font_path: str) -> Image.Image:
 
 
 def render_candidate(c: Candidate, out_dir: str, size: int) -> Rendered:
-    """Render ``c`` to ``out_dir/<id>.png``; never raises for bad input (returns a drop reason)."""
+    """Render ``c`` to ``out_dir/<id>.png``; never raises for bad input (returns a drop reason).
+
+    Drop reasons: ``missing_file``, ``empty_file``, ``undecodable_image``, ``no_glyph`` (emoji), ``svg_text``
+    (see :data:`SVG_TEXT`). Kept images are fitted into the square (:func:`fit_square`), alpha composited on white.
+    """
     out = Path(out_dir) / f"{c.id}.png"
     try:
         if c.kind == "emoji":
@@ -181,7 +182,8 @@ def _render_star(args: tuple[Candidate, str, int]) -> Rendered:
 
 def render_all(cands: Iterable[Candidate], out_dir: str | Path, size: int, num_workers: int = 1,
                desc: str = "render") -> list[Rendered]:
-    """Render every candidate (in a process pool when ``num_workers > 1``), in input order."""
+    """Render every candidate (in a process pool when ``num_workers > 1``; 1 = in-process), in input order, with a
+    tqdm bar."""
     jobs = [(c, str(out_dir), size) for c in cands]
     if num_workers <= 1 or len(jobs) < 32:
         return [_render_star(j) for j in tqdm(jobs, desc=desc, unit="img", leave=False)]

@@ -1,23 +1,8 @@
 """Openclipart (Debian ``openclipart-svg``): SVG clip art with RDF metadata -> cleaned caption pairs.
 
-Each SVG carries ``<cc:Work>`` metadata with ``dc:title``, ``dc:subject`` keywords, ``dc:creator``
-and ``cc:license``. Titles are noisy; the cleaning rules (each one counted in the prepare report
-under the reason in brackets) are:
-
-1. symbolic links (the package links one drawing into several folders) are skipped [symlink];
-2. top-level folders of non-depictive art are dropped: shapes, special (gradients, patterns),
-   computer (icon themes), logos, unsorted [excluded_folder];
-3. the author is removed from titles: a "Clipart by <name> - " prefix, a " by <name>" suffix,
-   trailing words of the creator's name ("Coccinella Rollandin" -> "Coccinella"), parenthesised
-   e-mail addresses; a title that is then empty or just the author is dropped [author_title];
-4. collection names are dropped: a cleaned title used by more than ``max_title_uses`` (5) files of
-   the package ("Lemon SVG theme", "card", "gramastar") names a set, not the drawing [collection_title];
-5. non-English titles are dropped (heuristic, see ``protoclip.data.corpus.captions.is_english``) [non_english];
-6. caption = title + up to ``max_keywords`` (3) keywords, in metadata order, after removing empty,
-   numeric/hex and generic tags (packaging category names, "icon", "hash", ...), tags naming the
-   author, tags already in the title and non-English tags: "Bored dog, mammal, animal".
-
-Coarse label = the top-level folder (animals, food, people, ...).
+Each SVG's ``<cc:Work>`` metadata gives a title, keywords, creator and licence. Titles are noisy, so the cleaning
+rules (in :func:`scan_openclipart`, each counted in the prepare report) drop authors, collections and non-English
+titles. Coarse label = the top-level folder (animals, food, people, ...).
 """
 from __future__ import annotations
 
@@ -101,7 +86,7 @@ def clean_title(title: str, creator: str) -> str:
 
 def clean_keywords(keywords: tuple[str, ...] | list[str], title: str, creator: str, lexicon: frozenset[str],
                    max_keywords: int = 3) -> list[str]:
-    """Informative, English, de-duplicated tags not already in the title (see module docstring, rule 6)."""
+    """Informative, English, de-duplicated tags not already in the title (rule 6 of :func:`scan_openclipart`)."""
     author = _creator_words(creator)
     title_words = set(words(title))
     out: list[str] = []
@@ -126,7 +111,22 @@ def scan_openclipart(unpacked: str | Path, lexicon: frozenset[str], max_title_us
                      max_keywords: int = 3) -> tuple[list[Candidate], collections.Counter]:
     """Candidates (sorted by id) and drop counts from an unpacked ``openclipart-svg``.
 
-    ``lexicon``: English words for the non-English rule (``captions.english_lexicon``).
+    ``lexicon``: English words for the non-English rule (``captions.english_lexicon``). Each SVG carries
+    ``<cc:Work>`` metadata with ``dc:title``, ``dc:subject`` keywords, ``dc:creator`` and ``cc:license``. The
+    cleaning rules (each one counted in the prepare report under the reason in brackets):
+
+    1. symbolic links (the package links one drawing into several folders) are skipped [symlink];
+    2. top-level folders of non-depictive art are dropped: shapes, special (gradients, patterns),
+       computer (icon themes), logos, unsorted [excluded_folder];
+    3. the author is removed from titles: a "Clipart by <name> - " prefix, a " by <name>" suffix,
+       trailing words of the creator's name ("Coccinella Rollandin" -> "Coccinella"), parenthesised
+       e-mail addresses; a title that is then empty or just the author is dropped [author_title];
+    4. collection names are dropped: a cleaned title used by more than ``max_title_uses`` (5) files of
+       the package ("Lemon SVG theme", "card", "gramastar") names a set, not the drawing [collection_title];
+    5. non-English titles are dropped (heuristic, see ``protoclip.data.corpus.captions.is_english``) [non_english];
+    6. caption = title + up to ``max_keywords`` (3) keywords, in metadata order, after removing empty,
+       numeric/hex and generic tags (packaging category names, "icon", "hash", ...), tags naming the
+       author, tags already in the title and non-English tags: "Bored dog, mammal, animal".
     """
     root = Path(unpacked) / SVG_DIR
     if not root.is_dir():

@@ -3,20 +3,6 @@ user's download into class-per-folder trees that ``kind: folder`` reads (``proto
 
     protoclip birdsnap --src /data/birdsnap --out data/external/birdsnap
     protoclip ucf101 --src /data/ucf101 --out data/external/ucf101 [--split 1] [--train]
-
-* Birdsnap (``birdsnap.tgz``: ``species.txt``, ``images.txt``, ``test_images.txt`` and the images that its
-  ``get_birdsnap.py`` downloaded, under ``download/images/`` by default): every image listed in
-  ``test_images.txt`` goes to ``out/test/<species dir>/``, the others to ``out/train/<species dir>/`` (hard links
-  when on the same file system, else copies). Images that are no longer online are counted, not invented; species
-  left without a test image are dropped by the reader with a warning (as the ProtoCLIP code drops CLOOB's empty
-  classes).
-* UCF101 (``UCF101.rar`` -> ``UCF-101/<Class>/*.avi``, ``UCF101TrainTestSplits-RecognitionTask.zip`` ->
-  ``ucfTrainTestlist/``): the middle frame of each video of ``testlist0<k>.txt`` (and with ``--train`` of
-  ``trainlist0<k>.txt``) as ``out/testlist0<k>/<Class>/<video>.jpg``: CLIP's protocol ("we use the middle frame of
-  each video clip", Radford et al. 2021, arXiv:2103.00020, Appendix A.1), and the layout of CLOOB's processed
-  UCF101 that the ProtoCLIP code reads (``ucf101/testlist01``). Videos are decoded with PyAV (FFmpeg).
-
-A missing list file, video or undecodable video stops with one line naming it (:class:`SourceDataError`).
 """
 from __future__ import annotations
 
@@ -61,7 +47,15 @@ def _link(src: Path, dst: Path) -> None:
 
 def prepare_birdsnap(src: str | Path, out: str | Path, images: str | Path | None = None) -> dict:
     """Birdsnap's lists -> ``out/{train,test}/<species dir>/``; returns (and writes to ``out/birdsnap.json``) the
-    counts."""
+    counts.
+
+    ``src``: ``birdsnap.tgz`` unpacked (``species.txt``, ``images.txt``, ``test_images.txt``); ``images``: what its
+    ``get_birdsnap.py`` downloaded (default ``download/images/``). Every image listed in ``test_images.txt`` goes
+    to ``out/test/<species dir>/``, the others to ``out/train/<species dir>/`` (hard links when on the same file
+    system, else copies). Images that are no longer online are counted, not invented; species left without a test
+    image are dropped by the reader with a warning (as the ProtoCLIP code drops CLOOB's empty classes). A missing
+    list file stops with one line naming it (:class:`SourceDataError`).
+    """
     src, out = Path(src), Path(out)
     species = {int(r["id"]): r["dir"] for r in _tsv(src / "species.txt")}
     rows = _tsv(src / "images.txt")
@@ -110,7 +104,15 @@ def middle_frame(video: Path):
 
 def prepare_ucf101(src: str | Path, out: str | Path, split: int = 1, train: bool = False,
                    videos: str | Path | None = None, lists: str | Path | None = None) -> dict:
-    """UCF101's split lists + videos -> ``out/{testlist0k,trainlist0k}/<Class>/<video>.jpg`` (middle frames)."""
+    """UCF101's split lists + videos -> ``out/{testlist0k,trainlist0k}/<Class>/<video>.jpg`` (middle frames).
+
+    ``src``: ``UCF101.rar`` -> ``UCF-101/<Class>/*.avi`` and ``UCF101TrainTestSplits-RecognitionTask.zip`` ->
+    ``ucfTrainTestlist/``. The middle frame of each video of ``testlist0<k>.txt`` (and with ``train`` of
+    ``trainlist0<k>.txt``): CLIP's protocol ("we use the middle frame of each video clip", Radford et al. 2021,
+    arXiv:2103.00020, Appendix A.1), and the layout of CLOOB's processed UCF101 that the ProtoCLIP code reads
+    (``ucf101/testlist01``). Videos are decoded with PyAV (FFmpeg). A missing list file, video or undecodable
+    video stops with one line naming it (:class:`SourceDataError`).
+    """
     import_extra("av", "ucf101", "protoclip ucf101")  # stop before any work when PyAV is missing
     src, out = Path(src), Path(out)
     videos = Path(videos) if videos else src / "UCF-101"

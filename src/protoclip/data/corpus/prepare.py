@@ -1,36 +1,9 @@
-"""The ``prepare`` stage: pinned packages -> caption pairs, manifest, report, eval sets.
+"""The ``prepare`` stage's work: pinned packages and user data -> caption pairs, manifest, report, eval sets.
 
-    protoclip prepare --config config/config.yaml
-    # or: from protoclip.data.stage import run_prepare; counts = run_prepare(load_config(...))
-
-:func:`prepare_corpus` does the work on the ``prepare`` section and the layout it is handed
-(:func:`protoclip.data.stage.run_prepare`, the stage's entry, narrows the project config to them).
-
-Steps: download/verify/unpack the pinned Debian packages the configured sources need
-(``protoclip.data.corpus.debs``); scan each offline source (``tuxpaint``, ``openclipart``, ``emoji``) and
-render its images to ``layout.source_images(<source>)`` (PNG, ``image_size`` px, RGB on white);
-scan user data (CSV/TSV, webdataset); de-duplicate; split train/held-out by id hash; write
-``manifest.parquet``, the offline eval sets and ``report.json`` (kept and dropped counts per source
-and reason). Nothing bad in the input is fatal or silent: it is dropped and counted.
-
-Memory does not grow with the corpus (YFCC-15M on an ordinary node). User data is scanned in batches (a shard,
-or a few thousand CSV rows) that go to a spill file (Arrow IPC, ``layout.prepare_scratch``) while their keys go to
-the de-duplication spill (``protoclip.data.corpus.dedup``); the offline sources (a few thousand pairs) stay in memory.
-Then the duplicates are resolved bucket by bucket and the manifest is written in one streamed pass (offline pairs,
-then the user data in config order), row group by row group (``ManifestWriter``: the same bytes as writing the
-whole frame). The peak is one parquet row group (``ROW_GROUP`` rows), a dedup bucket and the duplicates' keys.
-
-A user data set with ``max_pairs`` keeps a seeded random subset (:func:`subset_removed`: one more pass over the
-spill after de-duplication; it holds a score and a row number per pair of the capped sets, 16 bytes a pair).
-
-Idempotent: a fingerprint of what the stage reads (prepare config, expected package hashes, user-data
-file sizes and mtimes, and the size and mtime of every image a CSV/TSV names, ``FORMAT_VERSION``) is
-stored in ``layout.prepare_fingerprint``; when it matches and every output exists the stage logs
-"up to date" and returns the stored counts without work. Images are fingerprinted by (size, mtime_ns), not
-by content: replacing a file changes its mtime, and hashing a million images to learn that nothing
-changed would cost as much as the scan. The fingerprint is computed before anything is read (a file
-changed during the scan is caught next time), deleted before the first output is replaced and written
-after the last, so a prepare killed in between is never trusted.
+:func:`prepare_corpus` does it on the ``prepare`` section and the layout it is handed
+(:func:`protoclip.data.stage.run_prepare`, the stage's entry, narrows the project config to them). Nothing bad in
+the input is fatal or silent: it is dropped and counted. Design notes (memory, re-runs):
+docs/offline-default.md#protoclipdatacorpusprepare.
 """
 from __future__ import annotations
 
@@ -70,6 +43,12 @@ def needed_packages(p: PrepareConfig) -> list[str]:
 
 
 def fingerprint(p: PrepareConfig, layout: Layout) -> str:
+    """sha256 of what the stage reads: prepare config, expected package hashes, user-data file sizes and mtimes,
+    the size and mtime of every image a CSV/TSV names, ``FORMAT_VERSION`` (and the user-data rules' version).
+
+    Images are fingerprinted by (size, mtime_ns), not by content: replacing a file changes its mtime, and hashing
+    a million images to learn that nothing changed would cost as much as the scan.
+    """
     stats = []
     for u in p.user_data:
         for f in userdata.input_files(u):
@@ -217,7 +196,11 @@ SUBSET_SALT = "subset"  # the subset's hash differs from the held-out split's (c
 def subset_removed(batches, removed: Removed, caps: dict[str, int], seed: int) -> Removed:
     """``removed`` plus, for each user data set ``caps`` names, the rows outside its seeded subset: of its pairs
     that ``removed`` keeps, the ``caps[source]`` with the smallest ``split_score("subset/<id>", seed)`` stay (the
-    order of the scan, shards and workers does not matter; a larger cap keeps a superset)."""
+    order of the scan, shards and workers does not matter; a larger cap keeps a superset).
+
+    One more pass over the spill after de-duplication; it holds a score and a row number per pair of the capped
+    sets (16 bytes a pair).
+    """
     rows, scores, sources = [], [], []
     for first, batch in batches:
         src = np.asarray(batch.column("source").to_pylist(), dtype=object)
@@ -269,7 +252,15 @@ def write_deduplicated(path: Path, batches, removed: Removed, drops: dict[str, c
 
 def prepare_corpus(p: PrepareConfig, layout: Layout) -> dict:
     """Build (or confirm up to date) every prepared output of section ``p`` where ``layout`` names them; return
-    the report dict."""
+    the report dict.
+
+    Steps: download/verify/unpack the pinned Debian packages the configured sources need
+    (``protoclip.data.corpus.debs``); scan each offline source (``tuxpaint``, ``openclipart``, ``emoji``) and
+    render its images to ``layout.source_images(<source>)`` (PNG, ``image_size`` px, RGB on white); scan user data
+    (CSV/TSV, webdataset); de-duplicate; split train/held-out by id hash; write ``manifest.parquet``, the offline
+    eval sets and ``report.json`` (kept and dropped counts per source and reason). When the stored
+    :func:`fingerprint` matches and every output exists it logs "up to date" and returns the stored counts.
+    """
     clean_stale_temps(layout.prepared)  # a killed earlier run's half-written outputs
     current = fingerprint(p, layout)  # before anything is read: a change during the scan shows next time
     if is_up_to_date(p, layout, current):

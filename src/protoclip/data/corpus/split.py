@@ -1,10 +1,5 @@
-"""Deterministic train / held-out split by hashing each sample id.
-
-``split_of(id, seed, heldout_fraction)`` hashes ``"<seed>/<id>"`` with SHA-256 and holds the sample
-out when the hash, read as a number in [0, 1), is below ``heldout_fraction``. Each sample's split
-depends only on its own id and the seed: adding a source, or a user data set, never moves a sample of
-another source between splits (a seeded permutation of the whole corpus would), and any machine gets
-the same split.
+"""Deterministic train / held-out split by hashing each sample id, so that adding a source never moves another's
+samples between splits (:func:`split_of`).
 """
 from __future__ import annotations
 
@@ -19,6 +14,13 @@ def split_score(sample_id: str, seed: int) -> float:
 
 
 def split_of(sample_id: str, seed: int, heldout_fraction: float) -> str:
+    """``"heldout"`` when :func:`split_score` (SHA-256 of ``"<seed>/<id>"`` read as a number in [0, 1)) is below
+    ``heldout_fraction``, else ``"train"``.
+
+    Each sample's split depends only on its own id and the seed: adding a source, or a user data set, never moves a
+    sample of another source between splits (a seeded permutation of the whole corpus would), and any machine gets
+    the same split.
+    """
     if not 0.0 <= heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
     return "heldout" if split_score(sample_id, seed) < heldout_fraction else "train"

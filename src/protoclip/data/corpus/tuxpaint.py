@@ -1,14 +1,6 @@
 """Tux Paint stamps (Debian ``tuxpaint-stamps-default``): clip art and cut-out photos with English text.
 
-Layout of the package: ``usr/share/tuxpaint/stamps/<category>/<sub>/.../<name>.{png,svg,txt,...}``.
-Each stamp's ``.txt`` starts with its English description ("A little rabbit."); later lines are
-translations (``fr.utf8=...``). One pair per ``.txt``:
-
-* caption = the first line of the ``.txt`` (whitespace-normalised);
-* image = ``<name>.png`` if present, else ``<name>.svg`` (Tux Paint itself prefers the PNG when both
-  exist; 83 stamps have both), else the stamp is dropped as ``no_image``;
-* coarse label = the top and second folder levels below ``stamps/`` ("animals/mammals"; a stamp
-  directly in a top folder gets just "plants").
+One pair per stamp description (``.txt``), its first line as the caption; the rules are in :func:`scan_tuxpaint`.
 """
 from __future__ import annotations
 
@@ -34,7 +26,18 @@ def coarse_label(rel: Path) -> str:
 
 
 def scan_tuxpaint(unpacked: str | Path) -> tuple[list[Candidate], collections.Counter]:
-    """Candidates (sorted by id) and drop counts from an unpacked ``tuxpaint-stamps-default``."""
+    """Candidates (sorted by id) and drop counts from an unpacked ``tuxpaint-stamps-default``.
+
+    Layout of the package: ``usr/share/tuxpaint/stamps/<category>/<sub>/.../<name>.{png,svg,txt,...}``.
+    Each stamp's ``.txt`` starts with its English description ("A little rabbit."); later lines are
+    translations (``fr.utf8=...``). One pair per ``.txt``:
+
+    * caption = the first line of the ``.txt`` (whitespace-normalised);
+    * image = ``<name>.png`` if present, else ``<name>.svg`` (Tux Paint itself prefers the PNG when both
+      exist; 83 stamps have both), else the stamp is dropped as ``no_image``;
+    * coarse label = the top and second folder levels below ``stamps/`` ("animals/mammals"; a stamp
+      directly in a top folder gets just "plants").
+    """
     root = Path(unpacked) / STAMPS_DIR
     if not root.is_dir():
         raise FileNotFoundError(f"tuxpaint stamps folder not found: {root}")

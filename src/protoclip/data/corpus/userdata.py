@@ -1,34 +1,9 @@
-"""User image-text pairs in open_clip's formats: CSV/TSV files and webdataset tar shards.
+"""User image-text pairs in open_clip's formats: CSV/TSV files (:func:`csv_batches`) and webdataset tar shards
+(:func:`wds_batches`).
 
-* CSV/TSV (``format: csv | tsv``): one row per pair, image path in column ``img_key`` (default ``filepath``,
-  as open_clip's ``--csv-img-key``) and caption in ``caption_key`` (default ``caption``; open_clip's
-  ``--csv-caption-key`` defaults to ``title``, so a file made for open_clip's defaults needs
-  ``caption_key: title``, and, being tab-separated as open_clip's ``--csv-separator`` default is,
-  ``format: tsv``). Relative image paths resolve against the CSV's folder. Sample id =
-  ``<name>/<filepath as written>``. Optional ``label_key``: a column of coarse labels (our addition, not
-  open_clip's) that the held-out pairs' zero-shot and linear probes use, as the offline sources' folders;
-  an empty cell leaves that pair unlabelled. Rows, lines and quotes: ``protoclip.data.corpus.csvfile`` (RFC 4180: quoted
-  line breaks are read, a quote left open costs its own row).
-* webdataset (``format: wds``): ``path`` is a shard pattern with brace ranges
-  (``/data/cc3m/{00000..00331}.tar``); members sharing a key (the member path up to the first dot of
-  its file name, webdataset's rule) form a sample; the image is the ``jpg``/``jpeg``/``png``/``webp``
-  member, the caption the ``txt`` member. Images are not extracted: the manifest path is
-  ``<shard>::<member>`` and ``protoclip.data.loading.pairs`` reads the member by random access. Sample id =
-  ``<name>/<shard file name>/<key>``.
-
-Every image is decoded once here, so a pair that would crash training is skipped now and counted:
-missing_file, bad_path, unreadable_file, empty_file, undecodable_image, empty_caption, non_utf8_caption,
-caption_too_long, duplicate_id; CSV/TSV rows also extra_fields / missing_fields (more or fewer fields than
-the header) and malformed_row; shards also duplicate_key and unreadable_member (a missing or unreadable
-shard counts once as missing_file / undecodable_shard; a cut shard keeps the samples before the cut and drops
-the one at the cut as unreadable_member). Kept + dropped = rows (samples) seen (see csvfile). :data:`DROP_RULES`
-says, per reason, the rule and how to keep such a row (prepare's report prints it). A file that cannot be used at
-all (no such column) stops with a one-line ConfigError naming it (exit 2).
-
-Streaming: pairs come out in batches (``csv_batches``, ``wds_batches``), so a scan holds one batch (a shard, or
-``CSV_BATCH`` rows), not the corpus. The sample ids a scan has seen are not kept: a CSV's repeated image paths are
-found by a first pass over the file with the keys spilled to disk (``protoclip.data.corpus.dedup``), and shard ids can
-only repeat between shards of the same file name.
+Every image is decoded once here, so a pair that would crash training is skipped now and counted under a reason
+of :data:`DROP_RULES`. Pairs come out in batches (a shard, or ``CSV_BATCH`` rows), so a scan holds one batch, not
+the corpus; the sample ids it has seen are not kept either.
 """
 from __future__ import annotations
 
@@ -149,6 +124,16 @@ def _repeated_rows(cfg: UserDataConfig, scratch: Path | None) -> np.ndarray:
 def csv_batches(cfg: UserDataConfig, drops: collections.Counter, scratch: Path | None = None,
                 malformed: list[Malformed] | None = None) -> Iterator[list[Pair]]:
     """The pairs of one CSV/TSV user data set, ``CSV_BATCH`` at a time; drops counted into ``drops``.
+
+    One row per pair, image path in column ``img_key`` (default ``filepath``, as open_clip's ``--csv-img-key``)
+    and caption in ``caption_key`` (default ``caption``; open_clip's ``--csv-caption-key`` defaults to ``title``,
+    so a file made for open_clip's defaults needs ``caption_key: title``, and, being tab-separated as open_clip's
+    ``--csv-separator`` default is, ``format: tsv``). Relative image paths resolve against the CSV's folder.
+    Sample id = ``<name>/<filepath as written>``. Optional ``label_key``: a column of coarse labels (our addition,
+    not open_clip's) that the held-out pairs' zero-shot and linear probes use, as the offline sources' folders;
+    an empty cell leaves that pair unlabelled. Rows, lines and quotes: ``protoclip.data.corpus.csvfile`` (RFC 4180:
+    quoted line breaks are read, a quote left open costs its own row). Repeated image paths are found by a first
+    pass over the file with the keys spilled to disk (:func:`_repeated_rows`).
 
     Every data row ends up either as a pair or in exactly one drop count (a malformed record in as many as the
     lines it consumed). A file that cannot be used at all (no header, no image or caption column) stops with a
@@ -388,6 +373,11 @@ def wds_batches(cfg: UserDataConfig, drops: collections.Counter, num_workers: in
                 split_rule: tuple[int, float] | None = None) -> Iterator[list[Pair] | Packed]:
     """The pairs of one webdataset shard set, one batch per shard; drops counted into ``drops``. With
     ``split_rule`` ((seed, held-out fraction)) each batch comes :class:`Packed` by the shard's worker.
+
+    ``path`` is a shard pattern with brace ranges (``/data/cc3m/{00000..00331}.tar``); members sharing a key (the
+    member path up to the first dot of its file name, webdataset's rule) form a sample; the image is the
+    ``jpg``/``jpeg``/``png``/``webp`` member, the caption the ``txt`` member. Images are not extracted: the manifest
+    path is ``<shard>::<member>`` and ``protoclip.data.loading.pairs`` reads the member by random access.
 
     Every sample (distinct key of a shard) ends up as a pair or in one drop count; a shard that cannot
     be opened or listed counts once (missing_file / undecodable_shard). A key that repeats a member
