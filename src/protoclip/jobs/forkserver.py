@@ -3,21 +3,7 @@ train`` / ``evaluate`` / ``collect`` job runs as a fork of that process instead 
 
     protoclip forkserver -- snakemake --cores all --resources gpu=0    # what `make run` runs
 
-The wrapped command runs with ``PROTOCLIP_FORKSERVER`` naming the server's socket; a ``protoclip`` command of
-:data:`FORKED` that finds it hands its argv, working directory, environment and standard streams (the descriptors
-themselves, ``SCM_RIGHTS``) to the server, which forks; the command then waits for the fork's exit status and
-exits with it, forwarding SIGINT / SIGTERM / SIGHUP, and the fork kills itself when the command ends (killed with
-its job). The job's process stays in the job's process tree; its work runs in the fork. Without the variable,
-when the server does not answer, or for a job of a SLURM allocation the server is not in (a fork would run outside
-the allocation), a command runs as it always does. When the wrapped command exits, the server stops and exits
-with its status.
-
-What a fork shares with the server: the modules of :data:`PRELOAD` and everything they read at import time (the
-server sets ``TQDM_MININTERVAL`` as for a job's log first, :func:`protoclip.jobs.launch.progress_for_logs`). The thread
-count is the job's: ``OMP_NUM_THREADS`` is read by the OpenMP runtime once per process, so the fork applies it
-with ``torch.set_num_threads`` (the default when unset: the server's, i.e. a fresh process's). The server never
-touches CUDA, so a fork may. Snakemake's ``benchmark:`` files see the job's process tree: their wall times stay
-right, their CPU and memory columns then cover the waiting command only; the job's log ends with the fork's.
+How a job hands itself over, when it runs itself, what a fork shares: docs/architecture.md, "The fork server".
 """
 from __future__ import annotations
 
@@ -163,7 +149,9 @@ def _run_fork(request: dict, fds: list[int], client_pid: int, entry: str) -> Non
 
 
 def _apply_threads(env) -> None:
-    """The job's thread count, as a fresh process would take it from ``OMP_NUM_THREADS`` (see the docstring)."""
+    """The job's thread count, as a fresh process would take it from ``OMP_NUM_THREADS``: the OpenMP runtime reads
+    the variable once per process (the server's), so the fork applies it with ``torch.set_num_threads``; unset,
+    the fork keeps the server's count, i.e. a fresh process's default."""
     torch = sys.modules.get("torch")
     value = env.get("OMP_NUM_THREADS", "")
     if torch is not None and value.isdigit() and int(value) > 0:
@@ -202,7 +190,8 @@ def _exit(code) -> None:
 
 
 class Server:
-    """Accepts requests on ``path``, forks a job for each, writes back each job's pid and then its status."""
+    """Accepts requests on ``path``, forks a job for each, writes back each job's pid and then its status. The
+    server never touches CUDA, so a fork may."""
 
     def __init__(self, path: Path, entry: str = ENTRY):
         self.path, self.entry = Path(path), entry
@@ -285,7 +274,8 @@ class Server:
 
 
 def preload(modules=PRELOAD) -> None:
-    """Import what the forks share; the environment first as a job's log gets it (see the module docstring)."""
+    """Import what the forks share: these modules and everything they read at import time, so the environment is
+    set first as a job's log gets it (``TQDM_MININTERVAL``: :func:`protoclip.jobs.launch.progress_for_logs`)."""
     os.environ.setdefault("TQDM_MININTERVAL", LOG_PROGRESS_INTERVAL)
     for name in modules:
         importlib.import_module(name)

@@ -1,18 +1,9 @@
 """GPU slots: which GPU ids a job may use, so that concurrent jobs never share one.
 
 Snakemake schedules GPU jobs by count but never says *which* GPUs a job gets, so every ``device: auto`` job would
-take ``cuda:0``. Each GPU has ``jobs_per_gpu`` slots, each a lock file ``<lock_dir>/gpu<id>.slot<j>.lock`` held
-with ``fcntl.flock``: the kernel drops it when the holder's last descriptor closes, so a killed job (SIGKILL
-included) frees its slots and no stale lock survives a reboot. A job needing k GPUs takes one slot on each of k
-distinct GPUs all at once or none (no hold-and-wait, no deadlock), most free GPUs first, then exports
-``CUDA_VISIBLE_DEVICES`` to its process tree (:mod:`protoclip.jobs.launch`). Ids and policies: the ``gpus:``
-section's field comments (inside a SLURM job, ``auto`` keeps each SLURM job's locks apart, since two
-allocations may both see ids 0..k-1). Pure standard library: imported before torch, whose CUDA state must not
-exist before ``CUDA_VISIBLE_DEVICES`` is set.
-
-    from protoclip.jobs.gpu_slots import GpuSlotsConfig, acquire
-    held = acquire(GpuSlotsConfig(ids=[0, 1, 2, 3]), 2)   # blocks until 2 GPUs are free
-    held.ids        # ['1', '3'];  held.release() or process exit frees them
+take ``cuda:0``. Each GPU has ``jobs_per_gpu`` slots, each a ``flock``ed lock file; a job takes one on each of the k
+GPUs it needs (:func:`acquire`) and :mod:`protoclip.jobs.launch` sets ``CUDA_VISIBLE_DEVICES``. Pure standard
+library: imported before torch, whose CUDA state must not exist before ``CUDA_VISIBLE_DEVICES`` is set.
 """
 from __future__ import annotations
 
@@ -89,7 +80,8 @@ def effective_policy(cfg: GpuSlotsConfig, env: dict | None = None) -> str:
 
 def lock_dir(cfg: GpuSlotsConfig, env: dict | None = None) -> Path:
     """The folder of the slot locks: ``cfg.lock_dir``, or under policy ``auto`` inside a SLURM job its own
-    ``slurm-job-<SLURM_JOB_ID>`` subfolder (the jobs of one allocation share it, two allocations never do)."""
+    ``slurm-job-<SLURM_JOB_ID>`` subfolder (the jobs of one allocation share it, two allocations never do: both
+    may see ids 0..k-1 for different GPUs)."""
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID")
     if cfg.policy == "auto" and job:
@@ -120,12 +112,15 @@ class Held:
 
 
 def _slot_path(lock_dir: Path, gpu: str, slot: int) -> Path:
+    """``<lock_dir>/gpu<id>.slot<j>.lock``: slot j of GPU ``gpu``, the id made safe for a file name."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in gpu)
     return lock_dir / f"gpu{safe}.slot{slot}.lock"
 
 
 def _try_lock(path: Path):
-    """The open file holding an exclusive flock on ``path``, or None when another process holds it."""
+    """The open file holding an exclusive flock on ``path``, or None when another process holds it. The kernel
+    drops a flock when its holder's last descriptor closes, so a killed job (SIGKILL included) frees its slots and
+    no stale lock survives a reboot."""
     f = open(path, "a+")
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -137,6 +132,7 @@ def _try_lock(path: Path):
 
 def try_acquire(cfg: GpuSlotsConfig, n: int, ids: list[str], who: str = "", env: dict | None = None) -> Held | None:
     """One attempt: slots on ``n`` distinct GPUs of ``ids`` (most free slots first, then id order), or None.
+    All at once or none: no job holds some slots while it waits for others (no hold-and-wait, so no deadlock).
 
     Attempts are serialised by ``<lock_dir>/allocator.lock`` so that two jobs probing at once cannot each
     take half of what both need; a slot is probed by locking it without blocking.
@@ -167,7 +163,11 @@ def try_acquire(cfg: GpuSlotsConfig, n: int, ids: list[str], who: str = "", env:
 
 def acquire(cfg: GpuSlotsConfig, n: int, who: str = "", env: dict | None = None, log=None) -> Held:
     """Block until ``n`` GPUs are free, take one slot on each, return them. ``n`` must be >= 1 and at most
-    the number of configured GPUs (else :class:`SlotError`). Prints one line when it has to wait."""
+    the number of configured GPUs (else :class:`SlotError`). Prints one line when it has to wait::
+
+        held = acquire(GpuSlotsConfig(ids=[0, 1, 2, 3]), 2)   # blocks until 2 GPUs are free
+        held.ids        # ['1', '3'];  held.release() or process exit frees them
+    """
     ids = configured_ids(cfg, env)
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")

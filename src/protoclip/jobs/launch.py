@@ -1,21 +1,8 @@
 """Place a job on its GPUs, then run it: one process, or k torchrun ranks on k GPUs.
 
-``protoclip train``, ``evaluate`` and ``teacher`` call :func:`place` before they touch CUDA; ``protoclip launch``
-runs any command the same way:
-
-    protoclip launch --config config/config.yaml --gpus 2 -- nvidia-smi    # a command on 2 free GPUs
-    protoclip train --config config/config.yaml --run clip_4gpu           # a run with `gpu: 4` -> torchrun
-
-* ``gpu: false``: ``CUDA_VISIBLE_DEVICES=""``, so a CPU job cannot take a GPU another job was given;
-* k GPUs: k slots (:mod:`protoclip.jobs.gpu_slots`), held by inheritable descriptors, so they are freed exactly
-  when the job's last process (DataLoader workers, exec'd commands) is gone; inside SLURM, over the ids SLURM gave;
-* k > 1 training: the process becomes ``torchrun --standalone --nproc_per_node k`` running the same command, one
-  rank per GPU with threads / k each (:func:`rank_threads`); the kernel kills the ranks if the agent dies
-  (:func:`die_with_launcher`).
-
-Each GPU job logs where it was placed in one line. :func:`follow_job` ends a command with its job
-(``PROTOCLIP_JOB_PID``, set by the train rule), so a killed Snakemake never leaves a trainer running beside the
-rerun's, and :func:`progress_for_logs` slows a job log's progress bars to a line every 30 s.
+``protoclip train``, ``evaluate`` and ``teacher`` call :func:`place` before they touch CUDA, and ``protoclip launch``
+runs any command the same way. A command also ends with its workflow job here (:func:`follow_job`), and a job log's
+progress bars are slowed to a line every 30 s (:func:`progress_for_logs`).
 """
 from __future__ import annotations
 
@@ -127,6 +114,11 @@ def place(cfg: GpuSlotsConfig, n_gpus: int, ranks: int = 1, who: str = "", env: 
 
     ``n_gpus``: 0 = CPU job; ``ranks``: processes the job will run (1, or ``n_gpus`` for torchrun). Call before
     CUDA is initialised. A torchrun rank is left as it is (its launcher placed the job).
+
+    A CPU job gets ``CUDA_VISIBLE_DEVICES=""``, so it cannot take a GPU another job was given. A GPU job takes
+    ``n_gpus`` slots (:mod:`protoclip.jobs.gpu_slots`; inside SLURM over the ids SLURM gave), held by inheritable
+    descriptors, so they are freed exactly when the job's last process (DataLoader workers, exec'd commands) is
+    gone, and logs where it was placed in one line.
     """
     env = os.environ if env is None else env
     if n_gpus < 0 or ranks < 1:
@@ -252,7 +244,8 @@ def follow_job(env: dict | None = None) -> list[int]:
     process between them (the job's shell) and SIGKILL this one when any of them ends (the parent by the kernel's
     parent-death signal, the others by a daemon thread). Returns the watched pids ([] when the variable is unset,
     names no ancestor, or off Linux). Without the variable, ``nohup protoclip train ... &`` survives its shell;
-    torchrun ranks inherit it and follow the same job.
+    torchrun ranks inherit it and follow the same job. The train rule sets it (``PROTOCLIP_JOB_PID=$PPID``), so a
+    killed Snakemake never leaves a trainer running beside the rerun's.
     """
     env = os.environ if env is None else env
     value = env.get(JOB_PID, "")
@@ -277,6 +270,11 @@ def torchrun_args(nproc: int) -> list[str]:
 
 def run_ranks(placement: Placement, protoclip_args: list[str]) -> int:
     """Run ``python -m protoclip.cli <protoclip_args>`` as ``placement.ranks`` torchrun ranks; their exit code.
+
+    A training whose run has ``gpu: k > 1`` (``protoclip train --config config/config.yaml --run clip_4gpu`` with
+    ``gpu: 4``) comes here: ``torchrun --standalone --nproc_per_node k`` running the same command, one rank per GPU
+    with threads / k each (:func:`rank_threads`); the kernel kills the ranks if this agent dies
+    (:func:`die_with_launcher`).
 
     This process becomes torchrun's agent (``torch.distributed.run.run``, what the ``torchrun`` command calls),
     keeping the job's GPU slots while the ranks run. The ranks' arguments are handed over unparsed: torchrun's
@@ -319,7 +317,9 @@ def add_arguments(p, name: str) -> None:
 
 
 def main(args) -> int:
-    """Run ``args.command`` on ``args.gpus`` free GPU slots: the slots' lock files stay open in it (exec)."""
+    """Run ``args.command`` on ``args.gpus`` free GPU slots: the slots' lock files stay open in it (exec).
+
+    ``protoclip launch --config config/config.yaml --gpus 2 -- nvidia-smi`` runs nvidia-smi on 2 free GPUs."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         print("protoclip launch: no command given (protoclip launch --gpus K -- <command>)", file=sys.stderr)

@@ -2,15 +2,8 @@
 
 Two trainers on one run (an orphan of a killed job, ``dvc repro`` beside ``snakemake``, a retried cluster job)
 would interleave their logs and overwrite each other's checkpoint, so the train stage holds
-``checkpoints/train.lock`` from before it decides fresh / resume until ``model.pt`` is written. It is an
-``fcntl.flock``, as for GPU slots: a killed holder frees it, and the file names the holder (pid, host, start,
-command) for the one line a waiter prints. The descriptor is inherited by torchrun's ranks, which do not lock
-again. On NFS, flock maps to the server's byte-range locks (across nodes) unless mounted ``nolock`` /
-``local_lock``. Pure standard library, imported before torch.
-
-    from protoclip.jobs.run_lock import hold_run
-    with hold_run(layout.train_lock("clip"), "train clip"):   # waits (one line) while another process holds it
-        ...
+``checkpoints/train.lock`` (:func:`hold_run`) from before it decides fresh / resume until ``model.pt`` is written.
+Pure standard library, imported before torch.
 """
 from __future__ import annotations
 
@@ -52,7 +45,15 @@ def held_by_launcher(env: dict | None = None) -> bool:
 def hold_run(path: str | Path, what: str, env: dict | None = None,
              log: Callable[[str], None] | None = None) -> ContextManager[None]:
     """Hold the run's lock for the block, waiting while another process holds it (one line, naming it).
-    A no-op where this process already holds it, or its launcher does (:func:`held_by_launcher`)."""
+    A no-op where this process already holds it, or its launcher does (:func:`held_by_launcher`)::
+
+        with hold_run(layout.train_lock("clip"), "train clip"):   # waits (one line) while another process holds it
+            ...
+
+    The lock is an ``fcntl.flock``, as for GPU slots: a killed holder frees it, and the file names the holder
+    (pid, host, start, command) for the one line a waiter prints. The descriptor is inherited by torchrun's ranks,
+    which do not lock again. On NFS, flock maps to the server's byte-range locks (across nodes) unless mounted
+    ``nolock`` / ``local_lock``."""
     path = Path(path).resolve()
     if path in _held or held_by_launcher(env):
         return nullcontext()
