@@ -1,47 +1,7 @@
-"""Bootstrap intervals of differences between runs: resampling test examples (paired) and seeds (hierarchical).
-
-What is resampled. Every number the ledger compares is a ratio of sums over *units*: test images (zero-shot,
-linear and kNN accuracy), retrieval queries grouped by image (recall@k, mean recall), or training episodes
-(phase-time shares and ratios). One run's value under a resample that draws unit ``u`` ``w[u]`` times is
-
-    value(w) = sum_t coef[t] * (w . num[t]) / (w . den[t])          (:class:`Units`)
-
-accuracy: one term, ``num`` = hit per image, ``den`` = 1, ``coef`` = 100; mean recall: six terms (recall@1/5/10
-both ways; image queries with ``den`` = 1, caption queries grouped under their image with ``den`` = its number of
-captions, so an image is drawn with its captions); a phase's share of the episode time: ``num`` = the phase's
-seconds, ``den`` = the episode's seconds. With ``w = 1`` it is the metric as the metrics file holds it.
-
-How. A claim has one or more *components* (data sets: a column averaged over several sets, or counted over
-them) and two run *families* (a run, or its seeds). Every draw comes from a named stream,
-``np.random.default_rng([seed, zlib.crc32(name)])`` (:func:`stream`), so a naive loop reproduces it
-(tests/unit/test_claims_bootstrap.py) and the same data set is resampled the same way wherever it appears:
-
-1. per component: ``paired`` (both families scored on the same units, the same test images): one
-   ``integers(0, n, (B, n))`` draw from stream ``examples/<key>`` (``key``: the data set), shared by every run
-   and seed of both families (the pairing over examples); unpaired (each run its own units, e.g. its training
-   episodes): one such draw per run from ``examples/<key>/a<i>`` / ``examples/<key>/b<i>``;
-2. per family with S > 1 seeds: ``integers(0, S, (B, S))`` from stream ``seeds/a`` / ``seeds/b``, the same
-   seeds for every component (a seed is one trained model).
-
-A family's value in resample b is the mean over its drawn seeds of their values under the component's draw:
-a two-level bootstrap, seeds then examples (for the same test images across seeds: the examples crossed with
-the seeds, both resampled). Its percentile interval undercovers at few seeds (resampling S seeds shrinks their
-variance by (S - 1) / S, with normal tails); the ledger therefore takes step 1 alone (:func:`resample_runs`,
-every run's value under the example draws) and adds the seed level with a t correction
-(protoclip.claims.intervals); :func:`resample` remains as the comparison of protoclip.claims.coverage.
-Different data sets come from different streams (independent resamples); the same set in two cells or claims
-gets the same draw (a ``cache`` dict passed to :func:`resample` keeps its draw counts, so a report builds them
-once per set). The interval is the percentile interval of the B resampled statistics (``np.quantile``,
-linear). With one seed per family and one paired component this is exactly ``scipy.stats.bootstrap(...,
-paired=True, method='percentile', rng=stream(seed, "examples/<key>"))`` (the same index draw; tested), as long
-as the draw fits in one call (``B * n <= MAX_DRAW``; larger sets draw in chunks of resamples, an equally valid
-bootstrap that no longer matches scipy's draw bit for bit).
-
-    from protoclip.claims.bootstrap import Component, Units, resample, percentile_interval
-    comp = Component([Units.mean(hits_a)], [Units.mean(hits_b)], key="fashion_mnist")  # one seed each
-    a, b = resample([comp], n_resamples=2000, seed=0)                 # [components, B] each
-    lo, hi = percentile_interval((a - b).mean(0), 0.95)
-
+"""Bootstrap draws for the claims ledger's intervals: test examples resampled (paired between the two run families)
+and, for the comparison only, seeds. Each run's value is recomputed under every resample of its units (:class:`Units`,
+:class:`RandIndex`, :class:`MutualInfo`), drawn from named streams so that a naive loop reproduces them and a data set
+is resampled the same way wherever it appears. The draws: docs/claims.md#protoclipclaimsbootstrap.
 Numpy (and scikit-learn's expected mutual information for AMI): no project config, no files.
 """
 from __future__ import annotations
@@ -62,7 +22,16 @@ PARALLEL_MIN_TERMS = 10_000_000
 
 @dataclass(frozen=True)
 class Units:
-    """One run's per-unit results on one component: value(w) = sum_t coef[t] * (w . num[t]) / (w . den[t])."""
+    """One run's per-unit results on one component. Every number the ledger compares is a ratio of sums over units:
+    test images (zero-shot, linear and kNN accuracy), retrieval queries grouped by image (recall@k, mean recall), or
+    training episodes (phase-time shares and ratios). Under a resample that draws unit ``u`` ``w[u]`` times::
+
+        value(w) = sum_t coef[t] * (w . num[t]) / (w . den[t])
+
+    accuracy: one term, ``num`` = hit per image, ``den`` = 1, ``coef`` = 100; mean recall: six terms (recall@1/5/10
+    both ways; image queries with ``den`` = 1, caption queries grouped under their image with ``den`` = its number
+    of captions, so an image is drawn with its captions); a phase's share of the episode time: ``num`` = the phase's
+    seconds, ``den`` = the episode's seconds. With ``w = 1`` it is the metric as the metrics file holds it."""
     num: np.ndarray  # [terms, units]
     den: np.ndarray  # [terms, units], > 0 summed over any resample's units (1 per image, captions per image, ...)
     coef: np.ndarray  # [terms]
@@ -264,12 +233,14 @@ class Component:
 
 
 def stream(seed: int, name: str) -> np.random.Generator:
-    """The generator of one named stream of draws: ``np.random.default_rng([seed, zlib.crc32(name)])``."""
+    """The generator of one named stream of draws: ``np.random.default_rng([seed, zlib.crc32(name)])``. Named, so
+    that a naive loop reproduces a draw and the same data set gets the same draw in every cell and claim."""
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
 def _draw(rng: np.random.Generator, n_resamples: int, n: int) -> np.ndarray:
-    """[B, n] unit indices: one call when it fits MAX_DRAW (scipy.stats.bootstrap's draw), else chunks."""
+    """[B, n] unit indices: one call when it fits MAX_DRAW (scipy.stats.bootstrap's draw, bit for bit), else
+    chunks of resamples (an equally valid bootstrap that no longer matches scipy's draw)."""
     if n_resamples * n <= MAX_DRAW:
         return rng.integers(0, n, (n_resamples, n))
     step = max(1, MAX_DRAW // n)
@@ -310,8 +281,11 @@ class CountsCache(dict):
 def resample_runs(components: list[Component], n_resamples: int = 2000, seed: int = 0, cache: dict | None = None
                   ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per component, each run's value under every example resample, seeds not resampled: ``[(A [S_a, B],
-    B [S_b, B])]`` (draws: step 1 of the module docstring). protoclip.claims.intervals builds the seed level
-    from these with a small-sample correction."""
+    B [S_b, B])]``. Draws (step 1 of docs/claims.md#protoclipclaimsbootstrap): a paired component one
+    ``integers(0, n, (B, n))`` draw from stream ``examples/<key>``, shared by every run of both families; an
+    unpaired one (each run its own units, e.g. its episodes) one draw per run from ``examples/<key>/a<i>`` /
+    ``examples/<key>/b<i>``. protoclip.claims.intervals builds the seed level from these with a small-sample
+    correction."""
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     if not components:
@@ -340,9 +314,15 @@ def resample(components: list[Component], n_resamples: int = 2000, seed: int = 0
              ) -> tuple[np.ndarray, np.ndarray | None]:
     """(A, B): each family's value per component in every resample of the two-level bootstrap (examples, then
     seeds with replacement), ``[components, n_resamples]`` (B: None when no component has a family b). Draws:
-    the module docstring. ``cache``: a dict (:class:`CountsCache`) that keeps each paired stream's draw counts
-    for later calls (a report builds each set's counts once). Its percentile interval undercovers at few seeds
-    (protoclip.claims.intervals); the ledger no longer uses it."""
+    :func:`resample_runs`', then per family of S > 1 seeds ``integers(0, S, (B, S))`` from stream ``seeds/a`` /
+    ``seeds/b``, the same seeds for every component (docs/claims.md#protoclipclaimsbootstrap). ``cache``: a dict
+    (:class:`CountsCache`) that keeps each paired stream's draw counts for later calls (a report builds each set's
+    counts once). Its percentile interval undercovers at few seeds (protoclip.claims.intervals): the ledger does
+    not use it; protoclip.claims.coverage compares it with the ledger's. With one seed a side::
+
+        comp = Component([Units.mean(hits_a)], [Units.mean(hits_b)], key="fashion_mnist")
+        a, b = resample([comp], n_resamples=2000, seed=0)                 # [components, B] each
+        lo, hi = percentile_interval((a - b).mean(0), 0.95)"""
     per_run = resample_runs(components, n_resamples, seed, cache)
     seeds_a = _seed_draw(stream(seed, "seeds/a"), len(components[0].a), n_resamples)
     n_b = len(components[0].b)
@@ -373,7 +353,9 @@ def point(components: list[Component]) -> tuple[np.ndarray, np.ndarray | None]:
 
 def percentile_interval(theta: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
     """The percentile interval of resampled statistics ``theta`` (what scipy.stats.bootstrap's 'percentile'
-    method computes: ``np.quantile`` at (1 - confidence) / 2 and its complement, linear interpolation)."""
+    method computes: ``np.quantile`` at (1 - confidence) / 2 and its complement, linear interpolation). With one
+    seed per family and one paired component, that of :func:`resample` is exactly ``scipy.stats.bootstrap(...,
+    paired=True, method='percentile', rng=stream(seed, "examples/<key>"))`` (tests/unit/test_claims_bootstrap.py)."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     alpha = (1.0 - confidence) / 2.0

@@ -1,23 +1,6 @@
-"""The claims ledger's config: the ``claims:`` section of the project config and one claim of ``config/claims.yaml``.
-
-The project config names the claim files and the bootstrap's settings::
-
-    claims:
-      files: [claims.yaml]    # relative to the config file; each holds a top-level `claims:` list
-      resamples: 2000         # bootstrap resamples per interval
-      seed: 0                 # every interval draws from numpy's default_rng(seed) afresh
-      confidence: 0.95        # the direction question's two-sided interval (magnitudes: 90 %)
-      paper_scale: false      # true only where the runs use the papers' data and sizes (config/paper.yaml)
-
-A claim names the paper's number and where it is printed, and the two run families and the metric through a
-paper target's rows and column (``target``, ``a``, ``b``, ``columns``: the labels of config/experiments/*.yaml),
-so the ledger compares exactly what the tables show; ``a_runs`` / ``b_runs`` pin other runs where the table's
-own rows are not the claim's configuration. The loader (protoclip.project) checks that a target's rows and columns
-exist; a claim whose target this config does not declare reads "not run". The paper configuration
-(config/paper.yaml) declares other targets than the offline default (config/config.yaml): ``paper_config``
-names the claim's rows and columns there (or why it cannot be judged there), used where its own ``target`` is not
-declared, so one claim, with one quote and paper number, is judged from the runs of either configuration. The
-fields are documented below and in config/claims.yaml.
+"""The claims ledger's config: the ``claims:`` section of the project config (:class:`ClaimsConfig`) and one claim of
+``config/claims.yaml`` (:class:`ClaimConfig`), which names the paper's number, where it is printed, and the runs and
+metric to judge it on. The fields are documented below and in config/claims.yaml.
 """
 from __future__ import annotations
 
@@ -59,6 +42,12 @@ class PaperComparison:
 
 @dataclass
 class ClaimConfig:
+    """One claim: the paper's number and where it is printed, and the two run families and the metric through a
+    paper target's rows and column (``target``, ``a``, ``b``, ``columns``: the labels of config/experiments/*.yaml),
+    so the ledger compares exactly what the tables show; ``a_runs`` / ``b_runs`` pin other runs where the table's
+    own rows are not the claim's configuration. The loader (protoclip.project) checks that a target's rows and
+    columns exist; a claim whose target this config does not declare reads "not run". ``paper_config``: its rows
+    and columns in config/paper.yaml, whose targets are not the offline default's (:meth:`resolved`, docs/claims.md)."""
     id: str  # the ledger's row id (letters, digits, '_')
     paper: str  # whose claim: ProtoCLIP, nCLIP/xCLIP, temperature (multi-token), PCL, PAUC
     source: str  # the paper's text file (../shared/papers/<source>)
@@ -171,7 +160,17 @@ class ClaimConfig:
 
 @dataclass
 class ClaimsConfig:
-    """The ``claims:`` section of the project config (module docstring)."""
+    """The ``claims:`` section of the project config: the claim files and the bootstrap's settings.
+
+    ::
+
+        claims:
+          files: [claims.yaml]    # relative to the config file; each holds a top-level `claims:` list
+          resamples: 2000         # bootstrap resamples per interval
+          seed: 0                 # every interval draws from numpy's default_rng(seed) afresh
+          confidence: 0.95        # the direction question's two-sided interval (magnitudes: 90 %)
+          paper_scale: false      # true only where the runs use the papers' data and sizes (config/paper.yaml)
+    """
     files: list[str] = field(default_factory=list)  # claim files, relative to the config that lists them
     resamples: int = 2000  # bootstrap resamples per interval
     seed: int = 0  # each interval: numpy default_rng(seed), drawn afresh (the same cell, the same interval)

@@ -1,23 +1,7 @@
-"""How often the ledger's intervals cover a known truth: simulated pairs of run families, the intervals of
-protoclip.claims.intervals (and, for comparison, the two-level percentile bootstrap) computed exactly as the
-ledger computes them (protoclip.claims.bootstrap's draws).
-
-Three kinds of noise, each with a known true difference of the families' accuracies (in points):
-
-* ``seed``: each seed run's value is mu_f + sigma * N(0, 1) (sigma = 1 point), no example noise (every example
-  resample gives the run's value);
-* ``examples``: a test set of ``n_examples`` examples with difficulties z_i ~ N(0, 1), the same for both families
-  (paired); run r of family f hits example i when mu_f + z_i + e_ri > 0, e ~ N(0, 1) (each run its own
-  seed-by-example noise, no seed shift);
-* ``both``: as ``examples`` with a seed shift sigma_s * N(0, 1) per run (probit scale, about 1.4 points).
-
-In the probit model the truth is 100 * (Phi(mu_a / k) - Phi(mu_b / k)), k = sqrt(1 + 1 + sigma_s^2): the family's
-accuracy over test sets and seeds.
-
-    from protoclip.claims.coverage import coverage
-    coverage("both", seeds=3, reps=2000)        # the share of 95 % intervals that contain the truth
-
-bench/bench_claims_coverage.py prints the table; tests/unit/test_claims_intervals.py pins a small version.
+"""How often the ledger's intervals cover a known truth: simulated pairs of run families, their intervals computed
+exactly as the ledger computes them (protoclip.claims.intervals on protoclip.claims.bootstrap's draws) and, for
+comparison, the two-level percentile bootstrap. bench/bench_claims_coverage.py prints the table;
+tests/unit/test_claims_intervals.py pins a small version.
 """
 from __future__ import annotations
 
@@ -37,7 +21,8 @@ SEED_SHIFT = 0.05  # probit, `both` model
 
 
 def truth(noise: str) -> float:
-    """The true difference a - b in points."""
+    """The true difference a - b in points: 0 for ``seed``; in the probit models 100 * (Phi(mu_a / k) -
+    Phi(mu_b / k)), k = sqrt(1 + 1 + sigma_s^2), the family's accuracy over test sets and seeds."""
     if noise == "seed":
         return 0.0
     k = math.sqrt(2.0 + (SEED_SHIFT ** 2 if noise == "both" else 0.0))
@@ -45,7 +30,14 @@ def truth(noise: str) -> float:
 
 
 def families(noise: str, seeds: int, rng: np.random.Generator, n_examples: int) -> Component:
-    """One simulated pair of families of ``seeds`` runs each (module docstring)."""
+    """One simulated pair of families of ``seeds`` runs each, under one of three kinds of noise:
+
+    * ``seed``: each seed run's value is mu_f + sigma * N(0, 1) (sigma = 1 point), no example noise (every example
+      resample gives the run's value);
+    * ``examples``: a test set of ``n_examples`` examples with difficulties z_i ~ N(0, 1), the same for both
+      families (paired); run r of family f hits example i when mu_f + z_i + e_ri > 0, e ~ N(0, 1) (each run its
+      own seed-by-example noise, no seed shift);
+    * ``both``: as ``examples`` with a seed shift sigma_s * N(0, 1) per run (probit scale, about 1.4 points)."""
     if noise == "seed":
         runs = [[Units.mean(np.full(2, rng.normal(0.0, SEED_SD)), scale=1.0) for _ in range(seeds)]
                 for _ in range(2)]
@@ -70,7 +62,8 @@ def interval(comp: Component, method: str, n_resamples: int, seed: int, confiden
 
 def coverage(noise: str, seeds: int, reps: int, method: str = "ledger", n_examples: int = 300,
              n_resamples: int = 400, confidence: float = 0.95, seed: int = 0) -> float:
-    """The share of ``reps`` simulated intervals that contain the truth."""
+    """The share of ``reps`` simulated intervals that contain the truth (:func:`truth`):
+    ``coverage("both", seeds=3, reps=2000)`` for the ledger's 95 % intervals."""
     if noise not in NOISES or method not in METHODS:
         raise ValueError(f"noise in {NOISES}, method in {METHODS}")
     rng = np.random.default_rng([seed, seeds, NOISES.index(noise)])

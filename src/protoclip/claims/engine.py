@@ -1,21 +1,7 @@
-"""The claim engine: each claim of the papers (config/claims.yaml) asked its two questions, direction and
-magnitude, from our measured number and its intervals; also the intervals of the paper tables' difference rows.
-
-A claim names a paper target's rows and column(s) (protoclip.claims.config), so our point estimate is exactly
-the tables' number (difference of the two rows' means over their seeds, each a mean over the column's sets). The
-intervals resample what that number is computed from: the per-example results the evaluation kept beside each
-metrics file (protoclip.claims.units) and, for the cost claims, the train logs' per-episode phase times (a share
-paired within each run: the phase's seconds over the training phase's, the same episodes); the seed level with a
-small-sample t correction (protoclip.claims.intervals); a clustering score adds its k-means initialisations'
-variance. The rules: protoclip.claims.ledger, applied to a row by protoclip.claims.rows (one claim, then the
-ledger-wide steps of :func:`~protoclip.claims.rows.finish`); the grids' claims: protoclip.claims.grid.
-
-The engine reads the results through two objects it is handed, so that claims/ imports nothing above files/:
-the project config (:class:`ClaimsProject`) and the report's reader of result files (:class:`ResultFiles`,
-protoclip.report.values.Results). protoclip.report.ledger_table writes what it returns.
-
-    engine = ClaimEngine(cfg, Results(cfg))
-    rows = judge_claims(engine, cfg.paper_claims())
+"""The claim engine: each claim of the papers (config/claims.yaml) asked its two questions, direction and magnitude,
+from our measured number and its intervals; also the intervals of the paper tables' difference rows. It reads the
+results through the two objects it is handed (:class:`ClaimsProject`, :class:`ResultFiles`), so that claims/ imports
+nothing above files/. How the claims modules fit together: docs/claims.md#protoclipclaimsengine.
 """
 from __future__ import annotations
 
@@ -86,7 +72,9 @@ EMI_TERMS_PER_S = 1.7e7
 
 
 class ClaimEngine:
-    """Intervals and verdicts from a project's result files (one per report: per-example arrays are cached)."""
+    """Intervals and verdicts from a project's result files (one per report: per-example arrays are cached). Our
+    point estimate is exactly the tables' number: the difference of the two rows' means over their seeds, each a
+    mean over the column's sets."""
 
     def __init__(self, cfg: ClaimsProject, results: ResultFiles, workers: int = 1):
         self.cfg, self.results = cfg, results
@@ -465,7 +453,12 @@ class ClaimEngine:
 
 
 def judge_claims(engine: ClaimEngine, claims: list[ClaimConfig]) -> list[LedgerRow]:
-    """Every claim's row, then the ledger-wide steps over them all (:func:`protoclip.claims.rows.finish`)."""
+    """Every claim's row, then the ledger-wide steps over them all (:func:`protoclip.claims.rows.finish`);
+    protoclip.report.ledger_table writes them::
+
+        engine = ClaimEngine(cfg, Results(cfg))
+        rows = judge_claims(engine, cfg.paper_claims())
+    """
     return finish([engine.evaluate(c) for c in claims], engine.settings)
 
 

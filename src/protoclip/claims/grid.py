@@ -1,25 +1,6 @@
-"""Claims over the rows of a grid (config/claims.yaml ``kind: best`` and ``kind: most``), judged from the same
-cells and intervals as the ledger's differences (protoclip.claims.engine.ClaimEngine):
-
-* ``best``: "0.2M is the best episode size" (Fig. 6a): the row ``a`` against each other row of the target
-  (or ``rows``) on one column; each comparison a - b_i is a difference with its interval, and the claim holds
-  when every one has the paper's sign (:func:`protoclip.claims.rows.judge_best`: the smallest difference,
-  a against the runner-up, with an intersection-union interval). One seed a row borrows the task's seed spread
-  as a one-seed difference does.
-* ``most``: "all these ablations outperform CLIP on most metrics" (Table III): each of ``rows`` against ``b``
-  on each of ``columns``; per row, the metrics where it is ahead against those where it is behind by the
-  ledger's sign test (ties and metrics where a side is at chance carry no sign). The claim is about every row,
-  so its p is the largest of the rows' p (intersection-union) and, for the other side, k times the smallest.
-  Our number: the rows ahead on most of the metrics. With 4 metrics no row can reach one-sided 2.5 % (0.5^4 =
-  0.0625): the count is printed, the direction stays not resolved, and the row says so.
-* ``equilibrium``: "the temperature converges to an equilibrium value irrespective of initialization" (Fig. 3,
-  Table 7): the runs of ``rows``, started at different logit scales, end at the last step of their train logs;
-  ours is the log-range of the final scales in % of the initial scales' (0: one value whatever the start; 100:
-  no closer than they began), held to the claim's bound (``magnitude: at_most``). One run per initialisation: no
-  interval, so the magnitude is not decided (the test alone is printed).
-* ``toy``: PAUC's toy experiment (results/toy/pauc_toy.csv, the ``toy-nemd`` stage; one value per method and
-  class setting, no seeds): the class settings where method ``a``'s ``columns[0]`` minus method ``b``'s has the
-  paper's sign, by the ledger's sign test (ties dropped); 5 settings cannot reach one-sided 2.5 %.
+"""Claims over the rows of a grid or table (config/claims.yaml ``kind: best``, ``most``, ``equilibrium``, ``toy``),
+judged from the same cells and intervals as the ledger's differences (protoclip.claims.engine.ClaimEngine). Each
+kind's rule is in its function's docstring; how to read them: docs/claims.md.
 """
 from __future__ import annotations
 
@@ -57,12 +38,18 @@ def family_text(base: str, runs: list[str]) -> str:
 
 
 def evaluate(engine, claim: ClaimConfig, target, row: LedgerRow) -> LedgerRow:
-    """The row of a ``best`` or ``most`` claim (module docstring); NotRun where a cell or its examples are absent."""
+    """The row of a ``best``, ``most``, ``equilibrium`` or ``toy`` claim (each kind's function says its rule);
+    NotRun where a cell or its examples are absent."""
     return {"best": _best, "most": _most, "equilibrium": _equilibrium, "toy": _toy}[claim.kind](
         engine, claim, target, row)
 
 
 def _best(engine, claim: ClaimConfig, target, row: LedgerRow) -> LedgerRow:
+    """``best``: "0.2M is the best episode size" (Fig. 6a): the row ``a`` against each other row of the target (or
+    ``rows``) on one column; each comparison a - b_i is a difference with its interval, and the claim holds when
+    every one has the paper's sign (:func:`protoclip.claims.rows.judge_best`: the smallest difference, a against
+    the runner-up, with an intersection-union interval). One seed a row borrows the task's seed spread as a
+    one-seed difference does."""
     base_a, runs_a = engine.family(target, claim.a, claim.a_runs)
     others = [(label, *engine.family(target, label, [])) for label in compared(target, claim)]
     if not others:
@@ -88,6 +75,12 @@ def _best(engine, claim: ClaimConfig, target, row: LedgerRow) -> LedgerRow:
 
 
 def _most(engine, claim: ClaimConfig, target, row: LedgerRow) -> LedgerRow:
+    """``most``: "all these ablations outperform CLIP on most metrics" (Table III): each of ``rows`` against ``b`` on
+    each of ``columns``; per row, the metrics where it is ahead against those where it is behind by the ledger's
+    sign test (ties and metrics where a side is at chance carry no sign). The claim is about every row, so its p
+    is the largest of the rows' p (intersection-union) and, for the other side, k times the smallest. Our number:
+    the rows ahead on most of the metrics. With 4 metrics no row can reach one-sided 2.5 % (0.5^4 = 0.0625): the
+    count is printed, the direction stays not resolved, and the row says so."""
     base_b, runs_b = engine.family(target, claim.b, claim.b_runs)
     labels = compared(target, claim)
     if not labels:
@@ -123,6 +116,11 @@ def _most(engine, claim: ClaimConfig, target, row: LedgerRow) -> LedgerRow:
 
 
 def _equilibrium(engine, claim: ClaimConfig, target, row: LedgerRow) -> LedgerRow:
+    """``equilibrium``: "the temperature converges to an equilibrium value irrespective of initialization" (Fig. 3,
+    Table 7): the runs of ``rows``, started at different logit scales, end at the last step of their train logs;
+    ours is the log-range of the final scales in % of the initial scales' (0: one value whatever the start; 100:
+    no closer than they began), held to the claim's bound (``magnitude: at_most``). One run per initialisation: no
+    interval, so the magnitude is not decided (the test alone is printed)."""
     starts, ends, groups = [], [], []
     for label in compared(target, claim):
         _, runs = engine.family(target, label, [])
@@ -151,6 +149,9 @@ def _equilibrium(engine, claim: ClaimConfig, target, row: LedgerRow) -> LedgerRo
 
 
 def _toy(engine, claim: ClaimConfig, target: None, row: LedgerRow) -> LedgerRow:
+    """``toy``: PAUC's toy experiment (results/toy/pauc_toy.csv, the ``toy-nemd`` stage; one value per method and
+    class setting, no seeds): the class settings where method ``a``'s ``columns[0]`` minus method ``b``'s has the
+    paper's sign, by the ledger's sign test (ties dropped); 5 settings cannot reach one-sided 2.5 %."""
     path = engine.results.layout.toy_files()["csv"]
     if not path.exists():
         raise NotRun(f"{path}: no toy table (the toy-nemd stage has not run)")

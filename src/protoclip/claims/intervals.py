@@ -1,30 +1,7 @@
-"""Intervals over few seeds and many test examples: the seed level with a small-sample (t) correction combined
-with the example-level bootstrap, one-sided p-values, Holm's adjustment and the seeds a claim would need.
-
-Why not the percentile interval of a two-level bootstrap. Resampling S seeds with replacement shrinks the seed
-variance by (S - 1) / S and uses normal tails where only S - 1 degrees of freedom exist: with seed noise alone it
-covers about 67, 81 and 87 % at 2, 3 and 5 seeds a side for a nominal 95 % (bench/bench_claims_coverage.py).
-
-The method (:func:`combine`). Each family f (a, b) has S_f seed runs; run s has its value on all test examples
-``p_f[s]`` and its values under B example resamples ``d_f[s, :]`` (the same resampled examples for every run
-of both families when they are scored on the same test set: paired). The statistic is g(mean_s p_a, mean_s p_b)
-(a difference, a ratio, a share of one family) with gradient (g_a, g_b). Its variance has three parts:
-
-* the seed level: the seeds' sample variance pooled over both families (S_a + S_b - 2 degrees of freedom: the
-  equal-variance assumption of a two-sample t test; relative variance for ratios), times g_a^2 / S_a +
-  g_b^2 / S_b; a family with one seed adds no degree of freedom and takes the other's spread; with one seed on
-  both sides the seed level is not measured and the interval is the examples' alone ("examples only, seed
-  spread not measured");
-* the example level: the bootstrap variance of g over the example resamples with every seed kept, less the
-  part the seed variance already holds (the seed-by-example interaction: each run's own resample variance minus
-  the variance of the seeds' mean, over S_f - 1: the crossed random-effects decomposition), so nothing is
-  counted twice; the example level keeps the percentile interval's two half-widths (its asymmetry);
-* combined as in the GUM: u^2 = u_examples^2 + u_seeds^2, half-width t_nu * u with nu by Welch-Satterthwaite
-  (the example part has infinitely many degrees of freedom). With no seed part this is exactly the percentile
-  interval of the example bootstrap; with no example part, the pooled two-sample t interval over seeds.
-
-    est = combine(pa, pb, da, db, "difference")
-    est.interval(0.95), est.interval(0.90), est.p_one_sided(+1)
+"""Intervals over few seeds and many test examples: the seed level with a small-sample (t) correction combined with
+the example-level bootstrap, one-sided p-values, Holm's adjustment and the seeds a claim would need. Not the
+two-level percentile bootstrap, which undercovers at 2-5 seeds. The method and why:
+docs/claims.md#protoclipclaimsintervals.
 """
 from __future__ import annotations
 
@@ -59,7 +36,8 @@ def _gradient(stat: str, a: float, b: float | None) -> tuple[float, float]:
 
 @dataclass
 class Estimate:
-    """A statistic with its example-level bootstrap and its seed-level variance terms (module docstring)."""
+    """A statistic with its example-level bootstrap and its seed-level variance terms (:func:`combine`; the method:
+    docs/claims.md#protoclipclaimsintervals)."""
     point: float
     draws: np.ndarray  # [B] the statistic under the example resamples, every seed kept
     shrink: float  # the share of the bootstrap variance that is the test set's (not seed-by-example), in [0, 1]
@@ -125,7 +103,9 @@ class Estimate:
         return math.sqrt(total), nu
 
     def interval(self, confidence: float = 0.95) -> tuple[float, float]:
-        """The two-sided interval at ``confidence`` (module docstring)."""
+        """The two-sided interval at ``confidence``: on each side of the point, the example level's percentile
+        half-width combined with the seed and extra terms as in the GUM (u^2 = u_examples^2 + u_seeds^2), half-width
+        t_nu * u with nu by Welch-Satterthwaite (the example part has infinitely many degrees of freedom)."""
         if not 0.0 < confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {confidence}")
         q = 1.0 - (1.0 - confidence) / 2.0
@@ -174,7 +154,14 @@ class Estimate:
 
 def combine(pa, pb, da, db, stat: str = "difference") -> Estimate:
     """The :class:`Estimate` of ``stat`` from per-seed values ``pa`` [S_a], ``pb`` [S_b] and their example
-    resamples ``da`` [S_a, B], ``db`` [S_b, B] (``pb``/``db`` None for ``single``)."""
+    resamples ``da`` [S_a, B], ``db`` [S_b, B] (``pb``/``db`` None for ``single``): the seeds' variance pooled over
+    both families, the example bootstrap's less the seed-by-example part the seeds already hold
+    (docs/claims.md#protoclipclaimsintervals). With no seed part its interval is exactly the percentile interval of
+    the example bootstrap; with no example part, the pooled two-sample t interval over seeds::
+
+        est = combine(pa, pb, da, db, "difference")
+        est.interval(0.95), est.interval(0.90), est.p_one_sided(+1)
+    """
     if stat not in STATS:
         raise ValueError(f"unknown statistic {stat!r} (one of {', '.join(STATS)})")
     pa, da = np.asarray(pa, dtype=np.float64), np.atleast_2d(np.asarray(da, dtype=np.float64))

@@ -1,30 +1,7 @@
-"""The verdict rules of the claims ledger and how its numbers are printed. Pure functions, no files.
-
-Each claim is asked two questions, each with its rule fixed here and its margin in config/claims.yaml before
-any number of ours is seen:
-
-* **Direction** (``direction: positive | negative``): does our 95 % interval exclude 0 on the paper's side?
-  *reproduced*: yes; *contradicted*: it excludes 0 on the other side; *not resolved*: it contains 0. A count
-  ("better on 9 of 14 sets"): the sets where the paper's side is ahead against half, by an exact sign test
-  (:func:`sign_test`, ties dropped; reachable at 14 sets with 12 ahead, never with fewer than 6 sets).
-  ``direction: none``: the quantity has no sign to test (a share; an overhead positive by construction).
-  Three gates before a direction is decisive: one seed a side decides nothing unless a seed spread of the same
-  task and metric, measured on the ledger's repeated runs (named), is combined into the interval (else
-  :data:`NOT_DECISIVE`); a side whose score is not above its chance level (:func:`chance_level`) by its own
-  interval makes the row :data:`AT_CHANCE`; and the verdict is Holm's (:func:`decide`): each test's one-sided
-  p-value on the side its interval points to, adjusted over the claims of one paper (the family), must be
-  below 2.5 %.
-* **Magnitude** (against ``paper_value`` with margin m): two one-sided tests at 5 % each, i.e. the 90 %
-  interval: ``equivalence``: inside [paper - m, paper + m] *reproduced*, wholly outside *contradicted*, else
-  *not resolved*; ``at_most`` (the paper's "only", "negligible", "less than": a one-sided bound L = paper + m):
-  the 90 % interval's upper end <= L *reproduced*, its lower end > L *contradicted*; ``at_least`` mirrored.
-  A magnitude is never *reproduced* or *contradicted* from runs at a scale the paper did not use (the offline
-  default: ``claims.paper_scale: false``) or without these runs' own seed spread: it reads *not resolved* with
-  the reason and what the test alone would say.
-
-    direction_verdict(+1, 0.4, 3.9)                          # 'reproduced'
-    magnitude_verdict("equivalence", 2.0, 4.0, 3.0, 1.5)     # 'reproduced'
-    verdict_text("reproduced", "not resolved")               # 'direction reproduced, magnitude not resolved'
+"""The verdict rules of the claims ledger and how its numbers are printed. Pure functions, no files. Each claim is
+asked two questions, direction and magnitude, each with its rule fixed here (and in words in :data:`RULES`) and its
+margin in config/claims.yaml before any number of ours is seen; the three gates before a direction is decisive
+(seeds, chance, Holm) are here too. The rules in full: docs/claims.md#how-to-read-the-ledger.
 """
 from __future__ import annotations
 
@@ -91,7 +68,9 @@ def _check(lo: float, hi: float) -> None:
 
 
 def direction_verdict(sign: float, lo: float, hi: float) -> str:
-    """The direction question on a 95 % interval ``[lo, hi]``; ``sign``: +1 (the paper says positive) or -1."""
+    """The direction question on a 95 % interval ``[lo, hi]``; ``sign``: +1 (the paper says positive) or -1:
+    reproduced when it excludes 0 on the paper's side, contradicted on the other, else not resolved
+    (``direction_verdict(+1, 0.4, 3.9)``: 'reproduced')."""
     _check(lo, hi)
     if sign not in (1, -1):
         raise ValueError(f"sign must be +1 or -1, got {sign}")
@@ -143,7 +122,11 @@ def decide(raw: str, p_holm: float | None, alpha: float = 0.025) -> str:
 
 
 def magnitude_verdict(test: str, lo: float, hi: float, paper: float | None, margin: float) -> str:
-    """The magnitude question on a 90 % interval ``[lo, hi]`` (module docstring)."""
+    """The magnitude question on a 90 % interval ``[lo, hi]`` against ``paper`` with margin ``margin`` (two
+    one-sided tests at 5 % each): ``equivalence``: inside [paper - m, paper + m] *reproduced*, wholly outside
+    *contradicted*, else *not resolved*; ``at_most`` (the paper's "only", "negligible", "less than": a one-sided
+    bound L = paper + m): the upper end <= L *reproduced*, the lower end > L *contradicted*; ``at_least``
+    mirrored (L = paper - m). ``magnitude_verdict("equivalence", 2.0, 4.0, 3.0, 1.5)``: 'reproduced'."""
     _check(lo, hi)
     if test == "equivalence":
         if paper is None:
@@ -176,8 +159,8 @@ def gate_magnitude(raw: str, paper_scale: bool, seed_measured: bool) -> tuple[st
 
 
 def verdict_text(direction: str, magnitude: str) -> str:
-    """What held, in words: ``direction reproduced, magnitude not resolved``; ``not run``, ``skipped``,
-    ``unavailable`` and ``at chance: not judged`` alone."""
+    """What held, in words: ``verdict_text("reproduced", "not resolved")`` is ``direction reproduced, magnitude not
+    resolved``; ``not run``, ``skipped``, ``unavailable`` and ``at chance: not judged`` alone."""
     for alone in (*NOT_JUDGED, AT_CHANCE):
         if alone in (direction, magnitude):
             return alone
