@@ -1,24 +1,9 @@
 """The evaluation tasks: each task's properties (:class:`Task`, the registry :data:`TASKS`) and what a task did on
-a set (:class:`TaskStatus`).
-
-A task is one module of :mod:`protoclip.evaluate.tasks` that declares its :class:`Task` with :func:`register`:
-its adapter, its settings (its own ``evaluate.<name>`` config section), its minimum-data rule, its resampling
-unit and its chance level. The modules are imported when this module is first imported (:func:`load_tasks`), so
-adding a task edits no other file: the plan, the loaders, validation while training, collect, the report's
-tables and the claims ledger read a task's properties here, never a list of task names of their own.
-
-=========== ==================================================
-task        what it measures (paper)
-=========== ==================================================
-zeroshot    prompt-ensembled zero-shot (Sec. IV-C1, Table VI)
-linear      L-BFGS / SGD linear probe (IV-C2, Table VII)
-knn         weighted k-NN probe (IV-C3, Table VII)
-retrieval   image-text retrieval (IV-C4, Table VIII)
-clustering  k-means ARI / AMI (IV-G3, Table XII)
-nemd        NEMD, uniformity, spread (PAUC)
-tsne        t-SNE figure (Fig. 8)
-temperature temperature paper Fig. 1 / Fig. 8 / Table 11
-=========== ==================================================
+a set (:class:`TaskStatus`). A task is one module of :mod:`protoclip.evaluate.tasks` that declares its :class:`Task`
+with :func:`register` (each module's docstring says what it measures and where the paper prints it); the modules are
+imported with this one (:func:`load_tasks`), so adding a task edits no other file: the plan, the loaders, validation
+while training, collect, the report's tables and the claims ledger read a task's properties here, never a list of
+task names of their own.
 """
 from __future__ import annotations
 
