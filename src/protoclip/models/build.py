@@ -1,18 +1,7 @@
 """Build ProtoCLIP models and tokenizers by open_clip model name; never downloads weights.
 
-Any open_clip architecture works by name (the paper's RN50 and RN101, ViT-B-32, ...). Two CPU-sized configs
-ship in ``protoclip/models/configs/`` and are registered with open_clip on import: ``tiny-rn`` (CLIP's
-ModifiedResNet, layers [1,1,1,1], width 32) and ``tiny-vit`` (patch 8, width 128, 4 layers), both 64 px,
-embed_dim 128, with a narrow CLIP text transformer (width 128, 4 layers, context 32, open_clip's BPE vocab).
-``tv-resnet50`` is torchvision's ResNet-50 alone (PCL / PAUC's encoder; :mod:`protoclip.models.torchvision_image`).
-
-Activation: open_clip's configs use nn.GELU; OpenAI's RN50 (and the official ProtoCLIP code, which forced it)
-use QuickGELU. Training from scratch either works; pass e.g. ``RN50-quickgelu`` to get QuickGELU.
-
-    from protoclip.models import build_model, get_tokenizer
-    model = build_model("tiny-rn")            # ProtoCLIPModel, random init
-    model = build_model("tiny-vit", class_tokens=4, head="nclip")   # multi-token towers / nCLIP heads
-    tok = get_tokenizer("tiny-rn")            # tok(["a photo of a cat"]) -> LongTensor [1, 32]
+Any open_clip architecture works by name (the paper's RN50 and RN101, ViT-B-32, ...), plus the CPU-sized configs
+shipped in ``protoclip/models/configs/`` and ``tv-resnet50`` (torchvision's ResNet-50 alone, PCL / PAUC's encoder).
 """
 from __future__ import annotations
 
@@ -30,6 +19,9 @@ from protoclip.models.torchvision_image import TorchvisionTower, no_text_tokeniz
 
 log = logging.getLogger(__name__)
 
+# registered with open_clip on import: ``tiny-rn`` (CLIP's ModifiedResNet, layers [1,1,1,1], width 32) and
+# ``tiny-vit`` (patch 8, width 128, 4 layers), both 64 px, embed_dim 128, with a narrow CLIP text transformer
+# (width 128, 4 layers, context 32, open_clip's BPE vocab)
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 open_clip.add_model_config(CONFIG_DIR)
 
@@ -102,6 +94,11 @@ def build_model(
     :func:`architecture_overrides`); the tokenizer must then be built with the same context length
     (:func:`get_tokenizer` with ``context_length=model.context_length``). A :data:`TORCHVISION_MODELS` name builds
     an image-only torchvision tower (:func:`build_torchvision_model`).
+
+    Activation: open_clip's configs use nn.GELU; OpenAI's RN50 (and the official ProtoCLIP code, which forced it)
+    use QuickGELU. Training from scratch either works; pass e.g. ``RN50-quickgelu`` to get QuickGELU.
+
+        model = build_model("tiny-vit", class_tokens=4, head="nclip")   # multi-token towers / nCLIP heads
     """
     if is_torchvision(name):
         return build_torchvision_model(name, head_hidden, head_out, init_temperature, device, head, class_tokens,

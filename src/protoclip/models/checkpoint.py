@@ -1,20 +1,7 @@
 """Save / load a trained ProtoCLIPModel as one self-describing file (``results/runs/<run>/model.pt``).
 
-A plain dict saved with torch.save, loadable with ``weights_only=True`` (no pickled objects: the config is JSON
-text)::
-
-    format: "protoclip-model/1", model_name, head_hidden, head_out, embed_dim, image_size, context_length,
-    head, class_tokens, state_dict, config_json (the run's resolved config), eval_json (:class:`EvalSpec`)
-
-``head`` and ``class_tokens`` rebuild every method's architecture; ``eval_json``, written by the training method,
-tells evaluation the similarity and the image-only flag from the model file, never from a config that may have
-changed since. A file that cannot be read back (empty, cut, foreign, weights that do not fit) raises
-:class:`ModelFileError` naming it (one line, exit 2).
-
-    from protoclip.models import save_model, load_model
-    save_model("results/runs/x/model.pt", model, {"model": "tiny-rn", ...}, eval_spec={...})
-    model, config = load_model("results/runs/x/model.pt")   # model is in eval mode
-    spec = read_eval_spec("results/runs/x/model.pt")          # EvalSpec(method, similarity, subspheres, image_only)
+The file rebuilds the model and says how to evaluate it without the config that trained it (which may have
+changed since), and loads with ``weights_only=True``; one that cannot be read back is a one-line error naming it.
 """
 from __future__ import annotations
 
@@ -33,19 +20,25 @@ from protoclip.models.model import ProtoCLIPModel
 
 log = logging.getLogger(__name__)
 
+# A plain dict saved with torch.save, loadable with weights_only=True (no pickled objects: the config is JSON text):
+# format, model_name, head_hidden, head_out, embed_dim, image_size, context_length, head, class_tokens (head and
+# class_tokens rebuild every method's architecture), state_dict, config_json (the run's resolved config), eval_json
 FORMAT = "protoclip-model/1"
 REQUIRED = ("model_name", "head_hidden", "head_out", "head", "class_tokens", "state_dict", "config_json")  # load_model
 
 
 class ModelFileError(UserError):
-    """A model file that is not a readable ``protoclip-model/1`` file; the message names it."""
+    """A model file that is not a readable ``protoclip-model/1`` file (empty, cut, foreign, weights that do not
+    fit); the message names it (one line, exit 2)."""
 
     kind = "model file error"
 
 
 @dataclass(frozen=True)
 class EvalSpec:
-    """How evaluation scores a model, as its training method declared it (``Method.eval_spec``)."""
+    """How evaluation scores a model, as its training method declared it (``Method.eval_spec``); saved in the
+    model file as ``eval_json``, so that evaluation reads the similarity and the image-only flag from the model
+    file, never from a config that may have changed since."""
 
     method: str | None = None  # the training method's name (None: unknown, e.g. a model saved by a test)
     similarity: str = "cosine"  # image-text score: a name the method's module defines (protoclip.similarity)

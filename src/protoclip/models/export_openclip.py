@@ -2,20 +2,7 @@
 
     protoclip export --config config/config.yaml --run clip_tiny_s0 [--out DIR]   # default results/export/<run>
 
-    import open_clip
-    model, _, preprocess = open_clip.create_model_and_transforms("local-dir:results/export/clip_tiny_s0")
-    tokenizer = open_clip.get_tokenizer("local-dir:results/export/clip_tiny_s0")
-
-The folder is open_clip's ``local-dir:`` / hub layout: ``open_clip_model.safetensors`` (``model.clip``, both
-towers and ``logit_scale`` = 1/tau_CLIP; the projection heads and tau_Proto are left out, as no open_clip tool
-reads the prototype space) and ``open_clip_config.json`` (``model_cfg`` with the run's overrides,
-``preprocess_cfg`` of :func:`protoclip.data.loading.transforms.eval_transform`, a ``protoclip`` block: run, method,
-source sha256, notes); the tokenizer is open_clip's BPE at ``model_cfg``'s context length.
-
-Only a CLIP scored by the cosine of its towers' embeddings is exported (CLIP, ProtoCLIP, xCLIP, PAUC, ...);
-nCLIP's cross-entropy score and multi-class-token towers stop with :class:`ExportError` (exit 2), since open_clip
-would give other numbers than the project's. An image-only method (PCL) is exported with a note: only its
-image tower's numbers mean anything.
+What the folder holds and which runs are refused: docs/export.md.
 """
 from __future__ import annotations
 

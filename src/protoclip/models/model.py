@@ -1,13 +1,7 @@
 """ProtoCLIP model: an open_clip CLIP encoder pair plus the projection heads g^I, g^T (ProtoCLIP Sec. III-A, Fig. 3).
 
-    z^I = f^I(x^I), z^T = f^T(x^T)          open_clip encoders (unnormalised; L_CLIP normalises them)
-    h^I = g^I(z^I), h^T = g^T(z^T)          SwAV-style projection heads; prototypes live in h-space
-
-The temperatures are stored as log(1/tau), CLIP's convention: ``logit_scale`` (tau_CLIP) is the open_clip
-model's own parameter, ``proto_logit_scale`` (tau_Proto) is added here; both start at log(1/0.07) (Table I).
-Clipping 1/tau at 100 is the trainer's job.
-
-Build one with :func:`protoclip.models.build_model`; this module holds only the nn.Modules.
+Every method's model is this one nn.Module with its own heads (SwAV-style, nCLIP's, PCL's). Build one with
+:func:`protoclip.models.build_model`; this module holds only the nn.Modules.
 """
 from __future__ import annotations
 
@@ -120,7 +114,14 @@ class ProtoCLIPModel(nn.Module):
     h are then the K-way logits) or ``moco`` (:class:`MoCoHead`, PCL's fc / MLP). ``.clip`` may be a
     multi-class-token CLIP (:mod:`protoclip.models.multitoken`),
     whose z are the m per-token projections concatenated ([B, m * n]), or an image-only torchvision tower
-    (:mod:`protoclip.models.torchvision_image`, ``has_text`` False: no text head, ``text_head`` is None)."""
+    (:mod:`protoclip.models.torchvision_image`, ``has_text`` False: no text head, ``text_head`` is None).
+
+        z^I = f^I(x^I), z^T = f^T(x^T)          open_clip encoders (unnormalised; L_CLIP normalises them)
+        h^I = g^I(z^I), h^T = g^T(z^T)          projection heads; prototypes live in h-space
+
+    The temperatures are stored as log(1/tau), CLIP's convention: ``logit_scale`` (tau_CLIP) is the open_clip
+    model's own parameter, ``proto_logit_scale`` (tau_Proto) is added here; both start at log(1/0.07) (Table I).
+    Clipping 1/tau at 100 is the trainer's job."""
 
     def __init__(
         self,

@@ -1,21 +1,8 @@
 """MoCo's momentum (key) encoder and feature queue, as PCL uses them [pcl-protonce.txt Sec. 3.3, 4; MoCo v2].
 
-* :class:`ImageEncoder` is PCL's online encoder, h = normalize(g^I(f^I(x))), over a ProtoCLIPModel's own modules.
-* :class:`MomentumEncoder`: a deep copy of the online encoder without gradients, following it by
-  ``theta' <- m theta' + (1 - m) theta`` with m = 0.999 [PCL Sec. 3.3; MoCo Eq. 2], once per step *before* the
-  keys are computed (as MoCo's ``forward``). Buffers (BatchNorm statistics) are not averaged: as in MoCo the key
-  encoder keeps its own.
-* :class:`FeatureQueue`: the r most recent keys [r, d], the oldest overwritten first (MoCo's
-  ``_dequeue_and_enqueue``); unlike MoCo a batch may wrap around the end, so r need not be a multiple of the batch
-  size. Initialised with random unit vectors from its own seeded generator; under DDP the caller all-gathers the
-  keys first so every rank's queue is the same.
-
-Both are ``nn.Module``\\ s: their state goes into a checkpoint and a resumed run continues bit-identically.
-
-    key_enc = MomentumEncoder(online_encoder, momentum=0.999)
-    queue = FeatureQueue(size=1024, dim=128, seed=0)
-    key_enc.update(online_encoder); k = F.normalize(key_enc(x2), dim=1)
-    loss = infonce(q, k, queue.keys(), tau); ...; queue.enqueue(k)
+PCL's InfoNCE term scores each query against its key from a slowly moving copy of the encoder and against a queue
+of earlier keys. Both are ``nn.Module``\\ s: their state goes into a checkpoint and a resumed run continues
+bit-identically.
 """
 from __future__ import annotations
 
@@ -38,7 +25,14 @@ class ImageEncoder(nn.Module):
 
 
 class MomentumEncoder(nn.Module):
-    """A frozen copy of ``online`` updated by EMA (see module docstring)."""
+    """A frozen copy of ``online`` updated by EMA: a deep copy of the online encoder without gradients, following
+    it by ``theta' <- m theta' + (1 - m) theta`` with m = 0.999 [PCL Sec. 3.3; MoCo Eq. 2], once per step *before*
+    the keys are computed (as MoCo's ``forward``). Buffers (BatchNorm statistics) are not averaged: as in MoCo the
+    key encoder keeps its own.
+
+        key_enc = MomentumEncoder(online_encoder, momentum=0.999)
+        key_enc.update(online_encoder); k = F.normalize(key_enc(x2), dim=1)
+    """
 
     def __init__(self, online: nn.Module, momentum: float = 0.999):
         super().__init__()
@@ -66,7 +60,14 @@ class MomentumEncoder(nn.Module):
 
 
 class FeatureQueue(nn.Module):
-    """FIFO of the r latest l2-normalised keys (see module docstring)."""
+    """FIFO of the r latest l2-normalised keys [r, d], the oldest overwritten first (MoCo's
+    ``_dequeue_and_enqueue``); unlike MoCo a batch may wrap around the end, so r need not be a multiple of the
+    batch size. Initialised with random unit vectors from its own seeded generator; under DDP the caller
+    all-gathers the keys first so every rank's queue is the same.
+
+        queue = FeatureQueue(size=1024, dim=128, seed=0)
+        loss = infonce(q, k, queue.keys(), tau); ...; queue.enqueue(k)
+    """
 
     def __init__(self, size: int, dim: int, seed: int = 0):
         super().__init__()

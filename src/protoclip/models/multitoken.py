@@ -1,25 +1,8 @@
 """Multi-class-token towers (clip-temperature-multi-class-tokens.txt Sec. 3, Fig. 6; methods-spec 2.2-2.3, 2.7).
 
-Both of open_clip's towers are *subclassed* here (the transformer, patch embedding, token embedding, LNs and
-projections stay open_clip's); only the token bookkeeping changes:
-
-* vision (:class:`MultiTokenVisionTransformer`): m learned class tokens -- open_clip's ``class_embedding`` plus
-  m - 1 new ones, random init ``width**-0.5 * randn`` to break symmetry (paper Sec. 3) -- each with its own
-  positional embedding (open_clip's row 0 for the first, m - 1 new rows); output ``ln_post`` of the m tokens,
-  then open_clip's ``proj`` (width -> n) *shared by all tokens* (ref-code, spec 2.7.5);
-* text (:class:`MultiTokenTextTransformer`): open_clip's text tower is causal and pooled at EOT, so a class
-  token at position 0 (the paper's BERT [CLS]) would see nothing. We take spec 2.7.4 option (b): one learned
-  class embedding replicated m times and inserted right *after* EOT (positions eot+1 .. eot+m, distinct
-  positional embeddings: the context grows by m rows), pads shifted behind; causal attention lets each copy
-  see the whole caption. Output ``ln_final`` of the m positions, then the shared ``text_projection`` -> n.
-
-Each tower returns the m per-token projections concatenated, [B, m * n] (not normalised): the CLIP loss
-with ``distance: ps_negtrace`` and ``subspheres: m`` normalises each n-chunk and sums the m cosines
-(PS(n, m), Table 1), which is the paper's ``einsum('ikc,jkc->ij')`` on per-token normalised features.
-
-The towers are built by open_clip (``force_custom_text=True`` gives a ``.text`` TextTransformer module) and
-turned into the subclasses in place by :func:`make_multitoken` (``__class__`` swap + the new parameters), so
-every open_clip weight keeps its name and initialisation.
+Both of open_clip's towers are *subclassed* (the transformer, patch embedding, token embedding, LNs and projections
+stay open_clip's, every weight keeping its name and initialisation); only the token bookkeeping changes. Each
+tower returns the m per-token projections concatenated, [B, m * n], not normalised.
 """
 from __future__ import annotations
 
@@ -29,6 +12,11 @@ from open_clip.transformer import TextTransformer, VisionTransformer
 
 
 class MultiTokenVisionTransformer(VisionTransformer):
+    """m learned class tokens: open_clip's ``class_embedding`` plus m - 1 new ones, random init
+    ``width**-0.5 * randn`` to break symmetry (paper Sec. 3), each with its own positional embedding (open_clip's
+    row 0 for the first, m - 1 new rows); output ``ln_post`` of the m tokens, then open_clip's ``proj``
+    (width -> n) *shared by all tokens* (ref-code, spec 2.7.5)."""
+
     n_class_tokens: int
 
     def _add_tokens(self, m: int) -> None:
@@ -57,6 +45,12 @@ class MultiTokenVisionTransformer(VisionTransformer):
 
 
 class MultiTokenTextTransformer(TextTransformer):
+    """open_clip's text tower is causal and pooled at EOT, so a class token at position 0 (the paper's BERT [CLS])
+    would see nothing. We take spec 2.7.4 option (b): one learned class embedding replicated m times and inserted
+    right *after* EOT (positions eot+1 .. eot+m, distinct positional embeddings: the context grows by m rows), pads
+    shifted behind; causal attention lets each copy see the whole caption. Output ``ln_final`` of the m positions,
+    then the shared ``text_projection`` -> n."""
+
     n_class_tokens: int
 
     def _add_tokens(self, m: int) -> None:
@@ -85,7 +79,14 @@ class MultiTokenTextTransformer(TextTransformer):
 
 
 def make_multitoken(clip: nn.Module, m: int) -> nn.Module:
-    """Turn the towers of an open_clip ``CustomTextCLIP`` into m-class-token towers in place; returns it."""
+    """Turn the towers of an open_clip ``CustomTextCLIP`` into m-class-token towers in place; returns it.
+
+    open_clip builds the towers (``force_custom_text=True`` gives a ``.text`` TextTransformer module); here their
+    ``__class__`` is swapped and the new parameters added, so every open_clip weight keeps its name and
+    initialisation. The towers' [B, m * n] output is what the CLIP loss with ``distance: ps_negtrace`` and
+    ``subspheres: m`` reads: it normalises each n-chunk and sums the m cosines (PS(n, m), Table 1), the paper's
+    ``einsum('ikc,jkc->ij')`` on per-token normalised features.
+    """
     if m < 1:
         raise ValueError(f"class_tokens must be >= 1, got {m}")
     if not hasattr(clip, "text") or not isinstance(clip.text, TextTransformer) or \

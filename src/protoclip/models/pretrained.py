@@ -1,21 +1,8 @@
 """A released open_clip checkpoint as the evaluation reads a trained run's model: towers, tokenizer, transform.
 
 A run with a ``pretrained`` section (protoclip.train.config.PretrainedConfig) has no training job: its evaluation
-loads the checkpoint here, through open_clip itself, so it is the checkpoint as released:
-
-* ``model`` + ``tag`` (``RN50`` + ``yfcc15m``): ``open_clip.create_model_and_transforms(model, pretrained=tag)``
-  with the tag's own activation (OpenCLIP's YFCC RN50 / RN101 were trained with QuickGELU, which open_clip's
-  ``RN50`` config does not use: the tag's ``quick_gelu`` is forced, as the ``RN50-quickgelu`` name would);
-  the weights come from open_clip's download cache (fetched on first use);
-* ``local-dir:<folder>`` (an open_clip folder, e.g. ``protoclip export``'s): the folder's config and weights.
-
-The evaluation's preprocessing is open_clip's for the checkpoint (its ``preprocess_cfg``), the tokenizer
-``open_clip.get_tokenizer`` of the same name. The towers are wrapped in a :class:`ProtoCLIPModel` whose heads are
-identities (a released CLIP has no projection heads: h = z, so a task that reads h reads z) and whose
-``logit_scale`` is the checkpoint's. The identity of the model (the evaluation's ``model_sha256``: feature caches,
-metrics files, the MLflow run) is the sha256 of the weights file.
-
-    model, tokenizer, transform, weights = load_pretrained("RN50", "yfcc15m", torch.device("cpu"))
+loads the checkpoint here, through open_clip itself, so it is the checkpoint as released (docs/paper-runs.md,
+"Released checkpoints").
 """
 from __future__ import annotations
 
@@ -61,7 +48,20 @@ def source_label(model: str | None, tag: str) -> str:
 
 def load_pretrained(model: str | None, tag: str, device: torch.device | str = "cpu"
                     ) -> tuple[ProtoCLIPModel, Callable, Callable, Path]:
-    """``(model in eval mode, tokenizer, image transform, weights file)`` of a released checkpoint."""
+    """``(model in eval mode, tokenizer, image transform, weights file)`` of a released checkpoint.
+
+    ``model`` + ``tag`` (``RN50`` + ``yfcc15m``): ``open_clip.create_model_and_transforms(model, pretrained=tag)``
+    with the tag's own activation (OpenCLIP's YFCC RN50 / RN101 were trained with QuickGELU, which open_clip's
+    ``RN50`` config does not use: the tag's ``quick_gelu`` is forced, as the ``RN50-quickgelu`` name would); the
+    weights come from open_clip's download cache (fetched on first use). ``local-dir:<folder>`` (an open_clip
+    folder, e.g. ``protoclip export``'s): the folder's config and weights. The transform is open_clip's for the
+    checkpoint (its ``preprocess_cfg``), the tokenizer ``open_clip.get_tokenizer`` of the same name. The towers are
+    wrapped in a :class:`ProtoCLIPModel` whose heads are identities (a released CLIP has no projection heads: h = z,
+    so a task that reads h reads z) and whose ``logit_scale`` is the checkpoint's. The weights file's sha256 is the
+    model's identity (the evaluation's ``model_sha256``: feature caches, metrics files, the MLflow run).
+
+        model, tokenizer, transform, weights = load_pretrained("RN50", "yfcc15m", torch.device("cpu"))
+    """
     folder = local_folder(tag)
     if folder is not None:
         config = folder / "open_clip_config.json"
