@@ -1,24 +1,8 @@
 """`protoclip <stage>`: the one entry point every Snakemake rule and DVC stage calls.
 
-    protoclip prepare  --config config/config.yaml
-    protoclip teacher  --config config/config.yaml [--name roberta-large]
-    protoclip train    --config config/config.yaml --run protoclip_tiny_s0 [--resume]
-    protoclip evaluate --config config/config.yaml --run protoclip_tiny_s0 [--task knn] [--dataset digits]
-    protoclip collect  --config config/config.yaml --run protoclip_tiny_s0   # metrics files -> metrics.json
-    protoclip report   --config config/config.yaml
-    protoclip export   --config config/config.yaml --run clip_tiny_s0 [--out DIR]   # open_clip local-dir: folder
-    protoclip toy-nemd --config config/config.yaml  # PAUC's NEMD toy experiment (results/toy/)
-    protoclip runs     --config config/config.yaml      # list the configured runs
-    protoclip dvc-yaml --config config/config.yaml      # regenerate dvc.yaml from the same stage commands
-    protoclip launch   --config config/config.yaml --gpus 2 -- <command>   # a command on 2 free GPUs
-    protoclip birdsnap --src /data/birdsnap --out data/external/birdsnap   # Birdsnap's lists -> class folders
-    protoclip ucf101   --src /data/ucf101 --out data/external/ucf101       # UCF101 test videos -> middle frames
-    protoclip forkserver -- snakemake --cores all   # train / evaluate jobs as forks of one warm process
-    protoclip schema   [--check]   # the config's JSON Schema (workflow/schemas/) and config/README.md, generated
-
-This module parses the command line, loads the config, places GPU jobs (protoclip.jobs.launch) and turns a
-``protoclip.errors.UserError`` or a missing input into one line naming the key or path, exit code 2; every other
-exception is a bug and keeps its traceback.
+It parses the command line, loads the config and runs the command's module (:data:`COMMANDS`: ``protoclip --help``
+lists them, ``protoclip <command> --help`` gives each one's options). A user's error ends as one line, exit code 2;
+any other exception is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -108,6 +92,9 @@ def command_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``protoclip <argv>``; its exit code. A ``protoclip.errors.UserError``, a GPU placement that fails or a
+    missing input is printed as one line naming the key or path, exit code 2; every other exception is a bug and
+    keeps its traceback."""
     argv = sys.argv[1:] if argv is None else list(argv)
     stage = _parser().parse_args(argv[:1]).stage
     launch.follow_job()  # a workflow job's command ends with its job (PROTOCLIP_JOB_PID), not after it

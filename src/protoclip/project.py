@@ -1,15 +1,8 @@
 """The project config: the YAML file every stage reads, composed from the sections of the packages that use them.
 
-``load_config`` reads ``config/config.yaml`` and the experiment files it lists into a :class:`ProjectConfig`,
-strictly (:mod:`protoclip.config.strict`), and checks every run and target up front. Each section is owned by
-its package; this module only composes them, so only the CLI, ``protoclip.dag`` and the stage entry points
-import it. A run (``runs:`` in the experiment files) is overrides merged onto ``train:``; the nearer level wins
-(``train_force`` > the run's keys > ``train:`` > defaults), also for a quantity two keys can set
-(``train.config.SAME_QUANTITY``): a level that sets one clears the others below it, a level setting two stops.
-
-    from protoclip.project import load_config
-    cfg = load_config("config/config.yaml")
-    cfg.run("protoclip_tiny_s0")   # -> TrainConfig with the run's overrides applied
+Each section is owned by its package; this module only composes them into :class:`ProjectConfig`, which
+``load_config("config/config.yaml")`` reads strictly (:mod:`protoclip.config.strict`) with the experiment files it
+lists, checking every run and target up front. Only the CLI, ``protoclip.dag`` and the stage entry points import it.
 """
 from __future__ import annotations
 
@@ -97,7 +90,12 @@ class ProjectConfig:
         return out
 
     def run(self, name: str) -> TrainConfig:
-        """The complete training config of run ``name`` (train defaults + its overrides)."""
+        """The complete training config of run ``name`` (train defaults + its overrides): ``cfg.run("clip_tiny_s0")``.
+
+        A run (``runs:`` in the experiment files) is overrides merged onto ``train:``; the nearer level wins
+        (``train_force`` > the run's keys > ``train:`` > defaults), also for a quantity two keys can set
+        (``SAME_QUANTITY``): a level that sets one clears the others below it (:func:`layer`), a level setting two
+        stops (:func:`check_same_quantity`)."""
         if name not in self._runs:
             raise ConfigError(f"{self.source}: unknown run '{name}' (defined: {', '.join(self._runs) or 'none'})")
         overrides, where = self._runs[name]

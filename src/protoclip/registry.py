@@ -1,22 +1,9 @@
 """The training methods' registry: method name -> class, and the config sections the methods bring.
 
-A method is one module of :mod:`protoclip.train.methods` with a ``Method`` subclass decorated with
-:func:`register`; the package's modules are imported the first time the registry is asked, so adding a method
-edits no other file. A method's own config section registers with it and is built strictly like the rest
-(several methods may share one: nCLIP and xCLIP read ``nclip``)::
-
-    @dataclass
-    class MyConfig:
-        weight: float = 1.0  # comment each default
-
-        def validate(self) -> None:  # run when the config loads; the message is prefixed with `train.my.`
-            if self.weight < 0:
-                raise ValueError("weight must be >= 0")
-
-    @register("mymethod", sections={"my": MyConfig})
-    class MyMethod(Method): ...   # every run's config then has train.my (cfg.my.weight)
-
-It imports nothing of the project, so the config loader reads the sections without importing a method module.
+A method is a ``Method`` subclass in a module of :mod:`protoclip.train.methods`, decorated with :func:`register`;
+the package's modules are imported the first time the registry is asked, so adding a method edits no other file
+(docs/architecture.md, "Adding a method: one file"). It imports nothing of the project, so the config loader reads
+the sections without importing a method module.
 """
 from __future__ import annotations
 
@@ -31,7 +18,22 @@ _loaded = False
 
 
 def register(name: str, sections: dict[str, type] | None = None) -> Callable[[type], type]:
-    """Class decorator: ``METHODS[name] = cls`` (``cls.name = name``) and the method's config ``sections``."""
+    """Class decorator: ``METHODS[name] = cls`` (``cls.name = name``) and the method's config ``sections``.
+
+    A section is built strictly like the rest of the config; several methods may share one with the same class
+    (nCLIP and xCLIP read ``nclip``)::
+
+        @dataclass
+        class MyConfig:
+            weight: float = 1.0  # comment each default
+
+            def validate(self) -> None:  # run when the config loads; the message is prefixed with `train.my.`
+                if self.weight < 0:
+                    raise ValueError("weight must be >= 0")
+
+        @register("mymethod", sections={"my": MyConfig})
+        class MyMethod(Method): ...   # every run's config then has train.my (cfg.my.weight)
+    """
     sections = dict(sections or {})
     for key, section in sections.items():
         if SECTIONS.get(key, section) is not section:

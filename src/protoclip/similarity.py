@@ -1,15 +1,8 @@
 """How a trained model scores an image against a text at evaluation: the cosine of z, or a method's own.
 
 A training method names its similarity in the model file (``EvalSpec.similarity``) and owns its class: the base
-:class:`Similarity` (cosine) lives here, the others in their method's module (``train/methods/clip.py``:
-product sphere, ``train/methods/nclip.py``: nCLIP's -CE), returned by ``Method.similarity_class``. A similarity
-other than the cosine is written as a dot product of an image embedding and a text embedding (``*_s`` features;
-the metrics are called with ``normalize=False``), so the metrics stay the same functions for every method.
-
-    sim = similarity_of(spec.method, spec.similarity, spec.subspheres)
-    image_s = sim.image(z, h)                          # [n, D]
-    text_s = sim.text(sim.ensemble(sim.pre(z_t, h_t)))  # one class from its prompts
-    score = image_s @ text_s.T
+:class:`Similarity` (cosine) lives here, the others in their method's module, found through the method registry
+(:func:`similarity_of`).
 """
 from __future__ import annotations
 
@@ -23,7 +16,18 @@ if TYPE_CHECKING:
 
 
 class Similarity:
-    """The cosine of z (CLIP, ProtoCLIP, xCLIP's CLIP head): the metrics normalise z themselves."""
+    """The cosine of z (CLIP, ProtoCLIP, xCLIP's CLIP head): the metrics normalise z themselves.
+
+    A method's other similarities subclass it in the method's module (``train/methods/clip.py``: product sphere,
+    ``train/methods/nclip.py``: nCLIP's -CE), returned by ``Method.similarity_class``. Each is written as a dot
+    product of an image embedding and a text embedding (``*_s`` features; the metrics are called with
+    ``normalize=False``), so the metrics stay the same functions for every method::
+
+        sim = similarity_of(spec.method, spec.similarity, spec.subspheres)
+        image_s = sim.image(z, h)                          # [n, D]
+        text_s = sim.text(sim.ensemble(sim.pre(z_t, h_t)))  # one class from its prompts
+        score = image_s @ text_s.T
+    """
 
     name = "cosine"
     dot_product = False  # True: scored through the ``*_s`` dot-product embeddings below

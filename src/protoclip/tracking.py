@@ -1,27 +1,9 @@
 """MLflow logging, kept out of the core modules: stages receive a :class:`Tracker` and call plain methods.
 
-Which MLflow run a stage logs into (never found by name alone):
-
-* ``train`` from scratch opens a NEW MLflow run (named after the training run, tagged ``protoclip.run``);
-  its id is written to ``results/runs/<run>/checkpoints/mlflow.json`` beside the checkpoint. A resumed
-  training (same checkpoint, same config) continues the MLflow run whose id that file holds.
-* ``evaluate`` logs into the MLflow run tagged with the sha256 of the ``model.pt`` it evaluates (the train
-  stage sets ``protoclip.model_sha256`` when it writes the model); with no such run (e.g. a model restored by
-  ``dvc pull`` into a fresh tracking store) it opens a new run carrying that tag.
-* ``report`` opens a new run tagged ``protoclip.kind = report`` with the tables and figures as artifacts, and a
-  ``claims`` run (``protoclip.kind = claims``) with a tag ``protoclip.claim.<id>`` = its verdict per claim of the
-  ledger and our estimate, interval and the paper's number as metrics ``claim/<id>/{ours,ci_low,ci_high,paper}``.
-
-The experiment is tagged ``mlflow.experimentKind = custom_model_development`` so that MLflow 3's UI opens it on
-the training-runs table, not on the GenAI overview.
-
-Where the runs go (``paths.mlflow_uri``): a local SQLite file by default (``sqlite:///results/mlflow.db``; open
-the UI with ``mlflow ui --backend-store-uri sqlite:///results/mlflow.db``), which holds for the concurrent jobs
-of one machine: the first connection and the experiment are made under a file lock beside it, SQLite serialises
-the writes. On a cluster the jobs log to an MLflow tracking server (``http://host:port``) with a PostgreSQL
-database behind it (docs/mlflow.md, "MLflow on a cluster"); a server with MLflow's authentication gets the jobs'
-credentials from MLflow's own variables ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` in their
-environment, never from the config (a URI holding a password is refused when the config loads).
+Which MLflow run a stage logs into (never found by name alone): docs/mlflow.md, "Which MLflow run a stage logs
+into". Where the runs go (``paths.mlflow_uri``): a local SQLite file by default, which holds for the concurrent jobs
+of one machine; on a cluster an MLflow tracking server, the jobs' credentials from MLflow's own environment
+variables, never from the config (docs/mlflow.md, "MLflow on a cluster").
 """
 from __future__ import annotations
 
@@ -419,7 +401,8 @@ def project_path(path: Path) -> str:
 def evaluation_run(cfg: Project, run_name: str, model_sha256: str,
                    targets: list[str] | None = None) -> Iterator[Tracker]:
     """The MLflow run that produced the model with this sha256 (tag ``protoclip.model_sha256``), else a new
-    run carrying that tag. ``targets``: as for :func:`training_run`."""
+    run carrying that tag (e.g. a model restored by ``dvc pull`` into a fresh tracking store). ``targets``: as for
+    :func:`training_run`."""
     mlflow = _mlflow(cfg)
     if mlflow is None:
         yield Tracker()
