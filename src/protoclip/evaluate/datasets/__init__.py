@@ -1,27 +1,7 @@
 """Evaluation data sets behind one interface: every configured set (``evaluate.datasets``) opened by
 :func:`load_eval_set` into a :class:`LabelledSet`, a :class:`CaptionSet` or, when its data is not configured or
-not there, a :class:`Skipped` whose ``reason`` is the line tables show (never an exception, never a 0).
-
-    from protoclip.evaluate.datasets import load_eval_set
-    ds = load_eval_set("cifar10", cfg.evaluate.datasets["cifar10"], Layout.from_config(cfg), seed=cfg.evaluate.seed,
-                       tasks=["zeroshot"])   # the train split is built only for the probes (linear, knn)
-
-Kinds (``EvalDatasetConfig.kind``), one module each:
-
-* ``offline`` (:mod:`.offline`): ``data/prepared/eval/<name>.npz`` from ``protoclip prepare``; the name
-  ``heldout_pairs`` reads the manifest's held-out caption pairs;
-* ``torchvision`` (:mod:`.torchvision_sets`, ImageNet :mod:`.imagenet`): torchvision's on-disk layouts and
-  ImageNet's official files;
-* ``folder`` (:mod:`.folder`): class-per-folder trees (CLOOB's processed sets, ``protoclip birdsnap`` /
-  ``protoclip ucf101`` output);
-* ``wds`` (:mod:`.wds`): CLIP_benchmark's webdataset shards, classification or retrieval;
-* ``coco`` / ``flickr30k`` (:mod:`.captions`): retrieval sets with an explicit ``split``.
-
-The prompt class names follow the data's label order and are checked against the data's own class names
-(:mod:`.classes`). Broken data stops evaluation with one line naming the file (a
-:class:`~protoclip.errors.UserError`: :class:`EvalDataError`, ``ImageReadError``; the CLI exits 2): skipping a bad
-image, a missing shard or a mismatched class list would silently score the model on something else.
-``max_train`` / ``max_test`` cut a labelled set's splits to a fixed seeded subsample (:mod:`.subsample`).
+not there, a :class:`Skipped` whose ``reason`` is the line tables show (never an exception, never a 0). One module
+per ``kind``; broken data stops with one line naming the file: docs/evaluation-sets.md#protoclipevaluatedatasets.
 """
 from __future__ import annotations
 
@@ -62,6 +42,9 @@ def load_eval_set(name: str, cfg: EvalDatasetConfig, layout: Layout, seed: int =
     found; data that is there but wrong (a class list that does not match the prompts, a missing shard or image,
     unreadable labels) raises :class:`EvalDataError`. A labelled set's splits are cut to ``cfg.max_train`` /
     ``cfg.max_test`` (:func:`subsample_set`, seeded by ``seed`` = ``evaluate.seed`` and the set's name).
+
+        ds = load_eval_set("cifar10", cfg.evaluate.datasets["cifar10"], Layout.from_config(cfg),
+                           seed=cfg.evaluate.seed, tasks=["zeroshot"])   # no train split: no probe asked for
     """
     need_train = any(t in TASKS and TASKS[t].probe for t in (cfg.tasks if tasks is None else tasks))
     ds = _open_eval_set(name, cfg, layout, need_train)

@@ -1,23 +1,6 @@
-"""Image-text retrieval sets (Table VIII): MS-COCO and Flickr30k, with the split named in the config.
-
-``split`` (``EvalDatasetConfig.split``) is required for these kinds, because the two common COCO protocols score
-different images:
-
-* ``karpathy_test``: the 5,000 test images of Karpathy's split (the retrieval literature's, CLIP_benchmark's);
-  COCO's images from ``val2014/``. Every common file of the split is read, the first found under ``path`` (or
-  ``path/annotations``): Karpathy's ``dataset_coco.json`` (images with ``split == "test"``), CLIP_benchmark's
-  ``coco_test_karpathy.json`` (COCO captions format, file names under ``val2014/``) or BLIP's
-  ``coco_karpathy_test.json`` (a list of ``{"image": "val2014/...", "caption": [...]}``). Flickr30k the same
-  way: ``dataset_flickr30k.json``, CLIP_benchmark's ``flickr30k_test_karpathy.txt`` (``image.jpg,caption``
-  lines) or BLIP's ``flickr30k_test.json``; images under ``flickr30k-images/``, ``flickr30k_images/``,
-  ``Images/`` or ``path`` itself.
-* ``val2017`` (COCO only): every image of ``annotations/captions_val2017.json`` with all its captions, images in
-  ``val2017/``, in image-id order: what the official ProtoCLIP code evaluates (megvii-research/protoclip,
-  ``src/training/evaluations/coco_retrieval.py``: ``CocoCaptions`` on ``coco2017/val2017`` with
-  ``coco2017/annotations/captions_val2017.json``), also 5,000 images.
-
-Every image the split names must be on disk (checked at load, one line naming the first missing file), so a
-partial copy is never scored as the whole split.
+"""Image-text retrieval sets (Table VIII): MS-COCO and Flickr30k, with the split named in the config
+(``EvalDatasetConfig.split``), required for these kinds because the two common COCO protocols score different
+images (:func:`load_captions`).
 """
 from __future__ import annotations
 
@@ -57,7 +40,15 @@ def _image(root: Path, kind: str, rel: str) -> Path:
 
 
 def karpathy_test(kind: str, root: Path) -> tuple[list[tuple[str, list[str]]], Path]:
-    """``[(image path relative to root or a file name, captions)]`` of the Karpathy test split, and its file."""
+    """``[(image path relative to root or a file name, captions)]`` of the Karpathy test split, and its file.
+
+    The first file found under ``root`` (or ``root/annotations``) of :data:`KARPATHY_FILES`. COCO (images in
+    ``val2014/``): Karpathy's ``dataset_coco.json`` (images with ``split == "test"``), CLIP_benchmark's
+    ``coco_test_karpathy.json`` (COCO captions format, file names under ``val2014/``) or BLIP's
+    ``coco_karpathy_test.json`` (a list of ``{"image": "val2014/...", "caption": [...]}``). Flickr30k the same way: ``dataset_flickr30k.json``,
+    CLIP_benchmark's ``flickr30k_test_karpathy.txt`` (``image.jpg,caption`` lines) or BLIP's
+    ``flickr30k_test.json``; images under ``flickr30k-images/``, ``flickr30k_images/``, ``Images/`` or ``root``
+    itself (:data:`IMAGE_DIRS`)."""
     path = _find(root, KARPATHY_FILES[kind])
     if path is None:
         raise FileNotFoundError(f"no Karpathy test split file ({', '.join(KARPATHY_FILES[kind])}) under {root} or "
@@ -96,6 +87,10 @@ def _coco_format(data: dict) -> list[tuple[str, list[str]]]:
 
 
 def coco_val2017(root: Path) -> tuple[list[tuple[str, list[str]]], Path]:
+    """Every image of ``annotations/captions_val2017.json`` with all its captions, images in ``val2017/``, in
+    image-id order: what the official ProtoCLIP code evaluates (megvii-research/protoclip,
+    ``src/training/evaluations/coco_retrieval.py``: ``CocoCaptions`` on ``coco2017/val2017`` with
+    ``coco2017/annotations/captions_val2017.json``), also 5,000 images."""
     ann = root / "annotations" / "captions_val2017.json"
     if not ann.is_file():
         raise FileNotFoundError(f"no {ann} (split val2017: COCO 2017's caption annotations, images in val2017/)")
@@ -107,7 +102,10 @@ def coco_val2017(root: Path) -> tuple[list[tuple[str, list[str]]], Path]:
 
 
 def load_captions(kind: str, name: str, root: Path, split: str | None) -> CaptionSet:
-    """Retrieval set ``name`` of ``kind`` (coco / flickr30k), split ``split`` (see the module docstring)."""
+    """Retrieval set ``name`` of ``kind`` (coco / flickr30k), split ``split``: ``karpathy_test``, the 5,000 test
+    images of Karpathy's split (the retrieval literature's, CLIP_benchmark's; :func:`karpathy_test`), or, COCO only,
+    ``val2017`` (the official ProtoCLIP code's, :func:`coco_val2017`). Every image the split names must be on disk
+    (checked here, one line naming the first missing file), so a partial copy is never scored as the whole split."""
     if split not in SPLITS[kind]:
         raise EvalDataError(f"{root}: split {split!r} of a {kind} set is not one of {', '.join(SPLITS[kind])}")
     items, source = coco_val2017(root) if split == "val2017" else karpathy_test(kind, root)

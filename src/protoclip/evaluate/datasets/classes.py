@@ -1,19 +1,7 @@
 """The prompt class names of a set, in the label order of its data, checked against the data's own names.
 
-Zero-shot scores image ``i`` against ``classnames[label]``, so the prompt names must follow the data's label
-order. The prompts JSON (``protoclip.evaluate.prompts``) holds CLIP's lists in label order (Oxford-IIIT Pets'
-reordered: CLIP sorted the breeds case-sensitively, cats first, while the data's ids follow the official,
-case-insensitive order). Since a list in another order scores images against other classes' names without a
-word, :func:`prompt_classes` compares it with the class names the data itself carries (torchvision's ``classes``, the folder names, ``classnames.txt``, ImageNet's wnids):
-
-* the same names (up to case and punctuation, :func:`~.sets.norm`) in the same order: the JSON's spellings;
-* the same names in another order (a copy relabelled by its own class list, e.g. CLIP_benchmark shards with a
-  ``classnames.txt``): the JSON's names put in the data's order;
-* anything else: :class:`ClassNamesError`, one line naming the file the data's names came from. Scoring images
-  against another class's name gives a number that looks plausible and is wrong.
-
-Sets whose data carries no names (Flowers102's and GTSRB's labels are bare ids, Country211's folders ISO codes
-whose order CLIP's list follows) are checked by their class count (``by_count``).
+Zero-shot scores image ``i`` against ``classnames[label]``: a list in another order would score images against other
+classes' names without a word, a number that looks plausible and is wrong (:func:`prompt_classes` says how).
 """
 from __future__ import annotations
 
@@ -63,9 +51,20 @@ def prompt_classes(name: str, data_names: list[str] | None, source: str, *, by_c
                    pretty: bool = True) -> tuple[list[str], list[str]]:
     """(class names in the data's label order, templates) of set ``name``.
 
-    ``data_names``: the data's own class names in label order (None: the data has none, give ``by_count``, its
-    number of classes). A set without prompts keeps the data's names (``_`` as spaces when ``pretty``) and has no
-    templates (no zero-shot)."""
+    The prompts JSON (``protoclip.evaluate.prompts``) holds CLIP's lists in label order (Oxford-IIIT Pets'
+    reordered: CLIP sorted the breeds case-sensitively, cats first, while the data's ids follow the official,
+    case-insensitive order). It is compared with ``data_names``, the class names the data itself carries, in label
+    order (torchvision's ``classes``, the folder names, ``classnames.txt``, ImageNet's wnids):
+
+    * the same names (up to case and punctuation, :func:`~.sets.norm`) in the same order: the JSON's spellings;
+    * the same names in another order (a copy relabelled by its own class list, e.g. CLIP_benchmark shards with a
+      ``classnames.txt``): the JSON's names put in the data's order (:func:`reorder`);
+    * anything else: :class:`ClassNamesError`, one line naming ``source``, the file the data's names came from.
+
+    ``data_names`` is None for sets whose data carries no names (Flowers102's and GTSRB's labels are bare ids,
+    Country211's folders ISO codes whose order CLIP's list follows): give ``by_count``, their number of classes,
+    checked against the prompts'. A set without prompts keeps the data's names (``_`` as spaces when ``pretty``)
+    and has no templates (no zero-shot)."""
     if not has_prompts(name):
         if data_names is None:
             raise ClassNamesError(f"{source}: {name} has no class names in the data and no prompts; add a "

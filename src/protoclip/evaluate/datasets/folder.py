@@ -1,18 +1,7 @@
-"""Class-per-folder image trees: ``root/<split>/<class>/<image>`` (torchvision's ImageFolder layout).
-
-The layout of CLOOB's processed test sets, which the official ProtoCLIP code reads (``ImageFolder`` on
-``<set>/test``, UCF101 ``<set>/testlist01``: megvii-research/protoclip ``src/training/evaluations/zero_shot.py``),
-and of what ``protoclip birdsnap`` / ``protoclip ucf101`` write. Split folders: train (``train``,
-``trainlist01``, ``training``), test (``test``, ``testlist01``, ``val``, ``validation``); the train split is read
-only when a task needs it.
-
-Class names: ``classnames.txt`` (one per line, in sorted folder order), else the folder names. Folders named by
-class id (numbers, or Country211's ISO codes) take the prompts' list, which is in id order, when they are all of
-its classes (checked by count; numbers compared as numbers, not as strings). For a set with
-prompts every other name must be one of its prompt class names (matched up to case and punctuation: ``ApplyEyeMakeup``
-== ``Apply Eye Makeup``), else the set is refused (:class:`~.classes.ClassNamesError`); prompt classes without a
-folder are left out with a warning (Birdsnap: images that are no longer online leave classes empty, and the
-ProtoCLIP code drops those classes too) and the labels follow the prompts' order of the classes present.
+"""Class-per-folder image trees, ``root/<split>/<class>/<image>`` (torchvision's ImageFolder layout): CLOOB's processed
+test sets, which the official ProtoCLIP code reads (``ImageFolder`` on ``<set>/test``, UCF101 ``<set>/testlist01``:
+megvii-research/protoclip ``src/training/evaluations/zero_shot.py``), and what ``protoclip birdsnap`` /
+``protoclip ucf101`` write.
 """
 from __future__ import annotations
 
@@ -40,7 +29,15 @@ def split_dir(root: Path, split: str) -> Path | None:
 
 
 def folder_classes(name: str, root: Path, folders: list[str]) -> tuple[list[str], dict[str, int]]:
-    """Class names (label order) and folder -> label."""
+    """Class names (label order) and folder -> label.
+
+    Names: ``classnames.txt`` (one per line, in sorted folder order), else the folder names. Folders named by class
+    id (numbers, or Country211's ISO codes) take the prompts' list, which is in id order, when they are all of its
+    classes (:func:`_classes_by_id`). For a set with prompts every other name must be one of its prompt class names
+    (matched up to case and punctuation: ``ApplyEyeMakeup`` == ``Apply Eye Makeup``), else the set is refused
+    (:class:`~.classes.ClassNamesError`); prompt classes without a folder are left out with a warning (Birdsnap:
+    images that are no longer online leave classes empty, and the ProtoCLIP code drops those classes too) and the
+    labels follow the prompts' order of the classes present."""
     names_file = root / "classnames.txt"
     names = read_lines(names_file) if names_file.exists() else list(folders)
     source = str(names_file if names_file.exists() else root)
@@ -97,7 +94,8 @@ def _classes_by_id(name: str, root: Path, folders: list[str]) -> tuple[list[str]
 
 
 def load_folder(name: str, root: Path, need_train: bool = True) -> LabelledSet:
-    """``root/<split>/<class>/<image>`` with splits train (optional) and test (ImageNet: by wnid, :mod:`.imagenet`)."""
+    """``root/<split>/<class>/<image>`` with splits train (optional) and test (ImageNet: by wnid, :mod:`.imagenet`);
+    the split folders are :data:`SPLIT_DIRS`, and the train split is read only when a task needs it."""
     if canonical(name) == "imagenet":
         return load_imagenet(name, root, need_train)
     dirs = {s: split_dir(root, s) for s in SPLIT_DIRS}

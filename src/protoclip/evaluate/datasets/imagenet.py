@@ -1,20 +1,7 @@
-"""ImageNet-1k (ILSVRC2012) from the layouts it is kept in; labels are the classes' sorted WordNet ids.
-
-The validation split (the paper's test set) is read from the first of, under ``path``:
-
-* ``val/<wnid>/*.JPEG``: class folders (the usual ``valprep.sh`` result, torchvision's prepared ``val/``);
-* flat validation images (``val/``, ``ILSVRC2012_img_val/`` or Kaggle's ``ILSVRC/Data/CLS-LOC/val/``) with their
-  ground truth from the devkit (``ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt`` and
-  ``meta.mat``, extracted or inside ``ILSVRC2012_devkit_t12.tar.gz``: the i-th line is the ILSVRC2012_ID of the
-  i-th image in file-name order, mapped to its wnid by ``meta.mat``), from Kaggle's ``LOC_val_solution.csv``
-  (``ImageId,PredictionString``: the wnid is the first word), or from torchvision's ``meta.bin``
-  (``(wnid_to_classes, val_wnids)``, val_wnids in file-name order).
-
-The train split (``train/<wnid>/`` or ``ILSVRC/Data/CLS-LOC/train/<wnid>/``) is read only when a task needs it.
-A ``test/`` folder (the unlabelled ILSVRC test images) is never read. Every wnid on disk must be one of the 1000
-of the prompts file (``wnids``, CLIP_benchmark's list in label order): the label of an image is its wnid's index
-there, so class folders, the devkit, LOC_val_solution.csv and CLIP_benchmark's shards (labels = torchvision's
-ImageNet targets, the sorted wnids) give the same label to the same image.
+"""ImageNet-1k (ILSVRC2012) from the layouts it is kept in (:func:`_val_split`). An image's label is its wnid's index
+in the prompts file's ``wnids`` (CLIP_benchmark's list in label order: the sorted WordNet ids), so class folders,
+the devkit, LOC_val_solution.csv and CLIP_benchmark's shards (labels = torchvision's ImageNet targets) give the same
+label to the same image.
 """
 from __future__ import annotations
 
@@ -108,6 +95,7 @@ def _meta_bin_wnids(meta_bin: Path, n_images: int) -> list[str]:
 
 
 def _labels(wnids: list[str], known: dict[str, int], source: str) -> list[int]:
+    """Each wnid's label: its index in the prompts file's 1000 ``wnids`` (``known``); a wnid not among them stops."""
     unknown = sorted({w for w in wnids if w not in known})
     if unknown:
         raise ClassNamesError(f"{source}: wnid {unknown[0]} is not one of ImageNet-1k's 1000 classes "
@@ -125,6 +113,17 @@ def _folder_split(folder: Path, known: dict[str, int]) -> FileSplit | None:
 
 
 def _val_split(root: Path, known: dict[str, int]) -> FileSplit:
+    """The validation split (the paper's test set), from the first of, under ``root``:
+
+    * ``val/<wnid>/*.JPEG``: class folders (the usual ``valprep.sh`` result, torchvision's prepared ``val/``);
+    * flat validation images (``val/``, ``ILSVRC2012_img_val/`` or Kaggle's ``ILSVRC/Data/CLS-LOC/val/``) with their
+      ground truth from the devkit (``ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt`` and
+      ``meta.mat``, extracted or inside ``ILSVRC2012_devkit_t12.tar.gz``: the i-th line is the ILSVRC2012_ID of the
+      i-th image in file-name order, mapped to its wnid by ``meta.mat``), from Kaggle's ``LOC_val_solution.csv``
+      (``ImageId,PredictionString``: the wnid is the first word), or from torchvision's ``meta.bin``
+      (``(wnid_to_classes, val_wnids)``, val_wnids in file-name order).
+
+    A ``test/`` folder (the unlabelled ILSVRC test images) is never read."""
     for rel in VAL_DIRS:
         folder = root / rel
         if not folder.is_dir():
@@ -154,6 +153,8 @@ def _val_split(root: Path, known: dict[str, int]) -> FileSplit:
 
 
 def load_imagenet(name: str, root: Path, need_train: bool = True) -> LabelledSet:
+    """ImageNet's validation split (:func:`_val_split`) and, only when a task needs it, its train split
+    (``train/<wnid>/`` or ``ILSVRC/Data/CLS-LOC/train/<wnid>/``)."""
     prompts = load_prompts("imagenet")
     known = {w: i for i, w in enumerate(prompts.wnids)}
     test = _val_split(root, known)

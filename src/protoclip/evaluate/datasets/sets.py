@@ -1,14 +1,7 @@
-"""The set and split types every loader returns, and the split readers they share.
-
-* :class:`LabelledSet`: ``classnames`` (label order), ``templates`` (empty = no zero-shot), a ``test`` split and,
-  when a task needs it and the data has it, a ``train`` split (``train_missing`` says why there is none);
-  optionally ``captions``;
-* :class:`CaptionSet`: images (yielding ``(PIL image, image index)``) and the captions of each, for retrieval;
-* :class:`Skipped`: the set's data is not configured or not there; ``reason`` is the line tables show.
-
-A split yields ``(PIL RGB image, int label)`` and has a length. Map-style splits (:class:`ArraySplit`,
-:class:`FileSplit`, :class:`TorchvisionSplit`, :class:`SubsetSplit`) also index, so feature extraction can
-spread decoding over DataLoader workers; :class:`WdsSplit` streams webdataset shards in order.
+"""The set types every loader returns (:class:`LabelledSet`, :class:`CaptionSet`, :class:`Skipped`) and the split
+readers they share. A split yields ``(PIL RGB image, int label)`` and has a length; map-style splits
+(:class:`Indexed`) also index, so feature extraction can spread decoding over DataLoader workers, while
+:class:`WdsSplit` streams webdataset shards in order.
 """
 from __future__ import annotations
 
@@ -91,6 +84,8 @@ class LabelledSet:
 
 @dataclass(frozen=True)
 class Skipped:
+    """A set whose data is not configured or not there; ``reason`` is the line tables show (never an exception,
+    never a 0)."""
     name: str
     reason: str  # "skipped: <name> not found at <path>" / "skipped: <name> path not configured"
 

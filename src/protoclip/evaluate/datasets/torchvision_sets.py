@@ -1,28 +1,6 @@
-"""The paper's sets in the layouts torchvision 0.29 reads (``download=False``: the data is the user's).
-
-``path`` is the folder that holds torchvision's folder of the set (the one its archive extracts to, e.g.
-``food-101/``), or that folder itself:
-
-================ ===================== =========================================================== ==============
-set              torchvision's folder  files read (train / test)                                    class names
-================ ===================== =========================================================== ==============
-cifar10          cifar-10-batches-py/  data_batch_1..5 / test_batch (pickles), batches.meta         batches.meta
-cifar100         cifar-100-python/     train / test (pickles), meta                                 meta
-stl10            stl10_binary/         train_X.bin, train_y.bin / test_X.bin, test_y.bin            class_names.txt
-dtd              dtd/dtd/              labels/train1.txt / labels/test1.txt, images/<class>/         the folders
-food101          food-101/             meta/train.json / meta/test.json, images/<class>/            meta's keys
-oxford_pets      oxford-iiit-pet/      annotations/trainval.txt / annotations/test.txt, images/     the image ids
-rendered_sst2    rendered-sst2/        train/ / test/ (negative/, positive/)                        the folders
-country211       country211/           train/ / test/ (ISO-code folders; CLIP's list is their order) count
-flowers102       flowers-102/          jpg/, imagelabels.mat, setid.mat (trnid / tstid)             count
-gtsrb            gtsrb/                GTSRB/Training/<id>/ / GTSRB/Final_Test/Images + GT-final_test.csv  count
-stanford_cars    stanford_cars/        devkit/cars_train_annos.mat, cars_train/ / cars_test_annos_withlabels.mat, cars_test/  devkit/cars_meta.mat
-================ ===================== =========================================================== ==============
-
-Each split is built only when a task needs it; a set whose test split is absent is not found (skipped), one
-whose train split is absent keeps its test tasks (``LabelledSet.train_missing``). The prompt class names are put
-in the data's label order and checked against the data's own names (:mod:`.classes`). Checksums are not verified
-(they guard downloads; STL-10's would also require the 2.6 GB unlabeled file, which no task reads).
+"""The paper's sets in the layouts torchvision 0.29 reads (``download=False``: the data is the user's). ``path`` is the
+folder that holds torchvision's folder of the set (the one its archive extracts to, e.g. ``food-101/``), or that
+folder itself; the files read per set: docs/evaluation-sets.md#protoclipevaluatedatasetstorchvision_sets.
 """
 from __future__ import annotations
 
@@ -52,7 +30,8 @@ class TvSet:
 
 def _split_files_only(cls, train_files: list[str], test_files: list[str]):
     """A CIFAR / STL-10 class that checks the presence of the requested split's files only (no md5: checksums
-    guard downloads; a test-only copy is a valid test set)."""
+    guard downloads, and STL-10's would also require the 2.6 GB unlabeled file, which no task reads; a test-only
+    copy is a valid test set)."""
     def _check_integrity(self) -> bool:
         train = getattr(self, "train", getattr(self, "split", "") == "train")
         files = train_files if train is True else test_files
@@ -138,7 +117,9 @@ def build_split(spec: TvSet, root: Path, split: str) -> Any:
 def load_torchvision(name: str, path: Path, need_train: bool = True) -> LabelledSet:
     """Set ``name`` in torchvision's layout under ``path``; the train split only when ``need_train``.
 
-    A test split that torchvision cannot find raises FileNotFoundError (the set is skipped as not found)."""
+    A test split that torchvision cannot find raises FileNotFoundError (the set is skipped as not found); a set
+    whose train split is absent keeps its test tasks (``LabelledSet.train_missing``). The prompt class names are
+    put in the data's label order and checked against the data's own names (:mod:`.classes`)."""
     key = canonical(name)
     if key == "imagenet":
         return load_imagenet(name, path, need_train)

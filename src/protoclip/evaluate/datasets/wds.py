@@ -4,14 +4,6 @@
     root/classnames.txt                                  label order (classification)
     root/zeroshot_classification_templates.txt           templates with {c} (read for sets without prompts)
     root/dataset_type.txt                                "retrieval" for caption sets (wds_mscoco_captions, ...)
-
-``nshards.txt`` says how many shards a split has (shards ``0.tar`` .. ``N-1.tar``): a missing one is an error
-naming it, so a partial download is never scored as the whole set; without it every ``*.tar`` is read, in
-numeric order. A set that has prompts takes CLIP's templates from the prompts file (the paper's protocol). A
-classification set becomes a :class:`~.sets.LabelledSet` (its ``classnames.txt`` checked
-against the prompts file when the set has prompts, :mod:`.classes`), a retrieval set a
-:class:`~.sets.CaptionSet` whose captions are each sample's ``.txt`` lines. The train split is read only when a
-task needs it.
 """
 from __future__ import annotations
 
@@ -24,7 +16,9 @@ from protoclip.evaluate.prompts import has_prompts, load_prompts
 
 
 def shards(split_dir: Path) -> list[str]:
-    """The shards of one split folder, in order; [] when the folder has none."""
+    """The shards of one split folder, in order; [] when the folder has none. ``nshards.txt`` says how many shards
+    the split has (``0.tar`` .. ``N-1.tar``): a missing one is an error naming it, so a partial download is never
+    scored as the whole set; without it every ``*.tar`` is read, in numeric order."""
     if not split_dir.is_dir():
         return []
     count = split_dir / "nshards.txt"
@@ -49,6 +43,10 @@ def dataset_type(root: Path) -> str:
 
 
 def load_wds(name: str, root: Path, need_train: bool = True) -> LabelledSet | CaptionSet:
+    """A classification export as a :class:`~.sets.LabelledSet` (its ``classnames.txt`` checked against the prompts
+    file when the set has prompts, :mod:`.classes`), a retrieval export as a :class:`~.sets.CaptionSet`
+    (:func:`load_wds_captions`). A set that has prompts takes CLIP's templates from the prompts file (the paper's
+    protocol), not the export's. The train split is read only when a task needs it (``need_train``)."""
     test = shards(root / "test")
     if not test:
         raise FileNotFoundError(f"no test shards at {root / 'test'} (nshards.txt / *.tar)")
