@@ -45,10 +45,10 @@ def karpathy_test(kind: str, root: Path) -> tuple[list[tuple[str, list[str]]], P
     The first file found under ``root`` (or ``root/annotations``) of :data:`KARPATHY_FILES`. COCO (images in
     ``val2014/``): Karpathy's ``dataset_coco.json`` (images with ``split == "test"``), CLIP_benchmark's
     ``coco_test_karpathy.json`` (COCO captions format, file names under ``val2014/``) or BLIP's
-    ``coco_karpathy_test.json`` (a list of ``{"image": "val2014/...", "caption": [...]}``). Flickr30k the same way: ``dataset_flickr30k.json``,
-    CLIP_benchmark's ``flickr30k_test_karpathy.txt`` (``image.jpg,caption`` lines) or BLIP's
-    ``flickr30k_test.json``; images under ``flickr30k-images/``, ``flickr30k_images/``, ``Images/`` or ``root``
-    itself (:data:`IMAGE_DIRS`)."""
+    ``coco_karpathy_test.json`` (a list of ``{"image": "val2014/...", "caption": [...]}``). Flickr30k the same way:
+    ``dataset_flickr30k.json``, CLIP_benchmark's ``flickr30k_test_karpathy.txt`` (``image.jpg,caption`` lines) or
+    BLIP's ``flickr30k_test.json``; images under ``flickr30k-images/``, ``flickr30k_images/``, ``Images/`` or
+    ``root`` itself (:data:`IMAGE_DIRS`)."""
     path = _find(root, KARPATHY_FILES[kind])
     if path is None:
         raise FileNotFoundError(f"no Karpathy test split file ({', '.join(KARPATHY_FILES[kind])}) under {root} or "
