@@ -1,11 +1,7 @@
 """The training batch: what the run's loader (:mod:`protoclip.train.loader`) yields and the training step reads.
 
-A training item is ``(image, tokens, position)``. What its image is follows from the training transform and is
-fixed for a run (:class:`~protoclip.data.loading.transforms.ImageForm`): one tensor (``train_transform``'s uint8
-CHW, or a float one), a tuple of ``views`` tensors (:class:`~protoclip.data.loading.transforms.MultiView`, e.g.
-PCL's query, key and centre crop) or the stored file's bytes
-(:class:`~protoclip.data.loading.transforms.EncodedImage`, ``train.decode_on: device``). :func:`collate` stacks
-items of that form into a :class:`Batch` with named fields, so that no reader of a batch guesses what it holds.
+:func:`collate` stacks ``(image, tokens, position)`` items into a :class:`Batch` with named fields, so that no reader
+of a batch guesses what it holds.
 """
 from __future__ import annotations
 
@@ -55,7 +51,14 @@ class Batch:
 
 def collate(items: list[tuple[Any, torch.Tensor, int]], form: ImageForm) -> Batch:
     """Items ``(image, tokens, position)`` whose images have ``form`` -> one :class:`Batch` (each field stacked
-    as torch's default collate stacks it, in shared memory inside a worker)."""
+    as torch's default collate stacks it, in shared memory inside a worker).
+
+    What an item's image is follows from the training transform and is fixed for a run
+    (:class:`~protoclip.data.loading.transforms.ImageForm`): one tensor (``train_transform``'s uint8 CHW, or a float
+    one), a tuple of ``views`` tensors (:class:`~protoclip.data.loading.transforms.MultiView`, e.g. PCL's query, key
+    and centre crop) or the stored file's bytes (:class:`~protoclip.data.loading.transforms.EncodedImage`,
+    ``train.decode_on: device``).
+    """
     images = [item[0] for item in items]
     tokens, positions = default_collate([item[1] for item in items]), default_collate([item[2] for item in items])
     if form.stored:

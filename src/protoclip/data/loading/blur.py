@@ -1,14 +1,7 @@
-"""torchvision's GaussianBlur on PIL images, computed as two 1-D passes.
+"""torchvision's GaussianBlur on PIL images, computed as two 1-D passes for large kernels.
 
-torchvision blurs with the full k x k kernel (``conv2d``: k^2 multiply-adds per pixel and channel; 441 for the
-authors' 21 px kernel at 224 px). A Gaussian kernel is the outer product of two 1-D kernels, so the same blur is
-two 1-D correlations (2k multiply-adds, numpy float32) with the same sigma draw, the same normalised 1-D kernel,
-the same reflect border (torch's and numpy's ``reflect``: the edge pixel is not repeated) and the same
-round-half-to-even back to uint8. Only the float summation order differs, so an output pixel can differ by one
-level where the exact value lies within float rounding of .5 (a few pixels in 10^5 at 224 px; nothing else).
-
-The 1-D path is used from ``SEPARABLE_MIN_KERNEL`` up: smaller kernels (the 32 and 64 px runs' 3 and 7 px) keep
-torchvision's own computation, so their images stay bit-identical to torchvision's, and gain little anyway.
+torchvision blurs with the full k x k kernel (k^2 multiply-adds per pixel and channel; 441 for the authors' 21 px
+kernel at 224 px); a Gaussian kernel is separable, so :func:`separable_blur` gives the same blur with 2k.
 """
 from __future__ import annotations
 
@@ -17,7 +10,9 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-SEPARABLE_MIN_KERNEL = 9  # kernels from this size up are blurred in two 1-D passes
+# kernels from this size up are blurred in two 1-D passes; smaller kernels (the 32 and 64 px runs' 3 and 7 px) keep
+# torchvision's own computation, so their images stay bit-identical to torchvision's, and gain little anyway
+SEPARABLE_MIN_KERNEL = 9
 
 
 def gaussian_kernel1d(size: int, sigma: float) -> np.ndarray:
@@ -44,7 +39,14 @@ def correlate1d(a: np.ndarray, weights: np.ndarray, axis: int) -> np.ndarray:
 
 
 def separable_blur(img: Image.Image, kernel_size: tuple[int, int], sigma: float) -> Image.Image:
-    """Blur an RGB or L image with a (width, height) kernel and ``sigma`` on both axes (see module docstring)."""
+    """Blur an RGB or L image with a (width, height) kernel and ``sigma`` on both axes.
+
+    A Gaussian kernel is the outer product of two 1-D kernels, so torchvision's blur (``conv2d`` with the k x k
+    kernel) is two 1-D correlations (2k multiply-adds, numpy float32) with the same sigma draw, the same normalised
+    1-D kernel, the same reflect border (torch's and numpy's ``reflect``: the edge pixel is not repeated) and the
+    same round-half-to-even back to uint8. Only the float summation order differs, so an output pixel can differ by
+    one level where the exact value lies within float rounding of .5 (a few pixels in 10^5 at 224 px; nothing else).
+    """
     a = np.asarray(img, dtype=np.float32)
     a = correlate1d(a, gaussian_kernel1d(kernel_size[1], sigma), axis=0)
     a = correlate1d(a, gaussian_kernel1d(kernel_size[0], sigma), axis=1)

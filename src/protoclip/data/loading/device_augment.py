@@ -1,26 +1,8 @@
 """A training augmentation on the training device, batched (``train.augment_on`` / ``train.decode_on: device``).
 
-With ``augment_on: device`` the DataLoader workers decode, crop and flip only
-(:func:`protoclip.data.loading.transforms.train_transform` with ``photometric="device"``) and hand over uint8 images;
-:class:`DeviceAugment` applies the kind's colour jitter, greyscale and Gaussian blur on the device, with a draw per
-image, and normalises the batch. With ``decode_on: device`` as well the workers hand over the stored files and
-:meth:`DeviceAugment.decode_crop` decodes (JPEGs in one batched ``torchvision.io.decode_jpeg``: nvJPEG on CUDA;
-torchvision 0.29 deprecates its decoders for TorchCodec's, and the pinned 0.29.1 still has them), crops and flips
-first. It is the same augmentation as the workers' (:mod:`protoclip.data.loading.transforms`: the same probabilities,
-ranges, kernel sizes and order), computed as torchvision computes it on tensors, with these differences from the
-PIL path (the crop's resize too: antialiased bicubic on tensors, within a level or two of Pillow's):
-
-* the values stay float between the steps (PIL rounds to uint8 after each), and greyscale and the jitter's grey
-  reference use torchvision's tensor weights (0.2989, 0.587, 0.114; PIL: 299/587/114 per mille);
-* the draws come from a host generator seeded by the batch's key (:func:`key_seed` of (seed, episode, pass, first
-  position, view)), so a batch's augmentation is a pure function of its key, the same on any device: resume-exact
-  and independent of the worker count, as the workers' per-item seeds are (:mod:`protoclip.train.loader`).
-
-The horizontal flip is drawn with the crop for every kind (in the workers, or in ``decode_crop``): it commutes with
-the pointwise colour steps and with a symmetric Gaussian kernel under reflect padding, so MoCo v2's flip-last order
-is unchanged. Nothing is read back from the device: drawn on the host, the images a step touches are known there,
-and each step runs on those images only (``index_select`` / ``index_copy`` with indices sent from pinned memory),
-about a fifth of the batch per step for the paper's augmentation.
+The workers' augmentation (:mod:`protoclip.data.loading.transforms`) split so that the workers decode, crop and flip
+(or only read the files) and :class:`DeviceAugment` does the rest on the device, a draw per image, as torchvision
+computes it on tensors; its docstring lists how that differs from the PIL path.
 """
 from __future__ import annotations
 
@@ -129,7 +111,8 @@ def crop_params(height: int, width: int, scale: tuple[float, float], gen: torch.
 def decode_images(blobs: list[bytes], device: torch.device) -> list[torch.Tensor]:
     """Image files -> RGB uint8 [3, H, W] tensors on ``device``: the JPEGs in one batched
     ``torchvision.io.decode_jpeg`` there (nvJPEG on CUDA, libjpeg-turbo on the CPU: Pillow's pixels), any other
-    format (PNG, ...) decoded on the host and copied (a warning says how many)."""
+    format (PNG, ...) decoded on the host and copied (a warning says how many). torchvision 0.29 deprecates its
+    decoders for TorchCodec's; the pinned 0.29.1 still has them."""
     data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
     jpeg = [i for i, b in enumerate(blobs) if bytes(b[:2]) == JPEG_MAGIC]
     out: list[torch.Tensor | None] = [None] * len(blobs)
@@ -149,7 +132,30 @@ def decode_images(blobs: list[bytes], device: torch.device) -> list[torch.Tensor
 class DeviceAugment:
     """``augment(images, key)``: uint8 ``[B, 3, H, W]`` on the device -> float32, augmented (``kind``'s
     photometric steps at ``image_size``) and normalised (:func:`normalize_batch`); float images (already
-    normalised, e.g. an evaluation view) pass unchanged. ``key``: ints naming the batch (see module doc)."""
+    normalised, e.g. an evaluation view) pass unchanged. ``key``: ints naming the batch.
+
+    With ``augment_on: device`` the DataLoader workers decode, crop and flip only
+    (:func:`protoclip.data.loading.transforms.train_transform` with ``photometric="device"``) and hand over uint8
+    images; this applies the kind's colour jitter, greyscale and Gaussian blur on the device, with a draw per image,
+    and normalises the batch. With ``decode_on: device`` as well the workers hand over the stored files and
+    :meth:`decode_crop` decodes, crops and flips first. It is the same augmentation as the workers'
+    (:mod:`protoclip.data.loading.transforms`: the same probabilities, ranges, kernel sizes and order), computed as
+    torchvision computes it on tensors, with these differences from the PIL path (the crop's resize too:
+    antialiased bicubic on tensors, within a level or two of Pillow's):
+
+    * the values stay float between the steps (PIL rounds to uint8 after each), and greyscale and the jitter's grey
+      reference use torchvision's tensor weights (0.2989, 0.587, 0.114; PIL: 299/587/114 per mille);
+    * the draws come from a host generator seeded by the batch's key (:func:`key_seed` of (seed, episode, pass,
+      first position, view)), so a batch's augmentation is a pure function of its key, the same on any device:
+      resume-exact and independent of the worker count, as the workers' per-item seeds are
+      (:mod:`protoclip.train.loader`).
+
+    The horizontal flip is drawn with the crop for every kind (in the workers, or in ``decode_crop``): it commutes
+    with the pointwise colour steps and with a symmetric Gaussian kernel under reflect padding, so MoCo v2's
+    flip-last order is unchanged. Nothing is read back from the device: drawn on the host, the images a step
+    touches are known there, and each step runs on those images only (``index_select`` / ``index_copy`` with
+    indices sent from pinned memory), about a fifth of the batch per step for the paper's augmentation.
+    """
 
     kind: Kind
     image_size: int

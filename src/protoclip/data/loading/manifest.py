@@ -1,15 +1,7 @@
 """The manifest of image-caption pairs: records, de-duplication, parquet I/O.
 
-Columns (docs/architecture.md): ``id`` (unique), ``path`` (a file, or ``shard.tar::member``),
-``caption``, ``source``, ``label`` (coarse, may be empty), ``sha256`` (of the image bytes), ``split``
-(``train`` / ``heldout``), plus ``licence``. Paths of rendered images are stored relative to
-``layout.prepared`` (so a moved or DVC-restored data folder stays valid); :func:`absolute_paths` makes them
-absolute again (the one rule, for training's ``load_manifest`` and the evaluation of the held-out pairs).
-User-data paths are stored absolute.
-
-Writing: :class:`ManifestWriter` streams pairs into the file row group by row group, byte for byte the file
-``DataFrame.to_parquet`` writes for the whole frame (:func:`write_manifest`; tested), holding one row group
-(``ROW_GROUP`` rows, pyarrow's default) at a time instead of the corpus.
+One row a pair (:data:`COLUMNS`, described in docs/architecture.md); :class:`ManifestWriter` streams a corpus into
+the file in bounded memory, byte for byte the file :func:`write_manifest` writes for the whole frame.
 """
 from __future__ import annotations
 
@@ -29,6 +21,8 @@ from protoclip.files.datafiles import PREPARE, reading
 from protoclip.data.loading.reading import SEP
 from protoclip.errors import ConfigError
 
+# id (unique), path (a file, or shard.tar::member), caption, source, label (coarse, may be empty), sha256 (of the
+# image bytes), split (train / heldout), licence, offset / size (a shard member's bytes)
 COLUMNS = ["id", "path", "caption", "source", "label", "sha256", "split", "licence", "offset", "size"]
 INT_COLUMNS = ("offset", "size")
 
@@ -94,7 +88,11 @@ def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
 
 def absolute_paths(paths: Iterable[str], root: str | Path) -> list[str]:
     """Manifest paths made absolute: a relative path (a rendered image) is relative to ``root``, the folder of the
-    manifest (``layout.prepared``); an absolute one (user data, ``shard.tar::member``) is kept."""
+    manifest (``layout.prepared``); an absolute one (user data, ``shard.tar::member``) is kept.
+
+    Rendered images are stored relative so that a moved or DVC-restored data folder stays valid; this is the one
+    rule that makes them absolute again, for training's ``load_manifest`` and the evaluation of the held-out pairs.
+    """
     root = Path(root).resolve()
     return [p if Path(p.split(SEP, 1)[0]).is_absolute() else str(root / p) for p in paths]
 
@@ -123,7 +121,8 @@ class ManifestWriter:
 
     Rows are regrouped into row groups of exactly ``ROW_GROUP`` rows (the last one shorter), each written as one
     contiguous table: the parquet writer then sees what ``write_table`` hands it for the whole frame, so the
-    bytes are the same. Ids are not checked for uniqueness here (that would hold every id): the caller
+    bytes are the same as :func:`write_manifest`'s (tested), and one row group is held at a time instead of the
+    corpus. Ids are not checked for uniqueness here (that would hold every id): the caller
     de-duplicates (``protoclip.data.corpus.dedup``).
     """
 

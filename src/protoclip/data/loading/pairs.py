@@ -1,18 +1,7 @@
-"""Reading the manifest as a torch Dataset of (image, tokens, id).
+"""Reading the manifest as a torch Dataset of (image, tokens, id): :func:`load_manifest`, :class:`ImageTextDataset`.
 
-    from protoclip.data.loading.pairs import load_manifest, ImageTextDataset
-    df = load_manifest(layout, split="train")
-    ds = ImageTextDataset(df, train_transform(64, "protoclip"), open_clip.get_tokenizer("RN50"))
-    image, tokens, sample_id = ds[0]
-
-Paths are plain files or ``<shard.tar>::<member>`` (webdataset user data), read by
-:mod:`protoclip.data.loading.reading` (one ``pread`` at the manifest's member offset; an image that changed or
-vanished since ``prepare`` stops the stage with one line naming it).
-
-Per-row data lives in flat numpy buffers (:class:`StringColumn`: UTF-8 bytes + offsets; int64 arrays), not
-Python lists of ``str``: a DataLoader worker forked from the trainer reads rows without touching a
-reference count, so the parent's pages stay shared (PyTorch's copy-on-read problem, pytorch/pytorch#13246:
-with lists every worker's private memory grows by the size of the list over an epoch).
+Per-row data lives in flat numpy buffers (:class:`StringColumn`), not Python lists, so that DataLoader workers'
+memory stays flat; images are read by :mod:`protoclip.data.loading.reading`.
 """
 from __future__ import annotations
 
@@ -80,6 +69,10 @@ class StringColumn:
 
     ``col[i] -> str``; ``len(col)``. Built through Arrow (its large_string layout is exactly this), so a
     million rows take one pass in C, not a Python loop.
+
+    Not a Python list of ``str``: a DataLoader worker forked from the trainer reads rows without touching a
+    reference count, so the parent's pages stay shared (PyTorch's copy-on-read problem, pytorch/pytorch#13246:
+    with lists every worker's private memory grows by the size of the list over an epoch).
     """
 
     def __init__(self, values: Sequence[str] | pd.Series):
@@ -140,6 +133,13 @@ class ImageCache:
 class ImageTextDataset(Dataset):
     """``ds[i] -> (transform(image), tokens LongTensor[context_length], id)`` over a manifest frame.
 
+        df = load_manifest(layout, split="train")
+        ds = ImageTextDataset(df, train_transform(64, "protoclip"), open_clip.get_tokenizer("RN50"))
+        image, tokens, sample_id = ds[0]
+
+    Paths are plain files or ``<shard.tar>::<member>`` (webdataset user data), read by
+    :mod:`protoclip.data.loading.reading`; an image that changed or vanished since ``prepare`` stops the stage with
+    one line naming it.
     Optional columns: ``offset`` / ``size`` (where a tar member's bytes lie; read with one ``pread``) and
     ``sha256`` (checked whenever the file is read: a changed image stops the stage, see
     ``protoclip.data.loading.reading``).

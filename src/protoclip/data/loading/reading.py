@@ -1,21 +1,7 @@
 """Reading one manifest image: a plain file or a ``<shard.tar>::<member>`` webdataset member (no torch import,
 so that light stages such as ``protoclip collect`` start fast).
 
-    from protoclip.data.loading.reading import read_image, TarCache
-    img = read_image("/data/cc3m/00000.tar::000000001.jpg", TarCache())                 # RGB PIL image
-    img = read_image(path, tars, offset=1536, size=2113, sha256=row_sha)   # manifest offsets: one pread
-
-A tar member is read with one ``os.pread`` at the byte offset ``prepare`` stored in the manifest
-(``offset`` / ``size`` columns), so reading never lists the tar. Without an offset (a frame without those
-columns, an evaluation set's shard) the shard's member offsets are indexed once per process, lazily, by
-one pass over its headers. Open shards are kept per process (a DataLoader worker gets its own after
-fork/spawn), at most ``MAX_OPEN_SHARDS`` at a time.
-
-Bad images (our choice, the same for every stage that reads prepared data: training, episode extraction,
-evaluation of file / shard sets): an image that is gone, cut, undecodable or, when its ``sha256`` is given,
-changed since ``prepare`` stops the stage with one line naming the file (:class:`ImageReadError`, a
-``ConfigError``: exit 2). Skipping it would silently change what the run trains or is scored on (and the
-seeded episode draws), and prepare already dropped every image that was bad when it ran.
+An image that cannot be read as it was prepared stops the stage with one line (:class:`ImageReadError` says why).
 """
 from __future__ import annotations
 
@@ -36,6 +22,12 @@ MAX_OPEN_SHARDS = 64  # open shard files kept per process (least recently used c
 class ImageReadError(ConfigError):
     """An image the manifest (or an evaluation set) names cannot be read as it was when prepared.
 
+    Bad images (our choice, the same for every stage that reads prepared data: training, episode extraction,
+    evaluation of file / shard sets): an image that is gone, cut, undecodable or, when its ``sha256`` is given,
+    changed since ``prepare`` stops the stage with one line naming the file (a ``ConfigError``: exit 2). Skipping
+    it would silently change what the run trains or is scored on (and the seeded episode draws), and prepare
+    already dropped every image that was bad when it ran.
+
     The message is one line naming the file. A DataLoader worker's exception reaches the main process
     re-created from ``"Caught ... Original Traceback ...\\n<Class>: <message>"``; only our own last line is
     kept, so the CLI still prints one line.
@@ -50,7 +42,14 @@ class ImageReadError(ConfigError):
 
 
 class TarCache:
-    """Open shard files and lazily built member indexes, per process."""
+    """Open shard files and lazily built member indexes, per process.
+
+    A tar member is read with one ``os.pread`` at the byte offset ``prepare`` stored in the manifest (``offset`` /
+    ``size`` columns), so reading never lists the tar. Without an offset (a frame without those columns, an
+    evaluation set's shard) the shard's member offsets are indexed once per process, lazily, by one pass over its
+    headers. Open shards are kept per process (a DataLoader worker gets its own after fork/spawn), at most
+    ``MAX_OPEN_SHARDS`` at a time.
+    """
 
     def __init__(self) -> None:
         self.pid: int | None = None
@@ -123,7 +122,10 @@ def read_image(path: str, tars: TarCache | None = None, offset: int = -1, size: 
     """Open a manifest path (file or ``shard.tar::member``) as an RGB PIL image.
 
     ``sha256`` (the manifest's hash of the image bytes): the bytes read must have it. Any failure raises
-    :class:`ImageReadError` naming the path (see the module docstring for why nothing is skipped).
+    :class:`ImageReadError` naming the path (its docstring says why nothing is skipped).
+
+        img = read_image("/data/cc3m/00000.tar::000000001.jpg", TarCache())                 # RGB PIL image
+        img = read_image(path, tars, offset=1536, size=2113, sha256=row_sha)   # manifest offsets: one pread
     """
     return decode_image(read_checked(path, tars, offset, size, sha256), path)
 

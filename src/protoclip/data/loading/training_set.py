@@ -1,9 +1,5 @@
 """A run's training pairs: the manifest's train split of its sources, subsampled, as the pairs dataset.
 
-    sources = resolve_sources(tcfg.data, cfg.prepare.offline_sources)
-    dataset = training_pairs(layout, sources, transform, tokenizer, run="clip_tiny", fraction=1.0, seed=0)
-    digest = rows_digest(training_rows(layout, sources))   # the rows an MLflow dataset input names
-
 The train stage calls these with the values they need (the run's sources, subset and cache size), never the
 project config: what a run trains on is decided here, in one place, for the stage, the benches and the tests.
 """
@@ -48,7 +44,13 @@ def training_pairs(layout: Layout, sources: Sequence[str], transform: Callable, 
                    image_cache_bytes: int = 0) -> ImageTextDataset:
     """Run ``run``'s training pairs: the train split of ``sources`` (its ``data`` resolved), the first ``fraction``
     of a ``seed``-ed permutation, read through ``transform`` and ``tokenizer``. A missing manifest, or one without
-    pairs of these sources, is a :class:`ConfigError` naming the run and the command that builds it."""
+    pairs of these sources, is a :class:`ConfigError` naming the run and the command that builds it.
+
+        sources = resolve_sources(tcfg.data, cfg.prepare.offline_sources)
+        dataset = training_pairs(layout, sources, transform, tokenizer, run="clip_tiny", data=tcfg.data,
+                                 fraction=1.0, seed=0)
+        digest = rows_digest(training_rows(layout, sources))   # the rows an MLflow dataset input names
+    """
     if not layout.manifest.exists():
         raise ConfigError(f"run '{run}': manifest not found at {layout.manifest}; build it with "
                           "`protoclip prepare --config <config>`")

@@ -1,43 +1,7 @@
 """Image transforms for training and evaluation (ProtoCLIP Sec. IV-B3, Table XI).
 
-Sources. The paper (Sec. IV-B3) describes the ProtoCLIP augmentation only as SimCLR's with two changes:
-crop scale 0.5-1.0 instead of 0.08-1.0 and colour-jitter probability 0.2 instead of 0.8. The authors'
-code (megvii-research/protoclip, ``src/open_clip/transform.py``, augmentation
-``protoclip-light-augmentation``) fixes the rest, and ``protoclip`` here follows that code:
-
-* ``protoclip``: RandomResizedCrop(scale 0.5-1.0, bicubic) + horizontal flip + ColorJitter(0.8, 0.8,
-  0.8, 0.2) with p=0.2 + grayscale p=0.2 + GaussianBlur(kernel 21, sigma 0.1-2.0) with p=0.2 (the
-  authors' code; its blur p=0.2 is a third change to SimCLR's p=0.5 that the paper does not mention);
-* ``simclr``: SimCLR's ImageNet recipe (Chen et al. 2020, appendix A, colour strength s = 1):
-  RandomResizedCrop(scale 0.08-1.0) + flip + ColorJitter(0.8, 0.8, 0.8, 0.2) with p=0.8 + grayscale
-  p=0.2 + GaussianBlur (kernel 10 % of the image side, sigma 0.1-2.0) with p=0.5 ("SimCLR Augmentation"
-  of Table XI; the authors' code does not include it);
-* ``none``: RandomResizedCrop scale 0.9-1.0 only ("No Augmentation" in Table XI; the authors' code and
-  open_clip's default training crop).
-* ``mocov2`` (for the image-only methods): MoCo v2's augmentation, which PCL v2 and PAUC use
-  [pcl-protonce.txt Sec. 4; ref-code facebookresearch/moco main_moco.py ``--aug-plus``]:
-  RandomResizedCrop(scale 0.2-1) + ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8 + grayscale p=0.2 + Gaussian blur
-  (sigma 0.1-2 at 224 px, p=0.5; kernel 10 % of the side, SimCLR's) + horizontal flip, in MoCo's order.
-  Two-view methods draw it twice per image (:class:`MultiView`).
-* ``mocov1``: MoCo v1's augmentation, which PCL v1 and PAUC state ("random crop, random color jittering, random
-  horizontal flip, and random grayscale conversion": pcl-protonce.txt Sec. 4.1, pauc-nemd.txt Sec. 4.1; ref-code
-  main_moco.py without ``--aug-plus``): RandomResizedCrop(scale 0.2-1) + grayscale p=0.2 + ColorJitter(0.4, 0.4,
-  0.4, 0.4) always + horizontal flip, in MoCo's order; no blur.
-* ``crop50`` / ``crop80``: RandomResizedCrop only, scale 0.5-1.0 (nCLIP: "follow CLIP with image size randomly
-  cropped and resized within the scale of (0.5, 1.0)", nclip-xclip.txt Sec. 3.2, l.118) / 0.8-1.0 (the temperature
-  paper: "we only apply the RandomResizedCrop with a scale range of [0.8,1.0]", its App. A, l.802).
-
-Blur at other sizes than 224 px: the kernel (21 px at 224 in the authors' code, 10 % of the side in
-SimCLR) and sigma range scale with ``image_size / 224`` so that a 64 px CPU run gets the same relative blur
-(kernel forced odd and >= 3). The blur is torchvision's GaussianBlur, computed in two 1-D passes for kernels of
-9 px and more (:mod:`protoclip.data.loading.blur`: same draws and kernel, a few values in 10^5 one level apart; the
-32/64 px runs' kernels keep torchvision's own computation). All end with ``PILToTensor``: training images leave
-the DataLoader workers as uint8 CHW tensors and are normalised on the device by :func:`normalize_batch` (open_clip's
-OPENAI_DATASET_MEAN/STD; the same numbers as ToTensor + Normalize), so workers do no float work and a quarter of
-the bytes travel through shared memory, pinning and the host-to-device copy.
-The colour-jitter and grayscale steps are open_clip's own ``color_jitter`` / ``gray_scale`` (probability
-wrappers); ``eval_transform`` is open_clip's ``image_transform(is_train=False)`` (resize shortest side +
-centre crop). Images are converted to RGB first.
+The paper describes its augmentation only as SimCLR's with two changes; ``protoclip`` follows the authors' code for
+the rest. :func:`train_transform` lists every kind with its source; :func:`eval_transform` is open_clip's.
 """
 from __future__ import annotations
 
@@ -67,14 +31,23 @@ BLUR_SIGMA_224 = (0.1, 2.0)  # SimCLR, MoCo v2 and torchvision's GaussianBlur de
 
 
 def blur_params(image_size: int, kind: Kind) -> tuple[int, tuple[float, float]]:
-    """The blur of ``kind`` at ``image_size`` px: kernel (odd, >= 3) and sigma range, scaled from 224 px."""
+    """The blur of ``kind`` at ``image_size`` px: kernel (odd, >= 3) and sigma range, scaled from 224 px.
+
+    The kernel (21 px at 224 in the authors' code, 10 % of the side in SimCLR) and sigma range scale with
+    ``image_size / 224`` so that a 64 px CPU run gets the same relative blur.
+    """
     scale = image_size / 224
     kernel = max(3, int(round(BLUR_KERNEL_224[kind] * scale)) | 1)
     return kernel, (BLUR_SIGMA_224[0] * scale, BLUR_SIGMA_224[1] * scale)
 
 
 def gaussian_blur(image_size: int, kind: Kind) -> T.RandomApply:
-    """The blur step of ``kind`` at ``image_size`` px (kernel and sigma scaled from 224 px, see module doc)."""
+    """The blur step of ``kind`` at ``image_size`` px (kernel and sigma scaled from 224 px, :func:`blur_params`).
+
+    torchvision's GaussianBlur, computed in two 1-D passes for kernels of 9 px and more
+    (:mod:`protoclip.data.loading.blur`: same draws and kernel, a few values in 10^5 one level apart; the 32/64 px
+    runs' kernels keep torchvision's own computation).
+    """
     kernel, sigma = blur_params(image_size, kind)
     return T.RandomApply([GaussianBlur(kernel, sigma=sigma)], p=BLUR_P[kind])
 
@@ -124,11 +97,43 @@ class MultiView:
 
 def train_transform(image_size: int, kind: Kind = "protoclip", photometric: str = "workers",
                     decode: str = "workers") -> Callable:
-    """Training augmentation ``kind`` at ``image_size`` px (see module docstring). ``photometric="device"``: the
-    crop and flip only; the colour jitter, greyscale and blur run batched on the training device
+    """Training augmentation ``kind`` at ``image_size`` px. ``photometric="device"``: the crop and flip only; the
+    colour jitter, greyscale and blur run batched on the training device
     (:class:`protoclip.data.loading.device_augment.DeviceAugment`, ``train.augment_on: device``). ``decode="device"``
     (with ``photometric="device"``, ``train.decode_on: device``): nothing but the stored bytes
-    (:class:`EncodedImage`); decoding, crop and flip run on the device too."""
+    (:class:`EncodedImage`); decoding, crop and flip run on the device too.
+
+    Sources. The paper (Sec. IV-B3) describes the ProtoCLIP augmentation only as SimCLR's with two changes: crop
+    scale 0.5-1.0 instead of 0.08-1.0 and colour-jitter probability 0.2 instead of 0.8. The authors' code
+    (megvii-research/protoclip, ``src/open_clip/transform.py``, augmentation ``protoclip-light-augmentation``) fixes
+    the rest, and ``protoclip`` here follows that code:
+
+    * ``protoclip``: RandomResizedCrop(scale 0.5-1.0, bicubic) + horizontal flip + ColorJitter(0.8, 0.8, 0.8, 0.2)
+      with p=0.2 + grayscale p=0.2 + GaussianBlur(kernel 21, sigma 0.1-2.0) with p=0.2 (the authors' code; its
+      blur p=0.2 is a third change to SimCLR's p=0.5 that the paper does not mention);
+    * ``simclr``: SimCLR's ImageNet recipe (Chen et al. 2020, appendix A, colour strength s = 1):
+      RandomResizedCrop(scale 0.08-1.0) + flip + ColorJitter(0.8, 0.8, 0.8, 0.2) with p=0.8 + grayscale p=0.2 +
+      GaussianBlur (kernel 10 % of the image side, sigma 0.1-2.0) with p=0.5 ("SimCLR Augmentation" of Table XI;
+      the authors' code does not include it);
+    * ``none``: RandomResizedCrop scale 0.9-1.0 only ("No Augmentation" in Table XI; the authors' code and
+      open_clip's default training crop).
+    * ``mocov2`` (for the image-only methods): MoCo v2's augmentation, which PCL v2 and PAUC use
+      [pcl-protonce.txt Sec. 4; ref-code facebookresearch/moco main_moco.py ``--aug-plus``]: RandomResizedCrop(scale
+      0.2-1) + ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8 + grayscale p=0.2 + Gaussian blur (sigma 0.1-2 at 224 px,
+      p=0.5; kernel 10 % of the side, SimCLR's) + horizontal flip, in MoCo's order. Two-view methods draw it twice
+      per image (:class:`MultiView`).
+    * ``mocov1``: MoCo v1's augmentation, which PCL v1 and PAUC state ("random crop, random color jittering, random
+      horizontal flip, and random grayscale conversion": pcl-protonce.txt Sec. 4.1, pauc-nemd.txt Sec. 4.1;
+      ref-code main_moco.py without ``--aug-plus``): RandomResizedCrop(scale 0.2-1) + grayscale p=0.2 +
+      ColorJitter(0.4, 0.4, 0.4, 0.4) always + horizontal flip, in MoCo's order; no blur.
+    * ``crop50`` / ``crop80``: RandomResizedCrop only, scale 0.5-1.0 (nCLIP: "follow CLIP with image size randomly
+      cropped and resized within the scale of (0.5, 1.0)", nclip-xclip.txt Sec. 3.2, l.118) / 0.8-1.0 (the
+      temperature paper: "we only apply the RandomResizedCrop with a scale range of [0.8,1.0]", its App. A, l.802).
+
+    Images are converted to RGB first. The colour-jitter and grayscale steps are open_clip's own ``color_jitter`` /
+    ``gray_scale`` (probability wrappers); the blur is :func:`gaussian_blur`. All end with ``PILToTensor``
+    (:func:`normalize_batch` says why).
+    """
     if kind not in CROP_SCALE:
         raise ValueError(f"unknown augmentation kind {kind!r} (known: {', '.join(CROP_SCALE)})")
     if photometric not in ("workers", "device") or decode not in ("workers", "device"):
@@ -183,6 +188,11 @@ def normalize_batch(images: torch.Tensor) -> torch.Tensor:
     Normalize(OPENAI_DATASET_MEAN/STD), on the images' device and in their memory format; float images (already
     normalised, e.g. ``eval_transform``'s) are returned unchanged.
 
+    Training images leave the DataLoader workers as uint8 CHW tensors (``train_transform`` ends with
+    ``PILToTensor``) and are normalised here on the device (open_clip's OPENAI_DATASET_MEAN/STD; the same numbers as
+    ToTensor + Normalize), so workers do no float work and a quarter of the bytes travel through shared memory,
+    pinning and the host-to-device copy.
+
     The divisor 255 is a tensor on the images' device, not a Python number: CUDA divides by a host scalar as a
     multiplication by its reciprocal, which differs from ToTensor's division in the last bit for some values."""
     if images.is_floating_point():
@@ -191,7 +201,8 @@ def normalize_batch(images: torch.Tensor) -> torch.Tensor:
 
 
 def eval_transform(image_size: int) -> Callable:
-    """Resize (shortest side) + centre crop + normalise: open_clip's inference preprocessing."""
+    """Resize (shortest side) + centre crop + normalise: open_clip's inference preprocessing
+    (``image_transform(is_train=False)``; images converted to RGB first)."""
     return image_transform(image_size, is_train=False)
 
 
