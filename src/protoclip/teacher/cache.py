@@ -1,22 +1,7 @@
-"""The `teacher` stage: cache PCA-reduced external-teacher features of every training caption (Sec. IV-A3).
+"""The `teacher` stage's work: cache PCA-reduced external-teacher features of every training caption (Sec. IV-A3).
 
-As the paper (RoBERTa-large, frozen, 1024 -> 64 dims by PCA), for ``cfg.teacher.name``: stream the manifest's
-training captions in order; encode them in chunks of ``chunk_size`` (``.partial/`` chunk files: a restarted run
-skips finished chunks); fit PCA (scikit-learn, no whitening, as faiss ``PCAMatrix``'s default in the official
-code) on a seeded sample, saved so a restart does not refit; project every chunk into ``data/teacher/<teacher>.npz``
-(``ids``, ``features`` [N, pca_dim], ``pca_mean``, ``pca_components``, ``explained_variance_ratio``) and a
-``.json`` (dims, explained variance, sample size, input sha256s, key). Memory does not grow with the corpus.
-
-The PCA sample is at most ``pca_max_points_per_dim * D`` captions: faiss' own bound (``PCAMatrix::train``
-subsamples to ``max_points_per_d = 1000`` x d_in), which the official ``faiss.PCAMatrix(1024, 64)`` applied, so
-its PCA saw at most 1,024,000 captions; ours draws it with numpy seeded by ``teacher.seed``, not faiss'
-permutation. It costs ``pca_max_points_per_dim * D^2 * 4`` bytes (4 GiB at D = 1024): lower it on a small
-node. Projected features are not re-normalised (as the official ``RoBERTa.py``). A re-run whose key (teacher,
-weights, captions, pca_dim, sample rule, max_length, seed) matches the ``.json`` does no work.
-
-    protoclip teacher                                  # via the CLI, or:
-    from protoclip.teacher.stage import run_teacher    # the stage's entry: build_cache(cfg.teacher, layout)
-    ids, feats, meta = load_teacher_features(run_teacher(cfg))
+As the paper (RoBERTa-large, frozen, 1024 -> 64 dims by PCA), for ``cfg.teacher.name``, resumable and in memory that
+does not grow with the corpus; :func:`build_cache` gives the steps, :func:`pca_sample` the PCA's sample bound.
 """
 from __future__ import annotations
 
@@ -208,7 +193,8 @@ def encode_in_chunks(teacher: TextTeacher | None, captions: TrainCaptions, parti
 
 # --------------------------------------------------------------------------- PCA
 def fit_pca(features: np.ndarray, dim: int, seed: int = 0) -> PCA:
-    """PCA to ``dim`` components without whitening, fitted on ``features`` [N, D].
+    """PCA to ``dim`` components without whitening (as faiss ``PCAMatrix``'s default in the official code), fitted
+    on ``features`` [N, D].
 
     ``covariance_eigh`` (eigendecomposition of the D x D covariance) when N >= D -- exact, deterministic and
     cheap for millions of captions -- else a full SVD. Component signs are fixed by scikit-learn's svd_flip.
@@ -225,7 +211,13 @@ def fit_pca(features: np.ndarray, dim: int, seed: int = 0) -> PCA:
 
 def pca_sample(n: int, dim: int, max_points_per_dim: int, seed: int) -> np.ndarray | None:
     """Sorted rows the PCA is fitted on: None (every row) when ``n`` is within faiss' bound
-    ``max_points_per_dim * dim`` (or the bound is off, 0), else that many rows drawn without replacement."""
+    ``max_points_per_dim * dim`` (or the bound is off, 0), else that many rows drawn without replacement.
+
+    faiss' own bound (``PCAMatrix::train`` subsamples to ``max_points_per_d = 1000`` x d_in), which the official
+    ``faiss.PCAMatrix(1024, 64)`` applied, so its PCA saw at most 1,024,000 captions; ours draws the sample with
+    numpy seeded by ``teacher.seed``, not faiss' permutation. It costs ``pca_max_points_per_dim * D^2 * 4`` bytes
+    (4 GiB at D = 1024): lower it on a small node.
+    """
     cap = max_points_per_dim * dim
     if max_points_per_dim <= 0 or n <= cap:
         return None
@@ -307,7 +299,18 @@ def write_cache(out: Path, captions: TrainCaptions, raw: RawFeatures, proj: Proj
 def build_cache(tc: TeacherConfig, layout: Layout, teacher: TextTeacher | None = None) -> Path:
     """Write ``layout.teacher_features(tc.name)`` (+ .json); skip when it is up to date.
 
-    ``teacher`` overrides loading ``tc.name`` (tests, or a model already in memory).
+    ``teacher`` overrides loading ``tc.name`` (tests, or a model already in memory). Stream the manifest's training
+    captions in order; encode them in chunks of ``chunk_size`` (``.partial/`` chunk files: a restarted run skips
+    finished chunks); fit PCA (scikit-learn, :func:`fit_pca`) on a seeded sample (:func:`pca_sample`), saved so a
+    restart does not refit; project every chunk into ``data/teacher/<teacher>.npz`` (``ids``, ``features``
+    [N, pca_dim], ``pca_mean``, ``pca_components``, ``explained_variance_ratio``) and a ``.json`` (dims, explained
+    variance, sample size, input sha256s, key). Projected features are not re-normalised (as the official
+    ``RoBERTa.py``). A re-run whose key (teacher, weights, captions, pca_dim, sample rule, max_length, seed) matches
+    the ``.json`` does no work.
+
+        protoclip teacher                                  # via the CLI, or:
+        from protoclip.teacher.stage import run_teacher    # the stage's entry: build_cache(cfg.teacher, layout)
+        ids, feats, meta = load_teacher_features(run_teacher(cfg))
     """
     out, meta_path = layout.teacher_features(tc.name), layout.teacher_meta(tc.name)
     clean_stale_temps_of([out, meta_path])  # a killed run's half-written cache (other teachers' jobs share the folder)

