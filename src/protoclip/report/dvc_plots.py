@@ -1,20 +1,6 @@
 """DVC plots of the report: every run's training curve and each paper target's numbers, for ``dvc plots show`` and
-``dvc plots diff`` (DVC's own way to compare revisions), beside the report's PNG figures.
-
-``protoclip report`` writes the data files inside ``results/tables`` (an output of the report stage)::
-
-    results/tables/plots/train_loss/<run>.csv   step, loss       every logged training step of the run
-    results/tables/plots/<table id>.csv         cell, ours, paper  one line per cell of a paper table ("row | column")
-
-and :func:`dvc_plots` gives the top-level ``plots:`` entries of ``dvc.yaml`` that show them (``protoclip
-dvc-yaml`` writes them from the same configured runs and targets as the stages): one ``linear`` plot of every
-run's loss against its step (one series per file), per table target a ``bar_horizontal`` plot of our numbers and
-one of the paper's, every figure target's PNG, the summary figures (protoclip.report.summary_figures) and the
-claims ledger's forest plot as image plots. DVC reads CSV / JSON / YAML data, not the
-runs' ``train_log.jsonl``, hence the per-run CSV copies of the step records.
-
-    dvc plots show                       # dvc_plots/index.html: curves, per-target bars, figures
-    dvc plots diff HEAD~1 --targets "training loss"
+``dvc plots diff`` (DVC's own way to compare revisions), beside the report's PNG figures (docs/dvc.md, "Plots and
+metrics"): the data files ``protoclip report`` writes and the ``plots:`` entries of ``dvc.yaml`` that show them.
 """
 from __future__ import annotations
 
@@ -33,7 +19,14 @@ TRAIN_LOSS_PLOT = "training loss"  # plot id of the training curves in dvc.yaml
 def write_plot_data(layout, runs: list[str], losses: pd.DataFrame, records: list[dict]) -> list[Path]:
     """Write (at ``layout``'s paths) the loss file of every run in ``runs`` (``losses``: run, step, loss; a run without a train log gets
     the header only, so DVC finds every declared file) and the per-table files (``records``: the report's target
-    cells, ``ours_mean`` and ``paper`` numbers); returns the paths written."""
+    cells, ``ours_mean`` and ``paper`` numbers); returns the paths written. Both inside ``results/tables`` (an
+    output of the report stage)::
+
+        results/tables/plots/train_loss/<run>.csv   step, loss          every logged training step of the run
+        results/tables/plots/<table id>.csv         cell, ours, paper   a paper table's cells ("row | column")
+
+    DVC reads CSV / JSON / YAML data, not the runs' ``train_log.jsonl``, hence the per-run CSV copies of the step
+    records."""
     out = []
     for run in runs:
         sub = losses[losses["run"] == run]
@@ -56,7 +49,11 @@ def write_plot_data(layout, runs: list[str], losses: pd.DataFrame, records: list
 
 
 def dvc_plots(cfg: ReportProject) -> list[dict | str]:
-    """The top-level ``plots:`` entries of dvc.yaml for ``cfg``'s runs and paper targets (paths as in dvc.yaml)."""
+    """The top-level ``plots:`` entries of dvc.yaml for ``cfg``'s runs and paper targets (paths as in dvc.yaml;
+    ``protoclip dvc-yaml`` writes them from the same configured runs and targets as the stages): one ``linear``
+    plot of every run's loss against its step (one series per file), per table target a ``bar_horizontal`` plot of
+    our numbers and one of the paper's, and as image plots every figure target's PNG, the summary figures and the
+    claims ledger's forest plot."""
     layout = Layout.from_config(cfg)
     runs = cfg.run_names()
     plots: list[dict] = []

@@ -1,16 +1,8 @@
 """Paper figures regenerated from our results: ``results/figures/<id>.png`` (matplotlib, Agg).
 
-* ``bars`` (Fig. 6a-d): one bar per row (its run group's first-column value, error bar = std over seeds);
-* ``scaling`` (Fig. 7): every column against ``row.x`` (corpus fraction) on a log axis;
-* ``tsne`` (Fig. 8): t-SNE of the two rows' image features side by side, on the SAME points: the cached
-  features ``results/runs/<run>/eval/<set>/features.npz`` (``test_z``, ``test_y``) of each row's first seed run,
-  one seeded subsample of the test split shared by both (t-SNE of each run's features is separate: the
-  embeddings differ, the points are the same), k-means ARI / AMI of our clustering metrics in the titles;
-* ``time_split`` (Fig. 9): each row's measured phase time per epoch (feature extraction, k-means, PBT,
-  training) from its train log, stacked, each phase labelled with its share of CLIP's epoch time (the base the
-  paper's 31.0 % / 2.3 % need, see ``TIME_SPLIT_NOTE``).
-
-The paper's statements about the figure (its bars are not printed as numbers) go into the caption.
+One plot per figure kind (:data:`PLOTS`: Fig. 6's bars, Fig. 7's scaling, Fig. 8's t-SNE, Fig. 9's time split,
+the temperature study), each with a caption that carries the paper's statements about the figure (its bars are
+not printed as numbers).
 """
 from __future__ import annotations
 
@@ -51,6 +43,8 @@ def _empty(ax, text: str) -> None:
 
 
 def caption(cfg: ReportProject, results: Results, target: TargetConfig) -> str:
+    """The figure's caption: the paper's caption and its statements about the figure, the column mapping to
+    stand-in sets, our config and runs."""
     entry = paper_numbers(target.paper_key)
     parts = [f"{target.id.replace('_', ' ')} (paper: {target.caption})"]
     if entry:
@@ -67,6 +61,7 @@ def caption(cfg: ReportProject, results: Results, target: TargetConfig) -> str:
 
 
 def plot_bars(cfg: ReportProject, results: Results, target: TargetConfig, out: Path) -> None:
+    """Fig. 6a-d: one bar per row (its run group's first-column value, error bar = std over seeds)."""
     plt = _plt()
     col = target.columns[0]
     sets, _ = results.column_sets(target, col)
@@ -88,6 +83,7 @@ def plot_bars(cfg: ReportProject, results: Results, target: TargetConfig, out: P
 
 
 def plot_scaling(cfg: ReportProject, results: Results, target: TargetConfig, out: Path) -> None:
+    """Fig. 7: every column against ``row.x`` (corpus fraction) on a log axis."""
     plt = _plt()
     rows = sorted([r for r in target.rows if r.run], key=lambda r: r.x)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -117,6 +113,10 @@ def shared_subsample(n: int, max_points: int, seed: int = 0) -> np.ndarray:
 
 
 def plot_tsne(cfg: ReportProject, results: Results, target: TargetConfig, out: Path) -> None:
+    """Fig. 8: t-SNE of the two rows' image features side by side, on the SAME points: the cached features
+    (``layout.features``: ``test_z``, ``test_y``) of each row's first seed run, one seeded subsample of the test
+    split shared by both (t-SNE of each run's features is separate: the embeddings differ, the points are the
+    same), k-means ARI / AMI of our clustering metrics in the titles."""
     from sklearn.manifold import TSNE  # heavy: sklearn, only when a t-SNE runs
 
     plt = _plt()
@@ -200,6 +200,9 @@ def time_split_shares(per_row: dict[str, tuple[str, dict[str, float]]]) -> tuple
 
 
 def plot_time_split(cfg: ReportProject, results: Results, target: TargetConfig, out: Path) -> None:
+    """Fig. 9: each row's measured phase time per epoch (feature extraction, k-means, PBT, training) from its train
+    log, stacked, each phase labelled with its share of CLIP's epoch time (the base the paper's 31.0 % / 2.3 %
+    need, see ``TIME_SPLIT_NOTE``)."""
     plt = _plt()
     rows = [r for r in target.rows if r.run]
     colors = {"extract": "#dd8452", "kmeans": "#55a868", "pbt": "#c44e52", "train": "#4c72b0"}

@@ -1,16 +1,7 @@
 """The claims ledger's files: the rows that protoclip.claims judges (the engine, the verdict rules, the first
-line's counts), written and drawn.
+line's counts), written as tables, drawn as a forest plot and logged to MLflow (docs/claims.md).
 
-    protoclip report --config config/config.yaml     # -> results/tables/claims.{md,csv,tex,html,json},
-                                                     #    results/figures/claims.png (forest plot)
-
-Each claim of the papers (config/claims.yaml) is asked two questions, direction and magnitude, from our measured
-number and its intervals (protoclip.claims.engine: what is resampled and how; protoclip.claims.ledger: the
-rules; protoclip.claims.rows: one row, the ledger-wide steps and the first line's counts). This module writes
-the rows as tables (:func:`write_ledger`), draws the forest plot (:func:`forest_plot`) and logs the ledger to
-MLflow through the tracker (:func:`log_ledger`).
-
-    rows, files = run_ledger(cfg, Results(cfg))
+    protoclip report --config config/config.yaml     # -> results/tables/claims.{md,csv,tex,html,json}, claims.png
 """
 from __future__ import annotations
 
@@ -196,7 +187,10 @@ def forest_plot(rows: list[LedgerRow], out: Path) -> Path:
 
 def run_ledger(cfg: ReportProject, results: Results, engine: ClaimEngine | None = None
                ) -> tuple[list[LedgerRow], ClaimsFiles]:
-    """Every configured claim evaluated and written; returns the rows and the files."""
+    """Every configured claim evaluated and written; returns the rows and the files.
+
+        rows, files = run_ledger(cfg, Results(cfg))
+    """
     engine = engine or ClaimEngine(cfg, results)
     rows = judge_claims(engine, cfg.paper_claims())
     for r in rows:

@@ -1,16 +1,7 @@
 """Paper tables with our numbers and the paper's side by side: ``results/tables/<id>.{csv,md,tex,html}``.
 
-Each declared table (``kind: table`` targets) keeps the paper's rows and columns. Every paper column becomes a
-column group of two: ``ours`` (mean ± std over the row's seeds, or "(1 seed)") and ``paper`` (transcribed,
-``paper_numbers.yaml``, printed exactly as the paper prints it in every format). Where the paper prints a "+/-"
-row (Tables V-VIII: ProtoCLIP minus CLIP) the table has it too, ours (difference of our means, with its 95 %
-interval in brackets: ``+1.80 [-0.40, +3.90]``, protoclip.claims.intervals) beside the paper's.
-A leading ``ours: run`` column names the run group, its epochs and seeds. The caption
-states the paper's caption and source, our config and training data, and each column's mapping to offline
-stand-ins ("ImageNet zero-shot: imagenet -> fashion_mnist"), and chance level for zero-shot sets.
-
-    from protoclip.report.paper_tables import build_table
-    table, caption = build_table(cfg, results, target)
+Each declared table (``kind: table`` targets) keeps the paper's rows and columns, every column a pair ``ours`` /
+``paper``, so that a reader compares them cell by cell; the caption says what ours was trained and evaluated on.
 """
 from __future__ import annotations
 
@@ -170,7 +161,17 @@ def _markdown(table: pd.DataFrame) -> str:
 
 
 def write_table(cfg: ReportProject, results: Results, target: TargetConfig, engine=None) -> tuple[str, str, list[dict]]:
-    """Write ``<id>.{csv,md,tex,html}``; returns (markdown, caption, long records)."""
+    """Write ``<id>.{csv,md,tex,html}``; returns (markdown, caption, long records).
+
+    Every paper column becomes a column group of two: ``ours`` (mean ± std over the row's seeds, or "(1 seed)")
+    and ``paper`` (transcribed, ``paper_numbers.yaml``, printed exactly as the paper prints it in every format).
+    Where the paper prints a "+/-" row (Tables V-VIII: ProtoCLIP minus CLIP) the table has it too, ours (difference
+    of our means, with its 95 % interval in brackets: ``+1.80 [-0.40, +3.90]``, protoclip.claims.intervals) beside
+    the paper's (:func:`difference_row`). A leading ``ours: run`` column names the run group, its epochs and seeds
+    (:func:`run_label`). The caption states the paper's caption and source, our config and training data, each
+    column's mapping to offline stand-ins ("ImageNet zero-shot: imagenet -> fashion_mnist"), and chance level for
+    zero-shot sets.
+    """
     table, caption, long = build_table(cfg, results, target, engine)
     csv, md, tex, htm = Layout.from_config(cfg).target_files(target.id, target.kind)
     csv.parent.mkdir(parents=True, exist_ok=True)

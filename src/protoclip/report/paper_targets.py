@@ -1,34 +1,8 @@
 """Paper targets (tables and figures) declared as data: the ``target:`` block of an experiment file.
 
-An experiment file ``config/experiments/<target>.yaml`` holds one target and the runs it needs::
-
-    description: Table III analog: component ablation
-    target:
-      id: table_III                      # output names: results/tables/table_III.{csv,md,tex}
-      kind: table                        # table | figure
-      caption: "ProtoCLIP ablation experiment on Conceptual Captions 2.5M data (8 epoch)."
-      paper: table_III                   # key in protoclip/report/paper_numbers.yaml (default: id)
-      rows:
-        - {label: CLIP, run: t3_clip}            # run: base name in `runs:` (seeds expand to <run>_s<k>)
-        - {label: ProtoCLIP, run: t3_protoclip}
-      columns:
-        - {label: ImageNet zero-shot, task: zeroshot, metric: top1, datasets: [imagenet], offline: [fashion_mnist]}
-    runs:
-      t3_clip: {method: clip, epochs: 2, seeds: [0, 1, 2]}
-
-A column names the paper's data set(s) (``datasets``, evaluate.datasets keys; several = their mean, as the
-paper's "Avg." columns) and, for configurations that lack them, the stand-in set(s) (``offline``). The
-report uses the paper's sets when every one of them has results and the stand-ins otherwise, and says which
-in the caption ("ImageNet -> fashion_mnist"). The same declarations serve ``config/paper.yaml``: its runs
-carry the same names (see config/experiments/README.md), so the paper's sets fill the same columns.
-
-Special column tasks: ``epochs`` (the run's epochs and, in brackets, the relative epochs: its measured
-training time in units of one epoch of ``reference_run``, paper Table IV "Epoch (Rel.)").
-
-This module is the schema (the ``target:`` block, validated by :mod:`protoclip.config.strict` when the config loads).
-A loaded config lists its targets resolved (each row naming the run it uses there) with
-``cfg.paper_targets()``; what the DAG plans from them (the files ``protoclip report`` writes, the evaluations
-each run needs) is in :mod:`protoclip.dag.stages` (``target_outputs``, ``evaluation_requests``).
+Declared as data so that one block serves the offline default and ``config/paper.yaml`` alike (each config fills a
+row with the run it has), and the DAG plans every evaluation a table needs from it. The format, with an example:
+config/experiments/README.md.
 """
 from __future__ import annotations
 
@@ -94,6 +68,11 @@ class RowConfig:
 
 @dataclass
 class TargetConfig:
+    """One ``target:`` block (config/experiments/README.md), validated by :mod:`protoclip.config.strict` when the
+    config loads. ``cfg.paper_targets()`` lists them resolved (each row naming the run it uses there); what the DAG
+    plans from them (the files ``protoclip report`` writes, the evaluations each run needs) is in
+    :mod:`protoclip.dag.stages` (``target_outputs``, ``evaluation_requests``)."""
+
     id: str  # table_III, fig_6a, ...: output file stem
     kind: Literal["table", "figure"]
     caption: str  # the paper's caption (ours adds the data, config and column mapping)

@@ -2,18 +2,8 @@
 
     protoclip report --config config/config.yaml
 
-Writes every declared paper target (``target:`` blocks of the experiment files, see
-:mod:`protoclip.report.paper_targets`): ``results/tables/<id>.{csv,md,tex,html}`` with our numbers and the paper's
-side by side (:mod:`protoclip.report.paper_tables`), ``results/figures/<id>.png``
-(:mod:`protoclip.report.figures`), each with its caption ``results/report/<id>.rst`` (the Snakemake report's
-caption), the claims ledger ``results/tables/claims.{md,csv,tex,html,json}`` with its forest plot
-``results/figures/claims.png`` (:mod:`protoclip.report.ledger_table`), the generic tables
-(:mod:`protoclip.report.tables`), the data of dvc.yaml's ``plots:`` (:mod:`protoclip.report.dvc_plots`), and
-the summary figures with their captions (:mod:`protoclip.report.summary_figures`: ours against the paper, Table
-VI's per-set differences, the training curves per target), and ``results/tables/index.md`` listing the skipped
-data sets and runs once at the top, then every target and the ledger.
-Our numbers come from each run's ``metrics.json`` (`collect`; :class:`protoclip.report.values.Results`). Then
-the tables and figures go to a ``report`` MLflow run and each claim to a ``claims`` run (protoclip.tracking).
+Our numbers come from each run's ``metrics.json`` (`collect`; :class:`protoclip.report.values.Results`). Then the
+tables and figures go to a ``report`` MLflow run and each claim to a ``claims`` run (protoclip.tracking).
 """
 from __future__ import annotations
 
@@ -49,6 +39,10 @@ def job_cpus(env: dict | None = None) -> int:
 
 
 def run_report(cfg: ReportProject) -> Path:
+    """Every declared paper target (tables: :mod:`~protoclip.report.paper_tables`, figures:
+    :mod:`~protoclip.report.figures`) with its caption ``results/report/<id>.rst``, the claims ledger, the generic
+    tables, the data of dvc.yaml's ``plots:``, the summary figures, and ``results/tables/index.md`` (returned):
+    the skipped data sets and runs once at the top, then every target and the ledger."""
     layout = Layout.from_config(cfg)
     for folder in (layout.tables, layout.figures, layout.report_dir):
         clean_stale_temps(folder)  # the report job is these folders' only writer: a killed run's temp files
@@ -117,8 +111,8 @@ def run_report(cfg: ReportProject) -> Path:
 
 def log_to_mlflow(cfg: ReportProject) -> None:
     """The report's tables and figures as artifacts of a ``report`` MLflow run; each claim into a ``claims`` run."""
-    log_report(cfg)
-    with claims_run(cfg) as tracker:
+    log_report(cfg.paths)
+    with claims_run(cfg.paths) as tracker:
         log_ledger(cfg, tracker)
 
 

@@ -1,17 +1,7 @@
 """Figures over the whole report, read faster than its tables (``protoclip report`` writes them after the targets):
-
-* ``results/figures/ours_vs_paper.png``: every comparable cell of the paper tables, one point each (x: the
-  paper's number, y: ours), the diagonal drawn, coloured by table; hollow where the column used an offline
-  stand-in set (a different data set than the paper's, named in the table's caption). ARI / AMI (in [0, 1])
-  get a panel of their own beside accuracies and recalls (in %);
-* ``results/figures/table_VI_differences.png``: Table VI's per-set differences (ProtoCLIP minus CLIP, one bar
-  per set and model pair) with seed error bars, the paper's printed difference beside each;
-* ``results/figures/train_curves.png``: the runs' training loss as small multiples, one panel per paper target
-  with the runs its rows compare (seeds: their mean, the band their range), each panel with its own legend.
-
-Each figure has a caption ``results/report/<name>.rst`` (the Snakemake report's). The points drawn come from
-pure functions (:func:`comparable_points`, :func:`difference_points`, :func:`curve_panels`) that the tests
-check against the result files.
+ours against the paper, Table VI's per-set differences, and the runs' training curves, each with a caption
+``results/report/<name>.rst``. The points drawn come from pure functions (:func:`comparable_points`,
+:func:`difference_points`, :func:`curve_panels`) that the tests check against the result files.
 """
 from __future__ import annotations
 
@@ -68,6 +58,10 @@ def comparable_points(records: list[dict]) -> pd.DataFrame:
 
 
 def plot_ours_vs_paper(points: pd.DataFrame, out: Path, title: str) -> None:
+    """``results/figures/ours_vs_paper.png``: every comparable cell of the paper tables, one point each (x: the
+    paper's number, y: ours), the diagonal drawn, coloured by table; hollow where the column used an offline
+    stand-in set (a different data set than the paper's, named in the table's caption). ARI / AMI (in [0, 1])
+    get a panel of their own beside accuracies and recalls (in %)."""
     plt = _plt()
     units = [u for u in ("%", "[0, 1]") if u in set(points["unit"])] or ["%"]
     fig, axes = plt.subplots(1, len(units), figsize=(5.2 * len(units) + 1.8, 5.4), squeeze=False)
@@ -149,6 +143,8 @@ def difference_points(cfg: ReportProject, results: Results, target: TargetConfig
 
 
 def plot_differences(points: list[DifferencePoint], out: Path, title: str, xlabel: str) -> None:
+    """``results/figures/table_VI_differences.png``: Table VI's per-set differences (ProtoCLIP minus CLIP, one bar
+    per set and model pair) with seed error bars, the paper's printed difference beside each."""
     plt = _plt()
     columns = list(dict.fromkeys(p.column for p in points))
     groups = list(dict.fromkeys(p.difference for p in points))
@@ -230,8 +226,10 @@ def _smooth(values: np.ndarray, window: int) -> np.ndarray:
 
 
 def plot_curve_panels(panels: list[CurvePanel], losses: pd.DataFrame, out: Path, smooth_points: int = 60) -> None:
-    """Small multiples (2 per line), each panel's legend beside it; a row with seeds is their mean per step with
-    their range shaded. Each line is a moving mean over about 1/``smooth_points`` of its steps."""
+    """``results/figures/train_curves.png``: the runs' training loss as small multiples (2 per line), one panel per
+    paper target with the runs its rows compare (:func:`curve_panels`), each panel's legend beside it; a row with
+    seeds is their mean per step with their range shaded. Each line is a moving mean over about 1/``smooth_points``
+    of its steps."""
     plt = _plt()
     ncols = 2 if len(panels) > 1 else 1
     nrows = max(1, math.ceil(len(panels) / ncols))

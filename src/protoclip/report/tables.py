@@ -1,10 +1,5 @@
 """The report's generic tables: every task's metrics (:attr:`protoclip.tasks.Task.metrics`) per data set and run,
-and the training losses.
-
-Per task with a table, ``results/tables/<task>.{csv,md,tex}`` (rows: data set x metric; columns: runs; skipped
-sets left out, the index lists them); every value with its skip line in ``results/tables/metrics_long.csv``; and
-``results/tables/train_loss.csv`` from each run's ``train_log.jsonl`` (drawn by
-:mod:`protoclip.report.summary_figures`). Written by the report stage (:mod:`protoclip.report.stage`).
+and the training losses, beside the paper tables; written by the report stage (:mod:`protoclip.report.stage`).
 """
 from __future__ import annotations
 
@@ -31,7 +26,8 @@ def table_metrics(task: str) -> tuple[str, ...]:
 
 
 def collect_metrics(results: Results, runs: list[str]) -> pd.DataFrame:
-    """Long table: run, task, dataset, metric, value (float) or note (skipped line), of every evaluated set."""
+    """Long table: run, task, dataset, metric, value (float) or note (skipped line), of every evaluated set
+    (``results/tables/metrics_long.csv``)."""
     rows = []
     for run in runs:
         found = sorted((task, dataset) for task, per_set in results.summary(run).items() for dataset in per_set)
@@ -51,7 +47,8 @@ def collect_metrics(results: Results, runs: list[str]) -> pd.DataFrame:
 
 
 def task_table(long: pd.DataFrame, task: str) -> tuple[pd.DataFrame, list[str]]:
-    """One task as rows (dataset, metric) x columns (runs), plus the skip lines of its missing sets.
+    """One task as rows (dataset, metric) x columns (runs), plus the skip lines of its missing sets
+    (``results/tables/<task>.{csv,md,tex}``).
 
     Values are formatted to 4 significant digits; skipped sets have no row (the index lists them once).
     """
@@ -72,7 +69,8 @@ def task_table(long: pd.DataFrame, task: str) -> tuple[pd.DataFrame, list[str]]:
 
 
 def train_losses(layout: Layout, runs: list[str]) -> pd.DataFrame:
-    """run, step, loss (total) of every logged training step."""
+    """run, step, loss (total) of every logged training step, from each run's ``train_log.jsonl``
+    (``results/tables/train_loss.csv``, drawn by :mod:`protoclip.report.summary_figures`)."""
     rows = [{"run": run, "step": rec["step"], "loss": rec["loss"]} for run in runs
             for rec in records.read_train_log(layout.train_log(run), kind="step") if "loss" in rec and "step" in rec]
     return pd.DataFrame(rows, columns=["run", "step", "loss"])

@@ -1,20 +1,7 @@
 """Temperature-study figure (clip-temperature-multi-class-tokens.txt Sec. 2, 4, App. D, H; methods-spec 2.5).
 
-First row, from each run's ``train_log.jsonl`` step records (written by the trainer for every CLIP-term method:
-``clip_scale`` = the logit scale s = 1/tau after the step's forward, ``equilibrium`` = mean(s_ii - E_p s_ij),
-= -dL/ds, and ``grad_norm``): the learned scale (log axis), the equilibrium statistic and the gradient norm
-against the step. Runs without ``clip_scale`` (e.g. nCLIP) are left out.
-
-Further panels, from each run's ``temperature`` evaluation (protoclip.evaluate.metrics.temperature, on the
-target's ``task: temperature`` columns' sets): the Fig. 1 equilibrium ratio against the scale for the first run
-with results, one curve per shuffled share (largest batch) and per batch size (no shuffling); the equilibrium
-scale tau* (ratio 1) of every run beside its learned final scale; Table 11's token-subset zero-shot of the
-multi-token runs; and one Fig. 8 histogram panel per run (positive / negative image-text, negative image-image
-and text-text similarities).
-
-    from protoclip.report.temperature import plot_temperature
-    plot_temperature({"temp_sphere_init14": layout.train_log("temp_sphere_init14"), ...},
-                     layout.figures / "temperature.png", diagnostics={"temp_sphere_init14": metrics, ...})
+The learned CLIP scale and its equilibrium statistic over training, from the runs' train logs, beside what the
+``temperature`` evaluation measured of the trained models (the paper's Fig. 1, Fig. 8 and Table 11).
 """
 from __future__ import annotations
 
@@ -33,7 +20,11 @@ HISTOGRAMS = (("pos_image_text", "positive image-text", "tab:green"), ("neg_imag
 
 
 def temperature_curves(train_logs: dict[str, str | Path]) -> dict[str, dict[str, list[float]]]:
-    """run -> {"step": [...], "clip_scale": [...], "equilibrium": [...], "grad_norm": [...]} (step lines only)."""
+    """run -> {"step": [...], "clip_scale": [...], "equilibrium": [...], "grad_norm": [...]} (step lines only).
+
+    The trainer writes them in the step records of every CLIP-term method: ``clip_scale`` = the logit scale
+    s = 1/tau after the step's forward, ``equilibrium`` = mean(s_ii - E_p s_ij), = -dL/ds, and ``grad_norm``.
+    Runs without ``clip_scale`` (e.g. nCLIP) are left out."""
     out: dict[str, dict[str, list[float]]] = {}
     for run, path in train_logs.items():
         cols: dict[str, list[float]] = {"step": [], **{k: [] for k, _, _ in PANELS}}
@@ -128,6 +119,7 @@ def _token_panel(ax, diagnostics: dict[str, dict]) -> bool:
 
 
 def _histogram_panel(ax, label: str, h: dict) -> None:
+    """Fig. 8: one run's positive / negative image-text, negative image-image and text-text similarities."""
     edges = h["edges"]
     centres = [(a + b) / 2 for a, b in zip(edges, edges[1:])]
     width = edges[1] - edges[0]
@@ -145,7 +137,18 @@ def plot_temperature(train_logs: dict[str, str | Path], out_png: str | Path,
                      diagnostics: dict[str, dict] | None = None) -> bool:
     """Trajectories of ``train_logs`` (label -> path) and the panels of ``diagnostics`` (label -> temperature
     metrics) to ``out_png`` (matplotlib Agg, written atomically). False, and no file, when no run logged a CLIP
-    scale."""
+    scale.
+
+    First row: the learned scale (log axis), the equilibrium statistic and the gradient norm against the step.
+    Further panels, from each run's ``temperature`` evaluation (protoclip.evaluate.metrics.temperature, on the
+    target's ``task: temperature`` columns' sets): the Fig. 1 equilibrium ratio against the scale for the first run
+    with results, one curve per shuffled share (largest batch) and per batch size (no shuffling); the equilibrium
+    scale tau* (ratio 1) of every run beside its learned final scale; Table 11's token-subset zero-shot of the
+    multi-token runs; and one Fig. 8 histogram panel per run.
+
+        plot_temperature({"temp_sphere_init14": layout.train_log("temp_sphere_init14"), ...},
+                         layout.figures / "temperature.png", diagnostics={"temp_sphere_init14": metrics, ...})
+    """
     curves = temperature_curves(train_logs)
     if not curves:
         return False

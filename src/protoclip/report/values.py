@@ -1,15 +1,7 @@
 """Numbers behind the paper targets: the paper's (transcribed, package data) and ours (metrics files, logs).
 
-* :func:`paper_numbers` reads ``paper_numbers.yaml`` (table / figure -> cite, where, rows, text);
-* :class:`Results` reads each run's ``metrics.json`` (what `collect` wrote, checked against the evaluation folders'
-  completion markers: :func:`protoclip.files.records.collected_results`) and ``train_log.jsonl`` and gives a target cell
-  as mean, std and number of seeds over a run group (``seeds:`` runs), plus the data sets used;
-* :func:`phase_times` sums a run's measured episode phase times (``time/extract``, ``time/kmeans``,
-  ``time/pbt``, ``time/train`` of the ``episode`` records).
-
-The result files are read through :mod:`protoclip.files.records` (their formats live there).
-
-Never mixes the two: paper values come only from :func:`paper_numbers`, ours only from result files.
+Never mixes the two: paper values come only from :func:`paper_numbers`, ours only from result files, read through
+:mod:`protoclip.files.records` (their formats live there).
 """
 from __future__ import annotations
 
@@ -55,7 +47,8 @@ def _paper_file() -> dict:
 
 
 def paper_numbers(key: str | None) -> dict:
-    """The transcribed entry ``key`` (``{}`` when None or absent): cite, where, rows / values, text."""
+    """The transcribed entry ``key`` of ``paper_numbers.yaml`` (table / figure; ``{}`` when None or absent): cite,
+    where, rows / values, text."""
     if key is None:
         return {}
     return dict(_paper_file().get(key) or {})
@@ -96,7 +89,10 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 @dataclass
 class Results:
-    """Our result files of a configured project, read lazily."""
+    """Our result files of a configured project, read lazily: each run's ``metrics.json`` (what `collect` wrote,
+    checked against the evaluation folders' completion markers: :func:`protoclip.files.records.collected_results`)
+    and ``train_log.jsonl``; gives a target cell as mean, std and number of seeds over a run group (``seeds:``
+    runs), plus the data sets used."""
     cfg: ReportProject
     layout: Layout = field(init=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False)
@@ -226,8 +222,8 @@ class Results:
 
 
 def phase_times(log_path: Path) -> dict[str, float] | None:
-    """Seconds per episode phase summed over a run's episodes, plus ``total`` and ``episodes``; None without a
-    log.
+    """Seconds per episode phase summed over a run's episodes (``time/extract``, ``time/kmeans``, ``time/pbt``,
+    ``time/train`` of the ``episode`` records), plus ``total`` and ``episodes``; None without a log.
 
     A resumed run may repeat an episode record: the last record of each episode counts.
     """
