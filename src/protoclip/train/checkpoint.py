@@ -1,21 +1,6 @@
-"""Episode-end checkpoints: everything an exact resume needs, written atomically.
-
-A checkpoint (``results/runs/<run>/checkpoints/last.pt``) holds the model and optimizer state, the grad
-scaler (when one is used), the python / numpy / torch (CPU and CUDA) RNG states, the index of the next
-episode, the global step and the last episode's prototypes. It is written with
-:func:`protoclip.files.atomic.atomic_path` so a run killed mid-write keeps the previous complete checkpoint.
-
-    save_checkpoint(path, model=m, optimizer=opt, episode=e + 1, step=s, prototypes=p,
-                    extra={"config": resume_key(config)})
-    state = resume_point(path, resume_key(config))  # None: train from scratch
-    restore_rng(state["rng"])
-
-Resume policy (:func:`resume_point`, the one place that decides whether a run continues): no checkpoint, or
-one written with another config (:func:`resume_key`), trains from scratch, because the workflow always passes
-``--resume`` and a changed config must retrain. A checkpoint that cannot be read (empty, cut, another tool's
-file) stops with a :class:`CheckpointError` naming it (exit 2): our own writes are atomic, so such a file
-was damaged or replaced from outside, and starting over would silently discard training that a restored copy
-could continue; the message says to delete the file to train from scratch.
+"""Episode-end checkpoints: everything an exact resume needs (``results/runs/<run>/checkpoints/last.pt``), written
+atomically so that a run killed mid-write keeps the previous complete checkpoint, and the one resume decision
+(:func:`resume_point`). Also the stops that keep the last good state (:class:`TrainingStopped`).
 """
 from __future__ import annotations
 
@@ -121,7 +106,17 @@ def check_state_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer 
 def save_checkpoint(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     episode: int, step: int, scaler: Any = None, prototypes: Any = None,
                     extra: dict[str, Any] | None = None) -> Path:
-    """Write the checkpoint atomically. ``episode`` is the index of the next episode to run."""
+    """Write the checkpoint atomically. ``episode`` is the index of the next episode to run.
+
+    It holds the model and optimizer state, the grad scaler (when one is used), the python / numpy / torch (CPU
+    and CUDA) RNG states, the index of the next episode, the global step and the last episode's prototypes;
+    written with :func:`protoclip.files.atomic.save_torch`, so a kill mid-write keeps the previous file::
+
+        save_checkpoint(path, model=m, optimizer=opt, episode=e + 1, step=s, prototypes=p,
+                        extra={"config": resume_key(config)})
+        state = resume_point(path, resume_key(config))  # None: train from scratch
+        restore_rng(state["rng"])
+    """
     state = {
         "version": CHECKPOINT_VERSION,
         "model": model.state_dict(),
@@ -169,8 +164,14 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 def resume_point(path: str | Path, key: dict, map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
     """The one resume check: the checkpoint's state when it continues a run of config ``key``
-    (:func:`resume_key`), else None (train from scratch, logged why). An unreadable file stops with
-    :class:`CheckpointError` (see the module doc for the policy)."""
+    (:func:`resume_key`), else None (train from scratch, logged why).
+
+    No checkpoint, or one written with another config, trains from scratch, because the workflow always passes
+    ``--resume`` and a changed config must retrain. A checkpoint that cannot be read (empty, cut, another tool's
+    file) stops with a :class:`CheckpointError` naming it (exit 2): our own writes are atomic, so such a file was
+    damaged or replaced from outside, and starting over would silently discard training that a restored copy
+    could continue; the message says to delete the file to train from scratch.
+    """
     try:
         state = load_checkpoint(path, map_location=map_location)
     except FileNotFoundError:  # also when rank 0 removed it first for a retrain (their answer is None too)

@@ -1,11 +1,9 @@
-"""Config of one training run (owned by protoclip.train). Defaults follow ProtoCLIP Table I
-where a number is given there; CPU-sized defaults are overridden per run in config/experiments/.
+"""Config of one training run (owned by protoclip.train). Defaults follow ProtoCLIP Table I where a number is
+given there; CPU-sized defaults are overridden per run in config/experiments/.
 
-The sections every method shares are defined here; a section read by one method family is defined in that
-method's module and registered with it (``@register("nclip", sections={"nclip": NCLIPConfig})``,
-:mod:`protoclip.registry`): ``TrainConfig.sections`` holds them, read as ``cfg.nclip`` / ``cfg.pcl``,
-written in YAML as ``train.nclip`` like any section. ``pauc`` stays here: two method families (``pcl``,
-``protoclip``) read it (``Method.reads_pauc``)."""
+The sections every method shares are defined here; a section read by one method family is registered by that
+method's module (``@register("nclip", sections={"nclip": NCLIPConfig})``, :mod:`protoclip.registry`), held in
+``TrainConfig.sections``, read as ``cfg.nclip`` and written in YAML as ``train.nclip`` like any section."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -57,7 +55,7 @@ class LossConfig:
 @dataclass
 class PAUCConfig:
     """PAUC regularisers (pauc-nemd.txt Eqs. 4-7; methods-spec 3.3) on ``method: pcl`` or ``protoclip`` h-space
-    (shared by two methods, hence defined here rather than in one method module)."""
+    (shared by two method families, hence defined here rather than in one method module: ``Method.reads_pauc``)."""
 
     enabled: bool = False
     alpha: float = 1.0  # alignment weight: not in the paper, spec 3.3 [rec]

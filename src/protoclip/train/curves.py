@@ -1,24 +1,7 @@
-"""The training curves as MLflow shows them: every curve against the global optimizer step, open_clip's way.
-
-open_clip logs ``train/loss``, each loss term, ``train/lr`` and the logit scale at the global step every
-``--log-every-n-steps``; a ProtoCLIP run's curves use the same x axis so that both sit in one MLflow chart.
-MLflow keys (the train log, ``train_log.jsonl``, keeps its own record keys; this is only their MLflow naming):
-
-* ``train/<key>`` at step ``s`` for every ``step`` record the train log keeps (each ``train.log_every``-th step,
-  read back with the others at the log interval, :mod:`protoclip.train.step_log`: no extra host read):
-  ``loss``, each loss term, ``lr``, ``image_lr``, ``grad_norm``, the method's diagnostics, the temperatures
-  ``tau_clip`` / ``tau_proto``, and ``train/logit_scale`` = 1 / ``tau_clip`` (the logits' multiplier
-  exp(logit_scale), the number open_clip logs as ``train/scale``; ``train/proto_logit_scale`` likewise).
-* ``episode/<key>`` at the step count at the episode's end (the optimizer steps done, ``step`` of the episode
-  record): the episode record's step means (``episode/mean/loss``), the method's episode statistics
-  (``episode/kmeans_image_objective``) and the time split (``episode/time/train``).
-* ``val/<task>/<metric>`` (validation while training, :mod:`protoclip.train.validation`) at that same step.
-
-Counters are not metrics: the global step is MLflow's step index, the episode and epoch follow from it and the
-``schedule.*`` params (``steps_per_episode``...); a per-run setting of the episode record (``k``, the number of
-prototypes) is a param ``episode.k``. A training is buffered per episode and sent in MLflow's batch call with the
-episode's record (after its checkpoint, as the episode record always was): a redone episode of a resumed run
-logs its steps again.
+"""The training curves as MLflow shows them: every curve against the global optimizer step, open_clip's way, so that
+a ProtoCLIP run and an open_clip run share one chart. Names the train log's ``step`` and ``episode`` records (which
+keep their own keys) as MLflow's ``train/*``, ``episode/*`` and ``val/*`` metrics and sends them once per episode,
+after its checkpoint, in one batch call. The keys and when they are sent: docs/mlflow.md, "Curves while training".
 """
 from __future__ import annotations
 

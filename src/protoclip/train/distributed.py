@@ -1,19 +1,7 @@
-"""torch.distributed helpers of the trainer: init from torchrun's environment, gather, broadcast.
-
-    torchrun --nproc_per_node 2 -m protoclip.cli train --run protoclip_tiny
-
-Under torchrun (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` set) :func:`init_from_env`
-initialises the default process group (nccl when the device is CUDA, gloo otherwise); without them the
-trainer runs as a single process and every helper here is the identity. Features for clustering are
-all-gathered to every rank, k-means runs on rank 0 only, and its result is broadcast so that all ranks
-train against the same prototypes (see :mod:`protoclip.train.episode`). :func:`destroy` ends the group when
-training is done.
-
-Random streams: every rank seeds with the run's seed before the model is built (identical initial weights),
-then each rank r > 0 reseeds its python / numpy / torch RNGs with :func:`rank_seed` ``(seed, r)``, so that the
-ranks draw different augmentations (random crops, flips, colour jitter) for their different images; rank 0
-keeps the run seed's stream, so a 1-process run is unchanged. Checkpoints of a k-rank run hold every rank's
-RNG states (:func:`gather_object`), and a resumed rank continues its own.
+"""torch.distributed helpers of the trainer: init from torchrun's environment, gather, broadcast, per-rank seeds.
+Without torchrun's variables the trainer runs as one process and every helper here is the identity. Under DDP
+the clustering features are all-gathered, k-means runs on rank 0 and its result is broadcast, so that all ranks
+train against the same prototypes (:mod:`protoclip.train.episode`).
 """
 from __future__ import annotations
 
@@ -56,7 +44,12 @@ def backend_for(device: torch.device) -> str:
 
 
 def init_from_env(device: torch.device) -> DistInfo:
-    """Initialise the default process group when ``WORLD_SIZE > 1`` (idempotent); return this rank's info."""
+    """Initialise the default process group when ``WORLD_SIZE > 1`` (idempotent); return this rank's info.
+
+    Under torchrun (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` set:
+    ``torchrun --nproc_per_node 2 -m protoclip.cli train --run protoclip_tiny``) the group is nccl when the
+    device is CUDA, gloo otherwise; :func:`destroy` ends it when training is done.
+    """
     info = env_world()
     if info.enabled and not dist.is_initialized():
         dist.init_process_group(backend=backend_for(device), rank=info.rank, world_size=info.world_size)
@@ -108,7 +101,13 @@ def rank_seed(seed: int, rank: int) -> int:
 
 
 def seed_rank(seed: int, info: DistInfo) -> None:
-    """Reseed this rank's python / numpy / torch RNGs with :func:`rank_seed` (nothing on rank 0)."""
+    """Reseed this rank's python / numpy / torch RNGs with :func:`rank_seed` (nothing on rank 0).
+
+    Every rank seeds with the run's seed before the model is built (identical initial weights), then each rank
+    r > 0 reseeds here, so that the ranks draw different augmentations (random crops, flips, colour jitter) for
+    their different images; rank 0 keeps the run seed's stream, so a 1-process run is unchanged. Checkpoints of a
+    k-rank run hold every rank's RNG states (:func:`gather_object`), and a resumed rank continues its own.
+    """
     if info.rank == 0:
         return
     s = rank_seed(seed, info.rank)

@@ -1,18 +1,7 @@
-"""One episode's data and prototypes (ProtoCLIP Sec. III-D): sample -> extract -> cluster.
-
-1. :func:`sample_episode` draws m items without replacement from a generator seeded by
-   ``(seed, episode)``, so episode e is the same sample whether the run was resumed or not.
-2. :func:`extract_features` runs the current model in eval mode without gradients (under the run's autocast) over
-   the episode's items, with the *train* transform (its own augmentation draw: the "implicit contrast" of
-   Sec. IV-B3, the training step sees a different view of the same image), giving h^I, h^T in episode order. The
-   trainer reads it as the episode's ``extract`` pass of its one DataLoader (:mod:`protoclip.train.loader`, batches
-   of ``train.extract_batch_size``).
-3. :func:`build_episode_prototypes` runs k-means per modality (and on the cached teacher features) via
-   ``protoclip.prototypes.EpisodePrototypes.build`` on rank 0, broadcasts the result, and returns the cluster
-   statistics that the trainer logs (sizes min/mean/max, empty clusters, k-means objective).
-
-Under DDP each rank extracts the items of its :func:`rank_positions` and the features are all-gathered
-(ordered by episode position) before clustering.
+"""One episode's data (ProtoCLIP Sec. III-D): which m items it holds (:func:`sample_episode`), this rank's share
+of them (:func:`rank_positions`) and their features h^I, h^T under the current model (:func:`extract_features`),
+from which a method builds the episode's prototypes (ProtoCLIP: k-means per modality and on the cached teacher
+features on rank 0, broadcast: ``protoclip.train.methods.protoclip.build_episode_prototypes``).
 """
 from __future__ import annotations
 
@@ -72,7 +61,14 @@ class EpisodeFeatures:
 def extract_features(model: torch.nn.Module, loader: Iterable[Batch], episode_size: int, device: torch.device,
                      info: DistInfo, autocast: Callable[[], ContextManager], desc: str = "extract") -> EpisodeFeatures:
     """h^I, h^T of every episode item with the current model in eval mode (train mode restored after);
-    ``loader``: this rank's batches of the episode's ``extract`` pass (the run's loader, ``pass_of``)."""
+    ``loader``: this rank's batches of the episode's ``extract`` pass (the run's loader, ``pass_of``, in batches
+    of ``train.extract_batch_size``).
+
+    No gradients, under the run's autocast, with the *train* transform: its own augmentation draw, the "implicit
+    contrast" of Sec. IV-B3 (the training step sees a different view of the same image). Under DDP each rank
+    extracts the items of its :func:`rank_positions` and the features are all-gathered, in episode order,
+    before clustering.
+    """
     was_training = model.training
     model.eval()
     feats_i, feats_t, poss = [], [], []

@@ -1,40 +1,8 @@
-"""One DataLoader for a whole training run: both passes of every episode through the same worker processes.
-
-An episode (:mod:`protoclip.train.episode`) is read in up to two passes over its items, in episode order:
-``extract`` (a method's work before the steps, e.g. ProtoCLIP's h^I, h^T for k-means, in batches of
-``train.extract_batch_size``) and ``train`` (the optimizer steps, ``train.batch_size``). :class:`EpisodeBatches`
-is the DataLoader's batch sampler: set to a sequence of (episode, pass), it yields this rank's share of each
-episode (:func:`~protoclip.train.episode.rank_positions`) in batches of each pass's size. :class:`RunLoader` holds
-the one DataLoader, with ``persistent_workers`` when ``num_workers > 0`` (the workers start once per run, or once per
-resumed segment, instead of twice per episode), and hands out each pass as an iterable of
-:class:`~protoclip.data.loading.batch.Batch` es (images stacked by the run's
-:class:`~protoclip.data.loading.transforms.ImageForm`, tokens, positions)::
-
-    loader = RunLoader(dataset, episode_size=m, seed=0, batch_size=512, extract_batch_size=1024,
-                       num_workers=8, info=info, device=device, n_episodes=n, form=image_form(transform))
-    for batch in loader.pass_of(episode, "extract"): ...  # batch.views, batch.tokens, batch.positions
-    for batch in loader.pass_of(episode, "train"): ...
-    wait = loader.take_wait()  # seconds waited for the first batch of each pass since the last call
-    loader.close()
-
-With ``augment`` (``train.augment_on: device``, :class:`protoclip.data.loading.device_augment.DeviceAugment`) a pass
-yields its images on the device, augmented there and normalised: each uint8 view of a batch with the key (episode, pass
-index, the batch's first position, view), so the draws, like the workers' per-item seeds, do not depend on the
-worker count, the prefetch or a resume; a batch of stored files (``train.decode_on: device``) is decoded, cropped
-and flipped there first.
-
-Prefetch (with workers): one iterator reads the passes of the rest of the run as one stream (this pass, then
-every later one as the latest episode began: extract + train, or train only), so the workers never stop at a pass
-boundary: while the main process ends a pass, runs k-means and PBT, checkpoints or validates, they already decode
-the next pass's first batches (up to the DataLoader's prefetch). A pass asked for that is not the stream's next one
-(a method whose episodes change pattern, a pass left part-way) restarts the stream at it (the batches decoded
-ahead are dropped): a guess costs time, never correctness.
-
-Augmentation draws. Without workers the items are read in the main process, in order, drawing from its global
-RNGs as a DataLoader made per pass does (the checkpoint saves those RNGs, so a resumed run is exact). Workers that
-live across episodes cannot carry such a stream through a resume, so with workers each item reseeds its worker's
-RNGs (python, numpy, torch) from (seed, episode, pass, position) before it is read: an item's augmentation is
-then a pure function of those four numbers, whatever the worker count, the prefetch or a resume.
+"""One DataLoader for a whole training run: both passes of every episode (``extract``, a method's work before the
+steps, e.g. ProtoCLIP's features for k-means; ``train``, the optimizer steps) through the same worker processes,
+started once per run instead of twice per episode, the next pass prefetched across pass boundaries, and each
+item's augmentation a pure function of (seed, episode, pass, position). Design: docs/methods.md,
+"protoclip.train.loader".
 """
 from __future__ import annotations
 
@@ -153,9 +121,20 @@ class Pass:
 
 class RunLoader:
     """The run's one DataLoader over ``dataset`` (items ``(image, tokens, id)``, images of ``form``), serving
-    :class:`Pass` es (see the module docstring). ``batch_size`` / ``extract_batch_size``: this rank's batch of
-    each pass; ``n_episodes``: the schedule's episodes (nothing is read past the last). :meth:`close` stops the
-    workers."""
+    :class:`Pass` es (docs/methods.md, "protoclip.train.loader"). ``batch_size`` / ``extract_batch_size``: this
+    rank's batch of each pass; ``n_episodes``: the schedule's episodes (nothing is read past the last).
+    :meth:`close` stops the workers. With ``num_workers > 0`` the DataLoader has ``persistent_workers`` (started
+    once per run, or once per resumed segment). Each pass is an iterable of
+    :class:`~protoclip.data.loading.batch.Batch` es (images stacked by the run's
+    :class:`~protoclip.data.loading.transforms.ImageForm`, tokens, positions)::
+
+        loader = RunLoader(dataset, episode_size=m, seed=0, batch_size=512, extract_batch_size=1024,
+                           num_workers=8, info=info, device=device, n_episodes=n, form=image_form(transform))
+        for batch in loader.pass_of(episode, "extract"): ...  # batch.views, batch.tokens, batch.positions
+        for batch in loader.pass_of(episode, "train"): ...
+        wait = loader.take_wait()  # seconds waited for the first batch of each pass since the last call
+        loader.close()
+    """
 
     def __init__(self, dataset: Dataset, *, episode_size: int, seed: int, batch_size: int, extract_batch_size: int,
                  num_workers: int, info: DistInfo, device: torch.device, n_episodes: int,
@@ -236,7 +215,13 @@ class RunLoader:
                 self._queue.clear()
 
     def _on_device(self, batch: Batch, episode: int, pass_: str) -> Batch:
-        """The batch with its images (each view) on the device, augmented and normalised."""
+        """The batch with its images (each view) on the device, augmented and normalised (``augment``:
+        ``train.augment_on: device``, :class:`~protoclip.data.loading.device_augment.DeviceAugment`).
+
+        Each uint8 view is augmented with the key (episode, pass index, the batch's first position, view), so the
+        draws, like the workers' per-item seeds, do not depend on the worker count, the prefetch or a resume; a
+        batch of stored files (``train.decode_on: device``) is decoded, cropped and flipped here first.
+        """
         key = (self.seed, episode, PASSES.index(pass_), int(batch.positions[0]))  # on the host: no device read
         if batch.stored:  # stored files (decode_on: device): decoded, cropped and flipped here first
             image = self.augment.decode_crop(list(batch.stored), (*key, 0), self.device)

@@ -1,39 +1,9 @@
-"""The episodic trainer shared by every training method (ProtoCLIP Sec. III-D, IV-A, Table I).
-
-Per episode: sample m items (:mod:`protoclip.train.episode`), let the method prepare the episode
-(``Method.begin_episode``: for ``method: protoclip`` extract h^I, h^T with the current model, k-means per
-modality (+ teacher) and PBT; nothing for CLIP), then train on the episode's batches with the method's loss
-(``Method.terms`` / ``Method.total``, see :mod:`protoclip.train.methods`). Optimizer AdamW (decoupled weight decay only on the
-model's ``*_decay`` groups), warm-up + cosine LR, the image groups' LR zeroed from ``lock_image_epoch``,
-grad-norm clipping, ``Method.after_step`` after every step (logit-scale clamps), bf16 autocast on CUDA (fp32 on CPU;
-``precision: fp16``: fp16 autocast and a GradScaler on CUDA). A step reads nothing back to the host: its record stays on
-the device until the log interval (:mod:`protoclip.train.step_log`).
-
-Files (:class:`~protoclip.files.layout.TrainFiles`, given by the stage): ``config.yaml`` and the train log from the
-start, and ``checkpoints/last.pt`` at episode ends (atomic; at most every ``checkpoint_interval_s`` seconds, and
-always after the final episode). An episode's records reach the log before the checkpoint that covers them, so a
-kill between the two only repeats the episode. ``state`` (a checkpoint that
-:func:`~protoclip.train.checkpoint.resume_point` accepted; the stage decides, this module never reads a
-checkpoint) continues the run and reaches the same weights and the same log as an uninterrupted run; None
-trains from scratch. A config
-whose episodes would hold no batch of two items (batch or episode size 1) stops before training with a
-:class:`~protoclip.errors.ConfigError`. A non-finite loss term, gradient norm or k-means feature stops the run
-with :class:`NonFiniteLossError` naming step, episode and term (at the next log interval; the
-updates from that step on are skipped on the device), non-finite weights or optimizer state before a
-save with :class:`~protoclip.train.checkpoint.NonFiniteStateError` (both
-:class:`~protoclip.train.checkpoint.TrainingStopped`: one line, exit 2 through the CLI); the last checkpoint is
-left as it was.
-
-The call is split as nanoGPT's loop is: :func:`restore` (checkpoint -> :class:`Progress`), :func:`run_episode`
-(sample, prepare, train steps -> the episode record) and :func:`end_episode` (early stop, checkpoint, log),
-over a :class:`Session` holding what stays fixed for the call; the decisions are pure functions
-(:func:`stop_decision`, :func:`episode_record`).
-
-    from protoclip.train.loop import train
-    model = train(model, dataset, cfg, layout.train_files(run), state=None, teacher=None, tracker=Tracker())
-    # teacher: None or float32 [len(dataset), d] rows aligned with the data set (see protoclip.train.stage)
-
-MLflow is never imported here: metrics go to the ``Tracker`` the stage passes in.
+"""The episodic trainer shared by every training method (ProtoCLIP Sec. III-D, IV-A, Table I): per episode, sample
+m items, let the method prepare the episode (``Method.begin_episode``: ProtoCLIP's k-means and PBT), then train on
+its batches with the method's loss. Split as nanoGPT's loop is: :func:`restore`, :func:`run_episode` and
+:func:`end_episode` over a :class:`Session`, the decisions pure functions (:func:`stop_decision`,
+:func:`episode_record`); the entry point is :func:`train`. MLflow is never imported here: metrics go to the
+``Tracker`` the stage passes in.
 """
 from __future__ import annotations
 
@@ -506,6 +476,27 @@ def train(model: torch.nn.Module, dataset: Dataset, cfg: TrainConfig, files: Tra
     the call after that many episodes of this call (checkpoint written): used to test resume. ``validator``: a
     :class:`~protoclip.train.validation.Validator` (the main process scores the model with it after the episodes
     it says, into their records) or None.
+
+    Optimizer AdamW (decoupled weight decay only on the model's ``*_decay`` groups) or SGD (:func:`build_optimizer`),
+    warm-up + cosine LR, the image groups' LR zeroed from ``lock_image_epoch`` (:mod:`protoclip.train.schedule`),
+    grad-norm clipping, ``Method.after_step`` after every step (logit-scale clamps), bf16 autocast on CUDA (fp32
+    on CPU; ``precision: fp16``: fp16 autocast and a GradScaler on CUDA). A step reads nothing back to the host:
+    its record stays on the device until the log interval (:mod:`protoclip.train.step_log`).
+
+    Files: ``config.yaml`` and the train log from the start, ``checkpoints/last.pt`` at episode ends (atomic; at
+    most every ``checkpoint_interval_s`` seconds, and always after the final episode). An episode's records reach
+    the log before the checkpoint that covers them, so a kill between the two only repeats the episode; a resumed
+    run reaches the same weights and the same log as an uninterrupted run.
+
+    Stops: a config whose episodes would hold no batch of two items stops before training with a
+    :class:`~protoclip.errors.ConfigError` (:func:`require_training_steps`). A non-finite loss term, gradient norm
+    or k-means feature stops the run with :class:`NonFiniteLossError` naming step, episode and term (at the next
+    log interval; the updates from that step on are skipped on the device), non-finite weights or optimizer state
+    before a save with :class:`~protoclip.train.checkpoint.NonFiniteStateError` (both
+    :class:`~protoclip.train.checkpoint.TrainingStopped`: one line, exit 2 through the CLI); the last checkpoint
+    is left as it was::
+
+        model = train(model, dataset, cfg, layout.train_files(run), state=None, teacher=None, tracker=Tracker())
     """
     device, info = setup_device(cfg.device)
     if teacher is not None and (teacher.ndim != 2 or len(teacher) != len(dataset)):

@@ -1,51 +1,8 @@
-"""Episode and learning-rate schedule of the episodic trainer (pure functions, no torch state).
-
-ProtoCLIP Sec. III-D: n_episode = n_epoch * M / m episodes of m samples each; Table I: batch 512,
-40 warm-up episodes, LR 5e-4 with cosine decay; Sec. IV-A2: the image encoder's LR drops to zero at
-epoch 16 of 32 and locked-image tuning (LiT) continues for the remaining epochs.
-
-    from protoclip.train.schedule import Schedule
-    s = Schedule.from_config(cfg, dataset_size=len(ds), world_size=1)
-    lr = s.lr(step); image_lr = s.image_lr(step)
-
-Conventions (choices where the paper is silent, each tested in tests/unit/test_train_schedule.py):
-
-* ``batch_size`` of the config is the *global* batch B (the papers' "batch size": the N of ProtoCLIP's
-  Eq. 1, nCLIP's "4096 distributed across 32 GPUs"), so that a run means the same training on any number
-  of GPUs: each of the k ranks takes ``B / k`` (:func:`per_rank_batch`; B must be a multiple of k), and the
-  contrastive terms gather the k parts back into the B x B problem. Below, ``batch`` is that per-rank
-  batch and ``batch * world`` = B.
-* ``n_episodes = ceil(epochs * M / m)``: rounding up so that at least ``epochs`` epochs are seen.
-* ``steps_per_episode = ceil(ceil(m / world) / batch)``: every rank takes ``ceil(m / world)`` of the
-  episode's items (``DistributedSampler`` padding) in batches of ``batch`` = B / world; a short last
-  batch is kept, so every sampled item is trained on. With world | m this is ``ceil(m / B)`` on any world.
-* warm-up + cosine: the formula of open_clip's ``cosine_lr`` (the codebase ProtoCLIP is built on):
-  ``base * (step + 1) / warmup`` during warm-up, then ``0.5 * (1 + cos(pi * e / es)) * base``.
-  The warm-up length is ``ceil(warmup_samples / (batch * world))`` optimizer steps when
-  ``warmup_samples`` is set, else ``warmup_episodes * steps_per_episode``. Table I's "40 warm-up
-  episodes" are stated for m = 200k; counted in episodes, the warm-up would grow with m (at m = 500k,
-  Fig. 6(a), a 20-epoch run on 1M pairs has 40 episodes: all warm-up, the LR never decays). The paper
-  configs therefore fix the warm-up in samples, 40 x 200k = 8M (``warmup_samples: 8000000``), which
-  is Table I's warm-up at m = 200k and the same amount of data for every episode size. A run that sets
-  its own warm-up, in either unit, replaces that file-level default (protoclip.project: the nearer level
-  wins, and one level setting both keys stops at load time).
-* epoch of a step (for locked-image tuning) = ``step * batch * world / M``: samples seen so far
-  over the data set size; the image-encoder LR is zero for every step whose epoch is >= lock epoch.
-* ``min_lr``: the cosine ends at ``min_lr`` instead of 0, ``min + 0.5 * (1 + cos(pi * e / es)) * (base - min)``
-  (nCLIP Table 14, nclip-xclip.txt l.558: "learning rate end 2e-6"; the warm-up is unchanged).
-* ``lr_schedule: step`` (PCL / MoCo, pcl-protonce.txt l.150: "multiplied by 0.1 at 120 and 160 epochs"): after
-  the warm-up (PCL has none: 0 steps), ``base * gamma ** (milestones reached)``. MoCo's ``adjust_learning_rate``
-  sets the LR at the start of each epoch, so a milestone e takes effect from the first step of epoch e. Here an
-  epoch of the step schedule is ``M / m`` episodes (``steps_per_episode * M / m`` steps, :attr:`Schedule.
-  steps_per_epoch`): with one episode per epoch (PCL: m capped at M) milestone e starts exactly at episode e, as
-  in MoCo; counting samples (``step * B / M``, the lock's epoch) would drop a few steps early, since an episode's
-  short last batch counts as a full one there.
-* a budget in optimizer steps (``steps``, the temperature paper's "108,000 iterations", l.806-807) instead of
-  epochs: ``n_episodes = ceil(steps / steps_per_episode)`` episodes are drawn and the run stops after exactly
-  ``steps`` optimizer steps, inside the last episode (its remaining batches are not trained); the cosine runs
-  over those ``steps`` (``total_steps = steps``). A step that is skipped (a final batch of one item) is not
-  counted by the loop, so such a run ends short of ``steps``; a paper run avoids it with an episode size that is
-  a multiple of its batch. ``warmup_steps``, when set, is the warm-up in optimizer steps as it is given.
+"""Episode and learning-rate schedule of the episodic trainer (pure functions, no torch state): ProtoCLIP Sec. III-D's
+n_episode = n_epoch * M / m episodes of m samples, Table I's warm-up + cosine LR, Sec. IV-A2's locked-image epoch,
+and the related papers' step decay and step budgets. ``Schedule.from_config(cfg, dataset_size=len(ds),
+world_size=1)`` -> ``.lr(step)``, ``.image_lr(step)``. The conventions where the papers are silent (global batch,
+rounding, warm-up units, epochs of a step): docs/methods.md, "protoclip.train.schedule".
 """
 from __future__ import annotations
 
@@ -96,8 +53,10 @@ def trained_batches_per_episode(episode_size: int, batch_size: int, world_size: 
 
 
 def warmup_cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> float:
-    """Linear warm-up then cosine decay to ``min_lr`` (open_clip ``cosine_lr`` formula with min_lr = 0, see
-    module doc)."""
+    """Linear warm-up then cosine decay to ``min_lr``: the formula of open_clip's ``cosine_lr`` (the codebase
+    ProtoCLIP is built on), ``base * (step + 1) / warmup`` during warm-up, then
+    ``min + 0.5 * (1 + cos(pi * e / es)) * (base - min)``; ``min_lr`` 0 gives open_clip's formula exactly; nCLIP
+    ends at 2e-6 (Table 14, nclip-xclip.txt l.558: "learning rate end 2e-6")."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if step < warmup_steps:
@@ -112,7 +71,8 @@ def warmup_cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: 
 def step_decay_lr(step: int, base_lr: float, warmup_steps: int, milestones: tuple[float, ...], gamma: float,
                   steps_per_epoch: float) -> float:
     """Linear warm-up (as :func:`warmup_cosine_lr`) then ``base * gamma ** k``, k = the milestones (epochs)
-    reached at ``step``, whose epoch is ``step / steps_per_epoch`` (PCL / MoCo step decay, see module doc)."""
+    reached at ``step``, whose epoch is ``step / steps_per_epoch`` (PCL / MoCo step decay, pcl-protonce.txt
+    l.150: "multiplied by 0.1 at 120 and 160 epochs"; docs/methods.md, "protoclip.train.schedule")."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if step < warmup_steps:
@@ -123,7 +83,7 @@ def step_decay_lr(step: int, base_lr: float, warmup_steps: int, milestones: tupl
 
 def budget_episodes(steps: int, steps_per_ep: int) -> int:
     """Episodes a budget of ``steps`` optimizer steps draws: ``ceil(steps / steps_per_episode)`` (the last one
-    is cut at ``steps``, see module doc)."""
+    is cut at ``steps``: docs/methods.md, "protoclip.train.schedule")."""
     if steps < 1 or steps_per_ep < 1:
         raise ValueError(f"steps ({steps}) and steps_per_episode ({steps_per_ep}) must be >= 1")
     return math.ceil(steps / steps_per_ep)
@@ -133,7 +93,7 @@ def warmup_steps(warmup_episodes: int, steps_per_ep: int, warmup_samples: int | 
                  world_size: int = 1, warmup_iterations: int | None = None) -> int:
     """Warm-up length in optimizer steps: ``warmup_iterations`` (the config's ``warmup_steps``) when given, else
     ``ceil(warmup_samples / (batch * world))`` when ``warmup_samples`` is given (independent of the episode
-    size), else ``warmup_episodes * steps_per_episode``."""
+    size), else ``warmup_episodes * steps_per_episode``. Why samples: docs/methods.md, "protoclip.train.schedule"."""
     if warmup_iterations is not None:
         if warmup_iterations < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_iterations}")
@@ -204,7 +164,8 @@ class Schedule:
 
     @property
     def steps_per_epoch(self) -> float:
-        """Optimizer steps of one epoch as the step schedule counts it: ``M / m`` episodes (module doc)."""
+        """Optimizer steps of one epoch as the step schedule counts it: ``M / m`` episodes (docs/methods.md,
+        "protoclip.train.schedule")."""
         return self.steps_per_episode * self.dataset_size / self.episode_size
 
     @classmethod

@@ -1,33 +1,7 @@
-"""`protoclip train --run <name>`: build data, model and teacher cache for one run, train, write outputs.
-
-    from protoclip.project import load_config
-    from protoclip.train.stage import run_train
-    run_train(load_config("config/config.yaml"), "protoclip_tiny")            # -> results/runs/<run>/model.pt
-    torchrun --nproc_per_node 2 -m protoclip.cli train --run protoclip_tiny    # DDP (gloo on CPU, nccl on GPU)
-
-Reads the prepared manifest (train split, the run's ``data`` sources) and, for a ProtoCLIP run with a teacher
-and ``external_weight > 0``, the teacher cache ``data/teacher/<teacher>.npz``. Writes
-``results/runs/<run>/{config.yaml, train_log.jsonl, model.pt}`` and the work in progress under ``checkpoints/``
-(last.pt, the log it continues, the MLflow run id). MLflow is reached only through
-:func:`protoclip.tracking.training_run`: besides params and the training curves at the global step
-(:mod:`protoclip.train.curves`: ``train/*`` per step, ``episode/*``), the run gets the validation curves ``val/*``
-(:mod:`protoclip.train.validation`, ``train.validation``), provenance tags and, unless ``paths.mlflow_log_models`` is
-false, a version of the model named after the run (:func:`protoclip.tracking.register_model`): with ``copy`` (or
-true) it holds one copy of the weights (the open_clip export, or ``model.pt`` where open_clip cannot represent the
-model), with ``reference`` none, naming ``model.pt`` by path and sha256.
-
-:func:`run_train` narrows the project config to what the training reads (:class:`TrainJob`: the run's section,
-the layout, its manifest sources, the evaluation sets, ``paths``) and each part gets its own values: the pairs
-from :mod:`protoclip.data.loading.training_set`, the teacher rows from :func:`protoclip.teacher.cache.run_features`,
-the validator from :func:`protoclip.train.validation.build_validator`, the model's MLflow version from
-:mod:`protoclip.tracking`.
-
-First the stage takes the run's lock (:mod:`protoclip.jobs.run_lock`: one process trains a run at a time; a second
-waits, saying which process holds it), removes temp files that a killed earlier run of it left beside its
-files, and decides once whether the run resumes (:func:`protoclip.train.checkpoint.resume_point`): the trainer
-receives that checkpoint state or None. A run trained from scratch has its old model, checkpoint, logs and MLflow
-id file removed before the data and the model are built, so a retrain that fails at any point leaves no model of
-an older config behind.
+"""`protoclip train --run <name>`: build data, model and teacher cache for one run, train, and write its outputs
+(``results/runs/<run>/{config.yaml, train_log.jsonl, model.pt}``, the work in progress under ``checkpoints/``).
+:func:`run_train` narrows the project config to what the training reads (:class:`TrainJob`), holds the run's
+lock, decides once whether the run resumes, and reaches MLflow only through :mod:`protoclip.tracking`.
 """
 from __future__ import annotations
 
@@ -187,7 +161,12 @@ class TrainJob:
 
     def finish(self, model, out: Path, data_digest: str, tracker: Tracker) -> None:
         """Main rank, after training: write ``model.pt``, tag the MLflow run with its provenance (evaluate finds
-        the run by the model's sha256), log the run's files, register the model, drop the finished checkpoint."""
+        the run by the model's sha256), log the run's files, register the model, drop the finished checkpoint.
+
+        The model version (:func:`protoclip.tracking.register_model`, unless ``paths.mlflow_log_models`` is false)
+        is named after the run: with ``copy`` (or true) it holds one copy of the weights (the open_clip export, or
+        ``model.pt`` where open_clip cannot represent the model), with ``reference`` none, naming ``model.pt`` by
+        path and sha256."""
         layout, run = self.layout, self.run
         save_model(out, model, self.config, eval_spec=method_class(self.tcfg.method).eval_spec(self.tcfg))
         tags = provenance_tags(self.config, data_digest, sha256_file(out))
@@ -207,6 +186,18 @@ def run_train(cfg: TrainProject, run: str, resume: bool = False, targets: list[s
     The stage narrows ``cfg`` to the sections the training reads (:class:`TrainJob`) and opens the MLflow run:
     a training from scratch is a new MLflow run, a resumed one continues its own (the id kept in
     ``checkpoints/mlflow.json``). ``targets``: the table / figure targets this run belongs to (MLflow tags).
+
+    First the stage takes the run's lock (:mod:`protoclip.jobs.run_lock`: one process trains a run at a time; a
+    second waits, saying which process holds it), removes temp files that a killed earlier run of it left beside
+    its files, and decides once whether the run resumes (:meth:`TrainJob.start`); the trainer receives that
+    checkpoint state or None. Reads the prepared manifest (train split, the run's ``data`` sources) and, for a
+    run that reads the external teacher (ProtoCLIP with a teacher and ``external_weight > 0``), the teacher cache
+    ``data/teacher/<teacher>.npz``. Besides params and the training curves (:mod:`protoclip.train.curves`), the
+    MLflow run gets the validation curves ``val/*`` (:mod:`protoclip.train.validation`), provenance tags and a
+    model version (:meth:`TrainJob.finish`)::
+
+        run_train(load_config("config/config.yaml"), "protoclip_tiny")            # -> results/runs/<run>/model.pt
+        torchrun --nproc_per_node 2 -m protoclip.cli train --run protoclip_tiny    # DDP (gloo on CPU, nccl on GPU)
     """
     tcfg = cfg.run(run)  # unknown run -> ConfigError before anything starts
     if tcfg.pretrained.enabled:
@@ -221,7 +212,8 @@ def run_train(cfg: TrainProject, run: str, resume: bool = False, targets: list[s
         if not info.is_main:  # only rank 0 talks to MLflow
             return job.train(state, Tracker())
         id_file = layout.mlflow_run_file(run)
-        with training_run(cfg, run, id_file if state is not None else None, targets) as tracker:
+        targets = cfg.run_targets(run) if targets is None else targets
+        with training_run(cfg.paths, run, id_file if state is not None else None, targets) as tracker:
             if tracker.run_id:
                 write_json(id_file, {"run_id": tracker.run_id})
             return job.train(state, tracker)

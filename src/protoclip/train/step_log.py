@@ -1,24 +1,7 @@
-"""Step records kept on the device and read back once per log interval (open_clip's ``--log-every-n-steps``).
-
-A training step never reads a value back to the host: its loss terms, gradient norm, the method's diagnostics
-and the temperatures stay tensors, stacked into one float64 vector per step (float64 holds every bf16/fp32/fp64
-value exactly, so the numbers logged are those ``float(t)`` gave). :class:`StepWindow` holds the vectors of the
-steps since the last read; :meth:`StepWindow.flush` (every ``train.log_every_steps`` steps and at the episode's
-end, whose record sums every step) reads them back in one transfer, checks them in step order and writes the
-``step`` lines the log keeps (every ``train.log_every``-th step).
-
-Non-finite values. The check reports exactly what a per-step check did: the first step, in order, whose loss
-terms (then the total) are not finite, naming the term, its episode and value, or else the first non-finite
-gradient norm (:class:`NonFiniteLossError`). It is reported at the flush, not at the step; in between the
-weights are protected on the device: :meth:`StepWindow.found_inf` is the fused optimizer's (AdamW or SGD)
-``found_inf`` flag (the one a GradScaler passes to it; train.loop.masked_step), 1 from the first bad step of the
-window on, so the fused update of that step and of every later step of the window is skipped (SGD's momentum
-buffers too) and the weights stay those before the bad step, as
-when the per-step check raised before ``optimizer.step()``; no checkpoint is written after it (the flush runs
-before the episode's end). Only the method's own state outside the optimizer (PCL's momentum encoder and queue,
-BatchNorm running statistics) keeps moving in those steps, and is never saved. Under fp16 a non-finite gradient
-norm is the GradScaler's overflow: that step is skipped and the scale lowered, as GradScaler does, without
-stopping the run.
+"""Step records kept on the device and read back once per log interval (open_clip's ``--log-every-n-steps``), so
+that a training step never reads a value back to the host. A non-finite loss term or gradient norm is reported at
+the read-back; until then the fused optimizer's ``found_inf`` flag skips the updates from the bad step on, so the
+weights are those before it. The design: docs/methods.md, "protoclip.train.step_log".
 """
 from __future__ import annotations
 
@@ -37,7 +20,8 @@ class NonFiniteLossError(TrainingStopped):
 
 
 def scalar64(v: torch.Tensor) -> torch.Tensor:
-    """A one-element tensor as a detached float64 0-d tensor on its device (exact for every float dtype)."""
+    """A one-element tensor as a detached float64 0-d tensor on its device (exact for every float dtype:
+    float64 holds every bf16/fp32/fp64 value, so the numbers logged are those ``float(t)`` gave)."""
     return v.detach().reshape(()).to(torch.float64)
 
 
@@ -90,7 +74,15 @@ class StepWindow:
     # ---- at the log interval: one read-back ----
     def flush(self, sums: dict[str, float]) -> None:
         """Read the held steps back (one transfer), stop at the first non-finite one, write the kept lines and
-        add every record's floats to the episode ``sums``."""
+        add every record's floats to the episode ``sums``.
+
+        Called every ``train.log_every_steps`` steps and at the episode's end (whose record sums every step),
+        before the episode's checkpoint, so no checkpoint is written after a bad step. The check, in step order,
+        reports what a per-step check did: the first step whose loss terms (then the total) are not finite,
+        naming the term, its episode and value, or else the first non-finite gradient norm
+        (:class:`NonFiniteLossError`); under fp16 a non-finite gradient norm is the GradScaler's overflow, not a
+        stop.
+        """
         if not self.pending:
             return
         flat = torch.cat([p[3] for p in self.pending]).tolist()

@@ -1,15 +1,7 @@
 """Validation while training: the model's scores on a held-out set every few episodes (the tasks of
-:data:`protoclip.tasks.TASKS` marked ``validation``: zero-shot, optionally kNN and retrieval), as open_clip's
-``--zeroshot-frequency``, so that MLflow's chart view compares runs while they train.
-
-    validator = build_validator(cfg.evaluate, layout, tcfg, model.image_size, tokenizer)  # None: off (the log says why)
-    model = train(..., validator=validator)     # -> val/<task>/<metric> in the episode records and MLflow
-
-The numbers are those ``protoclip evaluate`` computes (the same adapters on the same features), on a fixed seeded
-subsample of at most ``validation.max_images`` images per split, decoded and transformed once when training starts
-and held in memory. Monitoring only: no early stop or selection reads them. It runs on the main process in eval
-mode under ``torch.inference_mode`` with every RNG saved and restored around it, so the training's random streams,
-its BatchNorm statistics and therefore its weights are those of a run without validation.
+:data:`protoclip.tasks.TASKS` marked ``validation``), as open_clip's ``--zeroshot-frequency``, so that MLflow's
+chart view compares runs while they train. Monitoring only: no early stop or selection reads them, and the
+weights are those of a run without validation. What is shown and when: docs/mlflow.md, "Curves while training".
 """
 from __future__ import annotations
 
@@ -91,7 +83,13 @@ def due(vcfg: ValidationConfig, episode: int, n_episodes: int, stopped_early: bo
 
 
 class Validator:
-    """Scores a model on the prepared set: ``validator(model) -> {"val/<task>/<metric>": value, ...}``."""
+    """Scores a model on the prepared set: ``validator(model) -> {"val/<task>/<metric>": value, ...}``.
+
+    The numbers are those ``protoclip evaluate`` computes (the same adapters on the same features). A call runs
+    on the main process in eval mode under ``torch.inference_mode`` with every RNG saved and restored around it,
+    so the training's random streams, its BatchNorm statistics and therefore its weights are those of a run
+    without validation.
+    """
 
     def __init__(self, vcfg: ValidationConfig, ds: LabelledSet, tasks: list[str], spec: Any, ecfg: EvaluateConfig,
                  tokenizer: Callable):
@@ -139,7 +137,12 @@ def build_validator(ecfg: EvaluateConfig, layout: Layout, tcfg: TrainConfig, ima
     """The run's validator (``ecfg``: the evaluation sets and the seed it reads), its set loaded and prepared for
     the model's ``image_size`` (evaluation transform) and ``tokenizer``; None when ``validation.every_episodes``
     is 0 or the set cannot serve (not there, no labels or prompts, an image-only method without a kNN task): training goes on
-    without curves, and the log says why."""
+    without curves, and the log says why. The set is a fixed seeded subsample of at most ``validation.max_images``
+    images per split, decoded and transformed once here and held in memory::
+
+        validator = build_validator(cfg.evaluate, layout, tcfg, model.image_size, tokenizer)  # None: off
+        model = train(..., validator=validator)     # -> val/<task>/<metric> in the episode records and MLflow
+    """
     vcfg = tcfg.validation
     if vcfg.every_episodes <= 0:
         return None

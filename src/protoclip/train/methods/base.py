@@ -1,40 +1,8 @@
-"""A training method: what the model is, what a batch holds, which losses it trains, how it is evaluated.
-
-A method is one module of this package holding one :class:`Method` subclass, and one registration line: the
-``@register("name")`` decorator on the class (:mod:`protoclip.registry` imports every module of the
-package the first time it is asked, so nothing else is edited). The class owns everything about the method that
-the rest of the project asks for:
-
-* config: its own config sections (``@register("name", sections={"key": SectionDataclass})``, read as
-  ``cfg.key``), :meth:`Method.check_config` (its cross-field rules, run when the config loads;
-  ``TrainConfig.method`` is checked against the registry), :meth:`Method.reads_teacher` (whether a run reads the
-  external teacher);
-* model: ``head`` (the architecture of the second head, :data:`protoclip.models.model.HEADS`),
-  :meth:`Method.build_model`, :meth:`Method.train_transform`;
-* training: the per-step and per-episode hooks below;
-* evaluation: :meth:`Method.eval_spec` (similarity, sub-spheres, image-only), written into ``model.pt`` at save
-  time so that evaluation reads it from the model file (:func:`protoclip.models.checkpoint.read_eval_spec`), and
-  :meth:`Method.similarity_class`: how evaluation scores an image against a text (a
-  :class:`protoclip.similarity.Similarity` subclass defined in the method's module).
-
-The loop (:mod:`protoclip.train.loop`) is the same for every method: sample an episode -> ``begin_episode`` ->
-for each batch ``forward`` -> ``terms`` -> ``total`` -> backward/step -> ``after_step`` -> checkpoint::
-
-    from protoclip.train.methods.base import Method, register
-
-    @register("mymethod")
-    class MyMethod(Method):
-        def outputs(self): return {"z_image", "z_text", "logit_scale"}
-        def terms(self, model, out, positions, state): return {"my": ...}
-        def total(self, terms): return terms["my"]
-
-Everything else has a default (CLIP-like: one view + tokens, no episode work, no state, cosine similarity).
-
-Imports: the config loader imports every method module (to check each run against its method's sections and
-rules), so a method module imports at its top only what is light (this module, the registry, its config
-dataclasses) and imports torch, open_clip and the project modules built on them (losses, models, data
-transforms, ``train.distributed``) inside the training hooks that use them: at the top they would cost every
-config load (Snakemake's parse, each ``collect`` / ``report`` job) seconds of imports.
+"""A training method: what the model is, what a batch holds, which losses it trains, how it is evaluated. A method
+is one module of this package holding one :class:`Method` subclass registered with ``@register("name")`` (the
+recipe: docs/architecture.md, "Adding a method: one file"). The config loader imports every method module, so a
+method module imports at its top only what is light (this module, the registry, its config dataclasses) and
+imports torch, open_clip and the project modules built on them inside the hooks that use them.
 """
 from __future__ import annotations
 
@@ -46,7 +14,7 @@ from protoclip.registry import METHODS, method_class, register
 from protoclip.similarity import Similarity
 from protoclip.train.config import TrainConfig
 
-if TYPE_CHECKING:  # annotations only (see "Imports" above)
+if TYPE_CHECKING:  # annotations only (torch inside the hooks: the module docstring)
     import numpy as np
     import torch
     from torch.utils.data import Dataset
@@ -78,7 +46,34 @@ class EpisodeData:
 
 
 class Method:
-    """Base class: defaults for a single-view image-text method whose model is a ProtoCLIPModel."""
+    """Base class: defaults for a single-view image-text method whose model is a ProtoCLIPModel.
+
+    The class owns everything about the method that the rest of the project asks for:
+
+    * config: its own config sections (``@register("name", sections={"key": SectionDataclass})``, read as
+      ``cfg.key``), :meth:`check_config` (its cross-field rules, run when the config loads; ``TrainConfig.method``
+      is checked against the registry), :meth:`reads_teacher` (whether a run reads the external teacher);
+    * model: ``head`` (the architecture of the second head, :data:`protoclip.models.model.HEADS`),
+      :meth:`build_model`, :meth:`train_transform`;
+    * training: the per-step and per-episode hooks below;
+    * evaluation: :meth:`eval_spec` (similarity, sub-spheres, image-only), written into ``model.pt`` at save time
+      so that evaluation reads it from the model file (:func:`protoclip.models.checkpoint.read_eval_spec`), and
+      :meth:`similarity_class`: how evaluation scores an image against a text (a
+      :class:`protoclip.similarity.Similarity` subclass defined in the method's module).
+
+    The loop (:mod:`protoclip.train.loop`) is the same for every method: sample an episode -> ``begin_episode`` ->
+    for each batch ``forward`` -> ``terms`` -> ``total`` -> backward/step -> ``after_step`` -> checkpoint::
+
+        from protoclip.train.methods.base import Method, register
+
+        @register("mymethod")
+        class MyMethod(Method):
+            def outputs(self): return {"z_image", "z_text", "logit_scale"}
+            def terms(self, model, out, positions, state): return {"my": ...}
+            def total(self, terms): return terms["my"]
+
+    Everything else has a default (CLIP-like: one view + tokens, no episode work, no state, cosine similarity).
+    """
 
     head = "swav"  # the model's second head: "swav" (ProtoCLIP g) or "nclip" (protoclip.models.model.HEADS)
     similarity = Similarity  # how evaluation scores an image against a text (protoclip.similarity)

@@ -1,12 +1,8 @@
 """``method: clip``: the instance-level InfoNCE L_CLIP (ProtoCLIP Eq. 1) on one view + caption per item.
 
 The distance is pluggable (``loss.distance``, :mod:`protoclip.losses.distances`): with ``class_tokens: m`` and
-``distance: ps_negtrace`` this is the multi-class-token CLIP of the temperature paper (Multi(n, m)).
-
-Under DDP (``info.enabled``) L_CLIP contrasts the *global* batch: open_clip's ``ClipLoss`` all-gathers the
-normalised features of every rank with gradient, so each rank computes the loss of the whole
-global ``batch_size`` batch (B / world per rank, protoclip.train.schedule.per_rank_batch) and, after DDP's gradient averaging, the update equals a single process's on that
-batch (open_clip's multi-GPU recipe, which the authors' code uses).
+``distance: ps_negtrace`` this is the multi-class-token CLIP of the temperature paper (Multi(n, m)). Under DDP
+L_CLIP contrasts the *global* batch (:class:`CLIPMethod`).
 """
 from __future__ import annotations
 
@@ -49,6 +45,13 @@ class ProductSphere(Similarity):
 
 @register("clip")
 class CLIPMethod(Method):
+    """L_CLIP with the configured distance; the base class of ``protoclip``, ``nclip`` and ``xclip``.
+
+    Under DDP (``info.enabled``) open_clip's ``ClipLoss`` all-gathers the normalised features of every rank with
+    gradient, so each rank computes the loss of the whole global ``batch_size`` batch (B / world per rank,
+    :func:`protoclip.train.schedule.per_rank_batch`) and, after DDP's gradient averaging, the update equals a
+    single process's on that batch (open_clip's multi-GPU recipe, which the authors' code uses).
+    """
     @classmethod
     def similarity_for(cls, cfg: TrainConfig) -> type[Similarity]:
         """A product-sphere distance (``ps_*``) is scored as the sum of per-token cosines, else by cosine."""

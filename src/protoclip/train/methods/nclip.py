@@ -1,18 +1,6 @@
-"""``method: nclip`` and ``method: xclip`` (Zhou et al., nclip-xclip.txt Eqs. 2-5, Alg. 1; methods-spec 1).
-
-nCLIP: the model's second head is the nCLIP head (:class:`protoclip.models.model.NCLIPHead`, head_hidden ->
-head_out = K units, BN without affine) on each modality; the loss is :class:`protoclip.losses.nclip.NCLIPLoss`
-(symmetric CE with no stop-gradient + lambda1 * per-sample entropy - lambda2 * entropy of the global batch mean).
-xCLIP = ``nclip.clip_weight`` (0.2) * L_CLIP + ``nclip.weight`` (1.0) * L_nCLIP on shared encoders.
-
-xCLIP's "CLIP head" (a linear map of the backbone feature to 512-d, no bias) is open_clip's own projection,
-i.e. z; the nCLIP head reads z too (the backbone feature times open_clip's projection), not the raw backbone
-feature of Alg. 1: the head's first Linear follows, so this is the same function class with the first layer
-factored through embed_dim (a choice for sharing open_clip's towers unchanged; spec 1.3 lists no such detail).
-
-Diagnostics per step (App. B.1, Table 11): nclip_kl / _eh / _he (terms), row / column std of P per modality,
-Acc_nC = % same argmax across modalities, and the in-batch retrieval accuracy (Acc_C): by cosine of z for
-xCLIP, by the CE similarity of the nCLIP distributions for nCLIP.
+"""``method: nclip`` and ``method: xclip`` (Zhou et al., nclip-xclip.txt Eqs. 2-5, Alg. 1; methods-spec 1): the
+non-contrastive loss :class:`protoclip.losses.nclip.NCLIPLoss` on the nCLIP heads of both modalities, and xCLIP =
+``nclip.clip_weight`` (0.2) * L_CLIP + ``nclip.weight`` (1.0) * L_nCLIP on shared encoders.
 """
 from __future__ import annotations
 
@@ -96,6 +84,20 @@ class NCLIPCrossEntropy(Similarity):
 
 @register("nclip", sections={"nclip": NCLIPConfig})
 class NCLIPMethod(CLIPMethod):
+    """nCLIP: the model's second head is the nCLIP head (:class:`protoclip.models.model.NCLIPHead`, head_hidden
+    -> head_out = K units, BN without affine) on each modality; the loss is symmetric CE with no stop-gradient
+    + lambda1 * per-sample entropy - lambda2 * entropy of the global batch mean (docs/methods.md,
+    "protoclip.losses.nclip").
+
+    The nCLIP head reads z (the backbone feature times open_clip's projection), not the raw backbone feature of
+    Alg. 1: the head's first Linear follows, so this is the same function class with the first layer factored
+    through embed_dim (a choice for sharing open_clip's towers unchanged; spec 1.3 lists no such detail).
+
+    Diagnostics per step (App. B.1, Table 11): nclip_kl / _eh / _he (terms), row / column std of P per modality,
+    Acc_nC = % same argmax across modalities, and the in-batch retrieval accuracy (Acc_C, ``clip_acc``): by the
+    CE similarity of the nCLIP distributions here, by cosine of z for xCLIP.
+    """
+
     head = "nclip"
     similarity = NCLIPCrossEntropy
 
@@ -145,6 +147,9 @@ class NCLIPMethod(CLIPMethod):
 
 @register("xclip", sections={"nclip": NCLIPConfig})
 class XCLIPMethod(NCLIPMethod):
+    """xCLIP = ``nclip.clip_weight`` * L_CLIP + ``nclip.weight`` * L_nCLIP on shared encoders (Eq. 5). Its "CLIP
+    head" (a linear map of the backbone feature to 512-d, no bias) is open_clip's own projection, i.e. z."""
+
     similarity = Similarity  # zero-shot by cosine in the CLIP-head space (paper Sec. 4.1)
 
     def outputs(self) -> set[str]:

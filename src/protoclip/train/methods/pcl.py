@@ -1,32 +1,7 @@
 """``method: pcl``: Prototypical Contrastive Learning [pcl-protonce.txt; methods-spec 4], image-only (captions are
-loaded by the shared data set but ignored), optionally with PAUC's regularisers (``pauc.enabled``; methods-spec 3.3).
-
-Mapping onto the episodic trainer (methods-spec 5 item 2): one PCL *epoch* is one *episode*; give the run an
-``episode_size`` >= the data set (it is capped at the data set size) so the E-step clusters the whole data set.
-
-* Online encoder: the model's image tower + image head g^I, l2-normalised
-  (:class:`protoclip.models.momentum.ImageEncoder`). The papers' encoder is ``model: tv-resnet50`` (torchvision's
-  ResNet-50, z = its 2048-d pooled feature) with MoCo's head in place of fc (``head_hidden: 0``: PCL v1's
-  Linear(2048, 128); ``head_hidden: 2048``: PCL v2's MLP, :class:`protoclip.models.model.MoCoHead`); on an open_clip
-  tower (the offline default's tiny-rn) the head stays ProtoCLIP's SwAV MLP, as before.
-  Key encoder: :class:`protoclip.models.momentum.MomentumEncoder` of the same (EMA ``pcl.momentum``), held by the
-  method (not the saved model) and checkpointed with the queue through :meth:`PCLMethod.state_dict`.
-* Data: every item gives three views (:class:`~protoclip.data.loading.transforms.MultiView`): two draws of
-  ``augmentation`` (use ``mocov2``) for the query and the key, and the evaluation centre crop for the E-step
-  [PCL Sec. 4.1: "center-cropped images"].
-* ``begin_episode`` = E-step, from episode ``pcl.infonce_only_episodes`` on (warm-up: InfoNCE only): momentum
-  features of the centre crops of every episode item (key encoder in eval mode, gathered over DDP ranks),
-  k-means at every K of the K list + phi on rank 0 (:func:`protoclip.losses.pcl.build_clusterings`), broadcast.
-* ``terms``: ``infonce`` (MoCo queue) [Eq. 1], after the warm-up ``protonce`` with r negative prototypes [Eq. 11]
-  (``pcl.negatives`` as stated wherever K_min > r; else K_min - 1, logged once at the start and recorded as the MLflow
-  params ``resolved.pcl.*`` and the episode statistic ``pcl_negatives``: :func:`protoclip.losses.pcl.drawn_negatives`)
-  and, with PAUC, ``pauc_align`` / ``pauc_unif`` / ``pauc_corr``; ``total`` weights them from the config.
-* ``after_step``: momentum update (equivalent to MoCo's update at the start of the next step) and enqueue of this
-  step's keys (all-gathered under DDP so every rank's queue is the same).
-
-Deviation, documented: MoCo's shuffle-BN is not implemented (the key encoder sees the whole batch in train mode,
-as in single-GPU MoCo re-implementations; docs/paper-runs.md). The optimiser and LR schedule are the run's
-(config/experiments/paper_pcl.yaml).
+loaded by the shared data set but ignored), optionally with PAUC's regularisers (``pauc.enabled``; methods-spec
+3.3), on the episodic trainer: one PCL *epoch* is one *episode* (methods-spec 5 item 2), whose ``begin_episode``
+is the E-step. The mapping and the one deviation (no shuffle-BN): :class:`PCLMethod`.
 """
 from __future__ import annotations
 
@@ -94,6 +69,35 @@ def cluster_counts(cfg: TrainConfig, n: int) -> list[int]:
 
 @register("pcl", sections={"pcl": PCLConfig})
 class PCLMethod(Method):
+    """PCL on the episodic trainer (methods-spec 5 item 2): one PCL *epoch* is one *episode*; give the run an
+    ``episode_size`` >= the data set (it is capped at the data set size) so the E-step clusters the whole data set.
+
+    * Online encoder: the model's image tower + image head g^I, l2-normalised
+      (:class:`protoclip.models.momentum.ImageEncoder`). The papers' encoder is ``model: tv-resnet50``
+      (torchvision's ResNet-50, z = its 2048-d pooled feature) with MoCo's head in place of fc (``head_hidden: 0``:
+      PCL v1's Linear(2048, 128); ``head_hidden: 2048``: PCL v2's MLP, :class:`protoclip.models.model.MoCoHead`);
+      on an open_clip tower (the offline default's tiny-rn) the head is ProtoCLIP's SwAV MLP.
+      Key encoder: :class:`protoclip.models.momentum.MomentumEncoder` of the same (EMA ``pcl.momentum``), held by
+      the method (not the saved model) and checkpointed with the queue through :meth:`state_dict`.
+    * Data: every item gives three views (:class:`~protoclip.data.loading.transforms.MultiView`): two draws of
+      ``augmentation`` (use ``mocov2``) for the query and the key, and the evaluation centre crop for the E-step
+      [PCL Sec. 4.1: "center-cropped images"].
+    * ``begin_episode`` = E-step, from episode ``pcl.infonce_only_episodes`` on (warm-up: InfoNCE only): momentum
+      features of the centre crops of every episode item (key encoder in eval mode, gathered over DDP ranks),
+      k-means at every K of the K list + phi on rank 0 (:func:`protoclip.losses.pcl.build_clusterings`), broadcast.
+    * ``terms``: ``infonce`` (MoCo queue) [Eq. 1], after the warm-up ``protonce`` with r negative prototypes
+      [Eq. 11] (``pcl.negatives`` as stated wherever K_min > r; else K_min - 1, logged once at the start and
+      recorded as the MLflow params ``resolved.pcl.*`` and the episode statistic ``pcl_negatives``:
+      :func:`protoclip.losses.pcl.drawn_negatives`) and, with PAUC, ``pauc_align`` / ``pauc_unif`` /
+      ``pauc_corr``; ``total`` weights them from the config.
+    * ``after_step``: momentum update (equivalent to MoCo's update at the start of the next step) and enqueue of
+      this step's keys (all-gathered under DDP so every rank's queue is the same).
+
+    Deviation, documented: MoCo's shuffle-BN is not implemented (the key encoder sees the whole batch in train
+    mode, as in single-GPU MoCo re-implementations; docs/paper-runs.md). The optimiser and LR schedule are the
+    run's (config/experiments/paper_pcl.yaml).
+    """
+
     image_only = True  # the text tower is never trained: evaluation reports zero-shot / retrieval as not applicable
     reads_pauc = True  # PAUC on h^I with PCL's clusterings (methods-spec 3.3)
 

@@ -1,16 +1,7 @@
 """``method: protoclip``: L = clip_weight L_CLIP (Eq. 1) + proto_weight L_Proto (Eqs. 3-5, PBT Eq. 7)
-+ external_weight L_Proto^external (Eq. 8) (ProtoCLIP Sec. III).
-
-Before each episode (Sec. III-D): extract h^I, h^T of the episode's items with the current model
-(:func:`protoclip.train.episode.extract_features`), run k-means per modality (+ teacher) and PBT on rank 0
-(``protoclip.prototypes.EpisodePrototypes.build``) and broadcast. L_Proto is per sample, so its per-rank mean
-averaged by DDP is already the global mean; L_CLIP is the global-batch loss of :class:`CLIPMethod`.
-
-Switches from the related methods (methods-spec 5 items 4-5): ``loss.phi_protonce`` replaces L_Proto's soft
-targets by PCL's phi-scaled ProtoNCE over the same cross-modal classifiers (hard targets; phi of every prototype
-from the episode features, mean 1, times the learnable tau_Proto; :func:`protoclip.losses.pcl.phi_proto_ce`), and
-``pauc.enabled`` adds PAUC's regularisers on h^I (batch prototypes of the text-prototype assignments, anchored at
-the image-side classifier) and h^T (image-prototype assignments, text-side classifier), averaged.
++ external_weight L_Proto^external (Eq. 8) (ProtoCLIP Sec. III), with the episode's prototypes built before each
+episode (Sec. III-D), and the switches that bring in the related methods (``loss.phi_protonce``,
+``pauc.enabled``; methods-spec 5 items 4-5).
 """
 from __future__ import annotations
 
@@ -38,7 +29,22 @@ def n_clusters(cfg: TrainConfig, episode_size: int) -> int:
 
 @register("protoclip")
 class ProtoCLIPMethod(CLIPMethod):
-    reads_pauc = True  # PAUC on h^I / h^T with the episode's cross-modal prototypes (module docstring)
+    """ProtoCLIP's loss on the episodic trainer.
+
+    Before each episode (Sec. III-D): extract h^I, h^T of the episode's items with the current model
+    (:func:`protoclip.train.episode.extract_features`), run k-means per modality (+ teacher) and PBT on rank 0
+    (:func:`build_episode_prototypes`) and broadcast. L_Proto is per sample, so its per-rank mean averaged by DDP
+    is already the global mean; L_CLIP is the global-batch loss of :class:`CLIPMethod`.
+
+    Switches from the related methods (methods-spec 5 items 4-5): ``loss.phi_protonce`` replaces L_Proto's soft
+    targets by PCL's phi-scaled ProtoNCE over the same cross-modal classifiers (hard targets; phi of every
+    prototype from the episode features, mean 1, times the learnable tau_Proto;
+    :func:`protoclip.losses.pcl.phi_proto_ce`), and ``pauc.enabled`` adds PAUC's regularisers on h^I (batch
+    prototypes of the text-prototype assignments, anchored at the image-side classifier) and h^T (image-prototype
+    assignments, text-side classifier), averaged.
+    """
+
+    reads_pauc = True  # PAUC on h^I / h^T with the episode's cross-modal prototypes (class docstring)
 
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:
@@ -120,7 +126,7 @@ class ProtoCLIPMethod(CLIPMethod):
 
     def _pcl_terms(self, out: dict[str, torch.Tensor], positions: torch.Tensor, state: Any,
                    scale: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The ``phi_protonce`` replacement of ``proto`` and the PAUC terms (module docstring)."""
+        """The ``phi_protonce`` replacement of ``proto`` and the PAUC terms (class docstring)."""
         import torch.nn.functional as F  # heavy: torch, config loads methods
 
         h_i, h_t = F.normalize(out["h_image"].float(), dim=1), F.normalize(out["h_text"].float(), dim=1)
