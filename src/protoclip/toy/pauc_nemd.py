@@ -1,23 +1,7 @@
 """PAUC's toy experiment [pauc-nemd.txt Sec. 3, Fig. 2]: PCL vs PAUC on 3-D Gaussian blobs embedded on the unit
-circle, and the NEMD of each, per number of classes.
+circle, and the NEMD of each, per number of classes (the design: :func:`toy_nemd`).
 
-    protoclip toy-nemd --config config/config.yaml
-    # -> results/toy/fig_pauc_toy.png, results/toy/pauc_toy.csv, results/toy/pauc_toy.md
-
-(``results/toy/``: the report's ``results/tables`` / ``figures`` are DVC outputs, which may not nest.)
-
-For every class count C in ``toy.n_classes`` (paper: 10..50): ``make_blobs`` in 3-D (spec 3.4 [rec]) scaled by
-1/center_box; an MLP 3 -> 2 with l2-normalised output trained twice with the trainer's own loss modules:
-
-* PCL: momentum encoder + queue, InfoNCE for ``warmup_epochs``, then per epoch the E-step (k-means at
-  K = {C, 2C} of the momentum features of the clean points, phi) and ProtoNCE with r = K_min / 2 negative
-  prototypes [PCL Eq. 11, spec 4.7.5];
-* PAUC: the same plus alpha * align + beta * unif + gamma * corr on batch prototypes (spec 3.3).
-
-Views are ``x + N(0, (jitter * cluster_std)^2)`` (spec [rec]); the E-step uses the clean points (PCL's centre
-crop). Then NEMD v1 of the online embeddings over the GT blobs (the suite's
-:func:`protoclip.evaluate.metrics.nemd.nemd`), with Wang-Isola uniformity and mean intra-class spread (spec
-3.4.10: NEMD alone cannot tell collapse from coverage) and kNN accuracy on a held-out half of every blob.
+    protoclip toy-nemd --config config/config.yaml    # -> results/toy/fig_pauc_toy.png, pauc_toy.csv, pauc_toy.md
 """
 from __future__ import annotations
 
@@ -70,7 +54,16 @@ class ToyEncoder(nn.Module):
 
 
 def train_toy(x: np.ndarray, n_classes: int, method: str, cfg: ToyConfig) -> tuple[np.ndarray, list[dict]]:
-    """Train one encoder with ``method`` ('pcl' | 'pauc') -> (embeddings [N, 2] of the clean points, epoch log)."""
+    """Train one encoder with ``method`` ('pcl' | 'pauc') -> (embeddings [N, 2] of the clean points, epoch log).
+
+    * PCL: momentum encoder + queue, InfoNCE for ``warmup_epochs``, then per epoch the E-step (k-means at
+      K = {C, 2C} of the momentum features of the clean points, phi) and ProtoNCE with r = K_min / 2 negative
+      prototypes [PCL Eq. 11, spec 4.7.5];
+    * PAUC: the same plus alpha * align + beta * unif + gamma * corr on batch prototypes (spec 3.3).
+
+    Views are ``x + N(0, (jitter * cluster_std)^2)`` (spec [rec]); the E-step uses the clean points (PCL's centre
+    crop).
+    """
     if method not in METHODS:
         raise ValueError(f"unknown toy method {method!r} (known: {', '.join(METHODS)})")
     torch.manual_seed(cfg.seed)
@@ -127,7 +120,12 @@ def train_toy(x: np.ndarray, n_classes: int, method: str, cfg: ToyConfig) -> tup
 
 
 def evaluate_toy(z: np.ndarray, y: np.ndarray, cfg: ToyConfig) -> dict[str, float]:
-    """NEMD over GT blobs with the evaluation suite's function, plus uniformity, spread and kNN accuracy."""
+    """NEMD over GT blobs with the evaluation suite's function, plus uniformity, spread and kNN accuracy.
+
+    NEMD v1 of the online embeddings over the GT blobs (:func:`protoclip.evaluate.metrics.nemd.nemd`), with
+    Wang-Isola uniformity and mean intra-class spread (spec 3.4.10: NEMD alone cannot tell collapse from coverage)
+    and kNN accuracy on a held-out half of every blob.
+    """
     out = nemd_metric.nemd(z, y, n_max=cfg.nemd_n_max, seed=cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     test = rng.random(len(y)) < 0.5
@@ -196,7 +194,13 @@ def markdown_table(table: pd.DataFrame) -> str:
 
 def toy_nemd(tcfg: ToyConfig, layout: Layout) -> Path:
     """The ``toy-nemd`` experiment of section ``tcfg``: every class count x {PCL, PAUC}; writes the figure and the
-    tables where ``layout`` names them (:func:`protoclip.toy.stage.run_toy_nemd` is the stage's entry)."""
+    tables where ``layout`` names them (:func:`protoclip.toy.stage.run_toy_nemd` is the stage's entry).
+
+    For every class count C in ``toy.n_classes`` (paper: 10..50): ``make_blobs`` in 3-D (spec 3.4 [rec]) scaled by
+    1/center_box (:func:`make_blobs3d`); an MLP 3 -> 2 with l2-normalised output trained twice with the trainer's
+    own loss modules (:func:`train_toy`); then :func:`evaluate_toy`. The outputs go to ``results/toy/``: the
+    report's ``results/tables`` / ``figures`` are DVC outputs, which may not nest.
+    """
     threads = torch.get_num_threads()
     # tensors of a few thousand x 64 floats: extra threads only add synchronisation; faiss's OpenMP likewise.
     # Restored afterwards (the stage may run inside a test process).
