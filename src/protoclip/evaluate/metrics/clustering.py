@@ -1,19 +1,7 @@
-"""Clustering evaluation: k-means pseudo-labels vs ground truth, ARI and AMI (ProtoCLIP Sec. IV-G3, Table XII).
+"""Clustering evaluation (ProtoCLIP Sec. IV-G3, Table XII): k-means on the test-set image representations, K = the
+number of ground-truth classes, scored against the labels by scikit-learn's Adjusted Rand Index and Adjusted Mutual
+Information.
 
-The paper clusters the test-set image representations with K-Means, K = number of ground-truth
-classes, and reports sklearn's Adjusted Rand Index and Adjusted Mutual Information. The paper does
-not say whether features are normalised; we cluster the L2-normalised features (the representation
-every other ProtoCLIP metric uses, and the one k-means in the method itself works on) with ordinary
-Euclidean k-means.
-
-Backend: scikit-learn ``KMeans`` (k-means++) or ``faiss.Kmeans`` (the library ProtoCLIP itself clusters
-with). ``n_init`` initialisations are run one by one; the headline ARI/AMI are those of the lowest
-k-means objective (scikit-learn's ``n_init`` / faiss's ``nredo`` rule) and the min/max/std over the
-initialisations are reported beside them. The default
-``backend="auto"`` uses sklearn up to N * K = 5e6 (every offline set, CIFAR-10/100, STL-10) and faiss
-above (ImageNet: 50k x 1000), where sklearn on CPU takes hours.
-
-    from protoclip.evaluate.metrics.clustering import cluster_scores
     cluster_scores(features, labels)   # -> {"ari": 0.73, "ami": 0.79, "n_clusters": 10}
 """
 from __future__ import annotations
@@ -111,6 +99,12 @@ def cluster_scores(
     per_example: bool = False,
 ) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """ARI and AMI of k-means (K = number of distinct labels unless given) against ``labels``.
+
+    The paper does not say whether features are normalised; with ``normalize`` we cluster the L2-normalised
+    features (the representation every other ProtoCLIP metric uses, and the one k-means in the method itself works
+    on) with ordinary Euclidean k-means. ``backend="auto"`` uses scikit-learn ``KMeans`` (k-means++) up to
+    N * K = 5e6 (every offline set, CIFAR-10/100, STL-10) and ``faiss.Kmeans`` (the library ProtoCLIP itself
+    clusters with) above (ImageNet: 50k x 1000), where scikit-learn on CPU takes hours.
 
     ``ari`` / ``ami`` are those of the run with the lowest k-means objective among ``n_init``
     initialisations (as scikit-learn picks); ``ari_min/ari_max/ari_std`` and the same for AMI give

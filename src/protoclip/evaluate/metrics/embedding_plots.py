@@ -1,12 +1,5 @@
 """t-SNE plot of image representations coloured by class (ProtoCLIP Fig. 8: CLIP vs ProtoCLIP on STL-10).
 
-scikit-learn ``TSNE`` (2-D, PCA initialisation, fixed ``random_state``) on the L2-normalised features
-(the representation the paper's other metrics use; the paper does not say), at most ``max_points``
-points (a seeded random subset). The figure is drawn with matplotlib's Agg backend and written
-atomically (``protoclip.files.atomic.atomic_path``). A legend is drawn for up to ``legend_max`` classes;
-beyond that it would cover the plot, so it is left out.
-
-    from protoclip.evaluate.metrics.embedding_plots import tsne_plot
     tsne_plot(features, labels, classnames, "results/figures/tsne_stl10.png")   # -> {"n_points": 5000, ...}
 """
 from __future__ import annotations
@@ -45,7 +38,13 @@ def tsne_plot(
     title: str | None = None,
     legend_max: int = 20,
 ) -> dict[str, float]:
-    """Write a t-SNE scatter plot to ``out_png``; returns {"n_points", "n_classes", "kl_divergence"}."""
+    """Write a t-SNE scatter plot to ``out_png``; returns {"n_points", "n_classes", "kl_divergence"}.
+
+    scikit-learn ``TSNE`` (2-D, PCA initialisation, fixed ``random_state``: :func:`tsne_embed`) on the
+    L2-normalised features (``normalize``: the representation the paper's other metrics use; the paper does not
+    say), at most ``max_points`` points (a seeded random subset). Drawn with matplotlib's Agg backend and written
+    atomically (``protoclip.files.atomic.atomic_path``). A legend is drawn for up to ``legend_max`` classes; beyond
+    that it would cover the plot, so it is left out."""
     import matplotlib  # heavy: matplotlib, only when a figure is drawn
 
     matplotlib.use("Agg")

@@ -1,14 +1,8 @@
-"""Weighted k-NN classification on frozen features (DINO protocol; ProtoCLIP Sec. IV-C3, k = 20).
+"""Weighted k-NN classification on frozen features (DINO protocol; ProtoCLIP Sec. IV-C3, k = 20): a port of
+``knn_classifier`` from facebookresearch/dino ``eval_knn.py``, in torch because scikit-learn's
+``KNeighborsClassifier`` has no exp(sim/T) weighting (DINO's is the protocol).
 
-A port of ``knn_classifier`` from facebookresearch/dino ``eval_knn.py``: features are L2-normalised,
-each test sample takes its k most cosine-similar training samples, every neighbour votes for its
-label with weight ``exp(cos / T)`` (computed relative to the row's best neighbour, so it never overflows), and classes are ranked by total vote. Test rows are processed in
-chunks so the [chunk, N_train] similarity matrix stays small. Written in torch rather than sklearn's
-``KNeighborsClassifier`` because sklearn has no exp(sim/T) weighting (DINO's is the protocol).
-
-    from protoclip.evaluate.metrics.knn import knn_classifier
     knn_classifier(train_x, train_y, test_x, test_y, k=20, T=0.07)   # -> {"top1": .., "top5": ..} (percent)
-    m, hits = knn_classifier(..., per_example=True)   # hits["top1"]: bool per test image, the same numbers
 """
 from __future__ import annotations
 
@@ -59,6 +53,11 @@ def knn_classifier(
     per_example: bool = False,
 ) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """DINO weighted k-NN top-1 / top-5 accuracy in percent (top5 only when num_classes >= 5).
+
+    Features are L2-normalised; each test sample takes its k most cosine-similar training samples, every
+    neighbour votes for its label with weight ``exp(cos / T)`` (relative to the row's best neighbour:
+    :func:`knn_votes`), and classes are ranked by total vote. Test rows are processed in chunks so the
+    [chunk, N_train] similarity matrix stays small.
 
     ``k`` is capped at the number of training samples. ``num_classes`` defaults to 1 + the largest
     label seen in train or test. ``per_example``: return ``(metrics, {"top1": bool[n], "top5": bool[n]})``,

@@ -1,36 +1,7 @@
-"""Linear probing on frozen image features (ProtoCLIP Sec. IV-C2, following CLIP and MoCo/SwAV/SLIP).
+"""Linear probing on frozen image features (ProtoCLIP Sec. IV-C2, following CLIP and MoCo/SwAV/SLIP), on the
+un-normalised image representations (the paper: "before normalization"): scikit-learn's L-BFGS with CLIP's C search
+(:func:`linear_probe`) for small sets, an SGD-trained linear layer (:func:`sgd_linear_probe`) for ImageNet-size sets.
 
-Features are the un-normalised image representations (the paper: "before normalization").
-
-* :func:`linear_probe` (small sets: CIFAR, STL, the offline sets): scikit-learn ``LogisticRegression``
-  with L-BFGS, ``max_iter=1000`` (CLIP). The inverse regularisation strength C is chosen on a
-  validation split held out from the training set, then the model is refit on the full training set
-  and evaluated once on test.
-  C search: CLIP sweeps lambda over 1e-6..1e6 with a "parametric binary search" that starts from
-  [1e-6, 1e-4, ..., 1e6] and halves the interval around the best value until it reaches 8 steps per
-  decade (~15 fits). We keep that algorithm but stop at ``steps_per_decade=4`` by default (one round
-  fewer: 2 fewer fits, ~13 in total); ``evaluate.linear_steps_per_decade`` sets it (the paper config: CLIP's 8),
-  ``C_grid`` a fixed grid (no refinement). Ties on validation accuracy go to the smaller C (stronger regularisation).
-  Centring: the fits see the features minus their training-set mean. Because the intercept is
-  not penalised (sklearn's L-BFGS), ``W x + b = W (x - m) + (b + W m)`` is an exact reparametrisation: the
-  objective, its optimum and the predictions at every C are CLIP's. What changes is the conditioning: the
-  un-normalised z^I of the offline models share a large common component (mean norm ~25 against a
-  per-dimension std ~0.8 on Fashion-MNIST), nearly collinear with the intercept, and L-BFGS stopped at
-  ``max_iter=1000`` unconverged at every C >= 0.01 (1 s per fit); centred, the same fits converge in
-  15-900 iterations (``center=False`` restores the raw inputs; ``bench/bench_linear_probe.py`` compares).
-  Speed: each fit starts from the solution at the nearest C already fitted (``warm_start``;
-  the final refit on all of train from the search's fit at the chosen C). The objective is strictly
-  convex, so a converged fit is the same from any start; only the iteration count changes (fits that hit
-  ``max_iter`` at large C end nearer the optimum). The fits run with ``threads=1`` BLAS/OpenMP thread by
-  default: on a shared 2-core machine sklearn's OpenMP loss and OpenBLAS spin-wait for descheduled threads
-  and one L-BFGS fit on 8k x 128 took 50 s with 2 threads vs 2 s with 1 (``bench/bench_linear_probe.py``
-  compares the new defaults with the cold-start, default-threads reference).
-* :func:`sgd_linear_probe` (ImageNet-size sets): a torch linear layer trained with SGD, 100 epochs,
-  batch 256, lr 0.3, weight decay 1e-6, momentum 0.9, cosine schedule (the paper's numbers).
-* :func:`linear_eval` picks between them by training-set size (the paper uses L-BFGS for CIFAR/STL
-  and SGD for ImageNet; our threshold is 100k training samples).
-
-    from protoclip.evaluate.metrics.linear import linear_probe
     linear_probe(train_x, train_y, test_x, test_y)   # -> {"top1": 83.1, "C": 0.316, "val_top1": 82.5}
     m, hits = linear_probe(..., per_example=True)   # hits["top1"]: bool per test image, the same numbers
 """
@@ -100,8 +71,13 @@ def search_C(
 ) -> tuple[float, dict[float, float]]:
     """Maximise ``score(C)`` over log-spaced C: CLIP's coarse grid then interval halving around the best.
 
-    Returns (best C, {C: score} for every evaluated C). Ties go to the smaller C. With ``C_grid``
-    only that grid is evaluated.
+    CLIP sweeps lambda over 1e-6..1e6 with a "parametric binary search" that starts from [1e-6, 1e-4, ..., 1e6]
+    and halves the interval around the best value until it reaches 8 steps per decade (~15 fits). We keep that
+    algorithm but stop at ``steps_per_decade=4`` by default (one round fewer: 2 fewer fits, ~13 in total);
+    ``evaluate.linear_steps_per_decade`` sets it (the paper config: CLIP's 8).
+
+    Returns (best C, {C: score} for every evaluated C). Ties go to the smaller C (stronger regularisation). With
+    ``C_grid`` only that grid is evaluated (no refinement).
     """
     if C_grid is not None:
         if len(C_grid) == 0 or min(C_grid) <= 0:
@@ -144,11 +120,21 @@ def linear_probe(
     center: bool = True,
     per_example: bool = False,
 ) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
-    """L-BFGS logistic regression; C picked on a validation split of train; test top-1 in percent.
+    """scikit-learn's L-BFGS logistic regression (``max_iter=1000``, CLIP's); C picked on a validation split of
+    train (:func:`search_C`), then refit on all of train and scored once on test: top-1 in percent.
 
-    ``warm_start``: start each fit from the nearest C's solution (same optimum, fewer iterations).
-    ``threads``: BLAS/OpenMP threads of the fits (None: the libraries' default, all cores).
-    ``center``: fit on features minus the training mean (same optimum, far fewer L-BFGS iterations).
+    ``center``: fit on features minus the training mean. The intercept is not penalised (sklearn's L-BFGS), so
+    ``W x + b = W (x - m) + (b + W m)`` is an exact reparametrisation: the objective, its optimum and the
+    predictions at every C are CLIP's. What changes is the conditioning: the un-normalised z^I of the offline
+    models share a large common component (mean norm ~25 against a per-dimension std ~0.8 on Fashion-MNIST);
+    raw, L-BFGS stopped at ``max_iter`` unconverged at every C >= 0.01 (1 s per fit), centred the same fits
+    converge in 15-900 iterations. ``warm_start``: each fit starts from the solution at the nearest C already
+    fitted (the refit from the search's fit at the chosen C); the objective is strictly convex, so a converged fit
+    is the same from any start, only the iteration count changes (fits that hit ``max_iter`` at large C end nearer
+    the optimum). ``threads``: BLAS/OpenMP threads of the fits (None: the libraries' default, all cores); 1 by
+    default, as on a shared 2-core machine sklearn's OpenMP loss and OpenBLAS spin-wait for descheduled threads
+    (one fit on 8k x 128: 50 s with 2 threads, 2 s with 1).
+    ``bench/bench_linear_probe.py`` compares these defaults with the cold-start, raw, default-threads reference.
     Returns ``{"top1": test accuracy of the model refit on all of train, "C": chosen C,
     "val_top1": validation accuracy at that C}``; with ``per_example`` also ``{"top1": bool[n]}``, each test
     image's hit (``top1`` is ``100 * hits.sum() / n`` of it).
@@ -159,7 +145,7 @@ def linear_probe(
     yte = labels_np(test_y, "test_y", xte.shape[0])
     if len(np.unique(ytr)) < 2:
         raise ValueError("train_y has a single class; a linear probe needs at least two")
-    if center:  # exact reparametrisation (module docstring): same optimum, better conditioned
+    if center:  # exact reparametrisation (docstring): same optimum, better conditioned
         shift = xtr.mean(axis=0, dtype=np.float64).astype(xtr.dtype)
         xtr, xte = xtr - shift, xte - shift
     fit_idx, val_idx = split_validation(ytr, val_fraction, seed)
@@ -216,6 +202,7 @@ def sgd_linear_probe(
 ) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """Torch linear classifier with SGD + cosine lr (per epoch, as SwAV's eval_linear); test top-1/top-5 in %.
 
+    The defaults are the paper's numbers (100 epochs, batch 256, lr 0.3, weight decay 1e-6, momentum 0.9, cosine).
     The layer is initialised as in SwAV / MoCo linear evaluation (weights N(0, 0.01), bias 0).
     ``per_example``: also each test image's hits ``{"top1": bool[n], "top5": bool[n]}``.
     """
@@ -262,7 +249,8 @@ def linear_eval(
     sgd_above: int = SGD_ABOVE,
     **kwargs,
 ) -> dict[str, float]:
-    """:func:`linear_probe` for up to ``sgd_above`` training samples, else :func:`sgd_linear_probe`.
+    """:func:`linear_probe` for up to ``sgd_above`` training samples, else :func:`sgd_linear_probe` (the paper uses
+    L-BFGS for CIFAR / STL and SGD for ImageNet; our threshold is 100k training samples).
 
     ``kwargs`` go to the chosen function. The result has ``C`` for L-BFGS and ``final_train_loss``
     for SGD, so the caller can tell which protocol ran.

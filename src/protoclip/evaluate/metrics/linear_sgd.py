@@ -1,18 +1,7 @@
 """A paper's own SGD linear probe on cached frozen features (:class:`protoclip.evaluate.protocols.SGDProtocol`:
-PCL's, nCLIP's, the temperature paper's MoCo v3 protocol).
+PCL's, nCLIP's, the temperature paper's MoCo v3 protocol): softmax-regression heads trained on the un-normalised
+image features, the lr of a sweep picked on a split of TRAIN, never on test (:func:`sgd_protocol_probe`).
 
-A softmax-regression head (one ``torch.nn.Linear``, initialised N(0, 0.01) with a zero bias as PCL's / MoCo's
-``eval_cls_imagenet.py`` / ``main_lincls.py``) is trained on the un-normalised image features with
-``torch.optim.SGD`` at the protocol's momentum and weight decay, its lr set at every iteration by the protocol's
-schedule (:meth:`SGDProtocol.lr_factor`). A protocol with several learning rates (nCLIP's sweep) trains one head
-per lr in the same pass over the same batches, each head its own parameter group with its own lr and the same
-schedule ("multiple classification heads over a shared frozen backbone, each with its own optimizer and
-scheduler", nclip-xclip.txt l.162). The lr is picked on a validation split carved from the TRAIN split
-(``SGDProtocol.val_fraction``, metrics.linear.split_validation; never the test split), then one head is refit at
-that lr on all of train and scored once on test. nCLIP reports the best head on the evaluation set itself: picking
-on test is what this does not do (docs/paper-runs.md).
-
-    from protoclip.evaluate.protocols import PROTOCOLS
     sgd_protocol_probe(train_x, train_y, test_x, test_y, PROTOCOLS["pcl"])   # -> {"top1": .., "lr": 10.0, ..}
 """
 from __future__ import annotations
@@ -36,7 +25,12 @@ def build_heads(dim: int, num_classes: int, protocol: SGDProtocol, lrs: tuple[fl
                 seed: int, device: str | torch.device = "cpu"):
     """(heads, optimizer, scheduler): one linear head per lr, one SGD with a parameter group per head at the
     protocol's momentum / weight decay, and a per-iteration ``LambdaLR`` of the protocol's schedule
-    (iteration ``t`` is epoch ``t / steps_per_epoch``)."""
+    (iteration ``t`` is epoch ``t / steps_per_epoch``: :meth:`SGDProtocol.lr_factor`).
+
+    Each head is one ``torch.nn.Linear``, initialised N(0, 0.01) with a zero bias as PCL's / MoCo's
+    ``eval_cls_imagenet.py`` / ``main_lincls.py``. Several lrs (nCLIP's sweep) train in the same pass over the same
+    batches, each head its own parameter group with its own lr and the same schedule ("multiple classification
+    heads over a shared frozen backbone, each with its own optimizer and scheduler", nclip-xclip.txt l.162)."""
     gen = torch.Generator().manual_seed(seed)
     heads = torch.nn.ModuleList(torch.nn.Linear(dim, num_classes) for _ in lrs).to(device)
     with torch.no_grad():
@@ -109,7 +103,12 @@ def sgd_protocol_probe(
 ) -> dict | tuple[dict, dict[str, np.ndarray]]:
     """``protocol``'s linear probe: test top-1 (and top-5 with >= 5 classes) in percent, the ``lr`` it trained at
     (``val_top1`` when swept), ``final_train_loss`` and the ``protocol`` name; ``per_example``: also each test
-    image's hits ``{"top1": bool[n], "top5": bool[n]}``."""
+    image's hits ``{"top1": bool[n], "top5": bool[n]}``.
+
+    A sweep's lr is picked on a validation split carved from the TRAIN split (``SGDProtocol.val_fraction``,
+    metrics.linear.split_validation: :func:`pick_lr`), then one head is refit at that lr on all of train and
+    scored once on test. nCLIP reports the best head on the evaluation set itself: picking on test is what this
+    does not do (docs/paper-runs.md)."""
     xtr, ytr, xte, yte, num_classes = probe_tensors(train_x, train_y, test_x, test_y, device, num_classes)
     out: dict = {"protocol": protocol.name}
     if len(protocol.lrs) > 1:

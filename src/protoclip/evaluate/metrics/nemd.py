@@ -1,38 +1,8 @@
-"""NEMD (normalised earth mover's distance between groups) plus uniformity and intra-class spread.
+"""NEMD (normalised earth mover's distance between groups: methods-spec §3.4 "NEMD v1", from the PAUC paper, Eq. 3)
+plus the Wang-Isola uniformity and the mean intra-class spread, which §3.4 point 10 says must always be reported
+beside it (NEMD alone cannot tell total collapse from good coverage: :func:`nemd_report`). The spec's steps and the
+headline's deviation from them: docs/evaluation-sets.md#protoclipevaluatemetricsnemd.
 
-Implements methods-spec §3.4 "NEMD v1" (from the PAUC paper, Eq. 3) exactly:
-
-1. L2-normalise the embeddings (unit hypersphere).
-2. Partition them: GT classes (``labels``; the primary variant) or a k-means partition
-   (:func:`kmeans_partition`: faiss spherical k-means, K = #classes, 20 iterations, 5 redos).
-3. Each group is a uniform empirical measure; at most ``n_max = 256`` points per group are kept
-   (random subset, torch generator seeded with ``seed``); groups with < 2 points are skipped.
-4. For every unordered pair p < q: chord cost ``C_ij = ||z_i - z_j||`` (in [0, 2]), log-domain
-   Sinkhorn with absolute ``eps = 0.05``, at most 500 iterations, stop when the row-marginal error
-   < 1e-6; the pair's value is the transport cost <P_eps, C> of the entropic plan (no entropy term).
-   The headline uses exact EMD instead where it can (see "Headline" below).
-5. NEMD = unweighted mean over pairs (optionally over a random subset of ``max_pairs`` pairs).
-6. No rescaling: the value lies in [0, 2] ("chord metric, unit sphere"); ``nemd_half`` = NEMD / 2.
-
-The Sinkhorn loop is written in torch and batched over pairs (groups padded to a common size with
-zero-weight points, as §3.4 point 8 suggests) because POT's solvers handle one pair per call and
-the K(K-1)/2 Python-level calls are the bottleneck; the exact path calls POT's ``ot.emd2`` per pair.
-
-Headline (deviation from step 4, for §3.4.7's bound): the spec's eps = 0.05 Sinkhorn cost is 4-6 %
-above the exact EMD on synthetic class clusters and 12 % on the offline default's features, far
-beyond the 2 % the spec itself requires. So the headline ``nemd`` is the **exact EMD** (POT network
-simplex) whenever there are at most ``EXACT_MAX_PAIRS`` pairs: that is every set the stage evaluates,
-since it caps pairs at ``evaluate.nemd.max_pairs`` = 5000; at n_max = 256 one exact pair takes ~60 ms
-on one CPU core, less than the eps = 0.05 batched Sinkhorn per pair on CPU. Beyond that, the headline
-is Sinkhorn at eps = 0.01 (0.7 % bias on the test blobs, vs 2.6 % at 0.02 and 6 % at 0.05). With
-``diagnostic=True`` the other value (the spec's eps = 0.05 Sinkhorn cost next to an exact headline)
-is reported as ``nemd_sinkhorn`` and ``eps_bias``; ``nemd_method`` names the headline's solver.
-
-§3.4 point 10 says NEMD must always be reported with the Wang-Isola uniformity and the mean
-intra-class spread (NEMD alone cannot tell total collapse from good coverage): :func:`nemd_report`.
-
-    from protoclip.evaluate.metrics.nemd import nemd, nemd_report
-    nemd(z, labels)          # -> {"nemd": 1.21, "nemd_half": 0.605, "n_groups": 10, "n_pairs": 45, ...}
     nemd_report(z, labels)   # -> nemd (GT classes and k-means) + uniformity + intra_class_spread
 """
 from __future__ import annotations
@@ -136,7 +106,9 @@ def _pad(groups: list[torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor
 
 def _sinkhorn_pairs(groups: list[torch.Tensor], pairs: list[tuple[int, int]], eps: float, iters: int, tol: float,
                     device: str | torch.device) -> tuple[list[float], int]:
-    """Sinkhorn cost of every pair (batched, see module doc) and how many pairs did not converge."""
+    """Sinkhorn cost of every pair and how many pairs did not converge. Written in torch and batched over pairs
+    (groups padded to a common size with zero-weight points, as §3.4 point 8 suggests) because POT's solvers handle
+    one pair per call and the K(K-1)/2 Python-level calls are the bottleneck."""
     # Pairs are bucketed by their larger group size (next power of two) and padded per bucket: groups of
     # very different sizes (e.g. coarse labels) would otherwise all be padded to the largest one.
     groups = [grp.to(device) for grp in groups]
@@ -195,12 +167,19 @@ def nemd(
     ``max_pairs`` a random subset of pairs, both drawn from the same seeded generator after the
     per-group subsampling.
 
-    ``method`` picks the headline ``nemd`` (see module doc, "Headline"): ``exact`` = POT's exact EMD per
-    pair, ``sinkhorn`` = entropic cost at ``eps`` (spec v1), ``auto`` = exact for at most
+    ``method`` picks the headline ``nemd``: ``exact`` = POT's exact EMD per pair (network simplex,
+    ``ot.emd2``), ``sinkhorn`` = entropic cost at ``eps`` (spec v1), ``auto`` = exact for at most
     ``exact_max_pairs`` pairs, else Sinkhorn at ``min(eps, FALLBACK_EPS)``. ``exact=True`` is
     ``method="exact"``. ``nemd_method`` and ``nemd_eps`` say what was used. ``diagnostic=True`` also
     computes the other value on the same pairs: ``nemd_sinkhorn`` (at ``eps``) when the headline is
     exact, ``nemd_exact`` when it is Sinkhorn, and ``eps_bias`` = (sinkhorn - exact) / exact.
+
+    The headline deviates from the spec's step 4, for §3.4.7's bound: the spec's eps = 0.05 Sinkhorn cost is 4-6 %
+    above the exact EMD on synthetic class clusters and 12 % on the offline default's features, far beyond the 2 %
+    the spec itself requires. So ``auto`` is exact whenever it can be: every set the stage evaluates, since it caps
+    pairs at ``evaluate.nemd.max_pairs`` = 5000; at n_max = 256 one exact pair takes ~60 ms on one CPU core, less
+    than the eps = 0.05 batched Sinkhorn per pair on CPU. Beyond that, Sinkhorn at eps = 0.01 (0.7 % bias on the
+    test blobs, vs 2.6 % at 0.02 and 6 % at 0.05).
     """
     if n_max < 2:
         raise ValueError(f"n_max must be >= 2, got {n_max}")

@@ -1,25 +1,8 @@
-"""Zero-shot image-text retrieval recall@k (ProtoCLIP Sec. IV-C4, Table VIII; COCO / clip_benchmark protocol).
+"""Zero-shot image-text retrieval recall@k (ProtoCLIP Sec. IV-C4, Table VIII; the COCO / clip_benchmark protocol):
+images and captions ranked by the dot product of their L2-normalised features, each caption belonging to exactly one
+image (``text_to_image[t]``), an image to one or more captions (5 in COCO).
 
-Images and captions are ranked by the dot product of their L2-normalised features. Each caption
-belongs to exactly one image (``text_to_image[t]``); an image may have several captions (5 in COCO).
-
-* text -> image: a caption query is correct at k if its image is among the k most similar images.
-* image -> text: an image query is correct at k if ANY of its captions is among the k most similar
-  captions (clip_benchmark's ``recall_at_k(...) > 0``, the standard COCO 5k protocol).
-
-Recalls are in percent; ``mean_recall`` is the mean of the six numbers for ks=(1, 5, 10) (the
-paper's "mean recall"). Queries are processed in chunks; instead of clip_benchmark's one-hot
-[queries, k, candidates] tensor we gather the positive mask at the top-k indices, which gives the
-same answer with O(queries * k) memory.
-
-    from protoclip.evaluate.metrics.retrieval import retrieval_recall
     retrieval_recall(img_feats, txt_feats, text_to_image)  # -> {"image_to_text_R@1": .., ..., "mean_recall": ..}
-    m, ranks = retrieval_recall(..., per_example=True)  # ranks["image_to_text_rank"]: int per image query
-
-``per_example=True`` also returns each query's rank of its first match (0 = the top candidate):
-``image_to_text_rank`` [n_images] and ``text_to_image_rank`` [n_texts]; R@k is ``100 * (rank < k).sum() / n``
-of these (the same numbers). Within the top max(ks) the rank is the position in the top-k order; beyond it, the
-number of candidates scored strictly above the query's best positive (at least max(ks)).
 """
 from __future__ import annotations
 
@@ -71,10 +54,19 @@ def retrieval_recall(
     normalize: bool = True,
     per_example: bool = False,
 ) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Recall@k in percent both ways plus their mean (``mean_recall``); ``normalize=False``: rank by the plain
-    dot product of the given features (a method's own similarity, see ``evaluate.features``). ``per_example``:
-    also each query's rank of its first match, ``{"image_to_text_rank": [n_images], "text_to_image_rank":
-    [n_texts]}`` (module docstring)."""
+    """Recall@k in percent both ways plus their mean (``mean_recall``, the paper's "mean recall": of the six numbers
+    for ks=(1, 5, 10)); ``normalize=False``: rank by the plain dot product of the given features (a method's own
+    similarity, see ``evaluate.features``).
+
+    * text -> image: a caption query is correct at k if its image is among the k most similar images.
+    * image -> text: an image query is correct at k if ANY of its captions is among the k most similar captions
+      (clip_benchmark's ``recall_at_k(...) > 0``, the standard COCO 5k protocol).
+
+    Queries are processed in chunks; instead of clip_benchmark's one-hot [queries, k, candidates] tensor we gather
+    the positive mask at the top-k indices (:func:`first_match_rank`), which gives the same answer with
+    O(queries * k) memory. ``per_example``: also each query's rank of its first match (0 = the top candidate,
+    :func:`first_match_rank`), ``{"image_to_text_rank": [n_images], "text_to_image_rank": [n_texts]}``; R@k is
+    ``100 * (rank < k).sum() / n`` of these (the same numbers)."""
     if not ks or min(ks) < 1:
         raise ValueError(f"ks must be positive integers, got {ks}")
     # zero rows have no direction: rejected where the similarity is the cosine

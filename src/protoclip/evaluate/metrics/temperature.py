@@ -1,28 +1,8 @@
 """Diagnostics of the temperature / multi-class-token paper on frozen features (clip-temperature-multi-class-tokens.txt
-Sec. 2.1 Fig. 1, App. D Fig. 8, App. H Table 11; methods-spec 2.5 "diagnostics worth implementing").
-
-Inputs are embeddings whose dot product is the run's similarity s = -d (cosine: L2-normalised z; product
-sphere: chunk-normalised z, s = sum of per-token cosines), pairs in rows: ``image[i]`` and ``text[i]`` are a
-labelled positive pair. Arrays in, dicts of numbers / lists out (JSON-ready).
-
-* :func:`equilibrium_sweep` (Fig. 1): on a seeded batch of B pairs with a share P of its texts shuffled, for each
-  scale tau of a log-spaced sweep, the ratio of Eq. 1's numerator to its denominator per positive pair,
-  ``r_i = exp(tau s_ii) / (sum_{j!=i} exp(tau s_ij) + sum_{j!=i} exp(tau s_ji))`` (Eq. 1's N: both directions'
-  negatives), averaged over the batch (``log_mean_ratio`` = log of that mean, computed by logsumexp: the ratio
-  overflows float64 at large tau). The equilibrium scale tau* is where the mean ratio is 1 (the log loss of Eq. 1
-  is 0), interpolated linearly in (log tau, log ratio) between the sweep points around the first crossing; null
-  when the sweep does not cross. The paper expects tau* to grow with B and with P.
-* :func:`shuffle_permutation`: P% of the pairs get another pair's text (a cyclic shift among the chosen pairs,
-  so every chosen pair is a false positive; at least 2 when P > 0; the paper does not say how it shuffles).
-* :func:`distance_histograms` (Fig. 8, in-domain panel): counts of s over shared bins for positive image-text
-  pairs, negative image-text pairs, negative image-image and text-text pairs (the paper's logits_pos /
-  logits_neg / img_neg / text_neg), without the learned scale (as the paper plots them).
-* :func:`token_subset_zeroshot` (Table 11): zero-shot top-1 scoring with only k of the m class tokens
-  (sum of the chosen tokens' cosines), mean and sample std over random k-subsets (every subset when there are at
-  most ``draws``; the paper does not give its number of draws).
-
-    from protoclip.evaluate.metrics.temperature import equilibrium_sweep, distance_histograms
-    equilibrium_sweep(img, txt, scales=np.geomspace(0.1, 1000, 41), batch_sizes=[256], shares=[0, 0.05])
+Sec. 2.1 Fig. 1, App. D Fig. 8, App. H Table 11; methods-spec 2.5 "diagnostics worth implementing"). Inputs are
+embeddings whose dot product is the run's similarity s = -d (cosine: L2-normalised z; product sphere:
+chunk-normalised z, s = sum of per-token cosines), pairs in rows: ``image[i]`` and ``text[i]`` are a labelled
+positive pair. Arrays in, dicts of numbers / lists out (JSON-ready).
 """
 from __future__ import annotations
 
@@ -48,7 +28,9 @@ def _pairs(image: ArrayLike, text: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def shuffle_permutation(n: int, share: float, rng: np.random.Generator) -> np.ndarray:
-    """Text index of each of ``n`` pairs after shuffling ``share`` of them (see the module docstring)."""
+    """Text index of each of ``n`` pairs after shuffling ``share`` of them: that share of the pairs gets another
+    pair's text (a cyclic shift among the chosen pairs, so every chosen pair is a false positive; at least 2 when
+    ``share`` > 0; the paper does not say how it shuffles)."""
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"shuffle share must be in [0, 1], got {share}")
     perm = np.arange(n)
@@ -92,8 +74,18 @@ def equilibrium_scale(scales: Sequence[float], log_ratio: Sequence[float]) -> fl
 def equilibrium_sweep(image: ArrayLike, text: ArrayLike, scales: Sequence[float], batch_sizes: Sequence[int],
                       shares: Sequence[float], seed: int = 0, device: str | torch.device = "cpu") -> dict:
     """Fig. 1 curves: for each batch size B (at most the number of pairs; larger ones are listed under
-    ``skipped_batch_sizes``) one seeded batch, for each share its shuffled texts. The headline
-    ``equilibrium_scale`` is that of the largest B without shuffling."""
+    ``skipped_batch_sizes``) one seeded batch, for each share P its shuffled texts (:func:`shuffle_permutation`).
+    The headline ``equilibrium_scale`` is that of the largest B without shuffling.
+
+    For each scale tau of the (log-spaced) sweep: the ratio of Eq. 1's numerator to its denominator per positive
+    pair, ``r_i = exp(tau s_ii) / (sum_{j!=i} exp(tau s_ij) + sum_{j!=i} exp(tau s_ji))`` (Eq. 1's N: both
+    directions' negatives), averaged over the batch (``log_mean_ratio`` = log of that mean, computed by logsumexp:
+    the ratio overflows float64 at large tau). The equilibrium scale tau* is where the mean ratio is 1 (the log loss
+    of Eq. 1 is 0), interpolated between the sweep points around the first crossing (:func:`equilibrium_scale`);
+    null when the sweep does not cross. The paper expects tau* to grow with B and with P.
+
+        equilibrium_sweep(img, txt, scales=np.geomspace(0.1, 1000, 41), batch_sizes=[256], shares=[0, 0.05])
+    """
     u, v = _pairs(image, text)
     scales = [float(t) for t in scales]
     if not scales or min(scales) <= 0 or any(b <= a for a, b in zip(scales, scales[1:])):
@@ -120,8 +112,10 @@ def equilibrium_sweep(image: ArrayLike, text: ArrayLike, scales: Sequence[float]
 
 def distance_histograms(image: ArrayLike, text: ArrayLike, bins: int = 50, max_points: int = 2000,
                         seed: int = 0) -> dict:
-    """Fig. 8: counts of s per kind of pair over ``bins`` shared bins spanning every value; at most
-    ``max_points`` pairs (a seeded subset: the negative counts grow as n^2). Also each kind's mean."""
+    """Fig. 8 (in-domain panel): counts of s per kind of pair over ``bins`` shared bins spanning every value; at most
+    ``max_points`` pairs (a seeded subset: the negative counts grow as n^2). Also each kind's mean. The kinds:
+    positive image-text pairs, negative image-text pairs, negative image-image and text-text pairs (the paper's
+    logits_pos / logits_neg / img_neg / text_neg), without the learned scale (as the paper plots them)."""
     u, v = _pairs(image, text)
     if bins < 1:
         raise ValueError(f"bins must be >= 1, got {bins}")
@@ -147,7 +141,8 @@ def token_subset_zeroshot(image: ArrayLike, classifier: ArrayLike, labels: Array
                           sizes: Sequence[int] = (1, 2, 4, 8), draws: int = 10, seed: int = 0) -> dict:
     """Table 11: ``image`` [N, m*n] and ``classifier`` [C, m*n] chunk-normalised per token (the classifier may
     be a prompt mean), class = argmax of the summed cosines of a k-subset of the m = ``tokens`` tokens.
-    Per k < m in ``sizes``: top-1 (%) mean and std (ddof 1; 0 for one subset) over the subsets; ``all`` = every
+    Per k < m in ``sizes``: top-1 (%) mean and std (ddof 1; 0 for one subset) over ``draws`` random k-subsets
+    (every subset when there are at most ``draws``; the paper does not give its number of draws); ``all`` = every
     token (the full model's score)."""
     x = features_np(image, "image", np.float64)
     w = features_np(classifier, "classifier", np.float64)

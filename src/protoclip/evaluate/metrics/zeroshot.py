@@ -1,19 +1,7 @@
 """Zero-shot classification with prompt ensembling (CLIP / open_clip protocol; ProtoCLIP Sec. IV-C1).
 
-The classifier for class c is the mean of the L2-normalised text embeddings of all its prompts
-(``template.format(c)`` or ``template(c)``), renormalised: exactly open_clip's
-``build_zero_shot_classifier``, but taking an ``encode_text(list[str]) -> Tensor`` callable so it does
-not depend on a particular model or tokenizer, and returning ``[C, d]`` (open_clip returns the
-transpose). Images are classified by cosine similarity to these class embeddings.
-
-    from protoclip.evaluate.metrics.zeroshot import build_zeroshot_classifier, zeroshot_classify
     W = build_zeroshot_classifier(lambda texts: model.encode_text(tokenizer(texts)), classnames, templates)
     zeroshot_classify(image_features, W, labels)   # -> {"top1": 41.2, "top5": 73.0}  (percent)
-    m, hits = zeroshot_classify(image_features, W, labels, per_example=True)   # hits["top1"]: bool per image
-
-``per_example=True`` also returns each test image's hit ``{"top1": bool[n], "top5": bool[n]}``, from which the
-percentages are computed (``100 * hits.sum() / n``): the numbers are the same either way. The claims ledger
-bootstraps over these (protoclip.claims).
 """
 from __future__ import annotations
 
@@ -50,8 +38,11 @@ def build_zeroshot_classifier(
 ) -> torch.Tensor:
     """Prompt-ensembled class embeddings ``[C, d]`` (float32, on the CPU), each row unit norm.
 
-    ``encode_text`` maps a list of strings to un-normalised (or normalised) text features ``[n, d]``;
-    it is called on ``classes_per_batch * len(templates)`` prompts at a time.
+    The row of class c is the mean of the L2-normalised text embeddings of all its prompts (``template.format(c)``
+    or ``template(c)``), renormalised: exactly open_clip's ``build_zero_shot_classifier``, but taking an
+    ``encode_text`` callable so it does not depend on a particular model or tokenizer, and returning ``[C, d]``
+    (open_clip returns the transpose). ``encode_text`` maps a list of strings to un-normalised (or normalised) text
+    features ``[n, d]``; it is called on ``classes_per_batch * len(templates)`` prompts at a time.
     """
     if len(classnames) == 0:
         raise ValueError("classnames is empty")
@@ -104,7 +95,9 @@ def zeroshot_classify(
     scores by the plain dot product (a method's own similarity embedded as a dot product, e.g. nCLIP's -CE,
     see :mod:`protoclip.similarity`). A top-k entry is reported only when the
     number of classes C is at least k (so a 2-class set has no top5). ``per_example``: return
-    ``(metrics, {"top1": bool[n], ...})``, each image's hit under the same keys.
+    ``(metrics, {"top1": bool[n], ...})``, each image's hit under the same keys, from which the percentages are
+    computed (``100 * hits.sum() / n``: the numbers are the same either way); the claims ledger bootstraps over
+    these (protoclip.claims).
     """
     x = features_torch(image_features, "image_features", nonzero=True)
     w = features_torch(classifier, "classifier", nonzero=True)
