@@ -1,12 +1,7 @@
-"""Class names and prompt templates of the zero-shot evaluation sets (package data).
+"""Class names and prompt templates of the zero-shot evaluation sets: package data (``zeroshot_prompts.json``, one
+:class:`Prompts` per set), built by ``build_prompts.py`` from CLIP's prompt file and open_clip's ImageNet metadata,
+and committed.
 
-``zeroshot_prompts.json`` holds, per set, ``classnames`` (CLIP's lists, in the data's label order: Oxford-IIIT
-Pets' reordered, ``build_prompts.LABEL_ORDER``; the loaders check the order against the data's own class names,
-``evaluate.datasets.classes``), ``templates`` (strings with one
-``{}``), the CLOOB-style name ``fixes``, the ``source`` and for ImageNet the ``wnids`` of the classes. It is built by ``build_prompts.py`` from CLIP's
-prompt file and open_clip's ImageNet metadata, and committed.
-
-    from protoclip.evaluate.prompts import load_prompts
     p = load_prompts("cifar10")   # Prompts(classnames=['airplane', ...], templates=['a photo of a {}.', ...])
 """
 from __future__ import annotations
@@ -28,6 +23,10 @@ ALIASES = {
 
 @dataclass(frozen=True)
 class Prompts:
+    """One set's entry of ``zeroshot_prompts.json``: ``classnames`` (CLIP's lists, in the data's label order:
+    Oxford-IIIT Pets' reordered, ``build_prompts.LABEL_ORDER``; the loaders check the order against the data's own
+    class names, ``evaluate.datasets.classes``), ``templates`` (strings with one ``{}``), the CLOOB-style name
+    ``fixes`` and, for ImageNet, the ``wnids`` of the classes. The JSON also records each entry's ``source``."""
     classnames: list[str]
     templates: list[str]
     fixes: list[dict] = field(default_factory=list)

@@ -1,29 +1,9 @@
 """Build ``zeroshot_prompts.json``: class names and prompt templates of every zero-shot evaluation set.
 
-The JSON is package data and is committed; this script only documents (and re-does) how it was made:
+The JSON is package data and is committed; this script documents (and re-does) how it was made from CLIP's
+prompt file and open_clip's ImageNet metadata (the sources: :func:`build`):
 
-    python -m protoclip.evaluate.prompts.build_prompts \
-        --reference /work/shared/reference/clip-prompts.md \
-        --out src/protoclip/evaluate/prompts/zeroshot_prompts.json
-
-Sources (ProtoCLIP Sec. IV-C1: "class names and prompt templates are consistent with CLIP [...] minor
-explanations to some classes, e.g. 'kite' -> 'kite (bird of prey)', are added following CLOOB"):
-
-* ImageNet: ``open_clip.zero_shot_metadata`` (``IMAGENET_CLASSNAMES``, ``OPENAI_IMAGENET_TEMPLATES``, the
-  80 templates of CLIP's ImageNet notebook), and the WordNet ids of the classes in label order (``wnids``, from
-  CLIP_benchmark's ``all_imagenet_wordnet_ids``): what the data on disk names its classes by. open_clip's class names are the CLIP notebook names with the
-  CLOOB-era disambiguations already in (``kite (bird of prey)``, ``crane bird`` / ``construction crane``,
-  ...), which is what the ProtoCLIP code (megvii-research/protoclip, ``zero_shot.py``) uses too. The
-  disambiguations the paper names are listed in :data:`FIXES` and asserted / applied here, so the JSON
-  carries them even if open_clip's list changes.
-* The other 13 of the paper's 14 sets: CLIP's ``Prompts for Image Classification`` (clip-prompts.md),
-  parsed verbatim (python list literals inside each ``## <Dataset>`` section); Oxford-IIIT Pets' list put in the
-  data's label order (:data:`LABEL_ORDER`).
-* Offline sets (not in the paper): ``fashion_mnist`` (Fashion-MNIST class names in prompt-friendly form,
-  CLIP-style generic photo templates) and ``digits`` (sklearn's 8x8 digits: CLIP's MNIST entry, class
-  names '0'..'9' with the template ``a photo of the number: "{}".``).
-
-Templates are strings with one ``{}`` for the class name.
+    python -m protoclip.evaluate.prompts.build_prompts --reference <CLIP's clip-prompts.md> --out <the JSON>
 """
 from __future__ import annotations
 
@@ -142,6 +122,23 @@ def label_order(key: str, names: list[str]) -> list[str]:
 
 
 def build(reference: Path) -> dict:
+    """Every set's entry of the JSON; templates are strings with one ``{}`` for the class name. Sources (ProtoCLIP
+    Sec. IV-C1: "class names and prompt templates are consistent with CLIP [...] minor explanations to some
+    classes, e.g. 'kite' -> 'kite (bird of prey)', are added following CLOOB"):
+
+    * ImageNet: ``open_clip.zero_shot_metadata`` (``IMAGENET_CLASSNAMES``, ``OPENAI_IMAGENET_TEMPLATES``, the 80
+      templates of CLIP's ImageNet notebook), and the WordNet ids of the classes in label order (``wnids``, from
+      CLIP_benchmark's ``all_imagenet_wordnet_ids``): what the data on disk names its classes by. open_clip's class
+      names are the CLIP notebook names with the CLOOB-era disambiguations already in (``kite (bird of prey)``,
+      ``crane bird`` / ``construction crane``, ...), which is what the ProtoCLIP code (megvii-research/protoclip,
+      ``zero_shot.py``) uses too. The disambiguations the paper names are listed in :data:`FIXES` and asserted /
+      applied here, so the JSON carries them even if open_clip's list changes.
+    * The other 13 of the paper's 14 sets: CLIP's ``Prompts for Image Classification`` (``reference``,
+      clip-prompts.md), parsed verbatim (python list literals inside each ``## <Dataset>`` section); Oxford-IIIT
+      Pets' list put in the data's label order (:data:`LABEL_ORDER`).
+    * Offline sets (not in the paper): ``fashion_mnist`` (Fashion-MNIST class names in prompt-friendly form,
+      CLIP-style generic photo templates) and ``digits`` (sklearn's 8x8 digits: CLIP's MNIST entry, class names
+      '0'..'9' with the template ``a photo of the number: "{}".``)."""
     parsed = parse_clip_prompts(reference.read_text())
     entries: dict[str, dict] = {}
     raw = {"imagenet": imagenet_entry()}
