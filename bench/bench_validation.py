@@ -72,7 +72,7 @@ def main() -> None:
         train_s = [sum(v for k, v in r.items() if k.startswith("time/") and k != "time/validation") for r in episodes]
         val_s = [r["time/validation"] for r in episodes]
         t0 = time.perf_counter()
-        with training_run(cfg, f"{args.run}-model-logging", None) as tracker:
+        with training_run(cfg.paths, f"{args.run}-model-logging", None, []) as tracker:
             log_model(tracker, layout.model(args.run), f"{args.run}-model-logging",
                       provenance_tags({}, "", "bench"), export_or_copy)
         log_s = time.perf_counter() - t0

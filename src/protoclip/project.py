@@ -68,6 +68,12 @@ class ProjectConfig:
         """The name run ``name`` is declared under in its file (``clip_s1`` -> ``clip``: its overrides key)."""
         return next((base for base, names in self._groups.items() if name in names), name)
 
+    def run_targets(self, run: str) -> list[str]:
+        """The ids of the paper targets (tables, figures) that show run ``run``: its experiment files' ``target:``
+        rows (a seeds group stands for each of its runs) or reference run (the MLflow runs' target tags). Derived
+        from the config, so neither the CLI nor a Snakemake rule / DVC stage has to pass them."""
+        return sorted(t.id for t in self.paper_targets() if any(run in self.run_group(base) for base in t.runs()))
+
     def run_group(self, name: str) -> list[str]:
         """The runs a target's row ``name`` stands for: its seeds' runs, or [name]; [] when not configured."""
         if name in self._groups:

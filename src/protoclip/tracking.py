@@ -19,8 +19,7 @@ import fcntl
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from protoclip.config.protocols import Project
-from protoclip.files.layout import Layout
+from protoclip.files.layout import Layout, PathsConfig
 
 log = logging.getLogger(__name__)
 # the store's error when a concurrent job inserted the same dataset first (SQLite's and PostgreSQL's wording)
@@ -78,13 +77,6 @@ def _finite(metrics: dict[str, Any]) -> dict[str, float]:
     """The finite numbers of ``metrics`` (nested dicts flattened to ``a.b`` keys), as floats."""
     return {k: float(v) for k, v in _flatten(metrics).items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
-
-
-def run_targets(cfg: Project, run: str) -> list[str]:
-    """The ids of the configured paper targets (tables, figures) that show run ``run``: its experiment files'
-    ``target:`` rows (a seeds group stands for each of its runs) or reference run. Derived here from the
-    config, so neither the CLI nor a Snakemake rule / DVC stage has to pass them."""
-    return sorted(t.id for t in cfg.paper_targets() if any(run in cfg.run_group(base) for base in t.runs()))
 
 
 def target_tags(targets: list[str] | None) -> dict[str, str]:
@@ -207,14 +199,14 @@ def _file_lock(path: Path | None) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _mlflow(cfg: Project):
+def _mlflow(paths: PathsConfig):
     """The configured mlflow module (tracking URI set, experiment created with its kind tag), or None."""
     try:
         import mlflow  # heavy: mlflow, only when tracking is on
     except ImportError:  # pragma: no cover - mlflow is a declared dependency
         log.warning("mlflow not importable: metrics are written to files only")
         return None
-    uri = cfg.paths.mlflow_uri
+    uri = paths.mlflow_uri
     lock_path = artifacts = None
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):])
@@ -228,9 +220,9 @@ def _mlflow(cfg: Project):
     # against that ("index ... already exists"), so the first connection and the experiment are made under a lock
     with _file_lock(lock_path):
         client = _client(mlflow, sqlite=lock_path is not None)
-        exp = client.get_experiment_by_name(cfg.paths.mlflow_experiment)
+        exp = client.get_experiment_by_name(paths.mlflow_experiment)
         if exp is None:
-            exp_id = _create_experiment(mlflow, client, cfg.paths.mlflow_experiment, artifacts)
+            exp_id = _create_experiment(mlflow, client, paths.mlflow_experiment, artifacts)
         else:
             exp_id = exp.experiment_id
             for k, v in EXPERIMENT_KIND.items():
@@ -297,10 +289,10 @@ def read_run_id(path: Path) -> str | None:
         return None
 
 
-def system_metrics(cfg: Project) -> bool:
+def system_metrics(paths: PathsConfig) -> bool:
     """Whether a training run records MLflow's system metrics (``paths.mlflow_system_metrics``; they need psutil,
     GPU ones pynvml, which MLflow reports missing itself)."""
-    if not cfg.paths.mlflow_system_metrics:
+    if not paths.mlflow_system_metrics:
         return False
     try:
         import psutil  # optional: psutil, only for MLflow's system metrics  # noqa: F401
@@ -311,23 +303,22 @@ def system_metrics(cfg: Project) -> bool:
 
 
 @contextmanager
-def training_run(cfg: Project, run_name: str, resume_id_file: Path | None, targets: list[str] | None = None
+def training_run(paths: PathsConfig, run_name: str, resume_id_file: Path | None, targets: list[str]
                  ) -> Iterator[Tracker]:
     """A new MLflow run for a training from scratch (``resume_id_file`` None), or the MLflow run whose id
-    ``resume_id_file`` holds (a resumed training; a new run if that id is unknown to this store). ``targets``:
-    the run's paper targets (tags); None = :func:`run_targets` of the config."""
-    mlflow = _mlflow(cfg)
+    ``resume_id_file`` holds (a resumed training; a new run if that id is unknown to this store), in the store
+    ``paths`` names. ``targets``: the run's paper targets (tags; the config's ``run_targets(run)``)."""
+    mlflow = _mlflow(paths)
     if mlflow is None:
         yield Tracker()
         return
     run_id = read_run_id(resume_id_file) if resume_id_file is not None else None
     if run_id and not _exists(mlflow, run_id):
         log.warning("MLflow run %s of %s is not in %s: logging into a new run", run_id, run_name,
-                    cfg.paths.mlflow_uri)
+                    paths.mlflow_uri)
         run_id = None
-    targets = run_targets(cfg, run_name) if targets is None else targets
     tags = {"protoclip.run": run_name, "protoclip.kind": "train", **target_tags(targets)}
-    with _open(mlflow, run_id, run_name, tags, system_metrics=system_metrics(cfg)) as tracker:
+    with _open(mlflow, run_id, run_name, tags, system_metrics=system_metrics(paths)) as tracker:
         tracker.set_tags({"protoclip.stage.train": "started"})
         yield tracker
         tracker.set_tags({"protoclip.stage.train": "finished"})
@@ -398,12 +389,11 @@ def project_path(path: Path) -> str:
 
 
 @contextmanager
-def evaluation_run(cfg: Project, run_name: str, model_sha256: str,
-                   targets: list[str] | None = None) -> Iterator[Tracker]:
+def evaluation_run(paths: PathsConfig, run_name: str, model_sha256: str, targets: list[str]) -> Iterator[Tracker]:
     """The MLflow run that produced the model with this sha256 (tag ``protoclip.model_sha256``), else a new
-    run carrying that tag (e.g. a model restored by ``dvc pull`` into a fresh tracking store). ``targets``: as for
-    :func:`training_run`."""
-    mlflow = _mlflow(cfg)
+    run carrying that tag (e.g. a model restored by ``dvc pull`` into a fresh tracking store). ``paths``,
+    ``targets``: as for :func:`training_run`."""
+    mlflow = _mlflow(paths)
     if mlflow is None:
         yield Tracker()
         return
@@ -411,7 +401,6 @@ def evaluation_run(cfg: Project, run_name: str, model_sha256: str,
                                              f"tags.`protoclip.run` = '{run_name}'",
                                max_results=1, order_by=["start_time DESC"], output_format="list")
     run_id = found[0].info.run_id if found else None
-    targets = run_targets(cfg, run_name) if targets is None else targets
     tags = {"protoclip.run": run_name, "protoclip.model_sha256": model_sha256, **target_tags(targets)}
     if run_id is None:
         tags["protoclip.kind"] = "evaluate"  # the training that made this model logged elsewhere
@@ -420,9 +409,9 @@ def evaluation_run(cfg: Project, run_name: str, model_sha256: str,
 
 
 @contextmanager
-def report_run(cfg: Project, name: str = "report", kind: str = "report") -> Iterator[Tracker]:
+def report_run(paths: PathsConfig, name: str = "report", kind: str = "report") -> Iterator[Tracker]:
     """A new MLflow run holding one report's tables and figures as artifacts (``kind``: its protoclip.kind tag)."""
-    mlflow = _mlflow(cfg)
+    mlflow = _mlflow(paths)
     if mlflow is None:
         yield Tracker()
         return
@@ -431,17 +420,17 @@ def report_run(cfg: Project, name: str = "report", kind: str = "report") -> Iter
 
 
 @contextmanager
-def claims_run(cfg: Project) -> Iterator[Tracker]:
+def claims_run(paths: PathsConfig) -> Iterator[Tracker]:
     """A new ``claims`` MLflow run (tag ``protoclip.kind = claims``): the claims ledger's summary, a tag per claim
     (protoclip.report.ledger_table.log_ledger). In the UI: search ``tags.protoclip.kind = 'claims'``."""
-    with report_run(cfg, name="claims", kind="claims") as tracker:
+    with report_run(paths, name="claims", kind="claims") as tracker:
         yield tracker
 
 
-def log_report(cfg: Project) -> str | None:
+def log_report(paths: PathsConfig) -> str | None:
     """Log ``results/tables`` and ``results/figures`` as artifacts of a new ``report`` run; returns its id."""
-    layout = Layout.from_config(cfg)
-    with report_run(cfg) as tracker:
+    layout = Layout(paths.data_dir, paths.results_dir)
+    with report_run(paths) as tracker:
         for folder in (layout.tables, layout.figures):
             if folder.is_dir():
                 tracker.log_artifact(folder, folder.name)

@@ -45,7 +45,7 @@ from protoclip.tracking import training_run
 cfg, i = load_config(sys.argv[1]), int(sys.argv[2])
 artifact = Path(sys.argv[3]) / f"notes_{i:02d}.txt"
 artifact.write_text(f"job {i}\\n")
-with training_run(cfg, f"job{i:02d}", None, ["table_V"] if i % 2 == 0 else ["fig_x"]) as tracker:
+with training_run(cfg.paths, f"job{i:02d}", None, ["table_V"] if i % 2 == 0 else ["fig_x"]) as tracker:
     tracker.log_params({"train": {"lr": 0.001 * (i + 1), "seed": i}, "world": {"world_size": 1}})
     for step in range(int(sys.argv[4])):
         tracker.log_metrics({"loss": i + step / 1000, "mean/acc": step / 2}, step=step)
@@ -204,7 +204,7 @@ def test_a_model_registered_through_the_server_loads_in_open_clip(server, tmp_pa
     save_model(tmp_path / "model.pt", model, to_dict(tcfg), eval_spec=tcfg.method_class().eval_spec(tcfg))
     cfg = load_config(config_file(tmp_path, server.uri))
     tags = {"protoclip.code_commit": "c" * 40, "protoclip.config_sha256": "f" * 64, "protoclip.data_digest": "d" * 64}
-    with training_run(cfg, "served", None, []) as tracker:
+    with training_run(cfg.paths, "served", None, []) as tracker:
         assert log_model(tracker, tmp_path / "model.pt", "served", tags, export_or_copy) == "1"
         run_id = tracker.run_id
     client = mlflow.tracking.MlflowClient(server.uri)

@@ -64,13 +64,13 @@ def search(cfg, filter_string: str) -> list:
 
 
 def test_run_targets_come_from_the_experiment_files(tmp_path):
-    from protoclip.tracking import run_targets, target_tags
+    from protoclip.tracking import target_tags
 
     cfg = load_config(project(tmp_path))
-    assert run_targets(cfg, "clip_a") == ["fig_x", "table_V"]
-    assert run_targets(cfg, "pair_b_s1") == ["table_V"]  # a seeds group's row stands for each of its runs
-    assert run_targets(cfg, "lonely") == []
-    assert target_tags(run_targets(cfg, "clip_a")) == {"protoclip.target.fig_x": "1", "protoclip.target.table_V": "1",
+    assert cfg.run_targets("clip_a") == ["fig_x", "table_V"]
+    assert cfg.run_targets("pair_b_s1") == ["table_V"]  # a seeds group's row stands for each of its runs
+    assert cfg.run_targets("lonely") == []
+    assert target_tags(cfg.run_targets("clip_a")) == {"protoclip.target.fig_x": "1", "protoclip.target.table_V": "1",
                                                        "protoclip.targets": "fig_x,table_V"}
 
 
@@ -101,7 +101,7 @@ def small_store(tmp_path: Path):
 
     cfg = load_config(project(tmp_path))
     for run in ("clip_a", "pair_b_s0", "lonely"):
-        with training_run(cfg, run, None) as tracker:
+        with training_run(cfg.paths, run, None, cfg.run_targets(run)) as tracker:
             tracker.log_metrics({"mean/loss": 1.0})
     return cfg
 

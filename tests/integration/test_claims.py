@@ -706,7 +706,7 @@ def test_ledger_in_a_real_mlflow_store(planted):
 
     cfg, _ = planted
     run_ledger(cfg, Results(cfg))
-    with claims_run(cfg) as tracker:
+    with claims_run(cfg.paths) as tracker:
         log_ledger(cfg, tracker)
     mlflow.set_tracking_uri(cfg.paths.mlflow_uri)
     found = mlflow.search_runs(experiment_names=[cfg.paths.mlflow_experiment], output_format="list",

@@ -34,7 +34,7 @@ def test_image_only_run_reports_text_tasks_not_applicable(project, monkeypatch):
     cfg._runs = {RUN: ({"method": "protoclip"}, "<test>")}  # the model file decides, not the project config
 
     @contextmanager
-    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
+    def fake_evaluation_run(paths, run, model_sha256, targets):
         yield RecordingTracker()
 
     monkeypatch.setattr("protoclip.evaluate.stage.evaluation_run", fake_evaluation_run)

@@ -28,7 +28,7 @@ def _evaluate(cfg, monkeypatch) -> ParamsTracker:
     tracker = ParamsTracker()
 
     @contextmanager
-    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
+    def fake_evaluation_run(paths, run, model_sha256, targets):
         yield tracker
 
     monkeypatch.setattr("protoclip.evaluate.stage.evaluation_run", fake_evaluation_run)

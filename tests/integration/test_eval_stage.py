@@ -133,7 +133,7 @@ def test_subset_logs_through_tracker(project, monkeypatch):
     calls = []
 
     @contextmanager
-    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
+    def fake_evaluation_run(paths, run, model_sha256, targets):
         calls.append((run, model_sha256))
         yield tracker
 
@@ -227,7 +227,7 @@ def test_heldout_without_labels_runs_retrieval_only(project, monkeypatch):
     df.to_parquet(layout.manifest)
 
     @contextmanager
-    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
+    def fake_evaluation_run(paths, run, model_sha256, targets):
         yield RecordingTracker()
 
     monkeypatch.setattr("protoclip.evaluate.stage.evaluation_run", fake_evaluation_run)
@@ -251,7 +251,7 @@ def test_test_only_copy_keeps_the_set_and_skips_the_probes_with_the_reason(proje
     cfg.evaluate.datasets["rendered_sst2"] = EvalDatasetConfig(kind="torchvision", path=str(root))
 
     @contextmanager
-    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
+    def fake_evaluation_run(paths, run, model_sha256, targets):
         yield RecordingTracker()
 
     monkeypatch.setattr("protoclip.evaluate.stage.evaluation_run", fake_evaluation_run)
@@ -291,10 +291,10 @@ def test_an_evaluation_without_probe_or_kmeans_leaves_sklearn_unimported():
     assert out.stdout.split() == ["100.0", "False"]
 
 
-def test_the_stage_reads_its_protocol_and_hands_the_config_to_the_mlflow_run_only(project, monkeypatch):
-    """run_evaluate reads of the project config only what EvaluateProject names, and of its parts only the MLflow
-    run (tracking.evaluation_run: the store and the run's paper targets) receives the config: the request check,
-    the task params, the feature extractor and the per-set evaluation get their own values."""
+def test_the_stage_reads_its_protocol_and_hands_on_no_project_config(project, monkeypatch):
+    """run_evaluate reads of the project config only what EvaluateProject names, and none of its parts receives
+    the config: the request check, the task params, the feature extractor, the per-set evaluation and the MLflow
+    run (tracking.evaluation_run: the ``paths`` section and the run's paper targets) get their own values."""
     import protoclip.evaluate.stage as stage
     from protoclip.evaluate.config import EvaluateProject
 
@@ -304,8 +304,8 @@ def test_the_stage_reads_its_protocol_and_hands_the_config_to_the_mlflow_run_onl
     tracked: list[tuple] = []
 
     @contextmanager
-    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
-        tracked.append((cfg_ is watched, run))
+    def fake_evaluation_run(paths, run, model_sha256, targets):
+        tracked.append((paths is cfg.paths, run, targets))
         yield RecordingTracker()
 
     monkeypatch.setattr(stage, "evaluation_run", fake_evaluation_run)
@@ -313,5 +313,5 @@ def test_the_stage_reads_its_protocol_and_hands_the_config_to_the_mlflow_run_onl
     assert [p.relative_to(layout.run_dir(RUN)).as_posix() for p in written] == ["eval/digits/knn.json"]
     members = protocol_members(EvaluateProject)
     assert watched.read and watched.read <= members, watched.read - members
-    assert handed == [] and tracked == [(True, RUN)]
+    assert handed == [] and tracked == [(True, RUN, cfg.run_targets(RUN))]
     assert "git_commit" in json.loads(layout.metrics(RUN, "knn", "digits").read_text())["provenance"]

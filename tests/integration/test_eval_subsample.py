@@ -193,7 +193,7 @@ def test_evaluation_records_subsample_same_images_for_every_run(two_runs, monkey
     torch.set_num_threads(1)  # 2 shared cores
 
     @contextmanager
-    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
+    def fake_evaluation_run(paths, run, model_sha256, targets):
         yield _Tracker()
 
     seen: dict[str, tuple[np.ndarray, np.ndarray]] = {}

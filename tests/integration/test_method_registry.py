@@ -234,7 +234,7 @@ def test_toy_method_trains_and_evaluates_through_the_normal_path(tmp_path, monke
     digits_npz(layout)
 
     @contextmanager
-    def fake_evaluation_run(cfg_, run, model_sha256, targets=None):
+    def fake_evaluation_run(paths, run, model_sha256, targets):
         yield RecordingTracker()
 
     monkeypatch.setattr("protoclip.evaluate.stage.evaluation_run", fake_evaluation_run)

@@ -63,7 +63,7 @@ def test_retrain_is_a_new_run_resume_continues_and_evaluate_finds_the_model(tmp_
     assert runs[0].data.params["train.lr"] == "0.001" and runs[1].data.params["train.lr"] == "0.002"
 
     sha = sha256_file(Layout.from_config(cfg2).model("clip"))
-    with evaluation_run(cfg2, "clip", sha) as tracker:
+    with evaluation_run(cfg2.paths, "clip", sha, cfg2.run_targets("clip")) as tracker:
         tracker.log_metrics({"eval/knn/x/top1": 0.5})
     assert tracker.run_id == runs[1].info.run_id  # the run that produced this model, not the first "clip"
     assert client(cfg2).get_run(runs[1].info.run_id).data.metrics["eval/knn/x/top1"] == 0.5
@@ -121,11 +121,11 @@ def test_report_run_holds_tables_as_artifacts(tmp_path):
     lay.tables.mkdir(parents=True)
     (lay.tables / "index.md").write_text("# Results\n")
     (lay.tables / "knn.csv").write_text("dataset,clip\ndigits,0.5\n")
-    run_id = log_report(cfg)
+    run_id = log_report(cfg.paths)
     c = client(cfg)
     assert c.get_run(run_id).data.tags["protoclip.kind"] == "report"
     assert sorted(a.path for a in c.list_artifacts(run_id, "tables")) == ["tables/index.md", "tables/knn.csv"]
-    assert log_report(cfg) != run_id  # every report is its own run
+    assert log_report(cfg.paths) != run_id  # every report is its own run
 
 
 def _open_store(uri: str) -> str:
@@ -133,8 +133,8 @@ def _open_store(uri: str) -> str:
 
     from protoclip.tracking import _mlflow
 
-    cfg = SimpleNamespace(paths=SimpleNamespace(mlflow_uri=uri, mlflow_experiment="race"))
-    return _mlflow(cfg).get_experiment_by_name("race").experiment_id
+    paths = SimpleNamespace(mlflow_uri=uri, mlflow_experiment="race")
+    return _mlflow(paths).get_experiment_by_name("race").experiment_id
 
 
 def test_parallel_jobs_open_a_fresh_sqlite_store_together(tmp_path):

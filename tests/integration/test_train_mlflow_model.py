@@ -185,7 +185,7 @@ def test_a_model_open_clip_cannot_represent_is_registered_as_model_pt_alone(tmp_
     save_model(tmp_path / "model.pt", tcfg.method_class().build_model(tcfg), to_dict(tcfg),
                eval_spec=tcfg.method_class().eval_spec(tcfg))
     cfg = load_config(tiny_project(tmp_path, {"paths": {"mlflow_system_metrics": False}}, n=4))
-    with training_run(cfg, "nclip_run", None, []) as tracker:
+    with training_run(cfg.paths, "nclip_run", None, []) as tracker:
         assert log_model(tracker, tmp_path / "model.pt", "nclip_run", {"protoclip.data_digest": "d"}, export_or_copy) == "1"
         run_id = tracker.run_id
     c = store(cfg)
@@ -250,7 +250,7 @@ def test_reference_mode_registers_a_run_whose_name_mlflow_refuses_for_a_logged_m
 
     cfg = load_config(project(tmp_path, paths={"mlflow_log_models": "reference", "mlflow_system_metrics": False}))
     name = "f7_clip_subset_0.5"
-    with open_training_run(cfg, name, None, []) as tracker:
+    with open_training_run(cfg.paths, name, None, []) as tracker:
         assert tracker.register_reference(name, {"protoclip.run": name}) == "1"
     c = store(cfg)
     (version,) = c.search_model_versions(f"name = '{name}'")

@@ -73,11 +73,12 @@ def test_empty_manifest_given_to_train_is_one_line_exit_2(tmp_path, capsys):
 def test_the_stage_reads_the_sections_of_its_protocol_and_hands_on_no_project_config(tmp_path, monkeypatch):
     """run_train reads of the project config only what TrainProject names (the run, paths, prepare's offline
     sources, the evaluation sets, the source file, the targets), and none of its parts receives the config:
-    the data set, the validator, the loop and the model's MLflow version get their own values."""
+    the data set, the validator, the loop, the MLflow run and the model's version get their own values."""
     import protoclip.train.stage as stage
 
     watched = WatchedConfig(load_config(_project(tmp_path, teacher=False)))
-    handed = spy_handoffs(monkeypatch, stage, ["training_pairs", "build_validator", "train", "register_model"],
+    handed = spy_handoffs(monkeypatch, stage, ["training_pairs", "build_validator", "train", "register_model",
+                                                   "training_run"],
                           watched)
     assert run_train(watched, "clip").exists()
     members = protocol_members(stage.TrainProject)

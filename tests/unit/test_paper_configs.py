@@ -151,15 +151,14 @@ def test_every_table_and_figure_is_a_target_with_its_paper_runs():
 
 
 def test_every_paper_run_is_tagged_with_its_tables():
-    """The MLflow target tags (protoclip.tracking.run_targets) of paper runs, as the tables print them: Table III's
+    """The MLflow target tags (ProjectConfig.run_targets) of paper runs, as the tables print them: Table III's
     CLIP row is also Table X's; ProtoCLIP 32 ep is in Tables IV and XII and Figs. 8-9; the YFCC runs in V-VIII."""
-    from protoclip.tracking import run_targets
 
-    assert run_targets(CFG, "t3_clip") == ["table_III", "table_X"]
-    assert {"table_IV", "table_XII", "fig_8", "fig_9"} <= set(run_targets(CFG, "t4_protoclip_32ep"))
-    assert run_targets(CFG, "yfcc_protoclip_rn101_8ep") == ["table_V", "table_VI", "table_VII", "table_VIII"]
-    assert run_targets(CFG, "f7_clip_subset_0.25") == ["fig_7"] and "fig_7" in run_targets(CFG, "t4_clip_32ep")
-    assert all(run_targets(CFG, r) for r in RUNS), [r for r in RUNS if not run_targets(CFG, r)]
+    assert CFG.run_targets("t3_clip") == ["table_III", "table_X"]
+    assert {"table_IV", "table_XII", "fig_8", "fig_9"} <= set(CFG.run_targets("t4_protoclip_32ep"))
+    assert CFG.run_targets("yfcc_protoclip_rn101_8ep") == ["table_V", "table_VI", "table_VII", "table_VIII"]
+    assert CFG.run_targets("f7_clip_subset_0.25") == ["fig_7"] and "fig_7" in CFG.run_targets("t4_clip_32ep")
+    assert all(CFG.run_targets(r) for r in RUNS), [r for r in RUNS if not CFG.run_targets(r)]
 
 
 def test_prepare_and_warmup_are_consistent_across_episode_sizes():

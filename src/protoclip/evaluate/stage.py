@@ -193,7 +193,8 @@ def run_evaluate(cfg: EvaluateProject, run: str, tasks: list[str] | None = None,
     pretrained = cfg.run(run).pretrained
     extractor = _extractor(ecfg, pretrained, layout.model(run), run)
     written: list[Path] = []
-    with evaluation_run(cfg, run, extractor.model_sha256, targets) as tracker:
+    targets = cfg.run_targets(run) if targets is None else targets
+    with evaluation_run(cfg.paths, run, extractor.model_sha256, targets) as tracker:
         tracker.log_params(params)
         if pretrained.enabled:  # what a trained run's MLflow run says of its training, this says of its checkpoint
             from protoclip.models.pretrained import source_label  # heavy: open_clip, only for a released checkpoint
