@@ -5,7 +5,8 @@ TYPE_CHECKING) goes from a room to a room on a lower floor, or stays in its room
 declares; every module lives in a room of the table and every room of the table exists; only the modules the doc
 names load others by name; MLflow only through tracking.py, Snakemake and DVC only in dag/. Its names: every
 ``<module>.<name>`` it writes is defined there, every ``.py`` path it writes exists. And the house's sizes: no
-function over 80 lines, no module over 600 (the project's style)."""
+function over 80 lines, no module over 600, no module docstring over 6 lines: what and why, the rest in docs/ (the
+project's style)."""
 from __future__ import annotations
 
 import ast
@@ -20,6 +21,7 @@ SRC = REPO / "src" / "protoclip"
 DOC = REPO / "docs" / "architecture.md"
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
+MAX_MODULE_DOCSTRING_LINES = 6
 
 
 def floors_table(doc: str) -> dict[str, int]:
@@ -175,6 +177,28 @@ def test_the_size_check_counts_a_function_from_its_def_to_its_last_line(tmp_path
     body = "".join("    x = 1\n" for _ in range(lines - 1))
     (tmp_path / "m.py").write_text(f"def f():\n{body}")
     assert bool(long_definitions(tmp_path)) is flagged
+
+
+def long_module_docstrings(root: Path = SRC) -> list[str]:
+    """Modules whose docstring runs over MAX_MODULE_DOCSTRING_LINES lines (from its opening quotes to its closing)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
+        if doc is not None and len(doc.splitlines()) > MAX_MODULE_DOCSTRING_LINES:
+            out.append(f"{path.relative_to(root).as_posix()}: {len(doc.splitlines())} lines")
+    return out
+
+
+def test_module_docstrings_of_a_few_lines():
+    assert long_module_docstrings() == []
+
+
+@pytest.mark.parametrize("lines, flagged", [(MAX_MODULE_DOCSTRING_LINES, False),
+                                            (MAX_MODULE_DOCSTRING_LINES + 1, True)])
+def test_the_docstring_check_counts_every_line_of_a_module_docstring(tmp_path, lines, flagged):
+    text = "\n".join(f"line {i}" for i in range(lines))
+    (tmp_path / "m.py").write_text(f'"""{text}"""\nx = 1\n')
+    assert bool(long_module_docstrings(tmp_path)) is flagged
 
 
 def third_party(path: Path) -> set[str]:
