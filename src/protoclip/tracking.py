@@ -429,7 +429,7 @@ def claims_run(paths: PathsConfig) -> Iterator[Tracker]:
 
 def log_report(paths: PathsConfig) -> str | None:
     """Log ``results/tables`` and ``results/figures`` as artifacts of a new ``report`` run; returns its id."""
-    layout = Layout(paths.data_dir, paths.results_dir)
+    layout = Layout.from_paths(paths)
     with report_run(paths) as tracker:
         for folder in (layout.tables, layout.figures):
             if folder.is_dir():

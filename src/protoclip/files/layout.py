@@ -105,7 +105,12 @@ class Layout:
 
     @classmethod
     def from_config(cls, cfg: HasPaths) -> "Layout":
-        return cls(cfg.paths.data_dir, cfg.paths.results_dir)
+        return cls.from_paths(cfg.paths)
+
+    @classmethod
+    def from_paths(cls, paths: PathsConfig) -> "Layout":
+        """The layout of a ``paths:`` section alone (a part handed that section, not the whole config)."""
+        return cls(paths.data_dir, paths.results_dir)
 
     # ---- data
     @property
