@@ -87,3 +87,21 @@ def test_every_stage_command_has_a_fingerprint_and_its_module():
 def test_committed_fingerprints_are_the_code_s():
     assert (REPO / FINGERPRINTS).read_text() == fingerprints_text(fingerprints()), \
         f"{FINGERPRINTS} is stale: run `protoclip dvc-yaml` (or any snakemake call) and commit it"
+
+
+def test_the_cache_gives_the_same_fingerprints_and_parses_only_changed_files(tmp_path, monkeypatch):
+    root, cache = package_copy(tmp_path), tmp_path / "state" / "code-digests.json"
+    uncached = fingerprints(root)
+    assert fingerprints(root, cache) == uncached and cache.is_file()
+    parsed = []
+    real_parse = code_version.parse
+    monkeypatch.setattr(code_version, "parse", lambda path: parsed.append(path.name) or real_parse(path))
+    assert fingerprints(root, cache) == uncached and parsed == []  # every file known by its bytes
+    figures = root / "report" / "figures.py"
+    figures.write_text(figures.read_text() + "EDITED = 1\n")
+    edited = fingerprints(root, cache)
+    assert parsed == ["figures.py"] and changed(uncached, edited) == {"report"}
+    monkeypatch.setattr(code_version, "parse", real_parse)
+    assert edited == fingerprints(root)  # what the cache gave is what parsing every file gives
+    cache.write_text("{not json")  # a broken cache is recomputed, not trusted
+    assert fingerprints(root, cache) == edited

@@ -55,8 +55,9 @@ if CONFIG_FILE == dag_snakemake.RESOLVED_CONFIG:
 
 # The code each command runs, comments and docstrings left out (protoclip.dag.code_version): every rule has its
 # command's value as the `code` param, so Snakemake's params trigger reruns the jobs whose code changed, and the
-# values go to code-fingerprints.yaml, the DVC params file of the same stages (both tools, one rule; docs/dvc.md)
-CODE = code_version.write_fingerprints()
+# values go to code-fingerprints.yaml, the DVC params file of the same stages (both tools, one rule; docs/dvc.md);
+# each file is parsed once per version (code_version.CACHE, under .snakemake/)
+CODE = code_version.write_fingerprints(cache=code_version.CACHE)
 
 # teacher cache file stem -> teacher name (names with '/' become single path components)
 TEACHER_BY_FILE = {LAYOUT.teacher_features(t).stem: t for t in dag_stages.teachers(PROJECT, SKIPPED_RUNS)}

@@ -3,7 +3,7 @@
 A command's fingerprint hashes the package modules it can import, each as its syntax tree without docstrings and
 positions, so a comment, a docstring or a reflowed line reruns nothing. The Snakefile (a rule param, at every
 invocation) and ``protoclip dvc-yaml`` write them to ``code-fingerprints.yaml``, a param file of every DVC stage;
-the rule and why: docs/dvc.md, "When the code changes".
+the rule and why: docs/dvc.md, "When the code changes". What each file gives is cached by its bytes (``CACHE``).
 """
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ STAGE_MODULES = {"prepare": "protoclip.data.stage", "teacher": "protoclip.teache
                  "collect": "protoclip.evaluate.collect", "report": "protoclip.report.stage",
                  "toy-nemd": "protoclip.toy.stage", "export": "protoclip.models.export_openclip"}
 DIGITS = 16  # hex digits kept of each sha256 (64 bits: no accidental equality between two versions)
+# per project folder (Snakemake's own state folder): each file's digest and imports, keyed by its bytes, so a
+# Snakemake start (every job's, on a cluster) parses only the files that changed (~2 s of ~250 parses otherwise)
+CACHE = Path(".snakemake") / "protoclip" / "code-digests.json"
 
 
 def package_root() -> Path:
@@ -87,15 +90,14 @@ def _with_parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
-def imported_names(name: str, path: Path, tree: ast.Module | None, modules: dict[str, Path],
-                   strings: bool = True) -> set[str]:
-    """The package modules that module ``name`` (file ``path``, syntax ``tree``) may import: its import statements
-    anywhere (module level or inside a function), and string constants naming a module (``"pkg.mod"`` or
-    ``"pkg.mod:attr"``: the adapters' and the method registry's dynamic imports; a package: all of its modules;
-    not with ``strings=False``: the CLI names every command's module, and runs one). More than a run imports,
-    never less."""
+def import_candidates(name: str, path: Path, tree: ast.Module | None, strings: bool = True) -> tuple[set, set]:
+    """(the names module ``name``'s import statements import, anywhere: module level or inside a function; the
+    string constants naming a module of the package: ``"pkg.mod"`` or ``"pkg.mod:attr"``, the adapters' and the
+    method registry's dynamic imports; none with ``strings=False``: the CLI names every command's module, and runs
+    one). From the file alone (:func:`imported_names` keeps the package's modules)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
+    named: set[str] = set()
     for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
@@ -108,11 +110,25 @@ def imported_names(name: str, path: Path, tree: ast.Module | None, modules: dict
             found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
         elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                 node.value.startswith(PACKAGE + "."):  # not "protoclip" itself (a logger's or program's name)
-            target = node.value.partition(":")[0]
-            if target in modules and modules[target].name == "__init__.py":  # loaded by walking the package
-                found.update(m for m in modules if m.startswith(target + "."))
-            found.add(target)
+            named.add(node.value.partition(":")[0])
+    return found, named
+
+
+def package_imports(found: set[str], named: set[str], modules: dict[str, Path]) -> set[str]:
+    """The package modules (and their parent packages) of :func:`import_candidates`' names; a package named by a
+    string: all of its modules (loaded by walking the package)."""
+    found = set(found) | set(named)
+    for target in named:
+        if target in modules and modules[target].name == "__init__.py":
+            found.update(m for m in modules if m.startswith(target + "."))
     return {parent for m in found if m in modules for parent in _with_parents(m)}
+
+
+def imported_names(name: str, path: Path, tree: ast.Module | None, modules: dict[str, Path],
+                   strings: bool = True) -> set[str]:
+    """The package modules that module ``name`` (file ``path``, syntax ``tree``) may import: more than a run
+    imports, never less (:func:`import_candidates`)."""
+    return package_imports(*import_candidates(name, path, tree, strings), modules)
 
 
 def closure(roots: list[str], modules: dict[str, Path], imports: dict[str, set[str]]) -> set[str]:
@@ -141,20 +157,45 @@ def data_files(root: Path) -> dict[Path, list[Path]]:
     return out
 
 
-def fingerprints(root: Path | None = None) -> dict[str, str]:
-    """{stage command: fingerprint} of the package at ``root`` (default: the one this process runs)."""
+def _read_cache(cache: Path | None) -> dict:
+    try:
+        return json.loads(cache.read_text()) if cache is not None else {}
+    except (OSError, ValueError):  # none yet, or a broken one: recomputed
+        return {}
+
+
+def fingerprints(root: Path | None = None, cache: Path | None = None) -> dict[str, str]:
+    """{stage command: fingerprint} of the package at ``root`` (default: the one this process runs). With ``cache``
+    (a JSON file), each file's digest and import candidates are taken from it when the file's bytes are the ones
+    they were computed from, and the file is rewritten with this call's entries when any was computed."""
     root = root or package_root()
     modules = package_modules(root)
-    trees = {m: parse(p) for m, p in modules.items()}
-    imports = {m: imported_names(m, p, trees[m], modules, strings=m != CLI) for m, p in modules.items()}
-    digests = {p: source_digest(p, trees[m]) for m, p in modules.items()}
     extra = data_files(root)
+    known, used = _read_cache(cache), {}
+
+    def facts(path: Path, name: str | None) -> dict:
+        """{digest, found, named} of a module (``name``), {digest} of a data file, by the file's bytes."""
+        key = f"{name or path.suffix} {hashlib.sha256(path.read_bytes()).hexdigest()}"
+        if (got := known.get(key)) is None:
+            tree = parse(path) if name else None
+            got = {"digest": source_digest(path, tree)}
+            if name:
+                found, named = import_candidates(name, path, tree, strings=name != CLI)
+                got.update(found=sorted(found), named=sorted(named))
+        used[key] = got
+        return got
+
+    module_facts = {m: facts(p, m) for m, p in modules.items()}
+    imports = {m: package_imports(set(f["found"]), set(f["named"]), modules) for m, f in module_facts.items()}
+    digests = {modules[m]: f["digest"] for m, f in module_facts.items()}
+    digests |= {f: facts(f, None)["digest"] for files in extra.values() for f in files}
+    if cache is not None and used.keys() - known.keys():
+        write_text(cache, json.dumps(used, sort_keys=True))
     out = {}
     for command, module in STAGE_MODULES.items():
         files = {modules[m] for m in closure([*ENTRY, module], modules, imports)}
         files |= {f for folder in {p.parent for p in files} for f in extra.get(folder, [])}
-        lines = "".join(f"{f.relative_to(root).as_posix()} {digests.get(f) or source_digest(f)}\n"
-                        for f in sorted(files))
+        lines = "".join(f"{f.relative_to(root).as_posix()} {digests[f]}\n" for f in sorted(files))
         out[command] = hashlib.sha256(lines.encode()).hexdigest()[:DIGITS]
     return out
 
@@ -166,10 +207,11 @@ def fingerprints_text(values: dict[str, str]) -> str:
             + yaml.safe_dump(values, sort_keys=False))
 
 
-def write_fingerprints(path: str | Path = FINGERPRINTS, root: Path | None = None) -> dict[str, str]:
-    """Compute the fingerprints and write them to ``path`` when they differ from what it holds (an unchanged
-    file keeps its time); return them."""
-    values = fingerprints(root)
+def write_fingerprints(path: str | Path = FINGERPRINTS, root: Path | None = None,
+                       cache: Path | None = None) -> dict[str, str]:
+    """Compute the fingerprints (with ``cache``, see :func:`fingerprints`) and write them to ``path`` when they
+    differ from what it holds (an unchanged file keeps its time); return them."""
+    values = fingerprints(root, cache)
     text = fingerprints_text(values)
     path = Path(path)
     if not path.is_file() or path.read_text() != text:
