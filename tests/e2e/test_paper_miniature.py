@@ -21,17 +21,19 @@ Every other key is the paper's. The external teacher is RoBERTa-large by name; o
 folder of that name before the Hugging Face cache). No evaluation set of the paper is present, so each run's
 sets are reported skipped.
 
-The local run (a module fixture, shared by both tests): every CC2.5M run trained, the skipped runs listed with
+The local run (a module fixture, shared by both tests), under ``protoclip forkserver`` as `make run` runs a DAG
+(its train and collect jobs forked from one warm process): every CC2.5M run trained, the skipped runs listed with
 their reason, every table, figure and ledger file written, and a second call has nothing to do (37 jobs: prepare,
 teacher, toy, 16 trainings, 16 collects, report).
 
 The SLURM run is the same miniature through the slurm profile on tests/testkit/slurm.py's one-node cluster (its
 CPUs, four fake GPUs; site file: 1 CPU per GPU, so two one-GPU jobs at a time): every job but the local rule
-``collect`` goes through sbatch and SLURM records it completed; each train job and the teacher ask SLURM for one
-GPU and use the one it gives (concurrent jobs hold different GPUs), prepare and report for none; one train job is
+``collect`` goes through sbatch and SLURM records it completed; each train job and the teacher ask SLURM for one GPU
+and use the one it gives (concurrent jobs hold different GPUs), prepare and report for none; one train job is
 ``scancel``ed after its first episode checkpoint and the profile's retry resumes it; and every run's weights and
-train log equal the local run's. (A k-GPU run's torchrun inside its allocation: tests/e2e/test_train_torchrun.py
-runs it locally, tests/unit/test_dag_resources.py sizes its sbatch request.)
+train log equal the local run's (SLURM's jobs fresh processes, the local ones forks). (A k-GPU run's torchrun inside
+its allocation: tests/e2e/test_train_torchrun.py runs it locally, tests/unit/test_dag_resources.py sizes its sbatch
+request.)
 """
 from __future__ import annotations
 
@@ -107,7 +109,9 @@ def local(tmp_path_factory, request):
     passed (as pytest does with a passed test's tmp_path), kept for reading when one failed."""
     with module_folder(tmp_path_factory, request, "paper") as folder:
         root = miniature(folder / "local")
-        done = run([sys.executable, "-m", "snakemake", *PAPER, "--cores", "2"], root, env=project_env())
+        # as `make run` runs a DAG: the train and collect jobs forked from one process that imported torch once
+        done = run([sys.executable, "-m", "protoclip.cli", "forkserver", "--", sys.executable, "-m", "snakemake",
+                    *PAPER, "--cores", "2"], root, env=project_env())
         yield root, done
 
 

@@ -142,6 +142,7 @@ def test_killed_train_jobs_rerun_to_the_whole_log_once(root):
     targets = [f"results/runs/{run}/model.pt" for run in VICTIMS]
     sm = snakemake(root, "--cores", "3", "--keep-going", *targets)
     trainers: dict[str, int] = {}
+    layout = Layout(root / "data", root / "results")
 
     def freeze_each_after_3_episodes():
         for run in VICTIMS:
@@ -149,15 +150,27 @@ def test_killed_train_jobs_rerun_to_the_whole_log_once(root):
             if pid and run not in trainers and episodes_logged(root, run) >= 3:
                 os.kill(pid, signal.SIGSTOP)
                 trainers[run] = pid
-        return len(trainers) == len(VICTIMS) or sm.poll() is not None
+        finished = any(layout.model(run).exists() for run in VICTIMS if run not in trainers)
+        return len(trainers) == len(VICTIMS) or sm.poll() is not None or finished
 
-    try:
-        wait_for(freeze_each_after_3_episodes, "3 trainers with 3 episodes each", timeout=300)
-    except AssertionError:  # leave no frozen trainer behind
+    def state() -> str:
+        """Where each victim stands, for a failure's message (a timeout on a loaded machine, or a run that ended
+        before it was frozen)."""
+        runs = ", ".join(f"{run}: {episodes_logged(root, run)} episodes, "
+                         f"{'frozen' if run in trainers else 'not frozen'}"
+                         f"{', model written' if layout.model(run).exists() else ''}" for run in VICTIMS)
+        return f"{runs}; snakemake {'running' if sm.poll() is None else f'exited {sm.returncode}'}; its log ends:\n" \
+               + sm.log.read_text()[-2000:]
+
+    try:  # ~1 min alone on 2 cores; the deadline allows for the other end-to-end tests sharing them
+        wait_for(freeze_each_after_3_episodes, "3 trainers with 3 episodes each", timeout=600)
+        assert len(trainers) == len(VICTIMS), "Snakemake ended, or a victim finished, before all three were frozen"
+    except AssertionError as err:  # leave no frozen trainer behind
+        message = f"{err}: {state()}"
         for pid in [*descendants(sm.pid), sm.pid]:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-        raise
+        raise AssertionError(message) from None
     assert sm.poll() is None and all(episodes_logged(root, run) < N_EPISODES for run in VICTIMS)
     job = descendants(sm.pid)
     shells = {run: parent(pid) for run, pid in trainers.items()}
@@ -175,7 +188,6 @@ def test_killed_train_jobs_rerun_to_the_whole_log_once(root):
         # a trainer never outlives its job: the shell's and Snakemake's deaths reach the frozen trainers too; one
         # that trained on (an orphan) would be alive here, or done and have written its model
         wait_for(lambda: not any(alive(p) for p in job), "every process of the killed jobs to end", timeout=10)
-        layout = Layout(root / "data", root / "results")
         assert [run for run in VICTIMS if layout.model(run).exists()] == []
     finally:
         for pid in job:
