@@ -58,27 +58,30 @@ checkout: $(STAMP)
 # server's packages, PyAV and CLIP_benchmark (pip extras `test`, `slurm`, `tracking-server`, `ucf101`, `prompts`)
 # and, as root, the Debian packages of the test SLURM cluster and of PostgreSQL (.ci/install-slurm,
 # .ci/install-postgresql; each step does nothing when done).
-# `make test` runs every tier in one pytest session on TEST_WORKERS processes (pytest-xdist, --dist loadgroup,
-# tests/conftest.py): the longest end-to-end scopes first, one per worker, then the other end-to-end tests, then
-# the integration and unit tests, which fill the time the end-to-end tests spend waiting (process start-ups,
-# SLURM's scheduling and status checks, servers: about a third of theirs); so 3 workers share the 2 cores. The
-# tests of one SLURM cluster or tracking server run on one worker; the slowest are listed at the end. One tier
-# (docs/tests.md): `make test-unit`, `make test-integration` (CPU-bound: UNIT_WORKERS), `make test-e2e`.
-TEST_WORKERS ?= 3
-UNIT_WORKERS ?= 2
-TEST_ARGS = -n $(TEST_WORKERS) --dist loadgroup --durations=15
+# Every tier, fastest first (docs/tests.md): `make test-unit`, `make test-integration`, `make test-e2e` run one.
+# The unit and integration tiers run on TEST_WORKERS processes (pytest-xdist; one thread each). The end-to-end
+# tests spend about a third of their time waiting (process start-ups, SLURM's scheduling and status checks,
+# servers), so E2E_WORKERS of them share the 2 cores; those of one SLURM cluster or tracking server run in one
+# group (--dist loadgroup, tests/conftest.py), and the slowest are listed at the end (--durations). Both commands
+# run, and either failing fails the target.
+TEST_WORKERS ?= 2
+E2E_WORKERS ?= 3
+E2E_ARGS = -n $(E2E_WORKERS) --dist loadgroup --durations=15
 test: $(VENV)/.installed-test-extras
 	.ci/install-slurm
 	.ci/install-postgresql
-	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q $(TEST_ARGS) tests/e2e tests/integration tests/unit
+	status=0; \
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit tests/integration || status=$$?; \
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q $(E2E_ARGS) tests/e2e || status=$$?; \
+	exit $$status
 
 test-unit test-integration: $(VENV)/.installed-test-extras
-	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -n $(UNIT_WORKERS) tests/$(@:test-%=%)
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/$(@:test-%=%)
 
 test-e2e: $(VENV)/.installed-test-extras
 	.ci/install-slurm
 	.ci/install-postgresql
-	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q $(TEST_ARGS) tests/e2e
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q $(E2E_ARGS) tests/e2e
 
 $(VENV)/.installed-test-extras: $(STAMP)
 	$(BIN)/python -m pip install -qq -e '.[$(FAISS),slurm,tracking-server,ucf101,prompts,test]'
