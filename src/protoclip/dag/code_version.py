@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
@@ -29,7 +30,7 @@ STAGE_MODULES = {"prepare": "protoclip.data.stage", "teacher": "protoclip.teache
                  "toy-nemd": "protoclip.toy.stage", "export": "protoclip.models.export_openclip"}
 DIGITS = 16  # hex digits kept of each sha256 (64 bits: no accidental equality between two versions)
 # per project folder (Snakemake's own state folder): each file's digest and imports, keyed by its bytes, so a
-# Snakemake start (every job's, on a cluster) parses only the files that changed (~2 s of ~250 parses otherwise)
+# Snakemake start (every job's, on a cluster) parses only the files that changed (~1 s of ~250 parses otherwise)
 CACHE = Path(".snakemake") / "protoclip" / "code-digests.json"
 
 
@@ -94,7 +95,7 @@ def import_candidates(name: str, path: Path, tree: ast.Module | None, strings: b
     """(the names module ``name``'s import statements import, anywhere: module level or inside a function; the
     string constants naming a module of the package: ``"pkg.mod"`` or ``"pkg.mod:attr"``, the adapters' and the
     method registry's dynamic imports; none with ``strings=False``: the CLI names every command's module, and runs
-    one). From the file alone (:func:`imported_names` keeps the package's modules)."""
+    one). From the file alone (:func:`package_imports` keeps the package's modules)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     named: set[str] = set()
@@ -114,21 +115,15 @@ def import_candidates(name: str, path: Path, tree: ast.Module | None, strings: b
     return found, named
 
 
-def package_imports(found: set[str], named: set[str], modules: dict[str, Path]) -> set[str]:
-    """The package modules (and their parent packages) of :func:`import_candidates`' names; a package named by a
-    string: all of its modules (loaded by walking the package)."""
+def package_imports(found: Iterable[str], named: Iterable[str], modules: dict[str, Path]) -> set[str]:
+    """The package modules (and their parent packages) that a module may import, from its
+    :func:`import_candidates`: more than a run imports, never less; a package named by a string: all of its
+    modules (loaded by walking the package)."""
     found = set(found) | set(named)
     for target in named:
         if target in modules and modules[target].name == "__init__.py":
             found.update(m for m in modules if m.startswith(target + "."))
     return {parent for m in found if m in modules for parent in _with_parents(m)}
-
-
-def imported_names(name: str, path: Path, tree: ast.Module | None, modules: dict[str, Path],
-                   strings: bool = True) -> set[str]:
-    """The package modules that module ``name`` (file ``path``, syntax ``tree``) may import: more than a run
-    imports, never less (:func:`import_candidates`)."""
-    return package_imports(*import_candidates(name, path, tree, strings), modules)
 
 
 def closure(roots: list[str], modules: dict[str, Path], imports: dict[str, set[str]]) -> set[str]:
@@ -186,7 +181,7 @@ def fingerprints(root: Path | None = None, cache: Path | None = None) -> dict[st
         return got
 
     module_facts = {m: facts(p, m) for m, p in modules.items()}
-    imports = {m: package_imports(set(f["found"]), set(f["named"]), modules) for m, f in module_facts.items()}
+    imports = {m: package_imports(f["found"], f["named"], modules) for m, f in module_facts.items()}
     digests = {modules[m]: f["digest"] for m, f in module_facts.items()}
     digests |= {f: facts(f, None)["digest"] for files in extra.values() for f in files}
     if cache is not None and used.keys() - known.keys():
